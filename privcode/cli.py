@@ -1,0 +1,199 @@
+"""The ``privcode`` command line: one subcommand per stage, each a thin wrapper.
+
+Heavy imports (torch, ray, transformers) happen inside the handlers so that
+``privcode --help`` and config errors answer instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from privcode.config import SECTIONS, describe, load_config
+from privcode.errors import PrivcodeError
+
+
+def _add_config_args(p: argparse.ArgumentParser, default: str | None = "jobs/configs/demo.yaml") -> None:
+    p.add_argument("--config", default=default, help="Pipeline config YAML (default: %(default)s).")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="Override one config value, e.g. --set data.size=200 (repeatable).")
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(obj, sort_keys=True, default=str))
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from privcode.pipeline.runner import run_pipeline
+
+    cfg = load_config(args.config, args.overrides)
+    result = run_pipeline(cfg, stages=args.stages or None)
+    if args.json:
+        _print_json(result)
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    if args.config:
+        cfg = load_config(args.config, args.overrides)
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    for name, cls in SECTIONS.items():
+        print(f"[{name}]  {(cls.__doc__ or '').strip().splitlines()[0]}")
+        for key, tp, default, help_text in describe(cls):
+            print(f"  {key} ({tp}, default {default!r})\n      {help_text}")
+    return 0
+
+
+def cmd_data_demo(args: argparse.Namespace) -> int:
+    from privcode.data.demo import build_demo_corpus
+
+    overrides = list(args.overrides)
+    if args.seed is not None:
+        overrides.append(f"data.seed={args.seed}")
+    if args.size is not None:
+        overrides.append(f"data.size={args.size}")
+    cfg = load_config(args.config, overrides)
+    manifest = build_demo_corpus(Path(args.out), cfg.data)
+    if args.json:
+        _print_json(manifest)
+    else:
+        counts = manifest.get("counts", {})
+        print(f"wrote {args.out}: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def cmd_data_validate(args: argparse.Namespace) -> int:
+    from privcode.data.records import read_records
+
+    records = read_records(args.file, max_record_bytes=args.max_record_bytes)
+    _print_json({"file": args.file, "records": len(records), "valid": True})
+    return 0
+
+
+def cmd_base_build(args: argparse.Namespace) -> int:
+    from privcode.models.base import build_base
+
+    overrides = list(args.overrides)
+    if args.preset is not None:
+        overrides.append(f"base.preset={args.preset}")
+    if args.seed is not None:
+        overrides.append(f"base.seed={args.seed}")
+    cfg = load_config(args.config, overrides)
+    info = build_base(cfg.base, out_dir=Path(args.out) if args.out else None)
+    _print_json(info) if args.json else print(f"base model at {info['path']} "
+                                               f"(held-out loss {info['heldout_loss']:.3f})")
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from privcode.cluster import local
+
+    if args.action == "up":
+        info = local.start_head(port=args.port, dashboard_port=args.dashboard_port,
+                                num_cpus=args.num_cpus)
+        _print_json(info) if args.json else print(
+            f"Ray head at {info['address']}; dashboard {info['dashboard_url']}")
+    elif args.action == "down":
+        local.stop_head()
+        print("Ray head stopped")
+    elif args.action == "status":
+        _print_json(local.head_status())
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from privcode.cluster import jobs
+
+    result = jobs.submit_pipeline(config=args.config, address=args.address, overrides=args.overrides,
+                                  follow=not args.no_wait)
+    _print_json(result) if args.json else print(
+        f"job {result['job_id']}: {result['status']}\ndashboard: {result['dashboard_url']}")
+    return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING") else 1
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="privcode",
+        description="Differentially private code LLMs on Ray: private corpus -> DP junior model "
+                    "-> synthetic data -> premium model, with audits and a report.")
+    parser.add_argument("--version", action="version", version=f"privcode {__import__('privcode').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="Run the configured pipeline stages in order (skips unchanged ones).")
+    _add_config_args(p)
+    p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("config", help="Show config sections, their fields and help, or a resolved config.")
+    csub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = csub.add_parser("show", help="Print every field with its help (or a resolved --config).")
+    _add_config_args(c, default=None)
+    c.set_defaults(func=cmd_config_show)
+
+    p = sub.add_parser("data", help="Private data: build the demo corpus, validate a dataset file.")
+    dsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    d = dsub.add_parser("demo", help="Build the private demo corpus (stdlib + HumanEval, PII, canaries).")
+    d.add_argument("--out", required=True, help="Output directory.")
+    d.add_argument("--seed", type=int, help="Random seed (overrides data.seed).")
+    d.add_argument("--size", type=int, help="Number of ordinary records (overrides data.size).")
+    d.add_argument("--json", action="store_true", help="Print the manifest as JSON.")
+    _add_config_args(d, default=None)
+    d.set_defaults(func=cmd_data_demo)
+    d = dsub.add_parser("validate", help="Validate a JSONL or Parquet dataset row by row.")
+    d.add_argument("file", help="Dataset file (.jsonl or .parquet).")
+    d.add_argument("--max-record-bytes", type=int, default=65_536, help="Size limit per record.")
+    d.set_defaults(func=cmd_data_validate)
+
+    p = sub.add_parser("base", help="The public base model trained offline from public code.")
+    bsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    b = bsub.add_parser("build", help="Train tokenizer + small Qwen2 LM on public stdlib code (cached).")
+    b.add_argument("--preset", choices=("ci", "demo", "small"), help="Size preset (overrides base.preset).")
+    b.add_argument("--seed", type=int, help="Seed (overrides base.seed).")
+    b.add_argument("--out", help="Output directory (default: the cache directory).")
+    b.add_argument("--json", action="store_true", help="Print the build info as JSON.")
+    _add_config_args(b, default=None)
+    b.set_defaults(func=cmd_base_build)
+
+    p = sub.add_parser("cluster", help="A local Ray head on 127.0.0.1: up, down, status.")
+    p.add_argument("action", choices=("up", "down", "status"), help="What to do.")
+    p.add_argument("--port", type=int, default=6379, help="GCS port (default %(default)s).")
+    p.add_argument("--dashboard-port", type=int, default=8265, help="Dashboard port (default %(default)s).")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs the head offers (default: all).")
+    p.add_argument("--json", action="store_true", help="Print JSON.")
+    p.set_defaults(func=cmd_cluster)
+
+    p = sub.add_parser("submit", help="Submit the pipeline as a Ray Job (Jobs API) and follow it.")
+    _add_config_args(p)
+    p.add_argument("--address", default=None,
+                   help="Dashboard address of the cluster (default: RAY_ADDRESS, else a local head, "
+                        "started if none runs).")
+    p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
+    p.add_argument("--json", action="store_true", help="Print JSON.")
+    p.set_defaults(func=cmd_submit)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PrivcodeError as exc:
+        print(f"privcode: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

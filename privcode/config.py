@@ -1,0 +1,302 @@
+"""Configuration: one frozen dataclass per stage, loaded from YAML and validated.
+
+A pipeline config file has one mapping per section::
+
+    run:   {name: demo, stages: [data, base, report]}
+    data:  {seed: 0, size: 600}
+    base:  {preset: demo}
+
+Every field carries its help text and its constraints in ``dataclasses.field``
+metadata (``help``, and optionally ``min``, ``max``, ``choices``,
+``min_len``). :func:`load_config` rejects an unknown section or key, a value of
+the wrong type, and an out-of-range value with a :class:`ConfigError` naming
+the file and the dotted key. Command-line overrides (``--set data.size=100``)
+are parsed as YAML scalars and validated the same way.
+
+New stages register their section in :data:`SECTIONS`; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from privcode.errors import ConfigError
+
+__all__ = ["ConfigError", "PipelineConfig", "SECTIONS", "load_config", "describe"]
+
+
+def opt(default: Any, help: str, **constraints: Any) -> Any:  # noqa: A002 - "help" reads best
+    """A dataclass field with help text and validation constraints."""
+    if isinstance(default, list):
+        default = tuple(default)
+    return field(default=default, metadata={"help": help, **constraints})
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Which stages to run, where artifacts and reports go, which Ray cluster to use."""
+
+    name: str = opt("demo", "Run name: artifacts go to <out_dir>/<name>/, the report to <reports_dir>/<name>/.",
+                    pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    stages: tuple[str, ...] = opt(("data", "base", "report"), "Stages to run, in this order.",
+                                  min_len=1)
+    out_dir: str = opt("runs", "Root directory of stage artifacts (a PVC mount on Kubernetes).")
+    reports_dir: str = opt("reports", "Root directory of reports.")
+    ray_address: str = opt("", "Ray cluster to run stages on: '' uses RAY_ADDRESS or starts "
+                               "an in-process local cluster; 'auto' joins a running local head.")
+    force: bool = opt(False, "Re-run every stage even when its inputs and config are unchanged.")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The private demo corpus: stdlib functions + HumanEval, with PII and canaries."""
+
+    seed: int = opt(0, "Random seed: same seed, same bytes.")
+    size: int = opt(1000, "Number of ordinary (non-canary) records, members and held-out "
+                          "together. At most the number of documented functions available.",
+                    min=10, max=100_000)
+    include_humaneval: bool = opt(True, "Add the 164 HumanEval problems (prompt, canonical "
+                                        "solution) to the pool of ordinary records.")
+    heldout_fraction: float = opt(0.1, "Fraction of ordinary records kept out of training "
+                                       "as non-members for membership inference.",
+                                  min=0.01, max=0.5)
+    pii_fraction: float = opt(0.3, "Fraction of ordinary records that receive Faker PII.",
+                              min=0.0, max=1.0)
+    pii_locale: str = opt("en_US", "Faker locale for PII values.")
+    canary_kinds: tuple[str, ...] = opt(
+        ("email", "name", "ip_address", "password", "username"),
+        "Canary value types (CanaryLeaks categories).",
+        choices=("email", "name", "ip_address", "password", "username"))
+    canary_placements: tuple[str, ...] = opt(
+        ("prompt", "code", "joint"), "Where a canary is planted: prompt only, code only, or both.",
+        choices=("prompt", "code", "joint"))
+    canary_repetitions: tuple[int, ...] = opt(
+        (5, 10, 100), "How many training records carry each canary (one canary per "
+                      "kind x placement x repetition count).", min=1, max=10_000)
+    max_record_bytes: int = opt(65_536, "Largest accepted record (prompt + code, UTF-8 bytes); "
+                                        "longer functions are skipped by the builder and "
+                                        "rejected by the readers.", min=256)
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """The public base model: trained offline from public code, or any local HF path."""
+
+    preset: str = opt("demo", "Size preset of the self-trained base: ci (<= 1 min on 2 "
+                              "cores), demo (<= 4 min), small (longer, better).",
+                      choices=("ci", "demo", "small"))
+    model: str = opt("", "Path of an existing HF causal LM (e.g. Qwen2.5-Coder-1.5B). "
+                         "When set, nothing is trained and this model is the base.")
+    seed: int = opt(0, "Seed of tokenizer/model training.")
+    cache_dir: str = opt(".cache/privcode/base", "Cache of built base models, keyed by a "
+                                                 "hash of their config: built once.")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The run report."""
+
+    title: str = opt("privcode run report", "Title of the report.")
+    plots: bool = opt(True, "Write PNG plots next to report.md.")
+
+
+#: Section name -> dataclass. Later stages add their section here.
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "base": BaseConfig,
+    "report": ReportConfig,
+}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """All sections of one config file."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    base: BaseConfig = field(default_factory=BaseConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    source: str = field(default="<defaults>", compare=False,
+                        metadata={"help": "File the config was loaded from."})
+
+    def section(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: section_to_dict(getattr(self, name)) for name in SECTIONS}
+
+
+def section_to_dict(section: Any) -> dict[str, Any]:
+    return {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against type ``tp``; lists become tuples. Raises ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        item_tp = typing.get_args(tp)[0]
+        return tuple(_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - a section used a type this loader does not know
+        raise ConfigError(f"{where}: unsupported field type {tp!r}")
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _check_constraints(value: Any, meta: dict[str, Any], where: str) -> None:
+    items = value if isinstance(value, tuple) else (value,)
+    if "min_len" in meta and len(items) < meta["min_len"]:
+        raise ConfigError(f"{where}: needs at least {meta['min_len']} item(s), got {len(items)}")
+    for item in items:
+        if "choices" in meta and item not in meta["choices"]:
+            raise ConfigError(f"{where}: {item!r} is not one of {list(meta['choices'])}")
+        if "min" in meta and item < meta["min"]:
+            raise ConfigError(f"{where}: {item!r} is below the minimum {meta['min']}")
+        if "max" in meta and item > meta["max"]:
+            raise ConfigError(f"{where}: {item!r} is above the maximum {meta['max']}")
+        if "pattern" in meta:
+            import re
+
+            if not re.fullmatch(meta["pattern"], item):
+                raise ConfigError(f"{where}: {item!r} does not match {meta['pattern']}")
+
+
+def build_section(cls: type, raw: dict[str, Any], source: str, name: str) -> Any:
+    """Validate the mapping ``raw`` against section ``cls``; return the frozen instance."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: section '{name}' must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key '{name}.{unknown[0]}' "
+                          f"(known keys of '{name}': {', '.join(sorted(fields))})")
+    values = {}
+    for key, value in raw.items():
+        where = f"{source}: {name}.{key}"
+        coerced = _coerce(value, hints[key], where)
+        _check_constraints(coerced, dict(fields[key].metadata), where)
+        values[key] = coerced
+    for key, f in fields.items():
+        if key not in values and f.default is not dataclasses.MISSING:
+            _check_constraints(f.default, dict(f.metadata), f"{source}: {name}.{key} (default)")
+    return cls(**values)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``"data.size=100"`` -> ``("data", "size", 100)`` (value parsed as YAML)."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. data.size=100")
+    dotted, raw_value = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML: {exc}") from None
+    return section, key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """Load and validate a pipeline config file, then apply ``--set`` overrides.
+
+    ``path=None`` gives the defaults. Raises :class:`ConfigError` naming the
+    file and the offending key on any problem.
+    """
+    source = str(path) if path is not None else "<defaults>"
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: config file not found") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: top level must be a mapping of sections "
+                              f"({', '.join(SECTIONS)}), got {type(loaded).__name__}")
+        raw = {k: dict(v) if isinstance(v, dict) else v for k, v in loaded.items()}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{source}: section '{section}' must be a mapping")
+        raw[section][key] = value
+    where = source + (" (with --set overrides)" if overrides else "")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown section '{unknown[0]}' (known: {', '.join(SECTIONS)})")
+    sections = {name: build_section(cls, raw.get(name) or {}, where, name)
+                for name, cls in SECTIONS.items()}
+    for stage in sections["run"].stages:
+        if stage not in _known_stages():
+            raise ConfigError(f"{where}: run.stages: unknown stage '{stage}' "
+                              f"(known: {', '.join(_known_stages())})")
+    return PipelineConfig(**sections, source=source)
+
+
+def _known_stages() -> tuple[str, ...]:
+    from privcode.pipeline.stages import STAGES
+
+    return tuple(STAGES)
+
+
+def describe(cls: type) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, help) of every field of a section: for docs and `config show`."""
+    hints = typing.get_type_hints(cls)
+    return [(f.name, _type_name(hints[f.name]), _plain(f.default), f.metadata.get("help", ""))
+            for f in dataclasses.fields(cls)]

@@ -1,0 +1,1 @@
+"""Private data: the record schema, JSONL/Parquet IO, and the demo corpus."""

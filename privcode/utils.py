@@ -1,0 +1,87 @@
+"""Small shared helpers: atomic file writes and stable content hashes.
+
+Every artifact privcode writes goes through :func:`atomic_path` so that a
+crash or a validation error half-way through never leaves a truncated file
+under the final name: data is written to a temporary sibling, flushed,
+fsynced and then renamed (``os.replace`` is atomic on POSIX within one
+filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it over ``path`` on success.
+
+    On any exception the temporary file is removed and ``path`` is untouched
+    (an existing file keeps its old content).
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace variance: equal objects, equal bytes."""
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n"
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, canonical_json(obj))
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stable_hash(obj: Any, length: int = 16) -> str:
+    """Short sha256 of the canonical JSON of ``obj`` (config/cache keys)."""
+    return sha256_bytes(canonical_json(obj).encode("utf-8"))[:length]
