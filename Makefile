@@ -1,0 +1,63 @@
+# privcode: `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PRIVCODE := $(VENV)/bin/privcode
+CONFIG ?= jobs/configs/demo.yaml
+RAY_PORT ?= 6379
+DASHBOARD_PORT ?= 8265
+# Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
+PYTEST_ARGS ?=
+
+.PHONY: help install demo test test-all test-gpu lint format ray-up ray-down submit-job clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+install: ## Create .venv and install privcode with dev tools (torch 2.13.0 CPU wheel first)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	# Exactly 2.13.0: the CPU wheel on disk. Installing it first keeps pip
+	# from resolving a multi-GB CUDA build for the packages that need torch.
+	$(PY) -m pip install torch==2.13.0
+	# DeepSpeed: no CUDA toolchain here, so build none of its ops.
+	DS_BUILD_OPS=0 $(PY) -m pip install -e '.[dev]'
+	@echo "installed: $$($(PRIVCODE) --version)"
+
+demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster; writes reports/<run>/report.md
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
+	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
+
+test: ## Run the test suite (what CI runs): everything but slow and GPU tests
+	$(VENV)/bin/pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-gpu
+
+test-all: ## Run every test, slow ones included
+	$(VENV)/bin/pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-gpu: ## Run GPU tests when a CUDA device is present (none collected is fine)
+	@if $(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(VENV)/bin/pytest -m gpu $(PYTEST_ARGS); rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "no GPU tests collected"; exit 0; fi; exit $$rc; \
+	else echo "test-gpu: no CUDA device, GPU tests not run"; fi
+
+lint: ## Ruff lint of the package, tests, jobs, bench
+	$(VENV)/bin/ruff check privcode tests jobs bench
+
+format: ## Ruff autofix
+	$(VENV)/bin/ruff check --fix privcode tests jobs bench
+
+ray-up: ## Start a local Ray head on 127.0.0.1 (dashboard http://127.0.0.1:8265)
+	RAY_PORT=$(RAY_PORT) DASHBOARD_PORT=$(DASHBOARD_PORT) PYTHON=$(PY) bash cluster/ray-up.sh
+
+ray-down: ## Stop the local Ray head
+	PYTHON=$(PY) bash cluster/ray-down.sh
+
+submit-job: ## Submit the pipeline (CONFIG) as a Ray Job to RAY_ADDRESS (default: local head, started if needed)
+	CONFIG=$(CONFIG) PYTHON=$(PY) bash cluster/submit-job.sh
+
+clean: ## Remove run artifacts and reports (keeps .venv and the base-model cache)
+	rm -rf runs reports

@@ -1,0 +1,171 @@
+"""The run report: Markdown plus PNG plots, built from stage manifests only.
+
+The report never opens a dataset: it reads the aggregates that each stage put
+in its manifest summary (counts, losses, timings). Corpus counts describe
+the private corpus and are meant for its owner (they are exact counts, not DP
+statistics); the report says so.
+
+Layout: ``<reports_dir>/<run>/report.md`` and ``<reports_dir>/<run>/*.png``;
+the same files also live in the report stage's artifact directory, whose
+manifest hashes them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from privcode.config import PipelineConfig
+from privcode.utils import atomic_path, atomic_write_json, atomic_write_text
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return "n/a" if value is None else str(value)
+
+
+def _table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("quantity", "value")) -> str:
+    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _save_fig(fig: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+
+
+def plot_corpus(counts: dict[str, Any], path: Path) -> bool:
+    """Bar chart of the corpus composition. Returns False when there is nothing to plot."""
+    items = [(k, v) for k, v in sorted(counts.items()) if isinstance(v, int | float)]
+    if not items:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.2))
+    ax.barh([k for k, _ in items], [v for _, v in items], color="#4a7ab5")
+    for i, (_, v) in enumerate(items):
+        ax.text(v, i, f" {v}", va="center", fontsize=8)
+    ax.set_xlabel("records / items")
+    ax.set_title("Private demo corpus composition")
+    ax.invert_yaxis()
+    _save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def plot_base(info: dict[str, Any], path: Path) -> bool:
+    """Held-out loss of the base model (untrained vs trained) and its training curve."""
+    trained = info.get("heldout_loss")
+    if trained is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = info.get("loss_history") or []
+    ncols = 2 if history else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 3.4), squeeze=False)
+    ax = axes[0][0]
+    labels, values = ["trained"], [trained]
+    if info.get("untrained_heldout_loss") is not None:
+        labels.insert(0, "untrained")
+        values.insert(0, info["untrained_heldout_loss"])
+    ax.bar(labels, values, color=["#b0b0b0", "#4a7ab5"][-len(values):])
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("held-out cross-entropy (nats/token)")
+    ax.set_title("Public base model on held-out public code")
+    if history:
+        ax = axes[0][1]
+        steps = [h[0] for h in history] if isinstance(history[0], list | tuple) else list(range(len(history)))
+        losses = [h[1] for h in history] if isinstance(history[0], list | tuple) else history
+        ax.plot(steps, losses, color="#4a7ab5")
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.set_title("Base model training")
+    _save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _corpus_section(data: dict[str, Any] | None) -> list[str]:
+    if not data:
+        return ["## Private corpus", "", "_The data stage did not run._", ""]
+    counts = data.get("summary", {}).get("counts", {})
+    return [
+        "## Private corpus",
+        "",
+        "Exact counts of the private demo corpus (stdlib functions and HumanEval with "
+        "Faker PII and canaries). These are for the data owner, inside the privacy "
+        "boundary; nothing below is a record.",
+        "",
+        _table([(k, v) for k, v in sorted(counts.items())], ("kind", "count")),
+        "",
+    ]
+
+
+def _base_section(base: dict[str, Any] | None) -> list[str]:
+    if not base:
+        return ["## Public base model", "", "_The base stage did not run._", ""]
+    info = base.get("summary", {})
+    rows = [
+        ("model path", info.get("path")),
+        ("preset", info.get("preset") or "(external model)"),
+        ("parameters", info.get("params")),
+        ("held-out loss, trained (nats/token)", info.get("heldout_loss")),
+        ("held-out loss, untrained (nats/token)", info.get("untrained_heldout_loss")),
+        ("training seconds", info.get("train_seconds")),
+        ("tokens/s", info.get("tokens_per_second")),
+        ("cached build", info.get("cached")),
+    ]
+    return [
+        "## Public base model",
+        "",
+        "Trained from scratch on public code only (standard-library modules disjoint "
+        "from the private corpus), or the external model given by `base.model`.",
+        "",
+        _table(rows),
+        "",
+    ]
+
+
+def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Write report.md and plots into ``out_dir`` and publish them to the reports dir."""
+    data, base = inputs.get("data"), inputs.get("base")
+    lines = [f"# {cfg.report.title}", "", f"Run `{cfg.run.name}` (config `{cfg.source}`).", ""]
+    lines += ["## Stages", "", "| stage | fingerprint | seconds |", "|---|---|---|"]
+    for name, manifest in inputs.items():
+        lines.append(f"| {name} | `{manifest.get('fingerprint')}` | "
+                     f"{_fmt(manifest.get('timings', {}).get('seconds'), 1)} |")
+    lines.append("")
+    lines += _corpus_section(data)
+    plots: list[str] = []
+    if cfg.report.plots and data and plot_corpus(data.get("summary", {}).get("counts", {}),
+                                                 out_dir / "corpus.png"):
+        lines += ["![corpus composition](corpus.png)", ""]
+        plots.append("corpus.png")
+    lines += _base_section(base)
+    if cfg.report.plots and base and plot_base(base.get("summary", {}), out_dir / "base_loss.png"):
+        lines += ["![base model loss](base_loss.png)", ""]
+        plots.append("base_loss.png")
+    atomic_write_text(out_dir / "report.md", "\n".join(lines))
+    summary = {
+        "report": str(Path(cfg.run.reports_dir).resolve() / cfg.run.name / "report.md"),
+        "plots": plots,
+        "base_heldout_loss": (base or {}).get("summary", {}).get("heldout_loss"),
+        "corpus_counts": (data or {}).get("summary", {}).get("counts", {}),
+    }
+    atomic_write_json(out_dir / "report.json", summary)
+    publish = Path(cfg.run.reports_dir).resolve() / cfg.run.name
+    publish.mkdir(parents=True, exist_ok=True)
+    for name in ["report.md", "report.json", *plots]:
+        with atomic_path(publish / name) as tmp:
+            shutil.copyfile(out_dir / name, tmp)
+    return summary

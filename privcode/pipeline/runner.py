@@ -1,0 +1,197 @@
+"""Run the configured stages in order on a Ray cluster, skipping unchanged ones.
+
+Artifacts: ``<run.out_dir>/<run.name>/<stage>/`` holds a stage's files and its
+``manifest.json``::
+
+    {"stage", "fingerprint", "config": {section: values}, "inputs": {stage:
+     fingerprint}, "outputs": {relative path: sha256}, "summary": {...},
+     "timings": {"started", "seconds"}, "privcode_version"}
+
+The fingerprint is a hash of the stage's config sections, its version and
+the fingerprints of the stages it needs. A stage is skipped when its
+manifest carries the same fingerprint and every listed output still has the
+recorded sha256; otherwise it runs. A stage writes into a temporary sibling
+directory that replaces the old one only after the manifest is written, so a
+failed or interrupted stage leaves the previous artifact intact.
+
+Each stage runs as a Ray task (``ray.remote``), so the same runner works in
+an in-process local cluster, on a local head (``make demo``), inside a Ray
+Job (``jobs/pipeline.py``) and on a KubeRay cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from privcode import __version__
+from privcode.config import PipelineConfig, section_to_dict
+from privcode.errors import PrivcodeError
+from privcode.pipeline.stages import STAGES, Stage
+from privcode.utils import atomic_write_json, sha256_file, stable_hash
+
+log = logging.getLogger("privcode.pipeline")
+
+MANIFEST = "manifest.json"
+
+
+def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
+    return Path(cfg.run.out_dir).resolve() / cfg.run.name / stage
+
+
+def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dict[str, Any]]) -> str:
+    return stable_hash({
+        "stage": stage.name,
+        "version": stage.version,
+        "config": {s: section_to_dict(cfg.section(s)) for s in stage.sections if s != "run"},
+        "run": {"name": cfg.run.name, "reports_dir": cfg.run.reports_dir} if "run" in stage.sections else None,
+        "inputs": {name: upstream[name]["fingerprint"] for name in stage.needs},
+    })
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    import json
+
+    path = directory / MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def is_current(directory: Path, fp: str, stage: type[Stage] | None = None) -> bool:
+    """True when the manifest matches ``fp`` and every output is intact."""
+    manifest = read_manifest(directory)
+    if manifest is None or manifest.get("fingerprint") != fp:
+        return False
+    if stage is not None and not stage().still_valid(manifest.get("summary", {})):
+        return False
+    for rel, digest in manifest.get("outputs", {}).items():
+        path = directory / rel
+        if not path.is_file() or sha256_file(path) != digest:
+            return False
+    return True
+
+
+def _hash_outputs(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): sha256_file(p)
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
+                  inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Run one stage into a temporary directory, then swap it in. Returns its manifest.
+
+    This function is what runs inside the Ray task.
+    """
+    final = Path(final_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    started = time.time()
+    try:
+        summary = STAGES[name]().run(cfg, work, inputs)
+        stage = STAGES[name]
+        manifest = {
+            "stage": name,
+            "fingerprint": fp,
+            "private": stage.private,
+            "config": {s: section_to_dict(cfg.section(s)) for s in stage.sections},
+            "inputs": {n: inputs[n]["fingerprint"] for n in stage.needs},
+            "outputs": _hash_outputs(work),
+            "summary": summary,
+            "timings": {"started": started, "seconds": round(time.time() - started, 3)},
+            "privcode_version": __version__,
+            "config_source": cfg.source,
+        }
+        atomic_write_json(work / MANIFEST, manifest)
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            final.rename(old)
+            work.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            work.rename(final)
+        return manifest
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _ray_resources(stage: type[Stage]) -> dict[str, float]:
+    import ray
+
+    if stage.num_cpus is not None:
+        return {"num_cpus": stage.num_cpus}
+    total = ray.cluster_resources().get("CPU", 1.0)
+    return {"num_cpus": max(1.0, min(total, float(os.cpu_count() or 1)))}
+
+
+def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
+                 use_ray: bool = True) -> dict[str, Any]:
+    """Run ``stages`` (default ``cfg.run.stages``) in order; returns a summary per stage.
+
+    Stages not selected but needed by a selected one must already have a
+    current artifact (their manifest is read); otherwise they run too.
+    """
+    selected = list(stages or cfg.run.stages)
+    for name in selected:
+        if name not in STAGES:
+            raise PrivcodeError(f"unknown stage '{name}' (known: {', '.join(STAGES)})")
+    order = _with_dependencies(selected)
+    if use_ray:
+        from privcode.cluster.local import connect
+
+        cluster = connect(cfg.run.ray_address or None)
+        log.info("running on Ray cluster %s", cluster.get("address"))
+    results: dict[str, dict[str, Any]] = {}
+    manifests: dict[str, dict[str, Any]] = {}
+    for name in order:
+        stage = STAGES[name]
+        fp = fingerprint(cfg, stage, manifests)
+        directory = stage_dir(cfg, name)
+        if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
+            manifests[name] = read_manifest(directory)
+            results[name] = {"status": "skipped", "dir": str(directory), "fingerprint": fp}
+            _say(f"[{name}] unchanged, skipped ({directory})")
+            continue
+        _say(f"[{name}] running ...")
+        inputs = {n: manifests[n] for n in stage.needs}
+        t0 = time.time()
+        if use_ray:
+            import ray
+
+            task = ray.remote(execute_stage).options(name=f"privcode:{name}", **_ray_resources(stage))
+            manifest = ray.get(task.remote(name, cfg, str(directory), fp, inputs))
+        else:
+            manifest = execute_stage(name, cfg, str(directory), fp, inputs)
+        manifests[name] = manifest
+        results[name] = {"status": "ran", "dir": str(directory), "fingerprint": fp,
+                         "seconds": round(time.time() - t0, 2)}
+        _say(f"[{name}] done in {time.time() - t0:.1f}s ({directory})")
+    report = manifests.get("report", {}).get("summary", {}).get("report")
+    return {"run": cfg.run.name, "stages": results, "report": report}
+
+
+def _with_dependencies(selected: list[str]) -> list[str]:
+    """Selected stages plus everything they need, in a valid order."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        for dep in STAGES[name].needs:
+            visit(dep)
+        if name not in order:
+            order.append(name)
+
+    for name in selected:
+        visit(name)
+    return order
+
+
+def _say(message: str) -> None:
+    # Stage names and paths only: never record content.
+    print(f"privcode: {message}", flush=True)

@@ -1,0 +1,98 @@
+"""Pipeline stages: a registry table of small classes, one per stage.
+
+A stage declares the config sections it reads (``sections``), the stages whose
+artifacts it consumes (``needs``), the CPUs it wants on the Ray cluster, and a
+``run(cfg, out_dir, inputs)`` that writes its files into ``out_dir`` and
+returns a JSON-serialisable summary. The runner (``runner.py``) does the rest:
+fingerprinting, skipping unchanged stages, running each stage as a Ray task,
+and writing ``manifest.json`` atomically.
+
+The privacy boundary is visible here: ``data`` produces private records; the
+``base`` stage reads only public code; the ``report`` stage reads manifests
+(counts and metrics), never records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from privcode.config import PipelineConfig
+
+
+class Stage:
+    """One pipeline stage. Subclasses set the class attributes and ``run``."""
+
+    name: ClassVar[str]
+    #: Config sections whose values enter this stage's fingerprint.
+    sections: ClassVar[tuple[str, ...]] = ()
+    #: Upstream stages whose manifests this stage reads (must run earlier).
+    needs: ClassVar[tuple[str, ...]] = ()
+    #: CPUs requested for the Ray task; None means every CPU of the cluster.
+    num_cpus: ClassVar[float | None] = 1
+    #: Bump when the stage's code changes what it writes: forces a re-run.
+    version: ClassVar[int] = 1
+    #: Whether the stage's artifacts hold private data (inside the boundary).
+    private: ClassVar[bool] = False
+
+    def run(self, cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def still_valid(self, summary: dict[str, Any]) -> bool:
+        """Extra check before skipping: do things outside the stage dir still exist?"""
+        return True
+
+
+class DataStage(Stage):
+    """Build the private demo corpus (``privcode data demo``)."""
+
+    name = "data"
+    sections = ("data",)
+    private = True
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.data.demo import build_demo_corpus
+
+        manifest = build_demo_corpus(out_dir, cfg.data, progress=False)
+        return {"counts": manifest.get("counts", {}), "files": manifest.get("files", {})}
+
+
+class BaseStage(Stage):
+    """Train (or locate) the public base model; cached across runs by config hash."""
+
+    name = "base"
+    sections = ("base",)
+    num_cpus = None
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.models.base import build_base
+        from privcode.utils import atomic_write_json
+
+        info = build_base(cfg.base, out_dir=None, progress=False)
+        # The model itself lives in the content-addressed cache; the stage
+        # artifact records where, so later stages and reruns find it.
+        atomic_write_json(out_dir / "base.json", info)
+        return info
+
+    def still_valid(self, summary):
+        return (Path(summary.get("path", "")) / "config.json").is_file()
+
+
+class ReportStage(Stage):
+    """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
+
+    name = "report"
+    sections = ("report", "run")
+    needs = ("data", "base")
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.pipeline.report import write_report
+
+        return write_report(cfg, out_dir, inputs)
+
+
+#: Stage name -> class. Later stages (train, synth, premium, eval, audit,
+#: serve) register here; ``run.stages`` picks from these names.
+STAGES: dict[str, type[Stage]] = {
+    cls.name: cls for cls in (DataStage, BaseStage, ReportStage)
+}
