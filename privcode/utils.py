@@ -31,6 +31,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    # mkstemp creates 0600; artifacts get the usual 0644 (os.umask is process-global
+    # and racy under threads, so it is not consulted).
+    os.chmod(tmp_path, 0o644)
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:

@@ -1,0 +1,393 @@
+"""The private record schema and its JSONL / Parquet readers and writers.
+
+A record is one instruction-code pair::
+
+    {"id": "rec-1f2e3d4c5b6a", "prompt": "Write a function ...", "code": "def f(): ...",
+     "metadata": {"source": "stdlib:json", "kind": "ordinary"}}
+
+Both prompt and code are private (the joint-sensitive setting), so nothing
+here ever puts a record's prompt or code into an error message, a log line
+or a ``repr``: errors name the file, the 0-based row index, the id when it is
+known, the field and the kind of problem, e.g.
+``data.jsonl: row 3 (id 'abc'): field 'code' is empty``.
+
+Assumptions and rules (enforced on read *and* before write):
+
+* ``id``: non-empty string of at most :data:`MAX_ID_CHARS` printable
+  characters, unique within a file;
+* ``prompt``: string, may be empty (code-completion records have none);
+* ``code``: string that is not empty or whitespace-only;
+* ``metadata``: absent/null, or a JSON object (a mapping with string keys
+  and JSON values);
+* every string is valid UTF-8 (no lone surrogates);
+* ``len(prompt) + len(code)`` in UTF-8 bytes is at most ``max_record_bytes``;
+* no other fields: a misspelt column (``instruction`` for ``prompt``) is an
+  error rather than silently dropped data.
+
+JSONL: one JSON object per line; blank lines are skipped and the row index
+is the 0-based *line* index (row 3 is line 4 in an editor). Parquet: the
+columns of :data:`RECORD_SCHEMA`; ``string`` or ``binary`` columns are
+accepted and decoded strictly, and ``metadata`` holds canonical JSON text.
+Writes go through :func:`privcode.utils.atomic_path`: all records are
+validated first, then written to a temporary sibling and renamed, so a bad
+record or a crash leaves no partial file and an existing file untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from privcode.errors import RecordError
+from privcode.utils import atomic_path
+
+__all__ = [
+    "FIELDS", "MAX_ID_CHARS", "PARQUET_ROW_GROUP_SIZE", "RECORD_SCHEMA", "Record",
+    "iter_records", "read_records", "validate_record", "write_records",
+]
+
+#: The fields of a record, in file order; ``metadata`` is optional.
+FIELDS: tuple[str, ...] = ("id", "prompt", "code", "metadata")
+_REQUIRED: tuple[str, ...] = ("id", "prompt", "code")
+
+#: Ids are echoed in error messages, so they are kept short and printable.
+MAX_ID_CHARS = 256
+
+#: The Parquet schema of a record file. ``metadata`` is canonical JSON text.
+RECORD_SCHEMA: pa.Schema = pa.schema([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("prompt", pa.string(), nullable=False),
+    pa.field("code", pa.string(), nullable=False),
+    pa.field("metadata", pa.string(), nullable=True),
+])
+
+#: Fixed so that the same records always give the same Parquet bytes.
+PARQUET_ROW_GROUP_SIZE = 4096
+_PARQUET_OPTIONS: dict[str, Any] = dict(
+    row_group_size=PARQUET_ROW_GROUP_SIZE, compression="zstd", compression_level=3,
+    use_dictionary=False, write_statistics=False, version="2.6",
+)
+_SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass(frozen=True, repr=False)
+class Record:
+    """One private instruction-code pair. ``metadata`` must be JSON-serialisable."""
+
+    id: str
+    prompt: str
+    code: str
+    metadata: dict | None = None
+
+    def __repr__(self) -> str:  # prompt and code are private: never shown in logs or diffs
+        return (f"Record(id={self.id!r}, prompt=<{len(self.prompt)} chars>, "
+                f"code=<{len(self.code)} chars>, metadata_keys={sorted(self.metadata or {})})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "prompt": self.prompt, "code": self.code, "metadata": self.metadata}
+
+    @property
+    def nbytes(self) -> int:
+        """UTF-8 size of prompt + code: what ``max_record_bytes`` limits."""
+        return len(self.prompt.encode("utf-8")) + len(self.code.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _where(source: str, row: int, rid: Any = None) -> str:
+    if isinstance(rid, str) and _id_problem(rid) is None:
+        return f"{source}: row {row} (id {rid!r})"
+    return f"{source}: row {row}"
+
+
+def _id_problem(rid: str) -> str | None:
+    if not rid.strip():
+        return "is empty"
+    if len(rid) > MAX_ID_CHARS:
+        return f"is {len(rid)} characters long, above the limit of {MAX_ID_CHARS}"
+    if not rid.isprintable():
+        return "contains non-printable characters"
+    if not _utf8_ok(rid):
+        return "is not valid UTF-8 (lone surrogate)"
+    return None
+
+
+def _utf8_ok(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _check_metadata(meta: Any, where: str) -> dict | None:
+    if meta is None:
+        return None
+    if not isinstance(meta, Mapping):
+        raise RecordError(f"{where}: field 'metadata' must be a mapping (JSON object) or null, "
+                          f"got {_json_type(meta)}")
+    meta = dict(meta)
+    stack: list[Any] = [meta]
+    while stack:  # iterative walk: JSON objects can nest deeper than the recursion limit
+        item = stack.pop()
+        if isinstance(item, dict):  # nested: only what json.dumps can write
+            for key, value in item.items():
+                if not isinstance(key, str):
+                    raise RecordError(f"{where}: field 'metadata' has a non-string key "
+                                      f"of type {type(key).__name__}")
+                if not _utf8_ok(key):
+                    raise RecordError(f"{where}: field 'metadata' is not valid UTF-8 (lone surrogate)")
+                stack.append(value)
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, str):
+            if not _utf8_ok(item):
+                raise RecordError(f"{where}: field 'metadata' is not valid UTF-8 (lone surrogate)")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise RecordError(f"{where}: field 'metadata' holds a non-finite number")
+        elif not (item is None or isinstance(item, bool | int)):  # also a nested non-dict mapping
+            raise RecordError(f"{where}: field 'metadata' holds a value of type "
+                              f"{type(item).__name__}, which is not JSON-serialisable")
+    return meta
+
+
+def validate_record(raw: Mapping[str, Any] | Record, *, source: str = "<records>", row: int = 0,
+                    max_record_bytes: int = 65_536) -> Record:
+    """Check one row against the schema; return it as a :class:`Record`.
+
+    Raises :class:`RecordError` naming ``source``, ``row``, the id (when it
+    is a valid id) and the offending field; never the prompt or code text.
+    """
+    if isinstance(raw, Record):
+        raw = raw.to_dict()
+    if not isinstance(raw, Mapping):
+        raise RecordError(f"{source}: row {row}: expected a JSON object, got {_json_type(raw)}")
+    rid = raw.get("id")
+    where = _where(source, row, rid)
+    unknown = sorted(str(k) for k in raw if k not in FIELDS)
+    if unknown:
+        raise RecordError(f"{where}: unknown field {unknown[0]!r} (known fields: {', '.join(FIELDS)})")
+    for name in _REQUIRED:
+        if name not in raw or raw[name] is None:
+            raise RecordError(f"{where}: field {name!r} is missing")
+        if not isinstance(raw[name], str):
+            raise RecordError(f"{where}: field {name!r} must be a string, got {_json_type(raw[name])}")
+        if not _utf8_ok(raw[name]):
+            raise RecordError(f"{where}: field {name!r} is not valid UTF-8 (lone surrogate)")
+    problem = _id_problem(rid)
+    if problem:
+        raise RecordError(f"{where}: field 'id' {problem}")
+    if not raw["code"].strip():
+        raise RecordError(f"{where}: field 'code' is empty")
+    metadata = _check_metadata(raw.get("metadata"), where)
+    record = Record(id=rid, prompt=raw["prompt"], code=raw["code"], metadata=metadata)
+    size = record.nbytes
+    if size > max_record_bytes:
+        raise RecordError(f"{where}: fields 'prompt' + 'code' are {size} bytes, above "
+                          f"max_record_bytes={max_record_bytes}")
+    return record
+
+
+class _IdTracker:
+    """Rejects a repeated id, naming the row where it was first seen."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.seen: dict[str, int] = {}
+
+    def add(self, record: Record, row: int) -> None:
+        first = self.seen.setdefault(record.id, row)
+        if first != row:
+            raise RecordError(f"{_where(self.source, row, record.id)}: field 'id' is a duplicate "
+                              f"(first seen at row {first})")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise RecordError(f"{path.name}: unsupported file type {suffix or '(none)'!r} "
+                          f"(expected {' or '.join(_SUFFIXES)})")
+    return suffix
+
+
+def iter_records(path: str | os.PathLike, *, max_record_bytes: int = 65_536) -> Iterator[Record]:
+    """Yield the validated records of a ``.jsonl`` or ``.parquet`` file, in file order.
+
+    Raises :class:`RecordError` at the first invalid row (see module docstring).
+    Rows before it have already been yielded: use :func:`read_records` to get
+    all-or-nothing behaviour.
+    """
+    path = Path(path)
+    kind = _kind(path)
+    if not path.is_file():
+        raise RecordError(f"{path}: file not found")
+    ids = _IdTracker(path.name)
+    rows = _iter_jsonl(path) if kind == ".jsonl" else _iter_parquet(path)
+    for row, raw in rows:
+        record = validate_record(raw, source=path.name, row=row, max_record_bytes=max_record_bytes)
+        ids.add(record, row)
+        yield record
+
+
+def read_records(path: str | os.PathLike, *, max_record_bytes: int = 65_536) -> list[Record]:
+    """All records of a ``.jsonl`` or ``.parquet`` file, every row validated."""
+    return list(iter_records(path, max_record_bytes=max_record_bytes))
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    source = path.name
+    with open(path, "rb") as fh:  # bytes: decode ourselves to report invalid UTF-8 by row
+        for row, line in enumerate(fh):
+            if not line.strip():
+                continue
+            try:
+                text = line.decode("utf-8")
+                strict = True
+            except UnicodeDecodeError:
+                # Undecodable bytes become lone surrogates, so the JSON can still be parsed to
+                # find the id and the field that holds them; validate_record then rejects it.
+                text = line.decode("utf-8", errors="surrogateescape")
+                strict = False
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                # exc.msg is the parser's description ("Expecting ',' delimiter"), never the text.
+                detail = "invalid UTF-8" if not strict else f"{exc.msg} at column {exc.colno}"
+                raise RecordError(f"{source}: row {row}: malformed JSON ({detail})") from None
+            yield row, obj
+
+
+def _parquet_column(table: pa.Table, name: str, source: str) -> list[Any]:
+    """A column as Python values; text columns as ``str`` (strictly decoded) or None."""
+    col = table.column(name)
+    if name == "metadata" and pa.types.is_null(col.type):
+        return [None] * len(col)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+            or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        raise RecordError(f"{source}: row 0: field {name!r} has type {col.type} (whole column), "
+                          f"expected string")
+    # Cast to binary (no copy) and decode here: a file written by another tool may hold
+    # invalid UTF-8 even in a "string" column.
+    values = col.cast(pa.large_binary()).to_pylist()
+    out: list[Any] = []
+    for value in values:
+        if value is None:
+            out.append(None)
+            continue
+        try:
+            out.append(value.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            out.append(_BadUtf8(exc.start))
+    return out
+
+
+class _BadUtf8:
+    """Placeholder for an undecodable Parquet value; reported once the row's id is known."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    source = path.name
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise RecordError(f"{source}: not a valid Parquet file ({type(exc).__name__})") from None
+    names = pf.schema_arrow.names
+    unknown = [n for n in names if n not in FIELDS]
+    if unknown:
+        raise RecordError(f"{source}: unknown column {unknown[0]!r} (known fields: {', '.join(FIELDS)})")
+    for name in _REQUIRED:
+        if name not in names:
+            raise RecordError(f"{source}: field {name!r} is missing (no such column)")
+    base = 0
+    for group in range(pf.num_row_groups):  # one row group at a time bounds memory
+        try:
+            table = pf.read_row_group(group)
+        except (pa.ArrowException, OSError) as exc:
+            raise RecordError(f"{source}: row {base}: unreadable row group {group} "
+                              f"({type(exc).__name__})") from None
+        columns = {n: _parquet_column(table, n, source) for n in names}
+        for i in range(table.num_rows):
+            row = base + i
+            raw = {n: columns[n][i] for n in names}
+            rid = raw.get("id")
+            bad = [n for n in FIELDS if isinstance(raw.get(n), _BadUtf8)]
+            if bad:
+                where = _where(source, row, rid if isinstance(rid, str) else None)
+                raise RecordError(f"{where}: field {bad[0]!r} is not valid UTF-8 "
+                                  f"(at byte {raw[bad[0]].offset})")
+            if isinstance(raw.get("metadata"), str):
+                try:
+                    raw["metadata"] = json.loads(raw["metadata"])
+                except json.JSONDecodeError as exc:
+                    raise RecordError(f"{_where(source, row, rid)}: field 'metadata' is not valid "
+                                      f"JSON ({exc.msg})") from None
+            yield row, raw
+        base += table.num_rows
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _canonical_metadata(meta: dict | None) -> str | None:
+    if meta is None:
+        return None
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False)
+
+
+def write_records(records: Iterable[Record | Mapping[str, Any]], path: str | os.PathLike, *,
+                  max_record_bytes: int = 65_536) -> int:
+    """Validate every record, then write them atomically as ``.jsonl`` or ``.parquet``.
+
+    Returns the number of records written. Same records in the same order
+    give the same bytes (canonical JSON; fixed Parquet options, no
+    timestamps). On any error nothing is left under ``path`` and an
+    existing file keeps its old content.
+    """
+    path = Path(path)
+    kind = _kind(path)
+    source = path.name
+    ids = _IdTracker(source)
+    checked: list[Record] = []
+    for row, rec in enumerate(records):
+        record = validate_record(rec, source=source, row=row, max_record_bytes=max_record_bytes)
+        ids.add(record, row)
+        checked.append(record)
+    with atomic_path(path) as tmp:
+        if kind == ".jsonl":
+            with open(tmp, "wb") as fh:
+                for r in checked:
+                    line = json.dumps({"id": r.id, "prompt": r.prompt, "code": r.code,
+                                       "metadata": r.metadata},
+                                      sort_keys=True, ensure_ascii=False, allow_nan=False)
+                    fh.write(line.encode("utf-8") + b"\n")
+        else:
+            table = pa.table({
+                "id": pa.array([r.id for r in checked], pa.string()),
+                "prompt": pa.array([r.prompt for r in checked], pa.string()),
+                "code": pa.array([r.code for r in checked], pa.string()),
+                "metadata": pa.array([_canonical_metadata(r.metadata) for r in checked], pa.string()),
+            }, schema=RECORD_SCHEMA)
+            pq.write_table(table, tmp, **_PARQUET_OPTIONS)
+    return len(checked)
