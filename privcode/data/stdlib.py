@@ -16,6 +16,7 @@ function by function.
 
 from __future__ import annotations
 
+import functools
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,13 +54,17 @@ def _eligible(rel: Path) -> bool:
     return not any(part in EXCLUDED_PARTS or part.startswith("_test") for part in rel.parts)
 
 
+@functools.lru_cache(maxsize=1)
+def _scan_stdlib() -> tuple[tuple[str, Path], ...]:
+    # One directory walk per process (about a second): both corpora reuse it.
+    root = stdlib_dir()
+    return tuple((_top_module(p.relative_to(root)), p) for p in sorted(root.rglob("*.py"))
+                 if _eligible(p.relative_to(root)))
+
+
 def iter_stdlib_files() -> Iterator[tuple[str, Path]]:
     """(top-level module name, path) of every eligible ``.py`` file, sorted."""
-    root = stdlib_dir()
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if _eligible(rel):
-            yield _top_module(rel), path
+    yield from _scan_stdlib()
 
 
 def private_source_files() -> list[Path]:
