@@ -100,7 +100,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         _print_json(info) if args.json else print(
             f"Ray head at {info['address']}; dashboard {info['dashboard_url']}")
     elif args.action == "down":
-        local.stop_head()
+        local.stop_head(port=args.port)
         print("Ray head stopped")
     elif args.action == "status":
         _print_json(local.head_status())

@@ -1,0 +1,137 @@
+"""Shared pytest fixtures: one real local Ray head per test session.
+
+``ray_cluster`` (session scope) starts a Ray head with
+:func:`privcode.cluster.local.start_head` on free ports of 127.0.0.1 (never
+6379/8265, so a developer's own head is left alone), with token auth on and
+its own token file and temp dir.  Only sessions that run a test using the
+fixture start Ray; such tests are marked ``ray`` automatically, so
+``pytest -m "not ray"`` skips them.
+
+While the head is up the test process has, in its environment:
+
+* ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` (the session token;
+  a ``RAY_AUTH_TOKEN`` already set takes precedence and is used instead),
+* ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (the driver addresses 127.0.0.1),
+* ``RAY_ADDRESS`` = the head's GCS address,
+
+so ``ray.init()``, ``ray.init(address=cluster.address)``,
+``privcode.cluster.local.connect()`` and ``privcode.cluster.jobs`` calls
+without an address all reach this head.  ``ray_connected`` calls ``connect``
+once per session and yields its result.
+
+At session end the driver is shut down, the head's processes are stopped
+(only this head's: :func:`privcode.cluster.local.stop_head` by port), the
+environment is restored and the temp dir removed; leftover processes fail
+the run loudly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
+_ENV_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
+             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_API_SERVER_ADDRESS")
+# Ports a developer's own head uses by default; the session head avoids them.
+_RESERVED_PORTS = frozenset({6379, 8265, 10001, 52365})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """The session head.  Fields are also readable as ``cluster["address"]``."""
+
+    address: str          # GCS, "127.0.0.1:PORT": for ray.init / connect
+    dashboard_url: str    # "http://127.0.0.1:DPORT": the dashboard and Jobs API
+    port: int
+    dashboard_port: int
+    temp_dir: str         # Ray's temp root for this head (short: socket paths)
+    info: dict[str, Any]  # what start_head returned
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+def _free_ports(count: int) -> list[int]:
+    from privcode.cluster.local import free_port
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in _RESERVED_PORTS and port not in ports:
+            ports.append(port)
+    return ports
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> RayCluster:
+    from privcode.cluster import local
+
+    # /tmp, not pytest's tmp_path: Ray's Unix sockets live under the temp dir
+    # and their paths must stay under ~107 bytes.
+    base = tempfile.mkdtemp(prefix="pcray-", dir="/tmp")
+    saved = {key: os.environ.get(key) for key in _ENV_KEYS}
+    port, dashboard_port = _free_ports(2)
+    try:
+        if not os.environ.get(local.TOKEN_ENV):
+            os.environ[local.TOKEN_PATH_ENV] = os.path.join(base, "auth_token")
+        os.environ[local.AUTH_MODE_ENV] = "token"
+        for key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+            os.environ.pop(key, None)
+        local.ensure_token()
+        cpus = int(os.environ.get("PRIVCODE_TEST_RAY_CPUS", "4"))
+        info = local.start_head(port=port, dashboard_port=dashboard_port, num_cpus=cpus,
+                                temp_dir=os.path.join(base, "ray"), wait_s=120)
+        cluster = RayCluster(address=info["address"], dashboard_url=info["dashboard_url"],
+                             port=port, dashboard_port=dashboard_port,
+                             temp_dir=info["temp_dir"], info=info)
+        os.environ["RAY_ADDRESS"] = cluster.address
+        local.prepare_driver_env(loopback=True)
+        yield cluster
+    finally:
+        _teardown(local, port, base, saved)
+
+
+def _teardown(local: Any, port: int, base: str, saved: dict[str, str | None]) -> None:
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    before = local.head_processes(port)
+    local.stop_head(port)
+    leftovers = [p.pid for p in before if p.is_running()]
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    shutil.rmtree(base, ignore_errors=True)
+    assert not leftovers, f"Ray head on port {port} left processes behind: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def ray_connected(ray_cluster: RayCluster) -> dict[str, Any]:
+    """``privcode.cluster.local.connect`` to the session head, once per session."""
+    import ray
+
+    from privcode.cluster import local
+
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address != ray_cluster.address:
+        ray.shutdown()  # an earlier test started its own cluster; join the session head
+    info = local.connect(ray_cluster.address)
+    yield info
+    if ray.is_initialized():
+        ray.shutdown()
