@@ -135,3 +135,18 @@ def ray_connected(ray_cluster: RayCluster) -> dict[str, Any]:
     yield info
     if ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ci_base_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A base-model cache dir holding the ``ci`` preset, built once per session.
+
+    Tests that need a trained public base model point ``base.cache_dir`` here
+    (``build_base`` then answers from the cache) instead of training again.
+    """
+    from privcode.config import BaseConfig
+    from privcode.models.base import build_base
+
+    cache = tmp_path_factory.mktemp("base-cache")
+    build_base(BaseConfig(preset="ci", cache_dir=str(cache)), progress=False)
+    return str(cache)

@@ -166,7 +166,14 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
             import ray
 
             task = ray.remote(execute_stage).options(name=f"privcode:{name}", **_ray_resources(stage))
-            manifest = ray.get(task.remote(name, cfg, str(directory), fp, inputs))
+            try:
+                manifest = ray.get(task.remote(name, cfg, str(directory), fp, inputs))
+            except ray.exceptions.RayTaskError as exc:
+                # A user-facing error (bad config, bad row) reads as itself,
+                # not as a remote traceback.
+                if isinstance(exc.cause, PrivcodeError):
+                    raise exc.cause from None
+                raise
         else:
             manifest = execute_stage(name, cfg, str(directory), fp, inputs)
         manifests[name] = manifest

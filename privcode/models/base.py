@@ -1,0 +1,521 @@
+"""The public base model: a small Qwen2 trained from scratch on public stdlib code.
+
+:func:`build_base` trains a byte-level BPE tokenizer and a Qwen2-architecture
+causal LM (grouped-query attention, tied embeddings, RoPE) on the public half
+of the standard library only (:mod:`privcode.models.corpus`), evaluates it on
+a held-out slice of public files before and after training, and saves both
+with ``save_pretrained`` (safetensors), so that ``AutoTokenizer`` and
+``AutoModelForCausalLM`` load the directory offline like any HF checkpoint.
+
+Sizes come from :data:`PRESETS`. Each preset trains a *fixed* number of steps
+(deterministic for a seed), sized so that the whole build, imports included,
+stays inside its budget on a 2-core CPU: ``ci`` well under a minute,
+``demo`` under 4 minutes, ``small`` about half an hour. ``max_train_seconds`` is only a guard
+for a slow or busy machine: when it trips, training stops early and the
+build records ``stopped_early: true`` (that build is then not bit-for-bit
+reproducible).
+
+Builds are cached under ``<cache_dir>/<preset>-<hash>/`` where the hash
+covers the preset entry, the seed, :data:`BUILD_VERSION` and a fingerprint
+of the corpus files. A build is written into a temporary sibling directory
+and renamed into place only when complete; ``build_info.json`` is written
+last, and a directory counts as a build only if it holds that file with the
+expected hash. A lock file next to the target serializes concurrent builders
+(for example two Ray workers) so that only one trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privcode.config import BaseConfig
+from privcode.models import corpus as C
+from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+from privcode.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
+from privcode.utils import atomic_write_json, stable_hash
+
+__all__ = ["BUILD_VERSION", "PRESETS", "Preset", "build_base", "config_hash", "BUILD_INFO"]
+
+#: Bump whenever tokenizer/model training changes in a way that changes results:
+#: it is part of the cache key, so old cached builds are not reused.
+BUILD_VERSION = 1
+
+#: Name of the metadata file; its presence (with a matching hash) marks a complete build.
+BUILD_INFO = "build_info.json"
+
+#: Fraction of public files held out for evaluation (chosen by path hash).
+HELDOUT_FRACTION = 0.03
+
+#: Held-out evaluation of an existing model (``base.model``): a few sequences,
+#: enough for a sanity number, cheap even for a 7B model on a CPU.
+EXTERNAL_EVAL_SEQ_LEN = 256
+EXTERNAL_EVAL_TOKENS = 4 * EXTERNAL_EVAL_SEQ_LEN
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Size and schedule of one self-trained base model.
+
+    ``hidden_size`` must be divisible by ``num_heads``, and ``num_heads`` by
+    ``num_kv_heads`` (grouped-query attention as in real Qwen2).
+    ``tokenizer_train_bytes`` caps the text the tokenizer is trained on
+    (``None``: all training files). ``eval_tokens`` caps the held-out tokens.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    seq_len: int
+    batch_size: int
+    steps: int
+    lr: float
+    warmup_steps: int
+    eval_tokens: int
+    max_train_seconds: float
+    tokenizer_train_bytes: int | None = None
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10_000.0
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be divisible by num_kv_heads")
+        if self.seq_len > self.max_position_embeddings:
+            raise ValueError("seq_len exceeds max_position_embeddings")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.batch_size
+
+
+#: Preset name -> size and schedule. Step counts were sized from throughput
+#: measured on an idle 2-core CPU (ci ~10.5k tokens/s, demo ~3.9k, small ~1k);
+#: small batches of many steps learn more per second than large batches here.
+PRESETS: dict[str, Preset] = {
+    # ~0.9M parameters, 560 x 512 = 287k tokens: ~27 s of training, ~40 s in all.
+    "ci": Preset(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                 intermediate_size=384, seq_len=128, batch_size=4, steps=560, lr=2e-3,
+                 warmup_steps=20, eval_tokens=16_384, max_train_seconds=35,
+                 tokenizer_train_bytes=2_000_000),
+    # ~3.9M parameters, 520 x 1024 = 532k tokens: ~2.3 minutes of training, ~2.6 in all.
+    "demo": Preset(vocab_size=6144, hidden_size=256, num_layers=3, num_heads=4, num_kv_heads=2,
+                   intermediate_size=768, seq_len=256, batch_size=4, steps=520, lr=2e-3,
+                   warmup_steps=30, eval_tokens=32_768, max_train_seconds=185),
+    # ~19M parameters, 800 x 2048 = 1.6M tokens (about one pass over the corpus): ~27 minutes.
+    "small": Preset(vocab_size=16384, hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=2,
+                    intermediate_size=1024, seq_len=512, batch_size=4, steps=800, lr=1e-3,
+                    warmup_steps=40, eval_tokens=65_536, max_train_seconds=2700),
+}
+
+
+# --------------------------------------------------------------------------- hashing / cache
+
+
+def config_hash(cfg: BaseConfig, files: list[C.SourceFile] | None = None) -> str:
+    """Cache key of a build: preset entry, seed, build version, corpus fingerprint.
+
+    ``cache_dir`` is not part of it (moving the cache keeps it valid).
+    ``files`` defaults to the public corpus (read from disk).
+    """
+    if cfg.model:
+        return stable_hash({"version": BUILD_VERSION, "model": str(Path(cfg.model).expanduser().resolve())})
+    preset = _preset(cfg.preset)
+    files = C.public_corpus() if files is None else files
+    return stable_hash({
+        "version": BUILD_VERSION,
+        "preset": cfg.preset,
+        "spec": dataclasses.asdict(preset),
+        "seed": cfg.seed,
+        "heldout_fraction": HELDOUT_FRACTION,
+        "corpus": C.corpus_fingerprint(files),
+    })
+
+
+def _preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ModelLoadError(f"base.preset: unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+
+
+def _read_build(directory: Path, expected_hash: str) -> dict | None:
+    """The stored info of a complete build with ``expected_hash`` in ``directory``, else None."""
+    import json
+
+    info_path = directory / BUILD_INFO
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("config_hash") != expected_hash:
+        return None
+    required = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    if not all((directory / name).is_file() for name in required):
+        return None
+    return info
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Refuse to replace anything but an empty directory or an earlier base build."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise ModelLoadError(f"base output {directory} exists and is not a directory")
+    if any(directory.iterdir()) and not (directory / BUILD_INFO).is_file():
+        raise ModelLoadError(f"refusing to overwrite {directory}: it is not empty and holds no "
+                             f"{BUILD_INFO} (not a privcode base build)")
+
+
+@contextlib.contextmanager
+def _build_lock(final: Path) -> Iterator[None]:
+    """Exclusive lock on a hidden sibling file: one builder per target directory."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = final.parent / f".{final.name}.lock"
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _swap_into_place(tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` build to ``final``, replacing an older build there.
+
+    The old build is first moved aside, so ``final`` is never a half-written
+    mix; a reader racing the swap may briefly find no build and rebuild/wait.
+    """
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+    os.rename(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _make_readable(directory: Path) -> None:
+    """World-readable like a normal checkout: mkdtemp (and some writers) create
+    owner-only entries, which would hide a shared cache from other users/pods."""
+    os.chmod(directory, 0o755)
+    for entry in directory.iterdir():
+        if entry.is_file():
+            os.chmod(entry, 0o644)
+
+
+@contextlib.contextmanager
+def _torch_threads() -> Iterator[int]:
+    """Use every core this process may run on for the build; restore the setting after."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, cores))
+    try:
+        yield max(1, cores)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def _hf_progress(enabled: bool) -> Iterator[None]:
+    """Silence transformers' own progress bars (weight writing) when ``progress`` is off."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled and was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not enabled and was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> dict:
+    """Build (or reuse) the public base model described by ``cfg``; return its info.
+
+    * ``cfg.model`` set: nothing is trained; the local HF causal LM at that
+      path is validated and scored on a small held-out public sample.
+    * otherwise the ``cfg.preset`` model is trained (see module docstring)
+      into ``out_dir``, or into ``<cfg.cache_dir>/<preset>-<hash>/`` when
+      ``out_dir`` is None. A complete build with the same hash already there
+      is returned as is, with ``cached: True``.
+
+    The returned dict holds at least ``path``, ``preset``, ``config_hash``,
+    ``heldout_loss``, ``untrained_heldout_loss``, ``params``,
+    ``train_seconds``, ``tokens_per_second`` and ``cached``; it is the content
+    of ``build_info.json`` plus ``path`` and ``cached``.
+    Raises :class:`~privcode.models.loading.ModelLoadError` (a
+    :class:`~privcode.errors.PrivcodeError`) on a bad model path or output dir.
+    """
+    if cfg.model:
+        return _external_base(cfg)
+    started = time.monotonic()
+    preset = _preset(cfg.preset)
+    files = C.public_corpus()
+    digest = config_hash(cfg, files)
+    final = Path(out_dir) if out_dir is not None else Path(cfg.cache_dir) / f"{cfg.preset}-{digest}"
+    final = final.expanduser().resolve()
+
+    info = _read_build(final, digest)
+    if info is None:
+        _check_replaceable(final)
+        with _build_lock(final):
+            # Another process may have finished the same build while we waited.
+            info = _read_build(final, digest)
+            if info is None:
+                tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+                try:
+                    info = _train(cfg, preset, files, digest, tmp, progress, started)
+                    _make_readable(tmp)
+                    _swap_into_place(tmp, final)
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+                return {**info, "path": str(final), "cached": False}
+    return {**info, "path": str(final), "cached": True}
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _model_config(preset: Preset, tokenizer) -> Any:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        max_position_embeddings=preset.max_position_embeddings,
+        rope_theta=preset.rope_theta,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,
+    )
+
+
+def _optimizer(model: torch.nn.Module, preset: Preset) -> torch.optim.Optimizer:
+    # No weight decay on biases and norm gains (1-D tensors): decaying them
+    # only hurts, the usual transformer recipe.
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": preset.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=preset.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def lr_at(step: int, preset: Preset) -> float:
+    """Linear warmup to ``lr``, then cosine decay to ``min_lr_ratio * lr`` at the last step."""
+    if step < preset.warmup_steps:
+        return preset.lr * (step + 1) / preset.warmup_steps
+    span = max(1, preset.steps - preset.warmup_steps - 1)
+    progress = min(1.0, (step - preset.warmup_steps) / span)
+    floor = preset.min_lr_ratio
+    return preset.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _tokenizer_texts(files: list[C.SourceFile], limit: int | None) -> list[str]:
+    """Whole files, in order, until ``limit`` UTF-8 bytes are reached (None: all)."""
+    if limit is None:
+        return [f.text for f in files]
+    texts, total = [], 0
+    for f in files:
+        if total >= limit:
+            break
+        texts.append(f.text)
+        total += len(f.text.encode("utf-8"))
+    return texts
+
+
+def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: str,
+           out: Path, progress: bool, started: float) -> dict:
+    """Train tokenizer + model into the empty directory ``out``; return the build info."""
+    import transformers
+    from tqdm.auto import tqdm
+    from transformers import Qwen2ForCausalLM
+
+    train_files, heldout_files = C.split_heldout(files, HELDOUT_FRACTION)
+    order = C.shuffled(train_files, cfg.seed)
+
+    with _torch_threads() as threads:
+        t0 = time.monotonic()
+        tok_texts = _tokenizer_texts(order, preset.tokenizer_train_bytes)
+        tokenizer = train_tokenizer(tok_texts, preset.vocab_size,
+                                    model_max_length=preset.max_position_embeddings)
+        tokenizer_seconds = time.monotonic() - t0
+
+        needed = preset.steps * preset.tokens_per_step
+        stream, files_tokenized = C.token_stream(tokenizer, order, max_tokens=needed)
+        heldout_stream, _ = C.token_stream(tokenizer, heldout_files, max_tokens=preset.eval_tokens)
+
+        torch.manual_seed(cfg.seed)
+        model = Qwen2ForCausalLM(_model_config(preset, tokenizer))
+        n_params = sum(p.numel() for p in model.parameters())
+        before = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len, preset.eval_tokens)
+
+        optimizer = _optimizer(model, preset)
+        batches = C.batches(stream, preset.seq_len, preset.batch_size, cfg.seed)
+        model.train()
+        steps_done, stopped_early, last_loss = 0, False, float("nan")
+        # Off a terminal (Ray worker logs, CI) redraws become log lines: fewer of them.
+        bar = tqdm(total=preset.steps, desc=f"base {cfg.preset}", unit="step", file=sys.stderr,
+                   disable=not progress, dynamic_ncols=True,
+                   mininterval=0.5 if sys.stderr.isatty() else 15.0)
+        t_train = time.monotonic()
+        try:
+            for step in range(preset.steps):
+                lr = lr_at(step, preset)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                batch = next(batches)
+                loss = model(input_ids=batch, labels=batch).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), preset.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps_done = step + 1
+                last_loss = loss.detach().item()
+                elapsed = time.monotonic() - t_train
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.3f}",
+                                tok_s=f"{steps_done * preset.tokens_per_step / elapsed:.0f}",
+                                refresh=False)
+                if elapsed > preset.max_train_seconds and steps_done < preset.steps:
+                    stopped_early = True
+                    print(f"privcode: base {cfg.preset}: stopping after {steps_done}/"
+                          f"{preset.steps} steps, over the {preset.max_train_seconds:.0f} s "
+                          f"training guard (busy machine?)", file=sys.stderr)
+                    break
+        finally:
+            bar.close()
+        train_seconds = time.monotonic() - t_train
+        tokens_seen = steps_done * preset.tokens_per_step
+        after = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len, preset.eval_tokens)
+
+        model.eval()
+        with _hf_progress(progress):
+            model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+    info = {
+        "version": BUILD_VERSION,
+        "preset": cfg.preset,
+        "preset_spec": dataclasses.asdict(preset),
+        "seed": cfg.seed,
+        "config_hash": digest,
+        "external": False,
+        "heldout_loss": after["loss"],
+        "untrained_heldout_loss": before["loss"],
+        "heldout_bits_per_byte": after["bits_per_byte"],
+        "untrained_heldout_bits_per_byte": before["bits_per_byte"],
+        "heldout_tokens": after["tokens"],
+        "final_train_loss": last_loss,
+        "params": n_params,
+        "vocab_size": len(tokenizer),
+        "seq_len": preset.seq_len,
+        "steps": steps_done,
+        "stopped_early": stopped_early,
+        "tokens_seen": tokens_seen,
+        "epochs": tokens_seen / max(1, stream.numel()),
+        "train_seconds": train_seconds,
+        "tokens_per_second": tokens_seen / train_seconds if train_seconds > 0 else None,
+        "tokenizer_seconds": tokenizer_seconds,
+        "build_seconds": time.monotonic() - started,
+        "num_threads": threads,
+        "public_modules": C.modules(files),
+        "train_files": len(train_files),
+        "train_files_tokenized": files_tokenized,
+        "heldout_files": C.relpaths(heldout_files),
+        "tokenizer": {
+            "vocab_size": len(tokenizer),
+            "trained_on_files": len(tok_texts),
+            "special_tokens": list(SPECIAL_TOKENS),
+            "bos_token": tokenizer.bos_token,
+            "eos_token": tokenizer.eos_token,
+            "pad_token": tokenizer.pad_token,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            "model_max_length": tokenizer.model_max_length,
+        },
+        "model_config": model.config.to_diff_dict(),
+        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+    }
+    # Written last: its presence marks the directory as a complete build.
+    atomic_write_json(out / BUILD_INFO, info)
+    return info
+
+
+# --------------------------------------------------------------------------- existing model
+
+
+def _external_base(cfg: BaseConfig) -> dict:
+    """Validate the local HF causal LM ``cfg.model`` and score it on held-out public code."""
+    path = Path(cfg.model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"base.model: {cfg.model!r} does not exist (only local model "
+                             "directories are supported; nothing is downloaded)")
+    started = time.monotonic()
+    with _torch_threads() as threads:
+        model = load_causal_lm(path, dtype="auto")
+        tokenizer = load_tokenizer(path)
+        _, heldout_files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)
+        stream, _ = C.token_stream(tokenizer, heldout_files, max_tokens=EXTERNAL_EVAL_TOKENS)
+        scores = C.evaluate_loss(model, tokenizer, stream, EXTERNAL_EVAL_SEQ_LEN,
+                                 EXTERNAL_EVAL_TOKENS, batch_size=2)
+    return {
+        "version": BUILD_VERSION,
+        "path": str(path.resolve()),
+        "preset": None,
+        "seed": cfg.seed,
+        "config_hash": config_hash(cfg),
+        "external": True,
+        "model_type": model.config.model_type,
+        "heldout_loss": scores["loss"],
+        "untrained_heldout_loss": None,
+        "heldout_bits_per_byte": scores["bits_per_byte"],
+        "untrained_heldout_bits_per_byte": None,
+        "heldout_tokens": scores["tokens"],
+        "params": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "tokens_seen": 0,
+        "train_seconds": 0.0,
+        "tokens_per_second": None,
+        "build_seconds": time.monotonic() - started,
+        "num_threads": threads,
+        "cached": False,
+    }

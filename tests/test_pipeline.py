@@ -1,0 +1,93 @@
+"""The pipeline runner on the session Ray cluster: stages, manifests, skipping, report."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from privcode.config import load_config
+from privcode.errors import PrivcodeError
+from privcode.pipeline.runner import read_manifest, run_pipeline
+from privcode.utils import sha256_file
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture()
+def overrides(tmp_path, ci_base_cache):
+    return [
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"run.reports_dir={tmp_path / 'reports'}",
+        "run.name=t",
+        "data.size=60",
+        "data.canary_repetitions=[1, 2]",
+        "data.canary_kinds=[email, password]",
+        "base.preset=ci",
+        f"base.cache_dir={ci_base_cache}",
+    ]
+
+
+def statuses(result):
+    return {name: r["status"] for name, r in result["stages"].items()}
+
+
+def test_runs_all_stages_then_skips_unchanged(ray_connected, tmp_path, overrides):
+    cfg = load_config("jobs/configs/demo.yaml", overrides)
+    first = run_pipeline(cfg)
+    assert statuses(first) == {"data": "ran", "base": "ran", "report": "ran"}
+
+    runs = tmp_path / "runs" / "t"
+    data = read_manifest(runs / "data")
+    # Every output is listed with its sha256, and the private flag is set.
+    assert data["private"] is True
+    assert set(data["outputs"]) >= {"train.parquet", "heldout.parquet", "canaries.json"}
+    for rel, digest in data["outputs"].items():
+        assert sha256_file(runs / "data" / rel) == digest
+    counts = data["summary"]["counts"]
+    base = read_manifest(runs / "base")["summary"]
+    assert base["preset"] == "ci" and base["cached"] is True  # the session build was reused
+    assert base["heldout_loss"] < base["untrained_heldout_loss"]
+
+    report = tmp_path / "reports" / "t" / "report.md"
+    assert first["report"] == str(report)
+    text = report.read_text()
+    assert f"{base['heldout_loss']:.3f}" in text  # the numbers in the report are the stage's
+    assert re.search(rf"\|\s*canaries\s*\|\s*{counts['canaries']}\s*\|", text)
+    assert (report.parent / "corpus.png").stat().st_size > 1000
+    assert (report.parent / "base_loss.png").stat().st_size > 1000
+
+    second = run_pipeline(cfg)
+    assert statuses(second) == {"data": "skipped", "base": "skipped", "report": "skipped"}
+
+    # A data config change re-runs data and everything downstream, not base.
+    third = run_pipeline(load_config("jobs/configs/demo.yaml", [*overrides, "data.seed=7"]))
+    assert statuses(third) == {"data": "ran", "base": "skipped", "report": "ran"}
+
+
+def test_tampered_output_is_rebuilt_and_failed_stage_keeps_old_artifact(ray_connected, tmp_path,
+                                                                         overrides):
+    cfg = load_config("jobs/configs/demo.yaml", [*overrides, "run.stages=[data]"])
+    run_pipeline(cfg)
+    data_dir = tmp_path / "runs" / "t" / "data"
+    (data_dir / "canaries.json").write_text("[]")
+    assert statuses(run_pipeline(cfg)) == {"data": "ran"}
+    assert json.loads((data_dir / "canaries.json").read_text())  # restored
+
+    before = (data_dir / "manifest.json").read_bytes()
+    bad = load_config("jobs/configs/demo.yaml", [*overrides, "run.stages=[data]", "data.size=99999"])
+    with pytest.raises(Exception, match="available"):
+        run_pipeline(bad)
+    assert (data_dir / "manifest.json").read_bytes() == before
+    assert not [p for p in data_dir.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def test_only_selected_stage_with_dependencies(tmp_path, overrides):
+    cfg = load_config("jobs/configs/demo.yaml", overrides)
+    with pytest.raises(PrivcodeError, match="unknown stage 'nope'"):
+        run_pipeline(cfg, stages=["nope"], use_ray=False)
+    result = run_pipeline(cfg, stages=["data"], use_ray=False)
+    assert list(result["stages"]) == ["data"]
+    assert Path(result["stages"]["data"]["dir"]).joinpath("train.parquet").is_file()
