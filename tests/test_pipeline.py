@@ -50,6 +50,8 @@ def test_runs_all_stages_then_skips_unchanged(ray_connected, tmp_path, overrides
     base = read_manifest(runs / "base")["summary"]
     assert base["preset"] == "ci" and base["cached"] is True  # the session build was reused
     assert base["heldout_loss"] < base["untrained_heldout_loss"]
+    curve = [loss for _, loss in base["loss_history"]]
+    assert len(curve) > 10 and curve[-1] < curve[0] - 1.0  # the plotted training curve
 
     report = tmp_path / "reports" / "t" / "report.md"
     assert first["report"] == str(report)

@@ -390,6 +390,8 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         batches = C.batches(stream, preset.seq_len, preset.batch_size, cfg.seed)
         model.train()
         steps_done, stopped_early, last_loss = 0, False, float("nan")
+        history: list[tuple[int, float]] = []  # (step, train loss), ~100 points for the report
+        every = max(1, preset.steps // 100)
         # Off a terminal (Ray worker logs, CI) redraws become log lines: fewer of them.
         bar = tqdm(total=preset.steps, desc=f"base {cfg.preset}", unit="step", file=sys.stderr,
                    disable=not progress, dynamic_ncols=True,
@@ -408,6 +410,8 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
                 optimizer.zero_grad(set_to_none=True)
                 steps_done = step + 1
                 last_loss = loss.detach().item()
+                if step % every == 0 or steps_done == preset.steps:
+                    history.append((steps_done, round(last_loss, 4)))
                 elapsed = time.monotonic() - t_train
                 bar.update(1)
                 bar.set_postfix(loss=f"{last_loss:.3f}",
@@ -443,6 +447,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         "untrained_heldout_bits_per_byte": before["bits_per_byte"],
         "heldout_tokens": after["tokens"],
         "final_train_loss": last_loss,
+        "loss_history": history,
         "params": n_params,
         "vocab_size": len(tokenizer),
         "seq_len": preset.seq_len,

@@ -68,7 +68,7 @@ class BaseStage(Stage):
         from privcode.models.base import build_base
         from privcode.utils import atomic_write_json
 
-        info = build_base(cfg.base, out_dir=None, progress=False)
+        info = build_base(cfg.base, out_dir=None, progress=True)
         # The model itself lives in the content-addressed cache; the stage
         # artifact records where, so later stages and reruns find it.
         atomic_write_json(out_dir / "base.json", info)
