@@ -25,6 +25,14 @@ def _print_json(obj: object) -> None:
     print(json.dumps(obj, sort_keys=True, default=str))
 
 
+def _config_with_flags(args: argparse.Namespace, section: str, flags: tuple[str, ...]):
+    """Load --config with --set overrides, then the command's own flags on top."""
+    overrides = list(args.overrides)
+    overrides += [f"{section}.{flag}={getattr(args, flag)}" for flag in flags
+                  if getattr(args, flag) is not None]
+    return load_config(args.config, overrides)
+
+
 # --------------------------------------------------------------------------- handlers
 
 
@@ -53,12 +61,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 def cmd_data_demo(args: argparse.Namespace) -> int:
     from privcode.data.demo import build_demo_corpus
 
-    overrides = list(args.overrides)
-    if args.seed is not None:
-        overrides.append(f"data.seed={args.seed}")
-    if args.size is not None:
-        overrides.append(f"data.size={args.size}")
-    cfg = load_config(args.config, overrides)
+    cfg = _config_with_flags(args, "data", ("seed", "size"))
     manifest = build_demo_corpus(Path(args.out), cfg.data)
     if args.json:
         _print_json(manifest)
@@ -79,12 +82,7 @@ def cmd_data_validate(args: argparse.Namespace) -> int:
 def cmd_base_build(args: argparse.Namespace) -> int:
     from privcode.models.base import build_base
 
-    overrides = list(args.overrides)
-    if args.preset is not None:
-        overrides.append(f"base.preset={args.preset}")
-    if args.seed is not None:
-        overrides.append(f"base.seed={args.seed}")
-    cfg = load_config(args.config, overrides)
+    cfg = _config_with_flags(args, "base", ("preset", "seed"))
     info = build_base(cfg.base, out_dir=Path(args.out) if args.out else None)
     _print_json(info) if args.json else print(f"base model at {info['path']} "
                                                f"(held-out loss {info['heldout_loss']:.3f})")

@@ -93,3 +93,17 @@ def test_only_selected_stage_with_dependencies(tmp_path, overrides):
     result = run_pipeline(cfg, stages=["data"], use_ray=False)
     assert list(result["stages"]) == ["data"]
     assert Path(result["stages"]["data"]["dir"]).joinpath("train.parquet").is_file()
+
+
+def test_pipeline_as_a_ray_job(ray_cluster, tmp_path, overrides):
+    """jobs/pipeline.py submitted through the Jobs API, as `make submit-job` does."""
+    from privcode.cluster import jobs
+
+    result = jobs.submit_pipeline(config="jobs/configs/demo.yaml", overrides=overrides,
+                                  follow=True, timeout_s=600)
+    logs = jobs.job_logs(result["job_id"], result["address"])
+    assert result["status"] == "SUCCEEDED", logs[-3000:]
+    assert "[report] done" in logs
+    manifest = read_manifest(tmp_path / "runs" / "t" / "report")
+    assert manifest["summary"]["report"] == str(tmp_path / "reports" / "t" / "report.md")
+    assert (tmp_path / "reports" / "t" / "report.md").is_file()
