@@ -110,8 +110,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     result = jobs.submit_pipeline(config=args.config, address=args.address, overrides=args.overrides,
                                   follow=not args.no_wait)
-    _print_json(result) if args.json else print(
-        f"job {result['job_id']}: {result['status']}\ndashboard: {result['dashboard_url']}")
+    if args.json:  # otherwise the job id, URL and final status are already on stderr
+        _print_json(result)
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING") else 1
 
 
