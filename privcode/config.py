@@ -103,6 +103,41 @@ class BaseConfig:
 
 
 @dataclass(frozen=True)
+class TrainConfig:
+    """Stage I: DP-SGD fine-tuning of the junior model (LoRA) on the private corpus."""
+
+    method: str = opt("dpft", "Training method (registry in privcode.train.methods): dpft = "
+                              "DP fine-tuning on prompt+code tokens.", choices=("dpft",))
+    epsilon: float = opt(4.0, "Privacy budget epsilon of the whole run (the ledger refuses "
+                              "any step that would exceed it).", min=0.01, max=1000.0)
+    delta: float = opt(1e-5, "Privacy parameter delta; should be below 1/N.", min=1e-12, max=0.1)
+    noise_multiplier: float = opt(0.0, "Gaussian noise std / max_grad_norm. 0 = calibrate the "
+                                       "smallest sigma that spends `epsilon` in `steps` steps.",
+                                  min=0.0, max=100.0)
+    max_grad_norm: float = opt(1.0, "Per-record clipping norm C.", min=1e-6)
+    expected_batch_size: int = opt(16, "Expected Poisson batch size B; sample rate q = B / N.",
+                                   min=1)
+    steps: int = opt(40, "Number of DP-SGD steps (optimizer updates).", min=1, max=10_000_000)
+    lr: float = opt(5e-4, "AdamW learning rate of the DP optimiser.", min=0.0, max=10.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay (decoupled).", min=0.0)
+    lora_r: int = opt(8, "LoRA rank of the junior adapter.", min=1)
+    lora_alpha: int = opt(16, "LoRA alpha (scaling = alpha / r).", min=1)
+    lora_dropout: float = opt(0.0, "Dropout on the LoRA branch.", min=0.0, max=0.9)
+    max_length: int = opt(256, "Records are truncated to this many tokens.", min=8)
+    num_workers: int = opt(1, "Ray Train workers (data-parallel DP-SGD).", min=1, max=4096)
+    use_gpu: bool = opt(False, "One GPU per worker (NCCL); CPU workers use gloo.")
+    accountant: str = opt("rdp", "Accountant of the budget ledger.", choices=("rdp", "prv"))
+    grad_sample_mode: str = opt("hooks", "Opacus per-sample-gradient mode.",
+                                choices=("hooks", "ghost", "functorch"))
+    seed: int = opt(0, "Seed of sampling, noise and initialisation.")
+    checkpoint_every: int = opt(10, "Save a Ray Train checkpoint every this many steps.", min=1)
+    max_failures: int = opt(2, "Worker-group restarts Ray Train may attempt (FailureConfig).",
+                            min=0)
+    data: str = opt("", "Private training set (Parquet/JSONL of id, prompt, code). '' = the "
+                        "data stage's train.parquet.")
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     """The run report."""
 
@@ -115,6 +150,7 @@ SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "data": DataConfig,
     "base": BaseConfig,
+    "train": TrainConfig,
     "report": ReportConfig,
 }
 
@@ -126,6 +162,7 @@ class PipelineConfig:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     source: str = field(default="<defaults>", compare=False,
                         metadata={"help": "File the config was loaded from."})

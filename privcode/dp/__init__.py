@@ -1,0 +1,1 @@
+"""Differential privacy core: accounting (pure), the budget ledger (a Ray actor), DP-SGD."""
