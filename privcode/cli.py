@@ -115,6 +115,45 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING") else 1
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from privcode.pipeline.runner import run_pipeline
+
+    cfg = _config_with_flags(args, "train", ("method",))
+    result = run_pipeline(cfg, stages=["train"])
+    if args.json:
+        _print_json(result)
+    return 0
+
+
+def cmd_dp_epsilon(args: argparse.Namespace) -> int:
+    from privcode.dp.accounting import DPEvent, epsilon
+
+    event = DPEvent(noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate,
+                    steps=args.steps)
+    eps = epsilon([event], delta=args.delta, accountant=args.accountant)
+    out = {"epsilon": eps, "accountant": args.accountant, "delta": args.delta,
+           "noise_multiplier": args.noise_multiplier, "sample_rate": args.sample_rate,
+           "steps": args.steps}
+    _print_json(out) if args.json else print(f"epsilon = {eps:.4f} ({args.accountant}, "
+                                               f"delta {args.delta:g})")
+    return 0
+
+
+def cmd_dp_calibrate(args: argparse.Namespace) -> int:
+    from privcode.dp.accounting import DPEvent, calibrate, epsilon
+
+    sigma = calibrate(args.epsilon, delta=args.delta, sample_rate=args.sample_rate,
+                      steps=args.steps, accountant=args.accountant)
+    eps = epsilon([DPEvent(sigma, args.sample_rate, args.steps)], delta=args.delta,
+                  accountant=args.accountant)
+    out = {"noise_multiplier": sigma, "epsilon": eps, "target_epsilon": args.epsilon,
+           "accountant": args.accountant, "delta": args.delta, "sample_rate": args.sample_rate,
+           "steps": args.steps}
+    _print_json(out) if args.json else print(f"noise_multiplier = {sigma:.6f} "
+                                               f"(epsilon {eps:.4f} <= {args.epsilon})")
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -161,6 +200,31 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="Print the build info as JSON.")
     _add_config_args(b, default=None)
     b.set_defaults(func=cmd_base_build)
+
+    p = sub.add_parser("train", help="Stage I: DP-SGD training of the junior model (runs the train "
+                                     "stage and whatever it needs).")
+    _add_config_args(p)
+    p.add_argument("--method", help="Training method (overrides train.method), e.g. dpft.")
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("dp", help="Privacy accounting: epsilon of a DP-SGD run, noise calibration.")
+    dpsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, func, help_text in (
+            ("epsilon", cmd_dp_epsilon, "Epsilon of T steps of DP-SGD at sample rate q, noise sigma."),
+            ("calibrate", cmd_dp_calibrate, "Smallest noise multiplier meeting a target epsilon.")):
+        d = dpsub.add_parser(action, help=help_text)
+        d.add_argument("--sample-rate", type=float, required=True, help="Poisson sample rate q.")
+        if action == "epsilon":
+            d.add_argument("--noise-multiplier", type=float, required=True, help="Noise sigma / C.")
+        else:
+            d.add_argument("--epsilon", type=float, required=True, help="Target epsilon.")
+        d.add_argument("--steps", type=int, required=True, help="Number of steps T.")
+        d.add_argument("--delta", type=float, default=1e-5, help="Delta (default %(default)s).")
+        d.add_argument("--accountant", choices=("rdp", "prv"), default="rdp",
+                       help="Accountant (default %(default)s).")
+        d.add_argument("--json", action="store_true", help="Print one JSON object.")
+        d.set_defaults(func=func)
 
     p = sub.add_parser("cluster", help="A local Ray head on 127.0.0.1: up, down, status.")
     p.add_argument("action", choices=("up", "down", "status"), help="What to do.")
