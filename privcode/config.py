@@ -129,7 +129,13 @@ class TrainConfig:
     accountant: str = opt("rdp", "Accountant of the budget ledger.", choices=("rdp", "prv"))
     grad_sample_mode: str = opt("hooks", "Opacus per-sample-gradient mode.",
                                 choices=("hooks", "ghost", "functorch"))
-    seed: int = opt(0, "Seed of sampling, noise and initialisation.")
+    cpus_per_worker: int = opt(1, "CPUs (and torch threads) per Ray Train worker.", min=1)
+    seed: int = opt(0, "Seed of the LoRA initialisation. Poisson sampling and noise never use "
+                       "it: they draw a secret seed from OS entropy at every (re)start, since "
+                       "a known seed would let anyone replay the batches and the noise.")
+    eval_tokens: int = opt(4096, "Tokens of PUBLIC held-out code (the base model's held-out "
+                                 "files) scored at every checkpoint for the loss curve; 0 = "
+                                 "no curve. Never private data.", min=0)
     checkpoint_every: int = opt(10, "Save a Ray Train checkpoint every this many steps.", min=1)
     max_failures: int = opt(2, "Worker-group restarts Ray Train may attempt (FailureConfig).",
                             min=0)

@@ -22,6 +22,8 @@ def overrides(tmp_path, ci_base_cache):
         f"run.out_dir={tmp_path / 'runs'}",
         f"run.reports_dir={tmp_path / 'reports'}",
         "run.name=t",
+        # The train stage has its own tests (tests/test_train.py).
+        "run.stages=[data, base, report]",
         "data.size=60",
         "data.canary_repetitions=[1, 2]",
         "data.canary_kinds=[email, password]",

@@ -1,7 +1,8 @@
 """The run report: Markdown plus PNG plots, built from stage manifests only.
 
 The report never opens a dataset: it reads the aggregates that each stage put
-in its manifest summary (counts, losses, timings). Corpus counts describe
+in its manifest summary (counts, losses, timings). The DP training section
+shows the privacy accounting and a loss curve on PUBLIC held-out code only. Corpus counts describe
 the private corpus and are meant for its owner (they are exact counts, not DP
 statistics); the report says so.
 
@@ -95,6 +96,83 @@ def plot_base(info: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def plot_train(summary: dict[str, Any], path: Path) -> bool:
+    """Loss of the DP model on PUBLIC held-out code at each checkpoint (DP-safe curve)."""
+    curve = [(s, v) for s, v in summary.get("public_heldout_loss_curve") or [] if v is not None]
+    if not curve:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", color="#4a7ab5")
+    ax.set_xlabel("DP-SGD step")
+    ax.set_ylabel("public held-out loss (nats/token)")
+    eps = summary.get("epsilon")
+    title = "DP training: loss on public held-out code"
+    ax.set_title(title + (f" (final eps={eps:.2f})" if isinstance(eps, float) else " (NOT DP)"))
+    _save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _number(value: Any) -> Any:
+    """4 significant digits; small values (delta, q) in scientific notation."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return value
+
+
+def _train_section(train: dict[str, Any] | None) -> list[str]:
+    if not train:
+        return []
+    info = train.get("summary", {})
+    steps = f"{info.get('steps_taken')} of {info.get('steps_requested')}"
+    sigma = info.get("noise_multiplier")
+    rows = [
+        ("method", info.get("method")),
+        ("epsilon, RDP accountant", info.get("epsilon_rdp")),
+        ("epsilon, PRV accountant", info.get("epsilon_prv")),
+        ("epsilon budget (enforced with the " + str(info.get("accountant")) + " accountant)",
+         info.get("epsilon_budget")),
+        ("delta", info.get("delta")),
+        ("DP-SGD steps taken", steps),
+        ("stopped because", {"steps": "all steps done", "budget": "budget spent"}.get(
+            info.get("stop_reason"), info.get("stop_reason"))),
+        ("noise multiplier sigma" + (" (calibrated)" if info.get("noise_calibrated") else ""),
+         sigma),
+        ("sample rate q", info.get("sample_rate")),
+        ("expected batch size qN", info.get("expected_batch_size")),
+        ("clipping norm C", info.get("max_grad_norm")),
+        ("training records N", info.get("num_records")),
+        ("Ray Train workers", info.get("num_workers")),
+        ("worker-group restarts", info.get("restarts")),
+        ("training seconds", info.get("train_seconds")),
+    ]
+    lines = ["## DP training (Stage I)", ""]
+    if not info.get("dp", True):
+        lines += ["**WARNING: this run used unsafe test options; the adapter is NOT "
+                  "differentially private.**", ""]
+    lines += [
+        "The junior model's LoRA adapter, trained with DP-SGD on Ray Train (per-record "
+        "clipping to C, Gaussian noise added once per step, Poisson sampling). The released "
+        "artifact is the adapter and `privacy.json`; epsilon comes from the run's privacy "
+        "ledger, which granted every step before it was applied.",
+        "",
+        _table([(k, _number(v)) for k, v in rows]),
+        "",
+        "The curve below is the loss of the trained model on PUBLIC held-out code (the base "
+        "model's held-out standard-library files), computed from the weights at each "
+        "checkpoint: post-processing of the DP release, safe to publish. The training loss "
+        "on the private batches is deliberately not reported: it is an un-noised statistic "
+        "of private records.",
+        "",
+    ]
+    return lines
+
+
 def _corpus_section(data: dict[str, Any] | None) -> list[str]:
     if not data:
         return ["## Private corpus", "", "_The data stage did not run._", ""]
@@ -155,12 +233,19 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     if cfg.report.plots and base and plot_base(base.get("summary", {}), out_dir / "base_loss.png"):
         lines += ["![base model loss](base_loss.png)", ""]
         plots.append("base_loss.png")
+    train = inputs.get("train")
+    lines += _train_section(train)
+    if cfg.report.plots and train and plot_train(train.get("summary", {}), out_dir / "train_loss.png"):
+        lines += ["![DP training: public held-out loss](train_loss.png)", ""]
+        plots.append("train_loss.png")
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
     summary = {
         "report": str(Path(cfg.run.reports_dir).resolve() / cfg.run.name / "report.md"),
         "plots": plots,
         "base_heldout_loss": (base or {}).get("summary", {}).get("heldout_loss"),
         "corpus_counts": (data or {}).get("summary", {}).get("counts", {}),
+        "train_epsilon": {k: (train or {}).get("summary", {}).get(f"epsilon_{k}")
+                          for k in ("rdp", "prv")} if train else None,
     }
     atomic_write_json(out_dir / "report.json", summary)
     publish = Path(cfg.run.reports_dir).resolve() / cfg.run.name

@@ -50,8 +50,13 @@ def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dic
         "version": stage.version,
         "config": {s: section_to_dict(cfg.section(s)) for s in stage.sections if s != "run"},
         "run": {"name": cfg.run.name, "reports_dir": cfg.run.reports_dir} if "run" in stage.sections else None,
-        "inputs": {name: upstream[name]["fingerprint"] for name in stage.needs},
+        "inputs": {name: upstream[name]["fingerprint"] for name in _input_names(stage, upstream)},
     })
+
+
+def _input_names(stage: type[Stage], available: dict[str, Any]) -> list[str]:
+    """The stage's required inputs, plus its optional ones that ran earlier in this run."""
+    return [*stage.needs, *(name for name in stage.after if name in available)]
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -101,7 +106,7 @@ def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
             "fingerprint": fp,
             "private": stage.private,
             "config": {s: section_to_dict(cfg.section(s)) for s in stage.sections},
-            "inputs": {n: inputs[n]["fingerprint"] for n in stage.needs},
+            "inputs": {n: inputs[n]["fingerprint"] for n in inputs},
             "outputs": _hash_outputs(work),
             "summary": summary,
             "timings": {"started": started, "seconds": round(time.time() - started, 3)},
@@ -160,7 +165,7 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
             _say(f"[{name}] unchanged, skipped ({directory})")
             continue
         _say(f"[{name}] running ...")
-        inputs = {n: manifests[n] for n in stage.needs}
+        inputs = {n: manifests[n] for n in _input_names(stage, manifests)}
         t0 = time.time()
         if use_ray:
             import ray
@@ -191,6 +196,9 @@ def _with_dependencies(selected: list[str]) -> list[str]:
     def visit(name: str) -> None:
         for dep in STAGES[name].needs:
             visit(dep)
+        for dep in STAGES[name].after:
+            if dep in selected:
+                visit(dep)
         if name not in order:
             order.append(name)
 

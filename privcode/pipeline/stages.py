@@ -8,8 +8,9 @@ fingerprinting, skipping unchanged stages, running each stage as a Ray task,
 and writing ``manifest.json`` atomically.
 
 The privacy boundary is visible here: ``data`` produces private records; the
-``base`` stage reads only public code; the ``report`` stage reads manifests
-(counts and metrics), never records.
+``base`` stage reads only public code; ``train`` reads private records and
+writes only the DP release; the ``report`` stage reads manifests (counts and
+metrics), never records.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class Stage:
     sections: ClassVar[tuple[str, ...]] = ()
     #: Upstream stages whose manifests this stage reads (must run earlier).
     needs: ClassVar[tuple[str, ...]] = ()
+    #: Optional upstream stages: read (and run first, entering the fingerprint)
+    #: only when they are part of the same run; never pulled in on their own.
+    after: ClassVar[tuple[str, ...]] = ()
     #: CPUs requested for the Ray task; None means every CPU of the cluster.
     num_cpus: ClassVar[float | None] = 1
     #: Bump when the stage's code changes what it writes: forces a re-run.
@@ -78,12 +82,53 @@ class BaseStage(Stage):
         return (Path(summary.get("path", "")) / "config.json").is_file()
 
 
+class TrainStage(Stage):
+    """Stage I: DP-SGD fine-tuning of the junior model's LoRA adapter on Ray Train.
+
+    The artifact is the DP release: ``adapter/`` and ``privacy.json``
+    (epsilon, delta, history, C, q, sigma, steps, corpus hash); nothing in it
+    is private, so ``private`` is False. The privacy ledger's WAL lives in
+    ``<out_dir>/<run>/ledger/<corpus sha256 prefix>/``, outside the stage
+    directory, so re-running the stage on the same data spends from the same
+    budget (and is refused once it is spent). Ray Train checkpoints go to
+    ``<out_dir>/<run>/.train/`` (private storage) and are removed on success.
+    """
+
+    name = "train"
+    sections = ("train",)
+    needs = ("data", "base")
+    # The stage task only orchestrates; the Ray Train workers hold the CPUs.
+    num_cpus = 0
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.pipeline.runner import stage_dir
+        from privcode.train.loop import run_training
+        from privcode.utils import sha256_file
+
+        data = Path(cfg.train.data) if cfg.train.data else stage_dir(cfg, "data") / "train.parquet"
+        run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
+        digest = sha256_file(data)
+        summary = run_training(cfg.train, data_path=data, base_path=inputs["base"]["summary"]["path"],
+                               out_dir=out_dir, ledger_dir=run_root / "ledger" / digest[:16],
+                               run_name=cfg.run.name, storage_dir=run_root / ".train")
+        summary.pop("audit_log", None)  # a path in private storage, removed on success
+        return {**summary, "data_path": str(data.resolve())}
+
+    def still_valid(self, summary):
+        # An external train.data file may change under the same path.
+        from privcode.utils import sha256_file
+
+        path = Path(summary.get("data_path", ""))
+        return path.is_file() and sha256_file(path) == summary.get("corpus_sha256")
+
+
 class ReportStage(Stage):
     """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
 
     name = "report"
     sections = ("report", "run")
     needs = ("data", "base")
+    after = ("train",)
 
     def run(self, cfg, out_dir, inputs):
         from privcode.pipeline.report import write_report
@@ -94,5 +139,5 @@ class ReportStage(Stage):
 #: Stage name -> class. Later stages (train, synth, premium, eval, audit,
 #: serve) register here; ``run.stages`` picks from these names.
 STAGES: dict[str, type[Stage]] = {
-    cls.name: cls for cls in (DataStage, BaseStage, ReportStage)
+    cls.name: cls for cls in (DataStage, BaseStage, TrainStage, ReportStage)
 }

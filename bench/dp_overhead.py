@@ -1,0 +1,154 @@
+"""DP-SGD step vs a plain step: time and peak memory, same LoRA model and batch, each Opacus mode.
+
+    .venv/bin/python bench/dp_overhead.py [--model demo] [--batch 16] [--length 128]
+                                           [--steps 8] [--rounds 3] [--threads 2]
+
+Each configuration (``nondp``, then DP with ``hooks``, ``functorch``,
+``ghost``) runs in its own subprocess so that its peak memory is its own:
+peak RSS growth over the loaded model on CPU (``ru_maxrss``), or
+``torch.cuda.max_memory_allocated`` on GPU, over the process with the
+model, optimizer and batch loaded (the whole process peak is printed too).
+Rounds interleave the
+configurations, so machine noise hits them alike; the time is the median
+step over all rounds after one warm-up step per process. Printed ratios are
+DP / non-DP.
+
+A step is what training does: the plain step is forward, mean loss,
+backward, AdamW; the DP step is per-record gradients, clipping, the sum,
+Gaussian noise, division by the expected batch size, AdamW
+(:mod:`privcode.dp.dpsgd`). Batches are random token ids of full length:
+timing does not depend on the text, and no private data is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+MODES = ("nondp", "hooks", "functorch", "ghost")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import torch
+
+    from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
+    from privcode.models.loading import attach_lora, load_causal_lm
+    from privcode.train.data import CODE, PAD
+    from privcode.train.methods import MethodContext, get_method
+
+    torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = attach_lora(load_causal_lm(args.model), r=8, alpha=16).to(device).train()
+    vocab = model.config.vocab_size
+    ids = torch.randint(2, vocab, (args.batch, args.length), device=device)
+    segments = torch.full_like(ids, CODE)
+    batch = {"input_ids": ids, "attention_mask": (segments != PAD).long(), "segments": segments}
+    loss_fn = get_method("dpft").build(MethodContext())
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    if args.mode == "nondp":
+        def step() -> None:
+            loss_fn(model, batch).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    else:
+        clipper = PerSampleClipper(model, mode=args.mode, max_grad_norm=1.0)
+
+        def step() -> None:
+            s = clipper.clipped_sum(loss_fn, batch, args.batch)
+            g = privatize(s, noise_multiplier=1.0, max_grad_norm=1.0,
+                          expected_batch_size=float(args.batch), add_noise=True, generator=gen,
+                          all_reduce=None)
+            apply_flat_gradient(params, g)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    # Baseline: model, optimizer and batch loaded, no step taken yet. The peak
+    # below is the high-water mark of the steps (warm-up included) above it.
+    sync()
+    base_rss = _peak_rss_mb()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated() / 2**20
+    step()  # warm-up (kernels, allocator, Opacus hook setup): not timed
+    sync()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated() / 2**20 - base_cuda if device == "cuda"
+            else _peak_rss_mb() - base_rss)
+    return {"mode": args.mode, "times": times, "peak_mb": peak, "peak_total_mb": _peak_rss_mb(),
+            "device": device,
+            "trainable": sum(p.numel() for p in params),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="demo", help="HF model dir or preset (ci, demo, small)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--steps", type=int, default=8, help="timed steps per process")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.mode:
+        print(json.dumps(worker(args)))
+        return 0
+
+    from privcode.models.loading import resolve_model_path
+
+    args.model = str(resolve_model_path(args.model))
+    runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    for r in range(args.rounds):
+        order = args.modes if r % 2 == 0 else list(reversed(args.modes))
+        for mode in order:
+            cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model,
+                   "--batch", str(args.batch), "--length", str(args.length),
+                   "--steps", str(args.steps), "--threads", str(args.threads)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"  round {r + 1}: {mode:9} median step "
+                  f"{statistics.median(runs[mode][-1]['times']):.3f} s", flush=True)
+    first = runs[args.modes[0]][0]
+    print(f"model {args.model}: {first['params']:,} params, {first['trainable']:,} trainable "
+          f"(LoRA r=8); batch {args.batch} x {args.length} tokens; device {first['device']}; "
+          f"{args.threads} threads; {args.rounds} rounds x {args.steps} steps")
+    summary = {m: (statistics.median(t for run in runs[m] for t in run["times"]),
+                   max(run["peak_mb"] for run in runs[m]),
+                   max(run["peak_total_mb"] for run in runs[m])) for m in args.modes}
+    ref_t, ref_m, ref_total = summary.get("nondp", (None, None, None))
+    print(f"{'mode':10} {'step s':>8} {'x nondp':>8} {'peak MB':>9} {'x nondp':>8} "
+          f"{'process MB':>11} {'x nondp':>8}")
+    for m, (t, mem, total) in summary.items():
+        rt = f"{t / ref_t:.2f}" if ref_t else "-"
+        rm = f"{mem / ref_m:.2f}" if ref_m and ref_m > 0 else "-"
+        rtot = f"{total / ref_total:.2f}" if ref_total else "-"
+        print(f"{m:10} {t:8.3f} {rt:>8} {mem:9.1f} {rm:>8} {total:11.1f} {rtot:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""DP-SGD throughput on Ray Train: samples/s with 2 workers vs 1, same run otherwise.
+
+    .venv/bin/python bench/train_scaling.py [--model demo] [--steps 24] [--batch 32]
+                                             [--length 96] [--rounds 2]
+
+Starts an in-process local Ray cluster (127.0.0.1, stopped at the end),
+builds a small demo corpus in a temporary directory, and trains the same
+DP-SGD run (real ledger, fixed sigma, large budget) with
+
+* 1 worker x 1 CPU,
+* 1 worker x 2 CPUs (2 torch threads), and
+* 2 workers x 1 CPU (gloo all-reduce),
+
+``--rounds`` times each, interleaved. Throughput is measured from the audit
+log of applied steps (rank 0's time stamps): (steps - 1) * expected batch
+size / (time of the last step - time of the first), so worker start-up and
+model loading are excluded. Ratios are against 1 worker x 1 CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+CONFIGS = (("1 worker x 1 CPU", 1, 1), ("1 worker x 2 CPUs", 1, 2), ("2 workers x 1 CPU", 2, 1))
+
+
+def _samples_per_second(audit_log: Path, expected_batch: float) -> float:
+    times = [json.loads(x)["time"] for x in audit_log.read_text().splitlines() if x.strip()]
+    if len(times) < 3:
+        raise RuntimeError("too few steps to measure")
+    # Skip the first step (allocator warm-up) and time the rest.
+    return (len(times) - 2) * expected_batch / (times[-1] - times[1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="demo", help="HF model dir or preset (ci, demo, small)")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--batch", type=int, default=32, help="expected Poisson batch size")
+    p.add_argument("--length", type=int, default=96, help="max tokens per record")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--size", type=int, default=400, help="ordinary records of the corpus")
+    args = p.parse_args()
+
+    import ray
+
+    from privcode.cluster.local import connect
+    from privcode.config import DataConfig, TrainConfig
+    from privcode.data.demo import build_demo_corpus
+    from privcode.models.loading import resolve_model_path
+    from privcode.train.loop import run_training
+
+    model = str(resolve_model_path(args.model))
+    cpus = os.cpu_count() or 2
+    connect(None, num_cpus=max(2, cpus))
+    results: dict[str, list[float]] = {name: [] for name, _, _ in CONFIGS}
+    with tempfile.TemporaryDirectory(prefix="privcode-scaling-") as tmp:
+        work = Path(tmp)
+        build_demo_corpus(work / "data", DataConfig(size=args.size, canary_repetitions=(1,)),
+                          progress=False)
+        base = TrainConfig(steps=args.steps, expected_batch_size=args.batch,
+                           max_length=args.length, noise_multiplier=1.0, epsilon=1000.0,
+                           eval_tokens=0, checkpoint_every=10**6)
+        n = None
+        for r in range(args.rounds):
+            order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
+            for name, workers, threads in order:
+                cfg = dataclasses.replace(base, num_workers=workers, cpus_per_worker=threads)
+                run = work / f"{workers}x{threads}-{r}"
+                summary = run_training(cfg, data_path=work / "data" / "train.parquet",
+                                       base_path=model, out_dir=run / "release",
+                                       ledger_dir=run / "ledger", run_name="scaling",
+                                       storage_dir=run / "storage", keep_storage=True)
+                n = summary["num_records"]
+                results[name].append(_samples_per_second(
+                    Path(summary["audit_log"]), summary["sample_rate"] * n))
+                print(f"  round {r + 1}: {name}: {results[name][-1]:.1f} samples/s", flush=True)
+    ray.shutdown()
+    ref = statistics.median(results[CONFIGS[0][0]])
+    print(f"model {model}; {n} records; expected batch {args.batch}; max {args.length} tokens; "
+          f"{args.steps} steps; {cpus} CPUs on this machine; median of {args.rounds} rounds")
+    print(f"{'configuration':20} {'samples/s':>10} {'x 1x1':>7}")
+    for name, _, _ in CONFIGS:
+        v = statistics.median(results[name])
+        print(f"{name:20} {v:10.1f} {v / ref:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

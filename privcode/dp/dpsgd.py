@@ -1,0 +1,241 @@
+"""The DP-SGD step, split so that the noise is added exactly once across data-parallel ranks.
+
+One step over the Poisson batch ``S`` (the union of the ranks' shard
+samples, see :mod:`privcode.dp.sampler`) releases
+
+    g_hat = ( sum_{i in S} clip_C(g_i) + N(0, sigma^2 C^2 I) ) / (q N)
+
+where ``g_i`` is the gradient of record ``i``'s own loss with respect to the
+trainable parameters, ``clip_C(g) = g * min(1, C / (||g|| + 1e-6))`` (so
+``||clip_C(g)|| < C``: adding or removing one record moves the sum by at
+most ``C`` in L2), and ``q N`` is the *expected* batch size. Dividing by the
+expected size rather than ``|S|`` keeps the sensitivity argument intact: the
+realised batch size is itself private.
+
+Data parallelism. Rank ``r`` computes ``s_r = sum_{i in S_r} clip_C(g_i)``
+(:meth:`PerSampleClipper.clipped_sum`); :func:`privatize` adds the noise on
+rank 0 only, all-reduces with SUM and divides, so every rank ends with the
+same ``g_hat`` and the noise variance is ``sigma^2 C^2`` whatever the world
+size. (Independent noise per rank would give ``W sigma^2 C^2`` and waste
+utility; the same seeded draw on every rank would give ``W^2``.)
+
+Per-record gradients come from Opacus (``GradSampleModule``):
+
+* ``hooks`` (default) and ``functorch``: ``p.grad_sample`` of shape
+  ``[B, *p.shape]`` for each trainable parameter; norms, clip factors and the
+  weighted sum are computed here.
+* ``ghost``: ghost clipping; Opacus computes the per-record norms without
+  materialising ``grad_sample``, then a second backward of
+  ``sum_i c_i * loss_i`` (with ``c_i`` the clip factors, detached) gives the
+  clipped sum directly.
+
+Assumptions the guarantee rests on (checked where possible):
+
+* the loss of record ``i`` depends only on record ``i``: ``loss_fn`` returns
+  a ``[B]`` tensor of per-record losses, rows of a batch do not interact
+  (causal attention within a row, no BatchNorm, no in-batch negatives);
+  :func:`check_private_trainable` refuses batch-statistics layers;
+* only trainable parameters are updated, and only through ``g_hat``;
+* nothing else computed from the batch (losses, norms, clip counts, the
+  batch size) leaves a step: this module returns none of them;
+* the noise generator's state is secret (seeded from OS entropy by the
+  training loop). torch's generators are not cryptographically secure;
+  like Opacus' default mode, this accepts that.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "GRAD_SAMPLE_MODES",
+    "PerSampleClipper",
+    "all_reduce_sum",
+    "apply_flat_gradient",
+    "check_private_trainable",
+    "clip_and_sum",
+    "privatize",
+    "trainable_parameters",
+]
+
+#: Opacus modes supported here (``ew`` fails on keyword inputs such as HF's).
+GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
+
+# torch warns when a full backward hook fires on a module whose inputs need no
+# grad (the first layer of a model whose embeddings are frozen): expected here.
+_HOOK_WARNING = "Full backward hook is firing"
+
+#: Added to the norm in the clip factor, as Opacus does: keeps the factor finite.
+CLIP_EPS = 1e-6
+
+LossFn = Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor]
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters DP-SGD updates (LoRA weights), in a fixed order."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def check_private_trainable(model: torch.nn.Module) -> None:
+    """Refuse models whose training mode mixes records or keeps batch statistics.
+
+    BatchNorm (trainable or not) normalises with statistics of the whole
+    batch and, in train mode, writes them into running buffers: both carry
+    private information outside the clipped, noised gradient.
+    """
+    bad = [name for name, m in model.named_modules()
+           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm | torch.nn.SyncBatchNorm)]
+    if bad:
+        raise ValueError(f"DP-SGD cannot train a model with batch-statistics layers: {bad[:3]}")
+    if not trainable_parameters(model):
+        raise ValueError("the model has no trainable parameters")
+
+
+def clip_and_sum(grad_samples: Sequence[torch.Tensor], max_grad_norm: float) -> torch.Tensor:
+    """``sum_i clip_C(g_i)`` flattened, from per-record gradients ``[B, *shape]`` per parameter.
+
+    The norm of record ``i`` is taken over all parameters jointly (flat
+    clipping), as the sensitivity bound needs.
+    """
+    if not grad_samples:
+        raise ValueError("no per-sample gradients")
+    batch = grad_samples[0].shape[0]
+    norms = torch.stack([g.reshape(batch, -1).norm(2, dim=1) for g in grad_samples]).norm(2, dim=0)
+    factor = (max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0)
+    return torch.cat([torch.einsum("b,b...->...", factor.to(g.dtype), g).reshape(-1)
+                      for g in grad_samples])
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place SUM over the default process group (no-op without one or with one rank)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def privatize(local_sum: torch.Tensor, *, noise_multiplier: float, max_grad_norm: float,
+              expected_batch_size: float, add_noise: bool, generator: torch.Generator | None,
+              all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = all_reduce_sum
+              ) -> torch.Tensor:
+    """The released gradient ``(sum_r s_r + [rank 0] N(0, sigma^2 C^2 I)) / (q N)``.
+
+    ``local_sum`` is this rank's ``s_r`` (zeros for an empty shard sample:
+    the step still happens and releases noise only). ``add_noise`` must be
+    true on exactly one rank. ``all_reduce`` sums in place across ranks
+    (``None``: single process). Returns a new tensor; ``local_sum`` is kept.
+    """
+    if expected_batch_size <= 0:
+        raise ValueError(f"expected batch size must be positive, got {expected_batch_size}")
+    if noise_multiplier < 0:
+        raise ValueError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+    total = local_sum.detach().clone()
+    if add_noise and noise_multiplier > 0:
+        noise = torch.randn(total.shape, generator=generator, dtype=total.dtype,
+                            device=total.device)
+        total.add_(noise, alpha=noise_multiplier * max_grad_norm)
+    if all_reduce is not None:
+        total = all_reduce(total)
+    return total.div_(expected_batch_size)
+
+
+def apply_flat_gradient(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Set ``p.grad`` of each parameter from consecutive slices of ``flat``."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+        offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat gradient has {flat.numel()} entries, parameters {offset}")
+
+
+class PerSampleClipper:
+    """Opacus per-record gradients of a model, reduced to the clipped sum of one shard batch.
+
+    ``model`` is wrapped in an Opacus ``GradSampleModule`` (``self.module``;
+    call the model through it) with ``loss_reduction="sum"``, so the
+    per-record gradient of record ``i`` is the gradient of ``loss_fn``'s
+    ``i``-th entry. Only parameters with ``requires_grad`` get per-record
+    gradients; frozen ones get none.
+    """
+
+    def __init__(self, model: torch.nn.Module, mode: str = "hooks", max_grad_norm: float = 1.0):
+        from opacus.grad_sample.utils import prepare_module
+
+        if mode not in GRAD_SAMPLE_MODES:
+            raise ValueError(f"grad_sample_mode {mode!r} is not one of {GRAD_SAMPLE_MODES}")
+        check_private_trainable(model)
+        self.mode = mode
+        self.max_grad_norm = float(max_grad_norm)
+        self.model = model
+        self.params = trainable_parameters(model)
+        kwargs: dict[str, Any] = {"batch_first": True, "loss_reduction": "sum", "strict": True}
+        if mode == "ghost":
+            kwargs["max_grad_norm"] = self.max_grad_norm
+        self.module = prepare_module(model, mode, wrap_model=True, **kwargs)
+        self.numel = sum(p.numel() for p in self.params)
+
+    def zeros(self) -> torch.Tensor:
+        p = self.params[0]
+        return torch.zeros(self.numel, dtype=p.dtype, device=p.device)
+
+    def _clear(self) -> None:
+        for p in self.params:
+            p.grad = None
+            p.grad_sample = None
+            if hasattr(p, "_norm_sample"):
+                p._norm_sample = None
+
+    def clipped_sum(self, loss_fn: LossFn, batch: Mapping[str, Any] | None,
+                    batch_size: int) -> torch.Tensor:
+        """``s_r = sum_i clip_C(grad loss_i)`` (flat) for a batch of ``batch_size`` records.
+
+        ``batch_size == 0`` returns zeros without a forward pass. Gradient
+        state is cleared before returning, so no per-record value survives.
+        """
+        if batch_size == 0 or batch is None:
+            return self.zeros()
+        self._clear()
+        self.module.train()
+        try:
+            losses = loss_fn(self.module, batch)
+            if losses.dim() != 1 or losses.shape[0] != batch_size:
+                raise ValueError(f"loss_fn must return one loss per record, shape [{batch_size}], "
+                                 f"got {tuple(losses.shape)}")
+            if self.mode == "ghost":
+                return self._ghost(losses)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_HOOK_WARNING)
+                losses.sum().backward()
+            samples = [p.grad_sample for p in self.params]
+            if any(g is None for g in samples):
+                raise RuntimeError("a trainable parameter got no per-sample gradient: it is "
+                                   "not used by the loss, or its layer is not supported")
+            return clip_and_sum(samples, self.max_grad_norm)
+        finally:
+            self._clear()
+
+    def _ghost(self, losses: torch.Tensor) -> torch.Tensor:
+        # First backward: Opacus' hooks store per-record gradient norms only.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_HOOK_WARNING)
+            losses.sum().backward(retain_graph=True)
+        coef = self.module.get_clipping_coef().detach()
+        for p in self.params:
+            p.grad = None
+        # Second backward with the clip factors as constant weights: p.grad is
+        # then sum_i c_i g_i; hooks off so nothing is recomputed.
+        self.module.disable_hooks()
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_HOOK_WARNING)
+                (coef.to(losses.dtype) * losses).sum().backward()
+        finally:
+            self.module.enable_hooks()
+        return torch.cat([p.grad.reshape(-1) for p in self.params])

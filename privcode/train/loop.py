@@ -1,0 +1,544 @@
+"""Distributed DP-SGD on Ray Train: the launcher and the per-worker training loop.
+
+:func:`run_training` (the driver, e.g. the ``train`` pipeline stage) counts
+the records, fixes the sample rate ``q = B / N`` and the noise multiplier
+(``cfg.noise_multiplier``, or :func:`privcode.dp.accounting.calibrate` for
+``cfg.epsilon`` over ``cfg.steps`` steps when it is 0), opens the run's
+privacy ledger and starts a ``TorchTrainer`` of ``cfg.num_workers`` workers
+(gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`.
+
+Every worker loads the base model, attaches the same LoRA adapter (seeded
+init, then broadcast from rank 0) and tokenises only its shard
+``{i : i mod W = rank}``. One step ``t``:
+
+1. rank 0 asks the ledger to reserve one step ``(sigma, q)``; the ledger
+   fsyncs its log BEFORE granting, and rank 0 broadcasts the decision. A
+   denied step is never taken: all ranks leave the loop together. An
+   unreachable ledger stops training (fail-closed: an error, never a step);
+2. each rank takes its Poisson sample ``S_t ∩ shard`` (:mod:`privcode.dp.sampler`;
+   the schedule's seed is drawn from OS entropy by rank 0 at every (re)start
+   and broadcast, never stored) and computes the clipped sum of per-record
+   gradients of the method's per-record loss (:mod:`privcode.dp.dpsgd`);
+3. rank 0 adds N(0, sigma^2 C^2) once, the sums are all-reduced and divided
+   by ``q N``; every rank applies the same AdamW update to the LoRA weights.
+   An empty sample still takes the (noise-only) step.
+
+Checkpoints (``ray.train.report`` with a ``ray.train.Checkpoint`` from rank
+0 every ``cfg.checkpoint_every`` steps and at the end) hold the adapter, the
+optimizer state, the next step, the ledger position and the public
+held-out loss curve. ``FailureConfig(max_failures)`` restarts the worker
+group from the last checkpoint; steps re-run after a failure are reserved
+(charged) again, because the ledger never rolls back: a crash can only
+over-count epsilon. Rank 0 appends each applied step to an audit log
+(``applied_steps.jsonl`` in the training storage): step and ledger
+position, nothing from the data.
+
+What leaves a worker: the noised gradient (through the weights), the step
+counter, the ledger decisions, and the loss on PUBLIC held-out code (the
+base model's held-out standard-library files) computed from the weights,
+which is post-processing of the DP release. Per-record or per-batch
+training losses, norms, clip counts and batch sizes are never logged or
+reported: they are computed from private records without noise. (Timing
+side channels, e.g. a step's duration growing with its batch size, are out
+of scope, as in the DP-SGD literature; step times are kept only in the
+private audit log.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privcode.config import TrainConfig
+from privcode.errors import PrivcodeError
+from privcode.utils import atomic_write_json, sha256_file
+
+log = logging.getLogger("privcode.train")
+
+__all__ = ["TrainingError", "TrainJob", "UnsafeTestOptions", "run_training",
+           "train_loop_per_worker"]
+
+# Ledger decisions broadcast by rank 0 (int64 tensor [code, position]).
+_GRANTED, _DENIED, _LEDGER_ERROR = 1, 0, -1
+
+
+class TrainingError(PrivcodeError):
+    """Training could not produce a DP release (budget spent, ledger down, workers failed)."""
+
+
+@dataclass(frozen=True)
+class UnsafeTestOptions:
+    """TEST ONLY switches that void the privacy guarantee. Never set by a config file.
+
+    ``noise_off``: sigma = 0 and no ledger (epsilon is infinite); the release
+    is marked ``dp: false``. ``fixed_seed``: sampling and noise from this
+    seed instead of OS entropy (anyone knowing it can replay batches and
+    noise). Both exist so tests can compare runs step for step.
+    """
+
+    noise_off: bool = False
+    fixed_seed: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.noise_off or self.fixed_seed is not None
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything a worker needs; built by :func:`run_training`, identical on every rank."""
+
+    cfg: TrainConfig
+    data_path: str
+    corpus_sha256: str
+    base_path: str
+    num_records: int
+    sample_rate: float
+    noise_multiplier: float
+    run_id: str            # ledger name ('' = no ledger: unsafe noise-off only)
+    audit_log: str
+    unsafe: UnsafeTestOptions = UnsafeTestOptions()
+
+
+# --------------------------------------------------------------------------- worker helpers
+
+
+def _secret_seed(job: TrainJob) -> int:
+    """The schedule/noise seed: fresh OS entropy (secret), unless the unsafe fixed seed is set.
+
+    Fresh at every (re)start: a step re-run after a failure gets a new,
+    independent batch and noise draw, as its new ledger charge assumes.
+    """
+    if job.unsafe.fixed_seed is not None:
+        return int(job.unsafe.fixed_seed) % (1 << 126)
+    return secrets.randbits(126)
+
+
+def _broadcast_ints(values: list[int], device: Any) -> list[int]:
+    """Rank 0's ``values`` on every rank (int64; no-op with one process)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast(t, src=0)
+    return [int(v) for v in t.tolist()]
+
+
+def _noise_generator(seed: int, device: Any):
+    import numpy as np
+    import torch
+
+    # A stream independent of the sampling stream (spawn key 2**40 is never a step).
+    words = np.random.SeedSequence(entropy=seed, spawn_key=(1 << 40,)).generate_state(2)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(words[0]) << 32 | int(words[1]))
+    return gen
+
+
+def _reserve(job: TrainJob, ledger: Any, rank: int, device: Any) -> tuple[int, int, str | None]:
+    """Rank 0 reserves one step from the ledger; every rank gets (code, position, reason)."""
+    code, position, reason = _GRANTED, -1, None
+    if rank == 0 and job.run_id:
+        import ray
+
+        try:
+            d = ray.get(ledger.reserve.remote(job.noise_multiplier, job.sample_rate, 1), timeout=120)
+            code = _GRANTED if d.get("granted") else _DENIED
+            position, reason = int(d.get("position", -1)), d.get("reason")
+        except Exception as exc:  # noqa: BLE001 - any ledger failure must stop training
+            code, reason = _LEDGER_ERROR, f"{type(exc).__name__}: {exc}"
+    code, position = _broadcast_ints([code, position], device)
+    return code, position, reason
+
+
+def _public_eval_stream(base_path: str, tokenizer: Any, max_tokens: int):
+    """Tokens of the base model's held-out PUBLIC files (never seen in pretraining)."""
+    from privcode.models import corpus as C
+
+    files = None
+    info = Path(base_path) / "build_info.json"
+    with contextlib.suppress(OSError, ValueError):
+        names = json.loads(info.read_text(encoding="utf-8")).get("heldout_files")
+        if names:
+            from privcode.data.stdlib import stdlib_dir
+
+            root = stdlib_dir()
+            files = [C.SourceFile(n, n.split("/")[0].removesuffix(".py"),
+                                  (root / n).read_text(encoding="utf-8")) for n in names]
+    if not files:
+        from privcode.models.base import HELDOUT_FRACTION
+
+        files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)[1]
+    stream, _ = C.token_stream(tokenizer, files, max_tokens=max_tokens)
+    return stream
+
+
+def _evaluate(model: Any, tokenizer: Any, stream: Any, cfg: TrainConfig) -> float | None:
+    import torch
+
+    from privcode.models import corpus as C
+
+    if stream is None or stream.numel() < 2:
+        return None
+    with torch.no_grad():
+        out = C.evaluate_loss(model, tokenizer, stream, seq_len=min(cfg.max_length, 256),
+                              max_tokens=cfg.eval_tokens)
+    return round(float(out["loss"]), 5)
+
+
+def _load_checkpoint(model: Any, optimizer: Any) -> dict[str, Any] | None:
+    import ray.train
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return None
+    with ckpt.as_directory() as d:
+        d = Path(d)
+        set_peft_model_state_dict(model, load_file(str(d / "adapter" / "adapter_model.safetensors")))
+        optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu",
+                                             weights_only=True))
+        return json.loads((d / "state.json").read_text(encoding="utf-8"))
+
+
+def _report(model: Any, optimizer: Any, state: dict[str, Any], rank: int) -> None:
+    """Every rank calls this (a barrier); rank 0 attaches the checkpoint."""
+    import ray.train
+    import torch
+
+    metrics = {k: state[k] for k in ("step", "ledger_position", "stop_reason", "attempt")}
+    metrics["public_heldout_loss"] = state["curve"][-1][1] if state["curve"] else None
+    if rank != 0:
+        ray.train.report(metrics, checkpoint=None)
+        return
+    with tempfile.TemporaryDirectory(prefix="privcode-ckpt-") as tmp:
+        d = Path(tmp)
+        model.save_pretrained(str(d / "adapter"))
+        torch.save(optimizer.state_dict(), d / "optimizer.pt")
+        atomic_write_json(d / "state.json", state)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+
+
+def _append_audit(path: str, step: int, position: int, attempt: int) -> None:
+    line = json.dumps({"step": step, "ledger_position": position, "attempt": attempt,
+                       "time": round(time.time(), 3)}) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train worker function: DP-SGD over this rank's shard (see the module docstring)."""
+    import ray.train
+    import torch
+
+    from privcode.data.records import read_records
+    from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
+    from privcode.dp.sampler import PoissonSchedule, shard_of
+    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+    from privcode.train.data import collate, encode_records
+    from privcode.train.methods import MethodContext, get_method
+
+    job: TrainJob = config["job"]
+    cfg = job.cfg
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(cfg.cpus_per_worker)
+    device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+
+    tokenizer = load_tokenizer(job.base_path)
+    torch.manual_seed(cfg.seed)  # same LoRA init on every rank (then broadcast, to be sure)
+    model = attach_lora(load_causal_lm(job.base_path), r=cfg.lora_r, alpha=cfg.lora_alpha,
+                        dropout=cfg.lora_dropout).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    state = _load_checkpoint(model, optimizer) or {
+        "step": 0, "ledger_position": None, "stop_reason": None, "attempt": 0, "curve": []}
+    state["attempt"] += 1
+    if world > 1:
+        import torch.distributed as dist
+
+        for p in params:
+            dist.broadcast(p.data, src=0)
+
+    # The private data: this rank tokenises its own shard only.
+    if rank == 0 and sha256_file(job.data_path) != job.corpus_sha256:
+        raise TrainingError(f"{job.data_path} changed since the run started")
+    records = read_records(job.data_path)
+    if len(records) != job.num_records:
+        raise TrainingError(f"{job.data_path}: expected {job.num_records} records, got {len(records)}")
+    shard = shard_of(job.num_records, rank, world)
+    encoded = encode_records([records[i] for i in shard], tokenizer, cfg.max_length)
+    del records
+
+    seed = _broadcast_ints(_split(_secret_seed(job)), device)
+    schedule = PoissonSchedule(job.num_records, job.sample_rate, seed[0] << 63 | seed[1])
+    generator = _noise_generator(schedule.seed, device) if rank == 0 else None
+    clipper = PerSampleClipper(model, mode=cfg.grad_sample_mode, max_grad_norm=cfg.max_grad_norm)
+    loss_fn = get_method(cfg.method).build(MethodContext(base_path=job.base_path, device=str(device)))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    ledger = None
+    if rank == 0 and job.run_id:
+        from privcode.dp.ledger import get_ledger
+
+        ledger = get_ledger(job.run_id)
+    stream = (_public_eval_stream(job.base_path, tokenizer, cfg.eval_tokens)
+              if rank == 0 and cfg.eval_tokens > 0 else None)
+    if rank == 0 and not state["curve"] and stream is not None:
+        state["curve"].append([0, _evaluate(model, tokenizer, stream, cfg)])
+
+    state["stop_reason"] = None
+    expected_batch = job.sample_rate * job.num_records
+    for step in range(state["step"], cfg.steps):
+        code, position, reason = _reserve(job, ledger, rank, device)
+        if code == _LEDGER_ERROR:
+            raise TrainingError(f"privacy ledger unavailable, step {step} not taken"
+                                + (f": {reason}" if reason else ""))
+        if code == _DENIED:
+            state["stop_reason"] = "budget"
+            if rank == 0:
+                log.warning("ledger denied step %d: %s", step, reason)
+            break
+        local = [(int(i) - rank) // world for i in schedule.indices(step, rank, world)]
+        batch = (collate([encoded[j] for j in local], pad_id, device=device, step=step)
+                 if local else None)
+        local_sum = clipper.clipped_sum(loss_fn, batch, len(local))
+        grad = privatize(local_sum, noise_multiplier=job.noise_multiplier,
+                         max_grad_norm=cfg.max_grad_norm, expected_batch_size=expected_batch,
+                         add_noise=rank == 0, generator=generator)
+        apply_flat_gradient(params, grad)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del batch, local_sum, grad
+        state["step"], state["ledger_position"] = step + 1, position
+        if rank == 0:
+            _append_audit(job.audit_log, step, position, state["attempt"])
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            if rank == 0 and stream is not None:
+                state["curve"].append([step + 1, _evaluate(model, tokenizer, stream, cfg)])
+            _report(model, optimizer, state, rank)
+    else:
+        state["stop_reason"] = "steps"
+    if rank == 0 and stream is not None and (not state["curve"] or state["curve"][-1][0] != state["step"]):
+        state["curve"].append([state["step"], _evaluate(model, tokenizer, stream, cfg)])
+    _report(model, optimizer, state, rank)
+
+
+def _split(seed: int) -> list[int]:
+    """A 126-bit seed as two non-negative int64 words (for a broadcast)."""
+    return [seed >> 63, seed & ((1 << 63) - 1)]
+
+
+# --------------------------------------------------------------------------- the launcher
+
+
+def _ledger_id(run_name: str, ledger_dir: Path) -> str:
+    from privcode.utils import sha256_bytes
+
+    # The actor name is cluster-wide: tie it to the WAL's directory, so two
+    # runs of the same name elsewhere (other out_dir, other data) never share it.
+    return f"{run_name}-{sha256_bytes(str(ledger_dir.resolve()).encode())[:16]}"
+
+
+def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float, ledger_dir: Path) -> None:
+    """Refuse early (before starting workers) when not even one step fits in the budget.
+
+    Only a courtesy: the ledger's reservation inside the loop is what
+    enforces the budget.
+    """
+    import ray
+
+    from privcode.dp.accounting import DPEvent, epsilon
+
+    spent = ray.get(ledger.spent.remote())
+    history = [DPEvent.from_dict(e) for e in spent.get("history", [])]
+    if epsilon([*history, DPEvent(sigma, q, 1)], cfg.delta, cfg.accountant) > cfg.epsilon:
+        raise TrainingError(
+            f"no DP-SGD step can be taken: the privacy budget of this run's ledger ({ledger_dir}) "
+            f"is already spent (epsilon {spent.get('epsilon', 0.0):.4g} of {cfg.epsilon:g}). "
+            "Training again on the same data needs a new budget: use another run.name (and "
+            "account for both releases).")
+
+
+def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
+    """(sigma, calibrated): the configured multiplier, or the calibrated one when it is 0."""
+    if cfg.noise_multiplier > 0:
+        return float(cfg.noise_multiplier), False
+    from privcode.dp.accounting import calibrate
+
+    return float(calibrate(cfg.epsilon, cfg.delta, sample_rate, cfg.steps, cfg.accountant)), True
+
+
+def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Path,
+                 out_dir: str | Path, ledger_dir: str | Path, run_name: str,
+                 storage_dir: str | Path, unsafe: UnsafeTestOptions | None = None,
+                 keep_storage: bool = False) -> dict[str, Any]:
+    """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
+
+    Release (``out_dir``): ``adapter/`` (peft ``save_pretrained``) and
+    ``privacy.json`` (method, epsilon under RDP and PRV from the ledger's
+    history, delta, the history, C, q, N, sigma, steps taken, the training
+    file's sha256, the base model path). The ledger's WAL lives in
+    ``ledger_dir`` (outside the release, kept across runs: a second run on
+    the same data spends from the same budget). Ray Train checkpoints and the
+    audit log go to ``storage_dir/<unique name>``, removed after success
+    unless ``keep_storage``. Raises :class:`TrainingError` when no step
+    could be taken.
+    """
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from privcode.cluster.local import connect
+    from privcode.data.records import read_records
+
+    unsafe = unsafe or UnsafeTestOptions()
+    data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
+    out_dir, ledger_dir = Path(out_dir), Path(ledger_dir).resolve()
+    n = len(read_records(data_path))
+    corpus_sha = sha256_file(data_path)
+    q = cfg.expected_batch_size / n
+    if q > 1:
+        raise TrainingError(f"train.expected_batch_size={cfg.expected_batch_size} exceeds the "
+                            f"{n} training records (sample rate must be <= 1)")
+    if cfg.delta >= 1.0 / n:
+        warnings.warn(f"train.delta={cfg.delta} is not below 1/N = {1 / n:.3g}: the guarantee "
+                      "is weak", stacklevel=2)
+    if unsafe.active:
+        msg = ("UNSAFE TEST OPTIONS ACTIVE (" + ", ".join(
+            k for k, v in dataclasses.asdict(unsafe).items() if v not in (False, None))
+            + "): this training run is NOT differentially private")
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        log.error(msg)
+    sigma, calibrated = (0.0, False) if unsafe.noise_off else noise_for(cfg, q)
+
+    if not ray.is_initialized():
+        connect()
+    run_id = ""
+    ledger = None
+    if not unsafe.noise_off:
+        from privcode.dp.ledger import open_ledger
+
+        run_id = _ledger_id(run_name, ledger_dir)
+        ledger = open_ledger(run_id, ledger_dir, cfg.epsilon, cfg.delta, cfg.accountant)
+        try:
+            _check_room(ledger, cfg, sigma, q, ledger_dir)
+        except BaseException:
+            from privcode.dp.ledger import close_ledger
+
+            close_ledger(run_id)
+            raise
+
+    storage_root = Path(storage_dir).resolve()
+    storage_root.mkdir(parents=True, exist_ok=True)
+    name = f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    audit_log = storage_root / f"{name}.applied_steps.jsonl"
+    job = TrainJob(cfg=cfg, data_path=str(data_path), corpus_sha256=corpus_sha,
+                   base_path=str(base_path), num_records=n, sample_rate=q, noise_multiplier=sigma,
+                   run_id=run_id, audit_log=str(audit_log), unsafe=unsafe)
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
+    trainer = TorchTrainer(
+        train_loop_per_worker, train_loop_config={"job": job},
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(name=name, storage_path=str(storage_root),
+                             failure_config=FailureConfig(max_failures=cfg.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)))
+    started = time.time()
+    spent: dict[str, Any] = {}
+    history: list[dict] = []
+    try:
+        try:
+            result = trainer.fit()
+        except Exception as exc:
+            raise TrainingError(f"DP training failed (after up to {cfg.max_failures} restarts): "
+                                f"{type(exc).__name__}: {exc}") from exc
+        if result.checkpoint is None:
+            raise TrainingError("DP training ended without a checkpoint")
+        with result.checkpoint.as_directory() as d:
+            state = json.loads((Path(d) / "state.json").read_text(encoding="utf-8"))
+            if state["step"] == 0:
+                raise TrainingError(
+                    "no DP-SGD step was taken: the privacy budget of this run's ledger "
+                    f"({ledger_dir}) is already spent. Training again on the same data needs a "
+                    "new budget: use another run.name (and account for both releases).")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(Path(d) / "adapter", out_dir / "adapter", dirs_exist_ok=True)
+        if ledger is not None:
+            spent = ray.get(ledger.spent.remote())
+            history = ray.get(ledger.history.remote())
+    finally:
+        if ledger is not None:
+            from privcode.dp.ledger import close_ledger
+
+            # The actor is detached: stop it; its WAL keeps the state for the next open.
+            close_ledger(run_id)
+    seconds = time.time() - started
+    by_acc = spent.get("epsilon_by_accountant", {})
+    privacy = {
+        "dp": not unsafe.active,
+        "unsafe_test_options": dataclasses.asdict(unsafe) if unsafe.active else None,
+        "method": cfg.method,
+        # null, not a number, when there is no guarantee (unsafe noise-off runs).
+        "epsilon": spent.get("epsilon"),
+        "epsilon_rdp": by_acc.get("rdp"),
+        "epsilon_prv": by_acc.get("prv"),
+        "epsilon_budget": cfg.epsilon,
+        "delta": cfg.delta,
+        "accountant": cfg.accountant,
+        "ledger_steps": spent.get("steps"),
+        "ledger_position": spent.get("position"),
+        "history": history,
+        "noise_multiplier": sigma,
+        "noise_calibrated": calibrated,
+        "max_grad_norm": cfg.max_grad_norm,
+        "sample_rate": q,
+        "expected_batch_size": cfg.expected_batch_size,
+        "num_records": n,
+        "steps_requested": cfg.steps,
+        "steps_taken": state["step"],
+        "stop_reason": state["stop_reason"],
+        "restarts": state["attempt"] - 1,
+        "num_workers": cfg.num_workers,
+        "grad_sample_mode": cfg.grad_sample_mode,
+        "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout},
+        "corpus_sha256": corpus_sha,
+        "base_model": str(base_path),
+        "public_heldout_loss_curve": state["curve"],
+        "assumptions": "add/remove-one-record DP with Poisson sampling; N (hence q) is "
+                       "treated as public; the curve is the loss on PUBLIC held-out code.",
+    }
+    atomic_write_json(out_dir / "privacy.json", privacy)
+    if not keep_storage:
+        shutil.rmtree(storage_root / name, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            audit_log.unlink()
+        with contextlib.suppress(OSError):
+            storage_root.rmdir()  # only when no other run's files are left in it
+    return {**{k: privacy[k] for k in (
+        "dp", "method", "epsilon", "epsilon_rdp", "epsilon_prv", "epsilon_budget", "delta",
+        "accountant", "ledger_steps", "noise_multiplier", "noise_calibrated", "max_grad_norm", "sample_rate",
+        "expected_batch_size", "num_records", "steps_requested", "steps_taken", "stop_reason",
+        "restarts", "num_workers", "public_heldout_loss_curve", "corpus_sha256", "base_model")},
+        "train_seconds": round(seconds, 2), "adapter": "adapter", "audit_log": str(audit_log)}

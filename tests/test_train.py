@@ -1,0 +1,216 @@
+"""Distributed DP-SGD on Ray Train with real local Ray, the real ledger and the ci base model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from privcode.config import BaseConfig, DataConfig, TrainConfig, load_config
+from privcode.dp.accounting import DPEvent, epsilon
+from privcode.train.loop import TrainingError, UnsafeTestOptions, run_training
+
+pytestmark = pytest.mark.ray
+
+SMALL = TrainConfig(expected_batch_size=8, max_length=48, eval_tokens=0, checkpoint_every=50,
+                    lr=1e-2)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from privcode.data.demo import build_demo_corpus
+
+    out = tmp_path_factory.mktemp("corpus")
+    build_demo_corpus(out, DataConfig(size=60, canary_repetitions=(1, 2),
+                                      canary_kinds=("email", "password")), progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_path(ci_base_cache) -> str:
+    from privcode.models.base import build_base
+
+    return build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+
+
+def _train(cfg, corpus, base_path, work: Path, **kwargs):
+    return run_training(cfg, data_path=corpus / "train.parquet", base_path=base_path,
+                        out_dir=work / "release", ledger_dir=work / "ledger", run_name="t",
+                        storage_dir=work / "storage", **kwargs)
+
+
+def _adapter(work: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(work / "release" / "adapter" / "adapter_model.safetensors"))
+
+
+def test_two_workers_equal_one_worker_without_noise(ray_connected, corpus, base_path, tmp_path):
+    """Same sampled records, noise off: the update does not depend on the number of workers."""
+    unsafe = UnsafeTestOptions(noise_off=True, fixed_seed=1234)
+    results = {}
+    for workers in (1, 2):
+        cfg = dataclasses.replace(SMALL, steps=2, num_workers=workers)
+        with pytest.warns(RuntimeWarning, match="NOT differentially private"):
+            results[workers] = _train(cfg, corpus, base_path, tmp_path / f"w{workers}",
+                                      unsafe=unsafe)
+        assert results[workers]["steps_taken"] == 2
+    one, two = _adapter(tmp_path / "w1"), _adapter(tmp_path / "w2")
+    assert set(one) == set(two) and one
+    for name in one:
+        assert torch.allclose(one[name], two[name], atol=1e-6, rtol=1e-4), name
+    # Training moved both LoRA factors (B starts at zero, A at its seeded init).
+    assert any("lora_B" in k and one[k].abs().max() > 0 for k in one)
+    privacy = json.loads((tmp_path / "w2" / "release" / "privacy.json").read_text())
+    assert privacy["dp"] is False and privacy["epsilon"] is None
+    assert privacy["unsafe_test_options"]["noise_off"] is True
+    assert not (tmp_path / "w2" / "ledger").exists()  # no ledger is even opened
+
+
+def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus, base_path,
+                                                           tmp_path):
+    sigma, k, delta = 1.0, 3, 1e-5
+    n = 72  # records in the fixture's train.parquet
+    q = SMALL.expected_batch_size / n
+    eps_k = epsilon([DPEvent(sigma, q, k)], delta)
+    eps_next = epsilon([DPEvent(sigma, q, k + 1)], delta)
+    budget = (eps_k + eps_next) / 2
+    cfg = dataclasses.replace(SMALL, steps=10, num_workers=2, noise_multiplier=sigma,
+                              epsilon=budget, delta=delta, checkpoint_every=2)
+    summary = _train(cfg, corpus, base_path, tmp_path, keep_storage=True)
+    assert summary["num_records"] == n
+    assert summary["steps_taken"] == k and summary["stop_reason"] == "budget"
+    assert summary["dp"] is True and summary["noise_calibrated"] is False
+    assert summary["epsilon"] <= budget
+    assert summary["epsilon_rdp"] == pytest.approx(eps_k, rel=1e-9)
+    assert 0 < summary["epsilon_prv"] <= summary["epsilon_rdp"]
+    applied = [json.loads(x) for x in Path(summary["audit_log"]).read_text().splitlines()]
+    assert [a["step"] for a in applied] == list(range(k))
+    assert [a["ledger_position"] for a in applied] == list(range(1, k + 1))
+
+    privacy = json.loads((tmp_path / "release" / "privacy.json").read_text())
+    assert privacy["ledger_steps"] == k and len(privacy["history"]) == k
+    assert privacy["sample_rate"] == pytest.approx(q) and privacy["max_grad_norm"] == 1.0
+    from privcode.utils import sha256_file
+
+    assert privacy["corpus_sha256"] == sha256_file(corpus / "train.parquet")
+    assert Path(privacy["base_model"]) == Path(base_path)
+
+    # The budget is spent: training again on the same data under this ledger takes no step.
+    with pytest.raises(TrainingError, match="already spent"):
+        _train(cfg, corpus, base_path, tmp_path)
+
+
+def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, base_path,
+                                                         tmp_path, ci_base_cache):
+    from peft import PeftModel
+
+    from privcode.models.loading import load_causal_lm
+    from privcode.pipeline.runner import read_manifest, run_pipeline
+
+    overrides = [
+        f"run.out_dir={tmp_path / 'runs'}", f"run.reports_dir={tmp_path / 'reports'}",
+        "run.name=t", "run.stages=[data, base, train, report]",
+        "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
+        "base.preset=ci", f"base.cache_dir={ci_base_cache}",
+        "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
+        "train.checkpoint_every=2", "train.eval_tokens=256",
+    ]
+    cfg = load_config("jobs/configs/demo.yaml", overrides)
+    first = run_pipeline(cfg)
+    assert {k: v["status"] for k, v in first["stages"].items()} == {
+        "data": "ran", "base": "ran", "train": "ran", "report": "ran"}
+    train_dir = tmp_path / "runs" / "t" / "train"
+    manifest = read_manifest(train_dir)
+    assert manifest["private"] is False
+    assert {"privacy.json", "adapter/adapter_model.safetensors",
+            "adapter/adapter_config.json"} <= set(manifest["outputs"])
+    summary = manifest["summary"]
+    assert summary["steps_taken"] == 4 and summary["noise_calibrated"] is True
+    assert summary["epsilon"] <= 4.0 and summary["epsilon_rdp"] > 3.0  # calibrated to the budget
+    curve = summary["public_heldout_loss_curve"]
+    assert [s for s, _ in curve] == [0, 2, 4] and all(v > 0 for _, v in curve)
+
+    # The release loads as a peft adapter on the public base model.
+    model = PeftModel.from_pretrained(load_causal_lm(base_path), str(train_dir / "adapter"))
+    assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
+
+    # Nothing private in the released directory: no canary value, no record text.
+    canaries = json.loads((tmp_path / "runs" / "t" / "data" / "canaries.json").read_text())
+    secrets = [c["value"] for c in canaries["canaries"]]
+    # ... nor any record's code (long enough not to occur by chance).
+    from privcode.data.records import read_records
+
+    secrets += [r.code[:200] for r in read_records(tmp_path / "runs" / "t" / "data" / "train.parquet")
+                if len(r.code) >= 80]
+    assert len(secrets) > 20
+    for path in train_dir.rglob("*"):
+        if path.is_file():
+            blob = path.read_bytes()
+            assert not any(s.encode() in blob for s in secrets), path
+
+    report = (tmp_path / "reports" / "t" / "report.md").read_text()
+    assert "## DP training (Stage I)" in report
+    assert f"{summary['epsilon_rdp']:.4g}" in report and f"{summary['epsilon_prv']:.4g}" in report
+    assert "PUBLIC held-out code" in report
+    assert (tmp_path / "reports" / "t" / "train_loss.png").stat().st_size > 1000
+    assert first["report"] and read_manifest(tmp_path / "runs" / "t" / "report")["inputs"]["train"]
+
+    second = run_pipeline(cfg)
+    assert {k: v["status"] for k, v in second["stages"].items()} == {
+        "data": "skipped", "base": "skipped", "train": "skipped", "report": "skipped"}
+
+
+def test_chaos_worker_node_killed_run_resumes_and_ledger_never_undercounts(
+        ray_connected, corpus, base_path, tmp_path):
+    """Kill a worker node of a multi-node cluster mid-training (in a subprocess: its own cluster)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token"),
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    # Ray's Unix socket paths must stay short: keep the cluster's temp dir under /tmp.
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="pcchaos-", dir="/tmp"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("chaos_train.py")), str(work),
+             str(corpus / "train.parquet"), base_path],
+            env=env, capture_output=True, text=True, timeout=480)
+        result_file = work / "result.json"
+        assert result_file.is_file(), proc.stderr[-4000:]
+        result = json.loads(result_file.read_text())
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not result.get("error") and not result.get("driver_error"), result
+    assert result["killed"] is not None, "no worker node was killed: the test did not test"
+    summary, const = result["summary"], result["constants"]
+    assert summary["steps_taken"] == const["steps"] and summary["stop_reason"] == "steps"
+    assert summary["restarts"] >= 1
+    applied = result["applied"]
+    # The restart resumed from a checkpoint (the one registered before the kill, or a
+    # later one registered while the node went down), not from scratch.
+    first = [a["step"] for a in applied if a["attempt"] == 1]
+    resumed = [a["step"] for a in applied if a["attempt"] > 1]
+    assert resumed, result
+    assert resumed[0] % const["checkpoint_every"] == 0, result
+    assert 0 < result["killed"]["registered_step"] <= resumed[0] <= first[-1] + 1, result
+    # Every applied step holds its own ledger reservation (re-run steps were charged again) ...
+    positions = [a["ledger_position"] for a in applied]
+    assert len(set(positions)) == len(positions) and positions == sorted(positions)
+    # Steps applied after the checkpoint and before the kill ran twice (as a rule; none
+    # when the kill landed right on a checkpoint): each run holds its own reservation.
+    assert len(applied) == const["steps"] + (first[-1] + 1 - resumed[0])
+    assert summary["ledger_steps"] >= max(positions) >= len(applied)
+    # ... so the ledger's epsilon covers every executed step, and stays within the budget.
+    executed = epsilon([DPEvent(const["noise"], summary["sample_rate"], len(applied))], 1e-5)
+    assert executed <= summary["epsilon_rdp"] + 1e-12
+    assert summary["epsilon"] <= const["budget"]
