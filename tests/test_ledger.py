@@ -8,6 +8,7 @@ head from ``conftest``, kills it, restarts it and calls it from tasks.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -317,8 +318,11 @@ def test_new_ledger_after_actor_is_gone_restores_spent(run):
     ray.kill(handle, no_restart=True)
     with pytest.raises(LedgerUnavailableError, match="no ledger is open"):
         _wait_gone(run_id)
+    # ray.kill is asynchronous: the old handle fails once the kill has landed.
     with pytest.raises(LedgerUnavailableError, match="cannot be reached"):
-        ledger_call(handle, "ping")
+        for _ in range(150):
+            ledger_call(handle, "ping", timeout_s=5)
+            time.sleep(0.2)
     again = open_ledger(run_id, run_dir, 50.0, DELTA, accountant="prv")
     info = ray.get(again.spent.remote())
     assert info["epsilon"] == spent and info["position"] == 20 and info["accountant"] == "prv"
