@@ -73,6 +73,7 @@ from typing import Any
 
 from privcode.dp.accounting import ACCOUNTANTS, DPEvent, make_accountant
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
+from privcode.utils import fsync_dir as _fsync_dir
 
 __all__ = ["LEDGER_NAMESPACE", "WAL_NAME", "BudgetLedger", "LedgerConflictError",
            "LedgerUnavailableError", "WalContents", "close_ledger", "get_ledger", "ledger_call",
@@ -482,15 +483,6 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # --------------------------------------------------------------------------- handles
