@@ -8,6 +8,9 @@ head from ``conftest``, kills it, restarts it and calls it from tasks.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -215,12 +218,24 @@ def test_invalid_settings():
 
 
 def test_open_ledger_without_ray_is_refused(tmp_path):
-    import ray
-
-    if ray.is_initialized():
-        pytest.skip("Ray is already initialized in this session")
-    with pytest.raises(LedgerUnavailableError, match="not initialized"):
-        open_ledger("r", tmp_path, 1.0, DELTA)
+    # In a fresh interpreter: this test session has Ray initialised already.
+    code = (
+        "import sys\n"
+        "from privcode.dp.ledger import open_ledger\n"
+        "from privcode.errors import LedgerUnavailableError\n"
+        "try:\n"
+        f"    open_ledger('r', {str(tmp_path)!r}, 1.0, {DELTA!r})\n"
+        "except LedgerUnavailableError as exc:\n"
+        "    print('refused:', exc)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(3)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "not initialized" in out.stdout
+    assert not (tmp_path / WAL_NAME).exists()
 
 
 # --------------------------------------------------------------------------- Ray actor

@@ -93,6 +93,13 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
     applied = [json.loads(x) for x in Path(summary["audit_log"]).read_text().splitlines()]
     assert [a["step"] for a in applied] == list(range(k))
     assert [a["ledger_position"] for a in applied] == list(range(1, k + 1))
+    # Each grant names its release "<incarnation>:<step>", so a reserve Ray re-sends
+    # to a restarted ledger is not charged twice (one incarnation here, k steps).
+    from privcode.dp.ledger import WAL_NAME, read_wal
+
+    ids = [e["request_id"] for e in read_wal(tmp_path / "ledger" / WAL_NAME).entries]
+    assert len({i.split(":")[0] for i in ids}) == 1
+    assert [int(i.split(":")[1]) for i in ids] == list(range(k))
 
     privacy = json.loads((tmp_path / "release" / "privacy.json").read_text())
     assert privacy["ledger_steps"] == k and len(privacy["history"]) == k

@@ -148,14 +148,22 @@ def _noise_generator(seed: int, device: Any):
     return gen
 
 
-def _reserve(job: TrainJob, ledger: Any, rank: int, device: Any) -> tuple[int, int, str | None]:
-    """Rank 0 reserves one step from the ledger; every rank gets (code, position, reason)."""
+def _reserve(job: TrainJob, ledger: Any, rank: int, device: Any,
+             request_id: str) -> tuple[int, int, str | None]:
+    """Rank 0 reserves one step from the ledger; every rank gets (code, position, reason).
+
+    ``request_id`` names this release (``"<incarnation>:<step>"``): a call Ray
+    re-sends after a ledger actor restart is answered from the WAL instead of
+    being charged twice, while a step recomputed by a new worker-group
+    incarnation (fresh noise: a second release) carries a new id and is charged.
+    """
     code, position, reason = _GRANTED, -1, None
     if rank == 0 and job.run_id:
         import ray
 
         try:
-            d = ray.get(ledger.reserve.remote(job.noise_multiplier, job.sample_rate, 1), timeout=120)
+            d = ray.get(ledger.reserve.remote(job.noise_multiplier, job.sample_rate, 1,
+                                              request_id=request_id), timeout=120)
             code = _GRANTED if d.get("granted") else _DENIED
             position, reason = int(d.get("position", -1)), d.get("reason")
         except Exception as exc:  # noqa: BLE001 - any ledger failure must stop training
@@ -309,8 +317,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     state["stop_reason"] = None
     expected_batch = job.sample_rate * job.num_records
+    # Unique per worker-group incarnation, never restored from a checkpoint:
+    # a counter could repeat if two restarts resume from the same checkpoint.
+    incarnation = uuid.uuid4().hex
     for step in range(state["step"], cfg.steps):
-        code, position, reason = _reserve(job, ledger, rank, device)
+        code, position, reason = _reserve(job, ledger, rank, device, f"{incarnation}:{step}")
         if code == _LEDGER_ERROR:
             raise TrainingError(f"privacy ledger unavailable, step {step} not taken"
                                 + (f": {reason}" if reason else ""))
