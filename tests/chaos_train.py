@@ -93,7 +93,9 @@ def main() -> int:
             cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
         cluster.wait_for_nodes()
         connect(cluster.address)
-        cfg = TrainConfig(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, num_workers=2,
+        cfg = TrainConfig(method="privcode++", latent_dim=16, num_virtual_tokens=4,
+                          align_bank_size=8, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY,
+                          num_workers=2,
                           expected_batch_size=8, noise_multiplier=NOISE, epsilon=BUDGET,
                           max_length=48, eval_tokens=0, max_failures=2, lr=1e-3)
         storage = work / "storage"

@@ -18,8 +18,10 @@ from privcode.train.loop import TrainingError, UnsafeTestOptions, run_training
 
 pytestmark = pytest.mark.ray
 
-SMALL = TrainConfig(expected_batch_size=8, max_length=48, eval_tokens=0, checkpoint_every=50,
-                    lr=1e-2)
+# The default method, privcode++ (LoRA + E_c + E_p + D under one DP-SGD), scaled down.
+SMALL = TrainConfig(method="privcode++", expected_batch_size=8, max_length=48, eval_tokens=0,
+                    checkpoint_every=50, lr=1e-2, latent_dim=16, num_virtual_tokens=4,
+                    align_bank_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,12 @@ def _train(cfg, corpus, base_path, work: Path, **kwargs):
                         storage_dir=work / "storage", **kwargs)
 
 
+def _decoder(work: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(work / "release" / "prefix_decoder.safetensors"))
+
+
 def _adapter(work: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -56,7 +64,10 @@ def test_two_workers_equal_one_worker_without_noise(ray_connected, corpus, base_
     unsafe = UnsafeTestOptions(noise_off=True, fixed_seed=1234)
     results = {}
     for workers in (1, 2):
-        cfg = dataclasses.replace(SMALL, steps=2, num_workers=workers)
+        # SGD: the update is linear in the gradient. (Adam's first step is about
+        # lr * sign(g), which turns float summation-order noise in near-zero
+        # entries into visible differences.)
+        cfg = dataclasses.replace(SMALL, steps=2, num_workers=workers, optimizer="sgd", lr=0.5)
         with pytest.warns(RuntimeWarning, match="NOT differentially private"):
             results[workers] = _train(cfg, corpus, base_path, tmp_path / f"w{workers}",
                                       unsafe=unsafe)
@@ -65,6 +76,11 @@ def test_two_workers_equal_one_worker_without_noise(ray_connected, corpus, base_
     assert set(one) == set(two) and one
     for name in one:
         assert torch.allclose(one[name], two[name], atol=1e-6, rtol=1e-4), name
+    # ... and so does the released prefix decoder D (trained in the same DP-SGD step).
+    d1, d2 = _decoder(tmp_path / "w1"), _decoder(tmp_path / "w2")
+    assert set(d1) == {"weight", "bias"}
+    for name in d1:
+        assert torch.allclose(d1[name], d2[name], atol=1e-6, rtol=1e-4), name
     # Training moved both LoRA factors (B starts at zero, A at its seeded init).
     assert any("lora_B" in k and one[k].abs().max() > 0 for k in one)
     privacy = json.loads((tmp_path / "w2" / "release" / "privacy.json").read_text())
@@ -116,9 +132,6 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
 
 def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, base_path,
                                                          tmp_path, ci_base_cache):
-    from peft import PeftModel
-
-    from privcode.models.loading import load_causal_lm
     from privcode.pipeline.runner import read_manifest, run_pipeline
 
     overrides = [
@@ -128,6 +141,7 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
         "base.preset=ci", f"base.cache_dir={ci_base_cache}",
         "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
         "train.checkpoint_every=2", "train.eval_tokens=256",
+        "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
     ]
     cfg = load_config("jobs/configs/demo.yaml", overrides)
     first = run_pipeline(cfg)
@@ -136,27 +150,60 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
     train_dir = tmp_path / "runs" / "t" / "train"
     manifest = read_manifest(train_dir)
     assert manifest["private"] is False
-    assert {"privacy.json", "adapter/adapter_model.safetensors",
-            "adapter/adapter_config.json"} <= set(manifest["outputs"])
+    assert {"release/privacy.json", "release/release.json", "release/prefix_decoder.safetensors",
+            "release/adapter/adapter_model.safetensors",
+            "release/adapter/adapter_config.json"} <= set(manifest["outputs"])
     summary = manifest["summary"]
+    assert summary["method"] == "privcode++" and summary["conditioning"] == "latent"
     assert summary["steps_taken"] == 4 and summary["noise_calibrated"] is True
     assert summary["epsilon"] <= 4.0 and summary["epsilon_rdp"] > 3.0  # calibrated to the budget
     curve = summary["public_heldout_loss_curve"]
     assert [s for s, _ in curve] == [0, 2, 4] and all(v > 0 for _, v in curve)
+    release = train_dir / "release"
+    privacy = json.loads((release / "privacy.json").read_text())
+    assert privacy["objective"]["method"] == "privcode++"
+    assert "PUBLIC" in privacy["objective"]["alignment"]
+    assert privacy["objective"]["privlc"]["never_released"] == ["code_encoder", "prompt_encoder"]
 
-    # The release loads as a peft adapter on the public base model.
-    model = PeftModel.from_pretrained(load_causal_lm(base_path), str(train_dir / "adapter"))
-    assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
+    # The release loads in a fresh process with peft (privcode.release) and generates.
+    code = ("import json, sys, torch\n"
+            "from privcode.release import load_release\n"
+            "r = load_release(sys.argv[1])\n"
+            "out = r.generate(z=r.sample_z(2, seed=0), max_new_tokens=8, temperature=0.0)\n"
+            "print(json.dumps({'n': len(out), 'dz': r.dz, 'k': r.num_virtual_tokens,\n"
+            "    'lora': sum(p.numel() for n, p in r.model.named_parameters() if 'lora_' in n),\n"
+            "    'eps': r.privacy['epsilon']}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(release)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["n"] == 2 and loaded["dz"] == 16 and loaded["k"] == 4 and loaded["lora"] > 0
+    assert loaded["eps"] == pytest.approx(summary["epsilon"])
+    # E_c and E_p never leave training: the only tensors are LoRA weights and D.
+    from safetensors import safe_open
+
+    keys = []
+    for f in release.rglob("*.safetensors"):
+        with safe_open(str(f), "pt") as fh:
+            keys += [(f.name, k) for k in fh.keys()]
+    assert {k for f, k in keys if f == "prefix_decoder.safetensors"} == {"weight", "bias"}
+    assert all("lora_" in k for f, k in keys if f == "adapter_model.safetensors")
+    assert not any("encoder" in k for _, k in keys)
 
     # Nothing private in the released directory: no canary value, no record text.
     canaries = json.loads((tmp_path / "runs" / "t" / "data" / "canaries.json").read_text())
     secrets = [c["value"] for c in canaries["canaries"]]
-    # ... nor any record's code (long enough not to occur by chance).
+    # ... nor any record's code or prompt line (long enough not to occur by chance).
     from privcode.data.records import read_records
+    from privcode.release import scan_release
 
-    secrets += [r.code[:200] for r in read_records(tmp_path / "runs" / "t" / "data" / "train.parquet")
-                if len(r.code) >= 80]
-    assert len(secrets) > 20
+    records = read_records(tmp_path / "runs" / "t" / "data" / "train.parquet")
+    secrets += [r.code[:200] for r in records if len(r.code) >= 80]
+    secrets += [line.strip() for r in records for line in r.code.splitlines()
+                if len(line.strip()) >= 40]
+    secrets += [r.prompt[:120] for r in records if len(r.prompt) >= 60]
+    assert len(secrets) > 50
+    assert scan_release(release, secrets) == []
     for path in train_dir.rglob("*"):
         if path.is_file():
             blob = path.read_bytes()

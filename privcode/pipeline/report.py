@@ -133,6 +133,10 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
     sigma = info.get("noise_multiplier")
     rows = [
         ("method", info.get("method")),
+        ("Stage II conditions generation on", {
+            "latent": "a latent z ~ N(0, I) through the released prefix decoder D",
+            "prompt": "public prompts", "none": "nothing (unconditional)"}.get(
+            info.get("conditioning"), info.get("conditioning"))),
         ("epsilon, RDP accountant", info.get("epsilon_rdp")),
         ("epsilon, PRV accountant", info.get("epsilon_prv")),
         ("epsilon budget (enforced with the " + str(info.get("accountant")) + " accountant)",
@@ -153,13 +157,18 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
     ]
     lines = ["## DP training (Stage I)", ""]
     if not info.get("dp", True):
-        lines += ["**WARNING: this run used unsafe test options; the adapter is NOT "
-                  "differentially private.**", ""]
+        lines += ["**WARNING: NOT PRIVATE. This run trained without differential privacy "
+                  "(method nondpft, or unsafe test options); its release must never be "
+                  "treated as a DP artifact.**", ""]
     lines += [
-        "The junior model's LoRA adapter, trained with DP-SGD on Ray Train (per-record "
-        "clipping to C, Gaussian noise added once per step, Poisson sampling). The released "
-        "artifact is the adapter and `privacy.json`; epsilon comes from the run's privacy "
-        "ledger, which granted every step before it was applied.",
+        "The junior model (LoRA adapter, plus the PrivLC encoders and prefix decoder for "
+        "latent methods), trained with DP-SGD on Ray Train: per-record clipping to C of the "
+        "gradient over every trainable module jointly, Gaussian noise added once per step, "
+        "Poisson sampling, one optimiser and one privacy ledger. The released artifact "
+        "(`train/release/`) is the adapter, the prefix decoder D (latent methods) and "
+        "`privacy.json`; the encoders E_c and E_p, which saw private code and prompts, are "
+        "never released. Epsilon comes from the run's privacy ledger, which granted every "
+        "step before it was applied.",
         "",
         _table([(k, _number(v)) for k, v in rows]),
         "",

@@ -83,11 +83,13 @@ class BaseStage(Stage):
 
 
 class TrainStage(Stage):
-    """Stage I: DP-SGD fine-tuning of the junior model's LoRA adapter on Ray Train.
+    """Stage I: DP-SGD training of the junior model (LoRA + the method's modules) on Ray Train.
 
-    The artifact is the DP release: ``adapter/`` and ``privacy.json``
-    (epsilon, delta, history, C, q, sigma, steps, corpus hash); nothing in it
-    is private, so ``private`` is False. The privacy ledger's WAL lives in
+    The artifact is the DP release in ``release/`` (:mod:`privcode.release`:
+    ``adapter/``, ``prefix_decoder.safetensors`` for latent methods,
+    ``privacy.json`` with epsilon, delta, history, C, q, sigma, steps, corpus
+    hash, and ``release.json``), the only thing Stage II may read; nothing in
+    it is private, so ``private`` is False. The privacy ledger's WAL lives in
     ``<out_dir>/<run>/ledger/<corpus sha256 prefix>/``, outside the stage
     directory, so re-running the stage on the same data spends from the same
     budget (and is refused once it is spent). Ray Train checkpoints go to
@@ -95,6 +97,7 @@ class TrainStage(Stage):
     """
 
     name = "train"
+    version = 2  # 2: release/ directory (privcode.release format), Stage I methods
     sections = ("train",)
     needs = ("data", "base")
     # The stage task only orchestrates; the Ray Train workers hold the CPUs.
@@ -109,7 +112,8 @@ class TrainStage(Stage):
         run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
         digest = sha256_file(data)
         summary = run_training(cfg.train, data_path=data, base_path=inputs["base"]["summary"]["path"],
-                               out_dir=out_dir, ledger_dir=run_root / "ledger" / digest[:16],
+                               out_dir=Path(out_dir) / "release",
+                               ledger_dir=run_root / "ledger" / digest[:16],
                                run_name=cfg.run.name, storage_dir=run_root / ".train")
         summary.pop("audit_log", None)  # a path in private storage, removed on success
         return {**summary, "data_path": str(data.resolve())}

@@ -207,27 +207,11 @@ def _evaluate(model: Any, tokenizer: Any, stream: Any, cfg: TrainConfig) -> floa
     return round(float(out["loss"]), 5)
 
 
-def _load_checkpoint(model: Any, optimizer: Any) -> dict[str, Any] | None:
-    import ray.train
-    import torch
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is None:
-        return None
-    with ckpt.as_directory() as d:
-        d = Path(d)
-        set_peft_model_state_dict(model, load_file(str(d / "adapter" / "adapter_model.safetensors")))
-        optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu",
-                                             weights_only=True))
-        return json.loads((d / "state.json").read_text(encoding="utf-8"))
-
-
-def _report(model: Any, optimizer: Any, state: dict[str, Any], rank: int) -> None:
+def _report(objective: Any, optimizer: Any, state: dict[str, Any], rank: int) -> None:
     """Every rank calls this (a barrier); rank 0 attaches the checkpoint."""
     import ray.train
-    import torch
+
+    from privcode.train.build import save_checkpoint_files
 
     metrics = {k: state[k] for k in ("step", "ledger_position", "stop_reason", "attempt")}
     metrics["public_heldout_loss"] = state["curve"][-1][1] if state["curve"] else None
@@ -236,10 +220,30 @@ def _report(model: Any, optimizer: Any, state: dict[str, Any], rank: int) -> Non
         return
     with tempfile.TemporaryDirectory(prefix="privcode-ckpt-") as tmp:
         d = Path(tmp)
-        model.save_pretrained(str(d / "adapter"))
-        torch.save(optimizer.state_dict(), d / "optimizer.pt")
+        save_checkpoint_files(d, objective, optimizer)
         atomic_write_json(d / "state.json", state)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+
+
+def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, int],
+                         device: Any) -> None:
+    """Counts over the private shards (e.g. code Python cannot tokenize), summed over ranks.
+
+    Written next to the private audit log (training storage, never released
+    nor reported: they are exact, un-noised statistics of the private data).
+    """
+    counts = [int(stats.get("untokenizable", 0))]
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(counts, dtype=torch.int64, device=device)
+        dist.all_reduce(t)
+        counts = [int(v) for v in t.tolist()]
+    if rank == 0:
+        path = Path(job.audit_log).with_name(Path(job.audit_log).name.replace(
+            ".applied_steps.jsonl", ".private_stats.json"))
+        atomic_write_json(path, {"untokenizable_records": counts[0]})
 
 
 def _append_audit(path: str, step: int, position: int, attempt: int) -> None:
@@ -262,31 +266,42 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     from privcode.data.records import read_records
     from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
     from privcode.dp.sampler import PoissonSchedule, shard_of
-    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+    from privcode.train.build import NonPrivateSum, build_objective, load_checkpoint
     from privcode.train.data import collate, encode_records
-    from privcode.train.methods import MethodContext, get_method
+    from privcode.train.methods import get_method
 
     job: TrainJob = config["job"]
     cfg = job.cfg
+    method = get_method(cfg.method)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(cfg.cpus_per_worker)
     device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
 
-    tokenizer = load_tokenizer(job.base_path)
-    torch.manual_seed(cfg.seed)  # same LoRA init on every rank (then broadcast, to be sure)
-    model = attach_lora(load_causal_lm(job.base_path), r=cfg.lora_r, alpha=cfg.lora_alpha,
-                        dropout=cfg.lora_dropout).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    state = _load_checkpoint(model, optimizer) or {
+    checkpoint = ray.train.get_checkpoint()
+    objective, tokenizer, _ = build_objective(method, cfg, job.base_path, device,
+                                              will_restore=checkpoint is not None)
+    model = objective.lm
+    clipper = (PerSampleClipper(objective, mode=cfg.grad_sample_mode,
+                                max_grad_norm=cfg.max_grad_norm)
+               if method.dp else NonPrivateSum(objective))
+    params = clipper.params  # the flat gradient's order
+    optimizer = (torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+                 if cfg.optimizer == "sgd"
+                 else torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay))
+    state = None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = load_checkpoint(Path(d), objective, optimizer)
+    state = state or {
         "step": 0, "ledger_position": None, "stop_reason": None, "attempt": 0, "curve": []}
     state["attempt"] += 1
     if world > 1:
         import torch.distributed as dist
 
-        for p in params:
-            dist.broadcast(p.data, src=0)
+        for name, p in objective.named_parameters():
+            if p.requires_grad or not name.startswith("lm."):  # LoRA and PrivLC
+                dist.broadcast(p.data, src=0)
 
     # The private data: this rank tokenises its own shard only.
     if rank == 0 and sha256_file(job.data_path) != job.corpus_sha256:
@@ -295,14 +310,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if len(records) != job.num_records:
         raise TrainingError(f"{job.data_path}: expected {job.num_records} records, got {len(records)}")
     shard = shard_of(job.num_records, rank, world)
-    encoded = encode_records([records[i] for i in shard], tokenizer, cfg.max_length)
+    private_stats: dict[str, int] = {}
+    encoded = encode_records([records[i] for i in shard], tokenizer, cfg.max_length,
+                             stats=private_stats)
     del records
+    _write_private_stats(job, rank, world, private_stats, device)
 
     seed = _broadcast_ints(_split(_secret_seed(job)), device)
     schedule = PoissonSchedule(job.num_records, job.sample_rate, seed[0] << 63 | seed[1])
     generator = _noise_generator(schedule.seed, device) if rank == 0 else None
-    clipper = PerSampleClipper(model, mode=cfg.grad_sample_mode, max_grad_norm=cfg.max_grad_norm)
-    loss_fn = get_method(cfg.method).build(MethodContext(base_path=job.base_path, device=str(device)))
+
+    def loss_fn(module: Any, batch: Any) -> Any:
+        return module(batch)
+
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     ledger = None
@@ -330,8 +350,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if rank == 0:
                 log.warning("ledger denied step %d: %s", step, reason)
             break
-        local = [(int(i) - rank) // world for i in schedule.indices(step, rank, world)]
-        batch = (collate([encoded[j] for j in local], pad_id, device=device, step=step)
+        chosen = [int(i) for i in schedule.indices(step, rank, world)]
+        local = [(i - rank) // world for i in chosen]
+        # ``index`` (global record numbers) keys per-record randomness such as the
+        # VAE's eps, so an update does not depend on how records fall on workers.
+        batch = (collate([encoded[j] for j in local], pad_id, device=device, step=step,
+                         index=torch.tensor(chosen, dtype=torch.long))
                  if local else None)
         local_sum = clipper.clipped_sum(loss_fn, batch, len(local))
         grad = privatize(local_sum, noise_multiplier=job.noise_multiplier,
@@ -347,12 +371,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             if rank == 0 and stream is not None:
                 state["curve"].append([step + 1, _evaluate(model, tokenizer, stream, cfg)])
-            _report(model, optimizer, state, rank)
+            _report(objective, optimizer, state, rank)
     else:
         state["stop_reason"] = "steps"
     if rank == 0 and stream is not None and (not state["curve"] or state["curve"][-1][0] != state["step"]):
         state["curve"].append([state["step"], _evaluate(model, tokenizer, stream, cfg)])
-    _report(model, optimizer, state, rank)
+    _report(objective, optimizer, state, rank)
 
 
 def _split(seed: int) -> list[int]:
@@ -422,8 +446,21 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
 
     from privcode.cluster.local import connect
     from privcode.data.records import read_records
+    from privcode.train.artifact import objective_record, write_junior_release
+    from privcode.train.methods import get_method
 
     unsafe = unsafe or UnsafeTestOptions()
+    method = get_method(cfg.method)
+    if not method.dp:
+        if not cfg.allow_non_private:
+            raise TrainingError(f"train.method={cfg.method!r} trains WITHOUT differential privacy "
+                                "(NOT PRIVATE); it is refused unless train.allow_non_private "
+                                "is true (audits and comparisons only)")
+        msg = (f"train.method={cfg.method!r}: this run is NOT PRIVATE (no clipping, no noise, "
+               "no privacy ledger). Its release must never be treated as a DP artifact.")
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        log.error(msg)
+    non_private = unsafe.noise_off or not method.dp
     data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
     out_dir, ledger_dir = Path(out_dir), Path(ledger_dir).resolve()
     n = len(read_records(data_path))
@@ -441,13 +478,13 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             + "): this training run is NOT differentially private")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.error(msg)
-    sigma, calibrated = (0.0, False) if unsafe.noise_off else noise_for(cfg, q)
+    sigma, calibrated = (0.0, False) if non_private else noise_for(cfg, q)
 
     if not ray.is_initialized():
         connect()
     run_id = ""
     ledger = None
-    if not unsafe.noise_off:
+    if not non_private:
         from privcode.dp.ledger import open_ledger
 
         run_id = _ledger_id(run_name, ledger_dir)
@@ -487,6 +524,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
                                 f"{type(exc).__name__}: {exc}") from exc
         if result.checkpoint is None:
             raise TrainingError("DP training ended without a checkpoint")
+        ckpt_dir = Path(tempfile.mkdtemp(prefix="privcode-final-"))
         with result.checkpoint.as_directory() as d:
             state = json.loads((Path(d) / "state.json").read_text(encoding="utf-8"))
             if state["step"] == 0:
@@ -494,8 +532,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
                     "no DP-SGD step was taken: the privacy budget of this run's ledger "
                     f"({ledger_dir}) is already spent. Training again on the same data needs a "
                     "new budget: use another run.name (and account for both releases).")
-            out_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(Path(d) / "adapter", out_dir / "adapter", dirs_exist_ok=True)
+            shutil.copytree(Path(d), ckpt_dir, dirs_exist_ok=True)
         if ledger is not None:
             spent = ray.get(ledger.spent.remote())
             history = ray.get(ledger.history.remote())
@@ -508,7 +545,8 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     seconds = time.time() - started
     by_acc = spent.get("epsilon_by_accountant", {})
     privacy = {
-        "dp": not unsafe.active,
+        "dp": not (unsafe.active or non_private),
+        "NOT_PRIVATE": None if method.dp else "trained WITHOUT differential privacy (audits only)",
         "unsafe_test_options": dataclasses.asdict(unsafe) if unsafe.active else None,
         "method": cfg.method,
         # null, not a number, when there is no guarantee (unsafe noise-off runs).
@@ -536,11 +574,15 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
         "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout},
         "corpus_sha256": corpus_sha,
         "base_model": str(base_path),
+        "objective": objective_record(cfg, method),
         "public_heldout_loss_curve": state["curve"],
         "assumptions": "add/remove-one-record DP with Poisson sampling; N (hence q) is "
                        "treated as public; the curve is the loss on PUBLIC held-out code.",
     }
-    atomic_write_json(out_dir / "privacy.json", privacy)
+    try:
+        write_junior_release(out_dir, ckpt_dir, cfg, method, privacy, base_path)
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     if not keep_storage:
         shutil.rmtree(storage_root / name, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
@@ -552,4 +594,5 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
         "accountant", "ledger_steps", "noise_multiplier", "noise_calibrated", "max_grad_norm", "sample_rate",
         "expected_batch_size", "num_records", "steps_requested", "steps_taken", "stop_reason",
         "restarts", "num_workers", "public_heldout_loss_curve", "corpus_sha256", "base_model")},
-        "train_seconds": round(seconds, 2), "adapter": "adapter", "audit_log": str(audit_log)}
+        "train_seconds": round(seconds, 2), "adapter": "adapter", "conditioning": method.conditioning,
+        "audit_log": str(audit_log)}

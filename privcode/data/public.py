@@ -1,0 +1,58 @@
+"""PUBLIC (instruction, code) pairs from the standard library outside the private modules.
+
+Used wherever a method needs public data next to the private corpus:
+
+* PrivCode++'s alignment loss takes its negatives from a bank of public
+  prompts (never from other private records of the batch, which would make
+  one record's loss depend on another's);
+* ``pc-preemb`` pretrains the PrivLC module on public pairs before DP
+  fine-tuning.
+
+The pairs are built exactly like the demo corpus' ordinary records
+(:mod:`privcode.data.demo`: documented public functions, an instruction from
+the signature and docstring) but only from
+:func:`~privcode.data.stdlib.public_source_files`, the modules the base
+model was pretrained on and that no private record comes from. The choice is
+deterministic given ``seed`` and the interpreter's standard library.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+__all__ = ["public_pairs", "public_prompts"]
+
+
+@lru_cache(maxsize=8)
+def _pairs(limit: int, seed: int, max_record_bytes: int) -> tuple[tuple[str, str], ...]:
+    from privcode.data.demo import _file_candidates, make_prompt
+    from privcode.data.stdlib import public_source_files, stdlib_dir
+
+    root = stdlib_dir()
+    files = public_source_files()
+    random.Random(seed).shuffle(files)
+    rng = random.Random(seed + 1)
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for path in files:
+        for cand in _file_candidates(path, root, max_record_bytes):
+            if cand.code in seen:
+                continue
+            seen.add(cand.code)
+            out.append((make_prompt(cand, rng), cand.code))
+            if len(out) >= limit:
+                return tuple(out)
+    return tuple(out)
+
+
+def public_pairs(limit: int, seed: int = 0, max_record_bytes: int = 2048) -> list[tuple[str, str]]:
+    """Up to ``limit`` public ``(prompt, code)`` pairs (fewer only if the stdlib runs out)."""
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    return list(_pairs(int(limit), int(seed), int(max_record_bytes)))
+
+
+def public_prompts(limit: int, seed: int = 0) -> list[str]:
+    """The prompts of :func:`public_pairs`: the negative bank of the alignment loss."""
+    return [p for p, _ in public_pairs(limit, seed)]

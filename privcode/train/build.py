@@ -1,0 +1,141 @@
+"""Per-worker setup of a Stage I method: the junior, its objective, checkpoints, plain gradients.
+
+:func:`build_objective` loads the base model, attaches the LoRA adapter
+(seeded init) and wraps it in the method's :class:`~privcode.train.methods.Objective`
+with the PUBLIC prompt bank its alignment loss needs. For ``pc-preemb`` it
+pretrains the PrivLC modules on PUBLIC pairs (no DP needed: nothing private
+is read) unless a checkpoint will overwrite them, then freezes them.
+
+Checkpoints hold the adapter (peft format), the PrivLC modules
+(``privlc.pt``: E_c, E_p and D: all trained under the same DP-SGD; the
+checkpoint storage is private, the release keeps only D), the optimiser
+state and the loop state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privcode.train.methods import Method, MethodContext, Objective, pretrain_public
+
+__all__ = ["NonPrivateSum", "build_objective", "load_checkpoint", "save_checkpoint_files"]
+
+PRIVLC_FILE = "privlc.pt"
+
+
+def _public_bank(tokenizer: Any, cfg: Any) -> list[list[int]]:
+    from privcode.data.public import public_prompts
+    from privcode.train.data import _ids
+
+    prompts = [p.rstrip() + "\n" for p in public_prompts(cfg.align_bank_size, seed=cfg.seed)]
+    return [ids[:cfg.max_length] for ids in _ids(tokenizer, prompts)]
+
+
+class _PublicRecord:
+    __slots__ = ("code", "prompt")
+
+    def __init__(self, prompt: str, code: str):
+        self.prompt, self.code = prompt, code
+
+
+def _pretrain(objective: Objective, tokenizer: Any, cfg: Any, device: Any) -> list[float]:
+    import random
+
+    from privcode.data.public import public_pairs
+    from privcode.train.data import collate, encode_records
+
+    pairs = public_pairs(max(cfg.expected_batch_size * 8, 64), seed=cfg.seed + 1)
+    encoded = encode_records([_PublicRecord(p, c) for p, c in pairs], tokenizer, cfg.max_length)
+    rng = random.Random(cfg.seed)
+    size = min(len(encoded), max(cfg.expected_batch_size, 4))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def batch(i: int) -> dict[str, Any]:
+        return collate(rng.sample(encoded, size), pad, device=device, step=i)
+
+    return pretrain_public(objective, batch, cfg.preemb_steps, cfg.preemb_lr)
+
+
+def build_objective(method: Method, cfg: Any, base_path: str, device: Any,
+                    will_restore: bool) -> tuple[Objective, Any, list[float]]:
+    """(objective on ``device``, tokenizer, public pretraining losses) for ``method``."""
+    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(base_path)
+    torch.manual_seed(cfg.seed)  # same LoRA and PrivLC init on every rank (then broadcast)
+    lm = attach_lora(load_causal_lm(base_path), r=cfg.lora_r, alpha=cfg.lora_alpha,
+                     dropout=cfg.lora_dropout)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    bank = (_public_bank(tokenizer, cfg)
+            if method.align and cfg.align_negatives == "public" else [])
+    objective = Objective(method, lm, MethodContext(cfg=cfg, eos_id=eos, pad_id=pad,
+                                                    public_bank=bank)).to(device)
+    losses: list[float] = []
+    if method.pretrain_public:
+        if not will_restore:
+            losses = _pretrain(objective, tokenizer, cfg, device)
+        for p in objective.privlc_parameters():
+            p.requires_grad_(False)
+    return objective, tokenizer, losses
+
+
+def _privlc_state(objective: Objective) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in objective.state_dict().items() if not k.startswith("lm.")}
+
+
+def save_checkpoint_files(d: Path, objective: Objective, optimizer: Any) -> None:
+    objective.lm.save_pretrained(str(d / "adapter"))
+    privlc = _privlc_state(objective)
+    if privlc:
+        torch.save(privlc, d / PRIVLC_FILE)
+    torch.save(optimizer.state_dict(), d / "optimizer.pt")
+
+
+def load_checkpoint(d: Path, objective: Objective, optimizer: Any) -> dict[str, Any]:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(objective.lm,
+                              load_file(str(d / "adapter" / "adapter_model.safetensors")))
+    if (d / PRIVLC_FILE).exists():
+        state = torch.load(d / PRIVLC_FILE, map_location="cpu", weights_only=True)
+        missing, unexpected = objective.load_state_dict(state, strict=False)
+        if unexpected or [k for k in missing if not k.startswith("lm.")]:
+            raise RuntimeError(f"checkpoint {PRIVLC_FILE} does not match the method's modules")
+    optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu",
+                                         weights_only=True))
+    return json.loads((d / "state.json").read_text(encoding="utf-8"))
+
+
+class NonPrivateSum:
+    """The plain (unclipped) gradient sum of a batch: ``nondpft`` only. NOT PRIVATE.
+
+    Same interface as :class:`privcode.dp.dpsgd.PerSampleClipper` so the loop
+    is shared; nothing is clipped and the loop adds no noise.
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        from privcode.dp.dpsgd import trainable_parameters
+
+        self.module = module
+        self.params = trainable_parameters(module)
+        self.numel = sum(p.numel() for p in self.params)
+
+    def clipped_sum(self, loss_fn: Any, batch: Any, batch_size: int) -> torch.Tensor:
+        p0 = self.params[0]
+        if batch_size == 0 or batch is None:
+            return torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
+        for p in self.params:
+            p.grad = None
+        self.module.train()
+        loss_fn(self.module, batch).sum().backward()
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.params])
+        for p in self.params:
+            p.grad = None
+        return flat
