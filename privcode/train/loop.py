@@ -7,9 +7,12 @@ the records, fixes the sample rate ``q = B / N`` and the noise multiplier
 privacy ledger and starts a ``TorchTrainer`` of ``cfg.num_workers`` workers
 (gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`.
 
-Every worker loads the base model, attaches the same LoRA adapter (seeded
-init, then broadcast from rank 0) and tokenises only its shard
-``{i : i mod W = rank}``. One step ``t``:
+Every worker builds the method's objective (:mod:`privcode.train.methods`:
+the LoRA junior plus, for PrivCode++-style methods, the PrivLC encoders and
+prefix decoder; seeded init, then broadcast from rank 0) and tokenises only
+its shard ``{i : i mod W = rank}``. Every trainable parameter of the
+objective is clipped jointly per record and updated by one optimiser. One
+step ``t``:
 
 1. rank 0 asks the ledger to reserve one step ``(sigma, q)``; the ledger
    fsyncs its log BEFORE granting, and rank 0 broadcasts the decision. A
