@@ -17,7 +17,8 @@ from privcode.dp.dpsgd import (
 )
 from privcode.dp.sampler import PoissonSchedule, shard_of
 from privcode.train.data import CODE, PROMPT, Encoded, collate
-from privcode.train.methods import MethodContext, get_method
+from privcode.config import TrainConfig
+from privcode.train.methods import MethodContext, Objective, get_method
 
 # --------------------------------------------------------------------------- sampler
 
@@ -155,6 +156,16 @@ def _tiny_lora_model(seed: int = 0):
     return model.train()
 
 
+def _dpft(model: torch.nn.Module) -> Objective:
+    """The dpft objective (per-record mean token CE) around ``model``."""
+    return Objective(get_method("dpft"), model, MethodContext(cfg=TrainConfig(), eos_id=0,
+                                                              pad_id=0))
+
+
+def loss_fn(module: torch.nn.Module, batch) -> torch.Tensor:
+    return module(batch)
+
+
 def _rows(seed: int, n: int) -> list[Encoded]:
     g = torch.Generator().manual_seed(seed)
     rows = []
@@ -167,8 +178,7 @@ def _rows(seed: int, n: int) -> list[Encoded]:
 
 
 def test_dpft_loss_of_a_record_does_not_depend_on_its_batch():
-    model = _tiny_lora_model()
-    loss_fn = get_method("dpft").build(MethodContext())
+    model = _dpft(_tiny_lora_model())
     rows = _rows(1, 4)
     with torch.no_grad():
         together = loss_fn(model, collate(rows, pad_id=0))
@@ -180,9 +190,7 @@ def test_dpft_loss_of_a_record_does_not_depend_on_its_batch():
 @pytest.mark.parametrize("mode", ["hooks", "functorch", "ghost"])
 def test_clipped_sum_equals_sum_of_individually_clipped_record_gradients(mode):
     rows = _rows(2, 5)
-    loss_fn = get_method("dpft").build(MethodContext())
-
-    reference = _tiny_lora_model()
+    reference = _dpft(_tiny_lora_model())
     params = [p for p in reference.parameters() if p.requires_grad]
     grads = []
     for r in rows:
@@ -193,7 +201,7 @@ def test_clipped_sum_equals_sum_of_individually_clipped_record_gradients(mode):
     clip = (norms[1] + norms[2]) / 2  # some records clipped, some not
     expected = sum(g * min(1.0, clip / (g.norm().item() + 1e-6)) for g in grads)
 
-    model = _tiny_lora_model()
+    model = _dpft(_tiny_lora_model())
     clipper = PerSampleClipper(model, mode=mode, max_grad_norm=clip)
     got = clipper.clipped_sum(loss_fn, collate(rows, pad_id=0), batch_size=len(rows))
     assert torch.allclose(got, expected, atol=2e-6, rtol=1e-4)
@@ -207,11 +215,9 @@ def test_clipped_sum_equals_sum_of_individually_clipped_record_gradients(mode):
 def test_refuses_batch_norm_and_wrong_loss_shapes():
     with pytest.raises(ValueError, match="batch-statistics"):
         check_private_trainable(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
-    model = _tiny_lora_model()
-    clipper = PerSampleClipper(model)
+    clipper = PerSampleClipper(_dpft(_tiny_lora_model()))
     batch = collate(_rows(3, 3), pad_id=0)
     with pytest.raises(ValueError, match="one loss per record"):
-        clipper.clipped_sum(lambda m, b: get_method("dpft").build(MethodContext())(m, b).mean(),
-                            batch, batch_size=3)
+        clipper.clipped_sum(lambda m, b: m(b).mean(), batch, batch_size=3)
     with pytest.raises(ValueError, match="grad_sample_mode"):
         PerSampleClipper(_tiny_lora_model(), mode="ew")
