@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from privcode.config import TrainConfig
 from privcode.dp.dpsgd import (
     PerSampleClipper,
     apply_flat_gradient,
@@ -17,7 +18,6 @@ from privcode.dp.dpsgd import (
 )
 from privcode.dp.sampler import PoissonSchedule, shard_of
 from privcode.train.data import CODE, PROMPT, Encoded, collate
-from privcode.config import TrainConfig
 from privcode.train.methods import MethodContext, Objective, get_method
 
 # --------------------------------------------------------------------------- sampler
