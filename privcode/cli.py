@@ -115,14 +115,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING") else 1
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from privcode.pipeline.runner import run_pipeline
+def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
+    """A handler running one pipeline stage (and what it needs), with its flags as overrides."""
 
-    cfg = _config_with_flags(args, "train", ("method",))
-    result = run_pipeline(cfg, stages=["train"])
-    if args.json:
-        _print_json(result)
-    return 0
+    def handler(args: argparse.Namespace) -> int:
+        from privcode.pipeline.runner import run_pipeline
+
+        result = run_pipeline(_config_with_flags(args, section, flags), stages=[stage])
+        if args.json:
+            _print_json(result)
+        return 0
+
+    return handler
+
+
+cmd_train = _stage_command("train", "train", ("method",))
+cmd_synthesize = _stage_command("synth", "synth", ("release", "num_samples"))
+cmd_premium = _stage_command("premium", "premium", ("model", "data"))
 
 
 def cmd_dp_epsilon(args: argparse.Namespace) -> int:
@@ -207,6 +216,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", help="Training method (overrides train.method), e.g. dpft.")
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("synthesize", help="Stage II: synthesise (prompt, code) pairs from the "
+                                          "released DP artifact on Ray Data (the synth stage).")
+    _add_config_args(p)
+    p.add_argument("--release", help="Release directory (overrides synth.release; default: the "
+                                     "train stage's release/). Never a private dataset.")
+    p.add_argument("--num-samples", dest="num_samples", type=int,
+                   help="Samples to generate (overrides synth.num_samples).")
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=cmd_synthesize)
+
+    p = sub.add_parser("premium", help="Fine-tune the premium model (LoRA, no DP) on the "
+                                       "synthetic data (the premium stage).")
+    _add_config_args(p)
+    p.add_argument("--model", help="Premium base: local HF model dir or preset (overrides "
+                                   "premium.model).")
+    p.add_argument("--data", help="Synthetic Parquet (overrides premium.data).")
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=cmd_premium)
+
+    from privcode.synth.sandbox_cli import add_sandbox_parser
+
+    add_sandbox_parser(sub)
 
     p = sub.add_parser("dp", help="Privacy accounting: epsilon of a DP-SGD run, noise calibration.")
     dpsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")

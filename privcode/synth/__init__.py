@@ -1,0 +1,1 @@
+"""Stage II: synthesis from the released DP artifact (sandbox, extraction, filters, Ray Data pipeline)."""

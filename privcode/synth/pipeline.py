@@ -1,0 +1,282 @@
+"""Stage II driver: stream the synthesis through Ray Data, shard by shard, resumably.
+
+Input: the released Stage I artifact (:mod:`privcode.release`) and public
+resources; there is no private-data path in :class:`~privcode.config.SynthConfig`,
+and :func:`check_release_path` refuses anything that is not a verified
+release (a Parquet/JSONL corpus, a data-stage directory). Everything here is
+post-processing of the DP release, so the guarantee carries over unchanged.
+
+Dataflow (one Ray Data dataset, streaming with backpressure)::
+
+    sample indices -> Generate (actor pool, autoscaling min..max, GPUs if set)
+      -> Extract -> ExecutionFilter (sandbox) -> RoundTripScore -> driver
+
+The driver consumes batches as they finish and writes shard ``k`` (samples
+``[kS, (k+1)S)``, every row with its verdicts) to ``work_dir/shards/`` by
+write-to-temp-then-rename once all its rows have arrived. A rerun after a
+crash skips the shards already on disk: nothing is lost, nothing is
+generated twice, and because the latent of sample i depends only on
+``(seed, i)`` resumed shards draw the same z. The work directory is keyed by
+the release's hash and the generation settings, so a different release never
+reuses shards.
+
+Finally every shard is read in order, exact and near-duplicates are removed
+(:class:`privcode.synth.dedup.Deduplicator`, deterministic given the shard
+order), and ``synthetic.parquet`` (the kept pairs: id, prompt, code, z seed,
+each filter's verdict, provenance) and ``stats.json`` (the funnel, as in
+PrivCode++ Table 6) are written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from privcode.config import SynthConfig, section_to_dict
+from privcode.errors import PrivcodeError
+from privcode.utils import atomic_path, atomic_write_json, sha256_bytes, sha256_file
+
+log = logging.getLogger("privcode.synth")
+
+__all__ = ["SynthesisError", "check_release_path", "run_synthesis", "work_key"]
+
+#: Settings that change what a shard holds (worker counts and limits of the
+#: pools do not, except the sandbox limits, which change verdicts).
+_SHARD_FIELDS = ("num_samples", "shard_size", "seed", "max_new_tokens", "temperature", "top_p",
+                 "extractor", "extractor_model", "summarizer", "summarizer_model", "scorer",
+                 "scorer_model", "roundtrip_threshold", "sandbox_cpu_seconds",
+                 "sandbox_wall_seconds", "sandbox_memory_mb")
+_PRIVATE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+
+
+class SynthesisError(PrivcodeError):
+    """Stage II cannot run (a non-release input, lost rows, a failed operator)."""
+
+
+def check_release_path(path: str | Path) -> dict[str, Any]:
+    """``release.json`` of a verified release; refuses anything else, private data above all."""
+    from privcode.release import ReleaseError, verify_release
+
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() in _PRIVATE_SUFFIXES:
+        raise SynthesisError(f"{p}: Stage II reads only the released DP artifact (a release "
+                             "directory), never a dataset file; refusing to start")
+    if (p / "manifest.json").is_file() and (p / "train.parquet").exists():
+        raise SynthesisError(f"{p}: this is a private corpus directory; Stage II reads only "
+                             "the released DP artifact; refusing to start")
+    try:
+        return verify_release(p)
+    except ReleaseError as exc:
+        raise SynthesisError(f"not a released Stage I artifact ({exc}); run the train stage "
+                             "(`privcode train`) or set synth.release") from None
+
+
+def work_key(cfg: SynthConfig, release_meta: dict[str, Any]) -> str:
+    """Names the shard directory: the release's file hashes plus the shard-defining settings."""
+    settings = {k: getattr(cfg, k) for k in _SHARD_FIELDS}
+    blob = json.dumps({"release": release_meta.get("files"), "settings": settings},
+                      sort_keys=True).encode()
+    return sha256_bytes(blob)[:16]
+
+
+def _shard_path(work: Path, k: int) -> Path:
+    return work / "shards" / f"shard-{k:05d}.parquet"
+
+
+def _write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = sorted(rows, key=lambda r: r["index"])
+    table = pa.Table.from_pylist(rows)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _row(batch: dict[str, Any], j: int) -> dict[str, Any]:
+    out = {}
+    for key, col in batch.items():
+        v = col[j]
+        out[key] = v.item() if hasattr(v, "item") else v
+    return out
+
+
+def _public_prompts(n: int, seed: int) -> list[str]:
+    from privcode.data.public import public_prompts
+
+    return public_prompts(max(1, min(n, 2000)), seed=seed)
+
+
+def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: str):
+    import ray.data
+    from ray.data import ActorPoolStrategy
+
+    gen_opts = {"seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
+                "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "gpu": cfg.gpus_per_generator > 0}
+    prompts = _public_prompts(len(indices), cfg.seed) if conditioning == "prompt" else []
+    from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
+
+    blocks = max(1, min(len(indices) // max(cfg.batch_size, 1), 200))
+    ds = ray.data.from_items([{"index": i, "z_seed": f"{cfg.seed}:{i}"} for i in indices],
+                             override_num_blocks=blocks)
+    ds = ds.map_batches(
+        Generate, fn_constructor_args=(str(release), gen_opts, prompts),
+        batch_size=cfg.batch_size, batch_format="numpy",
+        compute=ActorPoolStrategy(min_size=cfg.generators_min,
+                                  max_size=max(cfg.generators_min, cfg.generators_max)),
+        num_cpus=1, num_gpus=cfg.gpus_per_generator or None)
+    ext_opts = {"model": cfg.extractor_model} if cfg.extractor_model else {}
+    # Filter batches as small as generation's (but >= 16 for the sandbox pool's
+    # parallelism): rows reach the driver, and shards complete, at that granularity.
+    fbatch = max(cfg.batch_size, 16)
+    ds = ds.map_batches(Extract, fn_constructor_args=(cfg.extractor, ext_opts),
+                        batch_size=fbatch, batch_format="numpy",
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.25)
+    limits = {"cpu_seconds": cfg.sandbox_cpu_seconds, "wall_seconds": cfg.sandbox_wall_seconds,
+              "memory_mb": cfg.sandbox_memory_mb}
+    ds = ds.map_batches(ExecutionFilter, fn_constructor_args=(limits, cfg.sandbox_workers),
+                        batch_size=fbatch, batch_format="numpy",
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.5)
+    rt_opts: dict[str, Any] = {}
+    if cfg.summarizer_model:
+        rt_opts["summarizer_model"] = cfg.summarizer_model
+    if cfg.scorer_model:
+        rt_opts["scorer_model"] = cfg.scorer_model
+    ds = ds.map_batches(RoundTripScore,
+                        fn_constructor_args=(cfg.summarizer, cfg.scorer,
+                                             cfg.roundtrip_threshold, rt_opts),
+                        batch_size=fbatch, batch_format="numpy",
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.5)
+    return ds
+
+
+def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: str,
+                     progress: bool) -> dict[str, int]:
+    n, size = cfg.num_samples, cfg.shard_size
+    shards = range((n + size - 1) // size)
+    pending = [k for k in shards if not _shard_path(work, k).is_file()]
+    counts = {"shards": len(shards), "shards_resumed": len(shards) - len(pending),
+              "shards_written": 0}
+    if not pending:
+        return counts
+    indices = [i for k in pending for i in range(k * size, min((k + 1) * size, n))]
+    expected = {k: min((k + 1) * size, n) - k * size for k in pending}
+    buffers: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    ds = _dataset(cfg, release, indices, conditioning)
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for j in range(len(batch["index"])):
+            row = _row(batch, j)
+            k = int(row["index"]) // size
+            buffers[k].append(row)
+            if len(buffers[k]) == expected[k]:
+                _write_shard(_shard_path(work, k), buffers.pop(k))
+                counts["shards_written"] += 1
+                if progress:
+                    log.info("synth: shard %d written (%d/%d)", k,
+                             counts["shards_written"] + counts["shards_resumed"], len(shards))
+    if buffers:
+        missing = sorted(buffers)
+        raise SynthesisError(f"Stage II lost rows: shards {missing[:5]} incomplete after the "
+                             "dataset finished; rerun to regenerate them")
+    return counts
+
+
+def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[str, Any],
+              release_sha: str) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from privcode.synth.dedup import Deduplicator
+
+    dedup = Deduplicator(threshold=cfg.dedup_threshold)
+    provenance = json.dumps({"release_sha256": release_sha, "method": release_meta["method"],
+                             "conditioning": release_meta["conditioning"],
+                             "dp": release_meta["dp"]}, sort_keys=True)
+    funnel = {"generated": 0, "removed_execution": 0, "removed_roundtrip": 0,
+              "removed_duplicate": 0, "kept": 0}
+    statuses: dict[str, int] = defaultdict(int)
+    kept: list[dict[str, Any]] = []
+    n_shards = (cfg.num_samples + cfg.shard_size - 1) // cfg.shard_size
+    for k in range(n_shards):
+        rows = pq.read_table(_shard_path(work, k)).to_pylist()
+        funnel["generated"] += len(rows)
+        survivors = []
+        for r in rows:
+            statuses[r["exec_status"]] += 1
+            if not r["exec_passed"]:
+                funnel["removed_execution"] += 1
+            elif not r["roundtrip_passed"]:
+                funnel["removed_roundtrip"] += 1
+            else:
+                survivors.append(r)
+        ids = [f"syn-{cfg.seed}-{r['index']:08d}" for r in survivors]
+        dup_of = dedup.add(ids, [r["code"] for r in survivors]) if survivors else []
+        for rid, r, dup in zip(ids, survivors, dup_of, strict=True):
+            if dup is not None:
+                funnel["removed_duplicate"] += 1
+                continue
+            kept.append({"id": rid, "prompt": r["prompt"], "code": r["code"],
+                         "z_seed": r["z_seed"], "exec_status": r["exec_status"],
+                         "exec_seconds": r["exec_seconds"],
+                         "roundtrip_score": r["roundtrip_score"], "duplicate_of": None,
+                         "provenance": provenance})
+    funnel["kept"] = len(kept)
+    assert sum(v for k, v in funnel.items() if k != "generated") == funnel["generated"]
+    schema = pa.schema([("id", pa.string()), ("prompt", pa.string()), ("code", pa.string()),
+                        ("z_seed", pa.string()), ("exec_status", pa.string()),
+                        ("exec_seconds", pa.float64()), ("roundtrip_score", pa.float64()),
+                        ("duplicate_of", pa.string()), ("provenance", pa.string())])
+    with atomic_path(out_dir / "synthetic.parquet") as tmp:
+        pq.write_table(pa.Table.from_pylist(kept, schema=schema), tmp)
+    g = max(funnel["generated"], 1)
+    stats = {"funnel": funnel,
+             "rates": {k: round(v / g, 4) for k, v in funnel.items() if k != "generated"},
+             "execution_statuses": dict(sorted(statuses.items())),
+             "release": {"sha256": release_sha, "method": release_meta["method"],
+                         "conditioning": release_meta["conditioning"],
+                         "dp": release_meta["dp"]},
+             "config": section_to_dict(cfg)}
+    atomic_write_json(out_dir / "stats.json", stats)
+    return stats
+
+
+def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
+                  work_root: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Synthesise from ``release`` into ``out_dir`` (see the module docstring); returns a summary."""
+    import ray
+
+    from privcode.cluster.local import connect
+
+    if cfg.generators_max < cfg.generators_min:
+        raise SynthesisError(f"synth.generators_max={cfg.generators_max} is below "
+                             f"generators_min={cfg.generators_min}")
+    release = Path(release).resolve()
+    meta = check_release_path(release)
+    if not meta.get("dp"):
+        log.error("Stage II input %s is NOT PRIVATE (trained without DP): its synthetic data "
+                  "carries no guarantee", release)
+    release_sha = sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode())
+    work = Path(work_root).resolve() / work_key(cfg, meta)
+    (work / "shards").mkdir(parents=True, exist_ok=True)
+    atomic_write_json(work / "settings.json", {"release": str(release),
+                                                "config": section_to_dict(cfg)})
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not ray.is_initialized():
+        connect()
+    started = time.time()
+    counts = _generate_shards(cfg, release, work, meta["conditioning"], progress)
+    stats = _finalize(cfg, work, out_dir, meta, release_sha)
+    seconds = round(time.time() - started, 2)
+    return {**stats["funnel"], **counts, "rates": stats["rates"],
+            "execution_statuses": stats["execution_statuses"], "seconds": seconds,
+            "samples_per_second": round(stats["funnel"]["generated"] / max(seconds, 1e-9), 2),
+            "release": str(release), "release_sha256": release_sha,
+            "synthetic_sha256": sha256_file(out_dir / "synthetic.parquet"),
+            "work_dir": str(work), "conditioning": meta["conditioning"],
+            "method": meta["method"], "dp": meta["dp"]}

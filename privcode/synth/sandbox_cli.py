@@ -1,0 +1,91 @@
+"""``privcode sandbox check FILE...``: run Python files in the sandbox and report verdicts.
+
+Exit code 0 when every file ran (whatever its verdict), 2 on usage errors (a missing or
+unreadable file is named).  ``--json`` prints one JSON object per file per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from privcode.errors import PrivcodeError
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def cmd_sandbox_check(args: argparse.Namespace) -> int:
+    from privcode.synth.sandbox import SandboxLimits, SandboxPool, file_result
+
+    codes = []
+    for name in args.files:
+        path = Path(name)
+        if not path.is_file():
+            raise PrivcodeError(f"sandbox check: no such file: {name}")
+        try:
+            codes.append(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError as exc:
+            raise PrivcodeError(f"sandbox check: cannot read {name}: {exc.strerror}") from None
+    defaults = SandboxLimits()
+    limits = SandboxLimits(
+        cpu_seconds=args.cpu_seconds or defaults.cpu_seconds,
+        wall_seconds=args.wall_seconds or defaults.wall_seconds,
+        memory_mb=args.memory_mb or defaults.memory_mb)
+    with SandboxPool(workers=min(args.workers or 4, len(codes)), limits=limits) as pool:
+        results = [file_result(name, v) for name, v in zip(args.files, pool.map(codes), strict=True)]
+    if args.json:
+        for r in results:
+            print(json.dumps(r, sort_keys=True))
+    else:
+        width = max(len(r["file"]) for r in results)
+        print(f"{'FILE':<{width}}  {'STATUS':<8} {'SECONDS':>8}  ERROR")
+        for r in results:
+            print(f"{r['file']:<{width}}  {r['status']:<8} {r['seconds']:>8.3f}  {r['error'] or ''}")
+        passed = sum(r["passed"] for r in results)
+        print(f"{passed}/{len(results)} passed (isolation: {results[0]['isolation']})")
+    return 0
+
+
+def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``sandbox`` (with ``check``) to the ``privcode`` subcommands."""
+    p = subparsers.add_parser("sandbox", help="Run Python files in the execution sandbox "
+                                              "(the one Stage II and pass@k use).")
+    ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = ssub.add_parser("check", help="Run each file in the sandbox; print its verdict "
+                                      "(status ok/error/timeout/cpu/memory/output/killed/syntax).")
+    c.add_argument("files", nargs="+", metavar="FILE", help="Python files (stdlib only).")
+    c.add_argument("--json", action="store_true", help="One JSON object per file per line.")
+    c.add_argument("--cpu-seconds", type=_positive(float), help="CPU limit per file (default 5).")
+    c.add_argument("--wall-seconds", type=_positive(float), help="Wall limit per file (default 10).")
+    c.add_argument("--memory-mb", type=_positive(int), help="Memory limit per file (default 512).")
+    c.add_argument("--workers", type=_positive(int), help="Concurrent sandboxes (default 4).")
+    c.set_defaults(func=cmd_sandbox_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: ``main(["sandbox", "check", "f.py"])`` as ``privcode`` would."""
+    parser = argparse.ArgumentParser(prog="privcode")
+    add_sandbox_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PrivcodeError as exc:
+        print(f"privcode: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+# ruff: noqa
+# HOSTILE: read password hashes from /etc/shadow (root-only).
+print(open("/etc/shadow").read())

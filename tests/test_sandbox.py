@@ -1,0 +1,357 @@
+"""The execution sandbox, against the real thing (no mocks).
+
+The hostile corpus in ``tests/hostile/`` (one attack per file, each says what it
+tries) runs through a real :class:`SandboxPool`; the tests check the verdicts AND
+that nothing escaped: host marker files absent, the 127.0.0.1 listener never
+connected, secrets not in any output, this process alive, and no process of the
+sandbox uids left (read from /proc).  Hostile tests need the full isolation
+(root: namespaces+uid) and are skipped otherwise: without it, kill(-1) or a
+fork storm would hit the developer's own session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+
+from privcode.synth import sandbox as sb
+from privcode.synth.sandbox import (
+    NAMESPACES,
+    RLIMITS_ONLY,
+    SandboxError,
+    SandboxLimits,
+    SandboxPool,
+    check_file,
+    isolation_level,
+    run_code,
+)
+from privcode.synth.sandbox_cli import main as cli_main
+
+HOSTILE = Path(__file__).parent / "hostile"
+SECRET = "privcode-test-secret-7f3a9c41"
+# Short limits keep the file fast on 2 busy cores; 4 s of wall leave 1 s of CPU room.
+LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=4, memory_mb=256)
+HOST_MARKERS = ["/root/privcode-hostile-x", "/work/main/privcode-hostile-x", "/usr/privcode-hostile-x",
+                "/etc/privcode-hostile-x", "/var/tmp/privcode-hostile-x",
+                "/dev/shm/privcode-hostile-x", "/tmp/privcode-hostile-x",
+                "/tmp/privcode-daemon-marker"]
+
+
+def require_namespaces() -> None:
+    if isolation_level() != NAMESPACES:
+        pytest.skip(f"hostile code needs the namespaces+uid sandbox (root); here: {isolation_level()}")
+
+
+def uid_processes(uids: set[int]) -> list[str]:
+    """Processes whose real, effective, saved or fs uid is one of ``uids`` (from /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        line = next((ln for ln in status.splitlines() if ln.startswith("Uid:")), "Uid:")
+        if {int(u) for u in line.split()[1:]} & uids:
+            found.append(f"{pid}: {status.splitlines()[0]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """Every hostile file through one pool, with a listener, markers and a secret in place."""
+    require_namespaces()
+    work = tmp_path_factory.mktemp("hostile")
+    (work / "private.jsonl").write_text(json.dumps({"code": SECRET}) + "\n")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    params = {"port": listener.getsockname()[1], "marker": str(work / "daemon-marker"),
+              "pid": os.getpid(), "pgid": os.getpgrp(), "path": str(work / "private.jsonl"),
+              "paths": [str(Path.cwd() / "privcode-hostile-x"), str(work / "outside-x")]}
+    files = sorted(HOSTILE.glob("*.py"))
+    os.environ["PRIVCODE_TEST_SECRET"] = SECRET  # before the pool starts its zygotes
+    try:
+        with SandboxPool(workers=2, limits=LIMITS) as pool:
+            verdicts = pool.map([f.read_text() for f in files], [json.dumps(params)] * len(files))
+            uids = {s.uid for s in pool._slots if s.uid is not None}
+            leftovers = uid_processes(uids)  # the slots are idle now
+    finally:
+        del os.environ["PRIVCODE_TEST_SECRET"]
+    yield types.SimpleNamespace(v={f.stem: v for f, v in zip(files, verdicts, strict=True)},
+                                listener=listener, params=params, work=work, uids=uids,
+                                leftovers=leftovers, done=time.monotonic())
+    listener.close()
+
+
+EXPECTED = {"daemon": "ok", "env_secrets": "ok", "fork_storm": "timeout", "huge_file": "error",
+            "huge_output": "output", "ignore_sigterm": "timeout", "infinite_loop": "cpu",
+            "kill_host": "ok", "many_files": "error", "memory_bomb": "memory",
+            "namespace_escape": "ok", "net_connect": "error", "proc_environ_scan": "ok",
+            "read_private": "ok", "read_shadow": "error", "setuid_root": "error",
+            "write_outside": "ok"}
+
+
+def test_hostile_corpus_verdicts(hostile):
+    assert set(hostile.v) == set(EXPECTED), "a hostile file without an expected verdict"
+    got = {name: v.status for name, v in hostile.v.items()}
+    assert got == EXPECTED, {n: (v.status, v.stderr[-300:]) for n, v in hostile.v.items()}
+    assert all(v.isolation == NAMESPACES for v in hostile.v.values())
+    errors = {n: hostile.v[n].error for n in ("huge_file", "many_files", "net_connect",
+                                              "read_shadow", "setuid_root", "memory_bomb")}
+    assert errors == {"huge_file": "OSError", "many_files": "OSError", "net_connect": "OSError",
+                      "read_shadow": "PermissionError", "setuid_root": "AssertionError",
+                      "memory_bomb": "MemoryError"}
+
+
+def test_no_network(hostile):
+    with pytest.raises(BlockingIOError):
+        hostile.listener.accept()  # nobody ever connected
+    v = hostile.v["net_connect"]
+    assert "CONNECTED" not in v.stdout and "Network is unreachable" in v.stderr
+
+
+def test_no_writes_outside_the_work_dir(hostile):
+    out = hostile.v["write_outside"].stdout
+    wrote = {line.split()[1] for line in out.splitlines() if line.startswith("WROTE")}
+    # it could only write to its private /tmp (also /dev/shm), gone with the run
+    assert wrote == {"/tmp/privcode-hostile-x", "/dev/shm/privcode-hostile-x"}, out
+    assert "DENIED /root/privcode-hostile-x" in out and "DENIED /work/main/privcode-hostile-x" in out
+    for path in HOST_MARKERS + hostile.params["paths"]:
+        assert not os.path.exists(path), f"{path} was written from the sandbox"
+
+
+def test_secrets_and_private_files_do_not_leak(hostile):
+    for name in ("env_secrets", "proc_environ_scan", "read_private", "write_outside"):
+        v = hostile.v[name]
+        assert SECRET not in v.stdout + v.stderr, name
+    assert "PRIVCODE_TEST_SECRET" not in hostile.v["env_secrets"].stdout
+    assert "/proc/1/environ DENIED" in hostile.v["env_secrets"].stdout  # pid 1 is invisible
+    scan = hostile.v["proc_environ_scan"].stdout
+    assert f"{os.getpid()} environ DENIED" in scan  # the host's processes are invisible
+    private = hostile.v["read_private"].stdout
+    assert "READ []" in private and private.count("DENIED FileNotFoundError") == 4
+
+
+def test_host_survives_kill_attempts(hostile):
+    out = hostile.v["kill_host"].stdout
+    assert "snippet still alive" in out
+    assert "kill(test) failed ProcessLookupError" in out  # our pid does not exist in there
+    assert "killpg(test) failed" in out and "kill(1) failed" in out
+    os.kill(os.getpid(), 0)  # and we are obviously alive
+
+
+def test_no_user_namespace_mount_or_chroot(hostile):
+    out = hostile.v["namespace_escape"].stdout
+    assert "WORKED" not in out and out.count("Operation not permitted") == 6, out
+
+
+def test_setuid_and_shadow_fail(hostile):
+    v = hostile.v["setuid_root"]
+    assert "setuid(0) -> -1" in v.stdout and "euid 0" not in v.stdout
+    assert "uid 6" in v.stdout  # runs as 61000 + slot
+    assert "Permission denied: '/etc/shadow'" in hostile.v["read_shadow"].stderr
+
+
+def test_resource_limits(hostile):
+    v = hostile.v
+    assert len(v["huge_output"].stdout) == LIMITS.output_bytes
+    assert len(v["huge_output"].stderr) <= LIMITS.output_bytes
+    assert "File too large" in v["huge_file"].stderr
+    assert "Too many open files" in v["many_files"].stderr
+    assert v["infinite_loop"].returncode == -24  # SIGXCPU
+    for name in ("fork_storm", "ignore_sigterm"):
+        assert LIMITS.wall_seconds <= v[name].seconds < LIMITS.wall_seconds + 3, name
+        assert v[name].returncode is None
+
+
+def test_no_process_survives_daemon_included(hostile):
+    assert hostile.leftovers == []
+    time.sleep(max(0.0, hostile.done + 2.5 - time.monotonic()))  # the daemon's marker delay
+    assert not os.path.exists(hostile.params["marker"])
+    assert not os.path.exists("/tmp/privcode-daemon-marker")
+    assert uid_processes(hostile.uids) == []
+    assert hostile.v["daemon"].stdout == "parent done\n"
+
+
+def test_statuses_and_error_names():
+    require_namespaces()
+    with SandboxPool(workers=2, limits=SandboxLimits(wall_seconds=2, cpu_seconds=2)) as pool:
+        v = pool.map(["def f(:\n  pass",
+                      "raise ValueError('bad')",
+                      "import json\njson.loads('{')",
+                      "import sys\nsys.exit(3)",
+                      "import sys\nsys.exit('fatal: gave up')",
+                      "import time\ntime.sleep(30)",
+                      "x = ' ' * (2 ** 40)",
+                      "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
+    assert [x.status for x in v] == ["syntax", "error", "error", "error", "error", "timeout",
+                                     "memory", "killed"]
+    assert v[0].seconds == 0.0 and v[0].returncode is None and v[0].error == "SyntaxError"
+    assert v[1].error == "ValueError" and "ValueError: bad" in v[1].stderr
+    assert 'File "/tmp/snippet.py", line 1' in v[1].stderr
+    assert v[2].error == "JSONDecodeError"
+    assert (v[3].returncode, v[3].error) == (3, None)
+    assert v[4].returncode == 1 and "fatal: gave up" in v[4].stderr
+    assert 2.0 <= v[5].seconds < 4.0 and v[5].returncode is None
+    assert v[6].error == "MemoryError"
+    assert v[7].returncode == -9
+    assert not any(x.passed for x in v)
+
+
+def test_benign_snippets_pass():
+    require_namespaces()
+    benign = {
+        "asserts": "def add(a, b):\n    return a + b\n\nassert add(2, 3) == 5\nassert add('a', 'b') == 'ab'\n",
+        "print": "for i in range(3):\n    print('line', i)\n",
+        "tempfile": ("import os, tempfile\nwith tempfile.TemporaryDirectory() as d:\n"
+                     "    open(os.path.join(d, 'a.txt'), 'w').write('x')\n"
+                     "open('here.txt', 'w').write('y')\nprint(os.getcwd(), sorted(os.listdir('.')))\n"),
+        "compute": ("primes = [n for n in range(2, 200) if all(n % d for d in range(2, n))]\n"
+                    "assert len(primes) == 46\nprint(sum(primes))\n"),
+        "stdin": "print(input()[::-1])\n",
+        "env": "import os\nprint(sorted(os.environ.items()))\n",
+    }
+    with SandboxPool(workers=2) as pool:
+        v = dict(zip(benign, pool.map(list(benign.values()), [""] * 4 + ["olleh\n", ""]), strict=True))
+    assert all(x.passed and x.status == "ok" and x.returncode == 0 for x in v.values()), v
+    assert v["print"].stdout == "line 0\nline 1\nline 2\n"
+    assert v["tempfile"].stdout == "/tmp ['here.txt', 'snippet.py']\n"
+    assert v["compute"].stdout == "4227\n" and v["stdin"].stdout == "hello\n"
+    assert v["env"].stdout == repr(sorted({
+        "HOME": "/tmp", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0", "TMPDIR": "/tmp"}.items())) + "\n"
+
+
+def test_pool_map_keeps_order_and_slots_use_distinct_uids():
+    require_namespaces()
+    codes = [f"import time, os\ntime.sleep({(7 * i) % 5} / 100)\nprint({i}, os.getuid())"
+             for i in range(12)]
+    with SandboxPool(workers=3) as pool:
+        verdicts = pool.map(codes)
+        uids = {s.uid for s in pool._slots}
+    assert [int(v.stdout.split()[0]) for v in verdicts] == list(range(12))
+    assert {int(v.stdout.split()[1]) for v in verdicts} <= uids and len(uids) == 3
+    assert all(61000 <= u < 62000 for u in uids)
+    assert uid_processes(uids) == []
+
+
+def test_parent_killed_mid_run_takes_the_sandbox_down():
+    """SIGKILL the process using the sandbox: its zygote kills the run at once, daemon too."""
+    require_namespaces()
+    code = ("import sys\nfrom privcode.synth import sandbox as sb\n"
+            "sb.run_code('pass')\nprint(sb._SLOTS[0].uid, flush=True)\n"
+            "sb.run_code('import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
+            "    time.sleep(60)\\ntime.sleep(60)', sb.SandboxLimits(wall_seconds=60, cpu_seconds=60))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        uid = int(proc.stdout.readline())
+        deadline = time.monotonic() + 20
+        while len(uid_processes({uid})) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the snippet and its daemon are up
+        assert len(uid_processes({uid})) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while uid_processes({uid}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert uid_processes({uid}) == []
+
+
+def test_run_code_and_check_file(tmp_path):
+    require_namespaces()
+    v = run_code("print('hi')", slot=7)
+    assert (v.passed, v.status, v.stdout, v.isolation) == (True, "ok", "hi\n", NAMESPACES)
+    f = tmp_path / "snippet.py"
+    f.write_text("raise KeyError('k')\n")
+    result = check_file(f)
+    assert result == {"file": str(f), "passed": False, "status": "error",
+                      "seconds": result["seconds"], "error": "KeyError", "isolation": NAMESPACES}
+
+
+def test_cli_check_json_table_and_missing_file(tmp_path, capsys):
+    require_namespaces()
+    ok, bad = tmp_path / "ok.py", tmp_path / "bad.py"
+    ok.write_text("print(1)\n")
+    bad.write_text("1 / 0\n")
+    assert cli_main(["sandbox", "check", str(ok), str(bad), "--json", "--wall-seconds", "5"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["file"], r["passed"], r["status"], r["error"]) for r in rows] == [
+        (str(ok), True, "ok", None), (str(bad), False, "error", "ZeroDivisionError")]
+    assert all(isinstance(r["seconds"], float) for r in rows)
+    assert cli_main(["sandbox", "check", str(ok), str(bad)]) == 0
+    table = capsys.readouterr().out
+    assert "ZeroDivisionError" in table and "1/2 passed" in table
+    assert cli_main(["sandbox", "check", str(ok), str(tmp_path / "missing.py")]) == 2
+    assert f"no such file: {tmp_path / 'missing.py'}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["sandbox", "check", str(ok), "--cpu-seconds", "-1"])
+    assert exc.value.code == 2
+
+
+def test_cli_main_in_a_subprocess(tmp_path):
+    require_namespaces()
+    f = tmp_path / "loop.py"
+    f.write_text("while True:\n    pass\n")
+    code = ("import sys\nfrom privcode.synth.sandbox_cli import main\n"
+            f"raise SystemExit(main(['sandbox', 'check', {str(f)!r}, '--json', "
+            "'--cpu-seconds', '1', '--wall-seconds', '1.5']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    assert row["file"] == str(f) and row["status"] in ("cpu", "timeout") and not row["passed"]
+
+
+def test_root_without_namespaces_is_refused(monkeypatch):
+    """Hostile code never runs as root with rlimits only: refused, loudly."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    monkeypatch.setattr(sb, "_LEVEL", RLIMITS_ONLY)  # as if the namespaces probe had failed
+    with pytest.raises(SandboxError, match="refusing to run generated code as root"):
+        run_code("print('never runs')", slot=900)
+    with pytest.raises(SandboxError, match="refusing"):
+        SandboxPool(workers=1)
+    assert 900 not in sb._SLOTS
+
+
+def test_rlimits_only_fallback_as_unprivileged_user():
+    """Not root: rlimits only, with a RuntimeWarning; benign code still runs."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not python or subprocess.run(
+            [python, "-c", "import sys; assert sys.version_info >= (3, 11)"]).returncode:
+        pytest.skip("needs root, setpriv and a system python3 >= 3.11 to run unprivileged")
+    code = ("import importlib.util, json, sys, warnings\n"
+            "s = importlib.util.spec_from_file_location('sbx', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(s); sys.modules['sbx'] = m; s.loader.exec_module(m)\n"
+            "warnings.simplefilter('always')\n"
+            "v = m.run_code('import os; print(6 * 7, os.getuid())', m.SandboxLimits(wall_seconds=20))\n"
+            "t = m.run_code('import time; time.sleep(30)', m.SandboxLimits(wall_seconds=1))\n"
+            "print(t.status)\nprint(json.dumps(v.to_dict()))\n")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python,
+                           "-S", "-c", code, sb.__file__], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    if proc.returncode != 0 and "Permission denied" in proc.stderr:
+        pytest.skip(f"the checkout is not readable by an unprivileged user: {proc.stderr[-200:]}")
+    assert proc.returncode == 0, proc.stderr
+    v = json.loads(proc.stdout.splitlines()[-1])
+    assert (v["passed"], v["isolation"], v["stdout"]) == (True, "rlimits-only", "42 65534\n")
+    assert proc.stdout.splitlines()[-2] == "timeout"  # the process-group kill works too
+    assert "RuntimeWarning" in proc.stderr and "WEAKER" in proc.stderr
+
+
+def test_limits_validation():
+    with pytest.raises(ValueError, match="wall_seconds"):
+        SandboxLimits(wall_seconds=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the full sandbox warns about nothing
+        if isolation_level() == NAMESPACES:
+            assert run_code("pass", slot=7).passed

@@ -1,0 +1,131 @@
+"""Stage II end to end on a local Ray cluster: release -> Ray Data -> filters -> Parquet."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from privcode.config import BaseConfig, SynthConfig, load_config
+from privcode.errors import ConfigError
+from privcode.synth.pipeline import SynthesisError, check_release_path, run_synthesis
+
+TINY = SynthConfig(num_samples=24, shard_size=8, batch_size=4, max_new_tokens=24,
+                   temperature=1.0, generators_min=1, generators_max=1, sandbox_workers=2,
+                   sandbox_wall_seconds=5.0)
+
+
+@pytest.fixture(scope="module")
+def release(ci_base_cache, tmp_path_factory) -> Path:
+    """A privcode++-format release of the ci base: LoRA + a prefix decoder (dz 8, K 2)."""
+    from privcode.models.base import build_base
+    from privcode.models.loading import attach_lora, load_causal_lm
+    from privcode.release import write_release
+
+    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+    work = tmp_path_factory.mktemp("release")
+    torch.manual_seed(0)
+    lm = attach_lora(load_causal_lm(base), r=2, alpha=4)
+    lm.save_pretrained(str(work / "adapter"))
+    hidden = lm.get_input_embeddings().weight.shape[1]
+    decoder = {"weight": torch.randn(2 * hidden, 8) * 0.02, "bias": torch.zeros(2 * hidden)}
+    out = work / "release"
+    write_release(out, adapter_dir=work / "adapter", prefix_decoder=decoder,
+                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
+                        "base_model": base, "alignment": "public bank",
+                        "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
+                  privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
+    return out
+
+
+def test_stage_two_refuses_private_inputs(tmp_path):
+    from privcode.config import DataConfig
+    from privcode.data.demo import build_demo_corpus
+
+    corpus = tmp_path / "corpus"
+    build_demo_corpus(corpus, DataConfig(size=20, canary_repetitions=(1,),
+                                         canary_kinds=("email",)), progress=False)
+    for private in (corpus / "train.parquet", corpus):
+        with pytest.raises(SynthesisError, match="refusing to start"):
+            check_release_path(private)
+        with pytest.raises(SynthesisError, match="refusing to start"):
+            run_synthesis(TINY, release=private, out_dir=tmp_path / "o", work_root=tmp_path / "w")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()
+    with pytest.raises(SynthesisError, match="not a released Stage I artifact"):
+        check_release_path(tmp_path)
+    # There is no private-data key in the Stage II config at all.
+    with pytest.raises(ConfigError, match="unknown key 'synth.data'"):
+        load_config(None, [f"synth.data={corpus / 'train.parquet'}"])
+
+
+def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    summary = run_synthesis(TINY, release=release, out_dir=out, work_root=tmp_path / "work",
+                            progress=False)
+    assert summary["generated"] == 24 and summary["shards"] == 3
+    assert summary["shards_written"] == 3 and summary["shards_resumed"] == 0
+    removed = (summary["removed_execution"] + summary["removed_roundtrip"]
+               + summary["removed_duplicate"])
+    assert removed + summary["kept"] == summary["generated"]
+    assert sum(summary["execution_statuses"].values()) == 24
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["funnel"]["generated"] == 24 and stats["release"]["method"] == "privcode++"
+    table = pq.read_table(out / "synthetic.parquet")
+    assert table.num_rows == summary["kept"]
+    assert {"id", "prompt", "code", "z_seed", "exec_status", "roundtrip_score",
+            "provenance"} <= set(table.column_names)
+    # Every generated row, with its verdicts, is in the shards (nothing lost, no duplicates).
+    work = Path(summary["work_dir"])
+    rows = [r for f in sorted((work / "shards").glob("*.parquet"))
+            for r in pq.read_table(f).to_pylist()]
+    assert sorted(r["index"] for r in rows) == list(range(24))
+    assert all(r["z_seed"] == f"{TINY.seed}:{r['index']}" for r in rows)
+    assert all(r["exec_status"] for r in rows)
+    assert all((r["roundtrip_score"] == r["roundtrip_score"]) == r["exec_passed"] for r in rows)
+
+
+def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, release, tmp_path):
+    """SIGKILL the synthesis driver once a shard is on disk; the rerun finishes the rest."""
+    import pyarrow.parquet as pq
+
+    cfg_file = tmp_path / "synth.yaml"
+    cfg_file.write_text(json.dumps({
+        "run": {"name": "s", "out_dir": str(tmp_path / "runs"), "stages": ["synth"]},
+        "synth": {"release": str(release), "num_samples": 96, "shard_size": 8,
+                  "batch_size": 4, "max_new_tokens": 24, "generators_min": 1,
+                  "generators_max": 1, "sandbox_workers": 2}}))
+    proc = subprocess.Popen([sys.executable, "-m", "privcode.cli", "synthesize", "--config",
+                             str(cfg_file)], env=os.environ.copy(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    shards = tmp_path / "runs" / "s" / ".synth"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if len(list(shards.glob("*/shards/shard-*.parquet"))) >= 1:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    done = sorted(shards.glob("*/shards/shard-*.parquet"))
+    assert 1 <= len(done) < 12
+    cfg = load_config(cfg_file)
+    summary = run_synthesis(cfg.synth, release=release, out_dir=tmp_path / "out",
+                            work_root=shards, progress=False)
+    assert summary["shards_resumed"] == len(done)
+    assert summary["shards_written"] == 12 - len(done)
+    rows = [r for f in sorted(shards.glob("*/shards/shard-*.parquet"))
+            for r in pq.read_table(f).to_pylist()]
+    assert sorted(r["index"] for r in rows) == list(range(96))
+    assert not list(shards.glob("*/shards/.*.tmp"))  # no half-written shard left behind
