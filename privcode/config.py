@@ -216,6 +216,12 @@ class SynthConfig:
     max_new_tokens: int = opt(160, "Tokens generated per sample.", min=1)
     temperature: float = opt(0.8, "Sampling temperature (0 = greedy).", min=0.0, max=10.0)
     top_p: float = opt(0.95, "Nucleus sampling mass.", min=0.0, max=1.0)
+    start_text: str = opt("", "Text forced at the start of every generation, after the "
+                              "conditioning (a public language prefix such as 'def '); '' = "
+                              "none.")
+    trim: bool = opt(True, "Cut each generation to its longest prefix of whole lines that "
+                           "compiles (after dedenting): generations stop at max_new_tokens, "
+                           "usually mid-statement. Compiling never runs the code.")
     generators_min: int = opt(1, "Minimum generator actors (Ray Data autoscaling pool).", min=1)
     generators_max: int = opt(2, "Maximum generator actors.", min=1)
     gpus_per_generator: float = opt(0.0, "GPUs per generator actor (0 = CPU).", min=0.0)

@@ -128,10 +128,13 @@ def premium_loop(config: dict[str, Any]) -> None:
     encoded = encode_records([_Pair(*pairs[i]) for i in shard], tokenizer, cfg.max_length)
     held = (encode_records([_Pair(*pairs[i]) for i in eval_idx], tokenizer, cfg.max_length)
             if rank == 0 else [])
-    steps = len(train_idx) // (world * cfg.batch_size)  # equal on every rank (DDP syncs)
-    if steps == 0:
-        raise PremiumError(f"{len(train_idx)} training records are fewer than one batch of "
-                           f"{cfg.batch_size} x {world} workers")
+    # A small synthetic set (a weak junior keeps few samples) shrinks the batch rather
+    # than fail; steps are equal on every rank (DDP synchronises each one).
+    batch_size = min(cfg.batch_size, len(train_idx) // world)
+    if batch_size == 0:
+        raise PremiumError(f"{len(train_idx)} training records are fewer than the {world} "
+                           "workers")
+    steps = len(train_idx) // (world * batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.deepspeed:
         import deepspeed
@@ -151,8 +154,8 @@ def premium_loop(config: dict[str, Any]) -> None:
         net.train()
         total = 0.0
         for s in range(steps):
-            rows = [encoded[order[(s * cfg.batch_size + j) % len(order)]]
-                    for j in range(cfg.batch_size)]
+            rows = [encoded[order[(s * batch_size + j) % len(order)]]
+                    for j in range(batch_size)]
             batch = collate(rows, pad, device=device)
             loss = _code_loss(net, batch)
             if cfg.deepspeed:
@@ -167,9 +170,9 @@ def premium_loop(config: dict[str, Any]) -> None:
         if rank == 0 and held:
             net.eval()
             with torch.no_grad():
-                losses = [float(_code_loss(net, collate(held[i:i + cfg.batch_size], pad,
+                losses = [float(_code_loss(net, collate(held[i:i + batch_size], pad,
                                                         device=device)))
-                          for i in range(0, len(held), cfg.batch_size)]
+                          for i in range(0, len(held), batch_size)]
             point["eval_loss"] = round(sum(losses) / len(losses), 5)
         curve.append(point)
         if epoch + 1 < cfg.epochs:

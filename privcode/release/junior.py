@@ -381,11 +381,14 @@ class JuniorRelease:
 
     def generate(self, *, n: int | None = None, z: torch.Tensor | None = None,
                  prompts: list[str] | None = None, max_new_tokens: int = 128,
-                 temperature: float = 0.8, top_p: float = 0.95, seed: int = 0) -> list[str]:
+                 temperature: float = 0.8, top_p: float = 0.95, seed: int = 0,
+                 start: str = "") -> list[str]:
         """Sample code: the text generated after the context, up to (excluding) EOS.
 
         Latent: ``z`` [B, dz] (or ``n``: ``sample_z(n, seed)``); prompt:
         ``prompts``; none: ``n`` samples, each from a single EOS token.
+        ``start`` (e.g. ``"def "``) is forced right after the context and
+        is part of every returned string (a language prefix, public).
         ``temperature`` 0 is greedy; otherwise temperature + nucleus (``top_p``)
         sampling, reproducible for a given ``seed`` (the global RNG state is
         restored afterwards). Rows are batched (prompts are left-padded).
@@ -399,11 +402,16 @@ class JuniorRelease:
         _need(z is None or cond == "latent", f"z given, but this is a {cond!r} release")
         _need(prompts is None or cond == "prompt", f"prompts given, but this is a {cond!r} "
               f"release (pass {'z or n' if cond == 'latent' else 'n'})")
+        _need(isinstance(start, str), f"start must be a str, got {type(start).__name__}")
+        start_ids = list(tok(start, add_special_tokens=False)["input_ids"]) if start else []
         emb = self.model.get_input_embeddings().weight
         if cond == "latent":
             _need(z is not None or n is not None, "a latent release needs z ([B, dz]) or n")
             with torch.no_grad():
                 embeds = self.prefix(self.sample_z(n, seed) if z is None else z).to(emb.dtype)
+                if start_ids:
+                    forced = emb[torch.tensor(start_ids, device=emb.device)]
+                    embeds = torch.cat([embeds, forced.expand(len(embeds), -1, -1)], dim=1)
             _need(n is None or n == len(embeds), f"n = {n} but z has {len(embeds)} rows")
             context = embeds.shape[1]
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=emb.device)
@@ -422,6 +430,7 @@ class JuniorRelease:
                 contexts = [[tok.eos_token_id]] * n
             _need(all(None not in c for c in contexts), f"{self.path}: the tokenizer has no EOS",
                   ReleaseError)
+            contexts = [c + start_ids for c in contexts]
             context, pad = max(len(c) for c in contexts), self._pad_id()
             ids = [[pad] * (context - len(c)) + c for c in contexts]  # left padding
             mask = [[0] * (context - len(c)) + [1] * len(c) for c in contexts]
@@ -435,7 +444,7 @@ class JuniorRelease:
             out = out[:, context:]  # with input_ids, generate returns context + new tokens
         eos = tok.eos_token_id
         rows = [r[:r.index(eos)] if eos is not None and eos in r else r for r in out.tolist()]
-        return [tok.decode(r, skip_special_tokens=True) for r in rows]
+        return [start + tok.decode(r, skip_special_tokens=True) for r in rows]
 
     def _pad_id(self) -> int:
         tok = self.tokenizer

@@ -9,7 +9,8 @@ Row columns, in the order they are filled:
 
 * ``index`` (int): sample number i in [0, num_samples); ``z_seed``: the
   seed the latent of sample i is drawn from (``[seed, i]``);
-* :class:`Generate`: ``code`` (the junior's continuation), ``cond_prompt``
+* :class:`Generate`: ``code`` (the junior's continuation, cut to its longest
+  compiling prefix of lines unless ``trim`` is off), ``cond_prompt``
   (the public prompt it was conditioned on, '' otherwise);
 * :class:`Extract`: ``prompt`` (the instruction M_ext(code); for
   prompt-conditioned methods the public conditioning prompt itself);
@@ -29,7 +30,28 @@ import numpy as np
 
 log = logging.getLogger("privcode.synth")
 
-__all__ = ["Extract", "ExecutionFilter", "Generate", "RoundTripScore", "latent_for"]
+__all__ = ["Extract", "ExecutionFilter", "Generate", "RoundTripScore", "latent_for",
+           "trim_to_compilable"]
+
+
+def trim_to_compilable(text: str) -> str:
+    """Dedent, then keep the longest prefix of whole lines that compiles (``text`` if none).
+
+    ``compile`` parses and byte-compiles only: nothing in the snippet runs.
+    """
+    import textwrap
+
+    lines = textwrap.dedent(text).split("\n")
+    for end in range(len(lines), 0, -1):
+        candidate = "\n".join(lines[:end]).rstrip()
+        if not candidate.strip():
+            break
+        try:
+            compile(candidate + "\n", "<synthetic>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+            continue
+        return candidate + "\n"
+    return text
 
 
 def latent_for(seed: int, index: int, dz: int) -> np.ndarray:
@@ -73,7 +95,8 @@ class Generate:
         idx = [int(i) for i in batch["index"]]
         o, r = self.opts, self.release
         common = {"max_new_tokens": o["max_new_tokens"], "temperature": o["temperature"],
-                  "top_p": o["top_p"], "seed": (o["seed"] * 1_000_003 + idx[0]) % (1 << 62)}
+                  "top_p": o["top_p"], "seed": (o["seed"] * 1_000_003 + idx[0]) % (1 << 62),
+                  "start": o.get("start_text", "")}
         cond = [""] * len(idx)
         if r.conditioning == "latent":
             z = torch.from_numpy(np.stack([latent_for(o["seed"], i, r.dz) for i in idx]))
@@ -84,6 +107,8 @@ class Generate:
         else:
             codes = r.generate(n=len(idx), **common)
         _inc(self.counter, len(idx))
+        if o.get("trim", True):
+            codes = [trim_to_compilable(c) for c in codes]
         return {**batch, "code": np.array(codes, dtype=object),
                 "cond_prompt": np.array(cond, dtype=object)}
 

@@ -47,6 +47,7 @@ __all__ = ["SynthesisError", "check_release_path", "run_synthesis", "work_key"]
 #: Settings that change what a shard holds (worker counts and limits of the
 #: pools do not, except the sandbox limits, which change verdicts).
 _SHARD_FIELDS = ("num_samples", "shard_size", "seed", "max_new_tokens", "temperature", "top_p",
+                 "start_text", "trim",
                  "extractor", "extractor_model", "summarizer", "summarizer_model", "scorer",
                  "scorer_model", "roundtrip_threshold", "sandbox_cpu_seconds",
                  "sandbox_wall_seconds", "sandbox_memory_mb")
@@ -117,6 +118,7 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
 
     gen_opts = {"seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
                 "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "start_text": cfg.start_text, "trim": cfg.trim,
                 "gpu": cfg.gpus_per_generator > 0}
     prompts = _public_prompts(len(indices), cfg.seed) if conditioning == "prompt" else []
     from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
