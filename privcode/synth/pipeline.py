@@ -112,7 +112,8 @@ def _public_prompts(n: int, seed: int) -> list[str]:
     return public_prompts(max(1, min(n, 2000)), seed=seed)
 
 
-def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: str):
+def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: str,
+             generator: type | None = None):
     import ray.data
     from ray.data import ActorPoolStrategy
 
@@ -127,7 +128,7 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
     ds = ray.data.from_items([{"index": i, "z_seed": f"{cfg.seed}:{i}"} for i in indices],
                              override_num_blocks=blocks)
     ds = ds.map_batches(
-        Generate, fn_constructor_args=(str(release), gen_opts, prompts),
+        generator or Generate, fn_constructor_args=(str(release), gen_opts, prompts),
         batch_size=cfg.batch_size, batch_format="numpy",
         compute=ActorPoolStrategy(min_size=cfg.generators_min,
                                   max_size=max(cfg.generators_min, cfg.generators_max)),
@@ -158,7 +159,7 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
 
 
 def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: str,
-                     progress: bool) -> dict[str, int]:
+                     progress: bool, generator: type | None = None) -> dict[str, int]:
     n, size = cfg.num_samples, cfg.shard_size
     shards = range((n + size - 1) // size)
     pending = [k for k in shards if not _shard_path(work, k).is_file()]
@@ -169,7 +170,7 @@ def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: 
     indices = [i for k in pending for i in range(k * size, min((k + 1) * size, n))]
     expected = {k: min((k + 1) * size, n) - k * size for k in pending}
     buffers: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    ds = _dataset(cfg, release, indices, conditioning)
+    ds = _dataset(cfg, release, indices, conditioning, generator)
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         for j in range(len(batch["index"])):
             row = _row(batch, j)
@@ -188,6 +189,37 @@ def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: 
     return counts
 
 
+def _finalize_shard(path: Path, cfg: SynthConfig, dedup: Any, provenance: str,
+                    funnel: dict[str, int], statuses: dict[str, int]) -> list[dict[str, Any]]:
+    """Count one shard into the funnel; its kept rows (passed both filters, not a duplicate)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()
+    funnel["generated"] += len(rows)
+    survivors = []
+    for r in rows:
+        statuses[r["exec_status"]] += 1
+        if not r["exec_passed"]:
+            funnel["removed_execution"] += 1
+        elif not r["roundtrip_passed"]:
+            funnel["removed_roundtrip"] += 1
+        else:
+            survivors.append(r)
+    ids = [f"syn-{cfg.seed}-{r['index']:08d}" for r in survivors]
+    dup_of = dedup.add(ids, [r["code"] for r in survivors]) if survivors else []
+    kept = []
+    for rid, r, dup in zip(ids, survivors, dup_of, strict=True):
+        if dup is not None:
+            funnel["removed_duplicate"] += 1
+            continue
+        kept.append({"id": rid, "prompt": r["prompt"], "code": r["code"], "z_seed": r["z_seed"],
+                     "exec_status": r["exec_status"], "exec_seconds": r["exec_seconds"],
+                     "roundtrip_score": r["roundtrip_score"], "duplicate_of": None,
+                     "provenance": provenance})
+    funnel["kept"] += len(kept)
+    return kept
+
+
 def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[str, Any],
               release_sha: str) -> dict[str, Any]:
     import pyarrow as pa
@@ -202,39 +234,21 @@ def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[st
     funnel = {"generated": 0, "removed_execution": 0, "removed_roundtrip": 0,
               "removed_duplicate": 0, "kept": 0}
     statuses: dict[str, int] = defaultdict(int)
-    kept: list[dict[str, Any]] = []
-    n_shards = (cfg.num_samples + cfg.shard_size - 1) // cfg.shard_size
-    for k in range(n_shards):
-        rows = pq.read_table(_shard_path(work, k)).to_pylist()
-        funnel["generated"] += len(rows)
-        survivors = []
-        for r in rows:
-            statuses[r["exec_status"]] += 1
-            if not r["exec_passed"]:
-                funnel["removed_execution"] += 1
-            elif not r["roundtrip_passed"]:
-                funnel["removed_roundtrip"] += 1
-            else:
-                survivors.append(r)
-        ids = [f"syn-{cfg.seed}-{r['index']:08d}" for r in survivors]
-        dup_of = dedup.add(ids, [r["code"] for r in survivors]) if survivors else []
-        for rid, r, dup in zip(ids, survivors, dup_of, strict=True):
-            if dup is not None:
-                funnel["removed_duplicate"] += 1
-                continue
-            kept.append({"id": rid, "prompt": r["prompt"], "code": r["code"],
-                         "z_seed": r["z_seed"], "exec_status": r["exec_status"],
-                         "exec_seconds": r["exec_seconds"],
-                         "roundtrip_score": r["roundtrip_score"], "duplicate_of": None,
-                         "provenance": provenance})
-    funnel["kept"] = len(kept)
-    assert sum(v for k, v in funnel.items() if k != "generated") == funnel["generated"]
     schema = pa.schema([("id", pa.string()), ("prompt", pa.string()), ("code", pa.string()),
                         ("z_seed", pa.string()), ("exec_status", pa.string()),
                         ("exec_seconds", pa.float64()), ("roundtrip_score", pa.float64()),
                         ("duplicate_of", pa.string()), ("provenance", pa.string())])
-    with atomic_path(out_dir / "synthetic.parquet") as tmp:
-        pq.write_table(pa.Table.from_pylist(kept, schema=schema), tmp)
+    n_shards = (cfg.num_samples + cfg.shard_size - 1) // cfg.shard_size
+    with atomic_path(out_dir / "synthetic.parquet") as tmp, \
+            pq.ParquetWriter(tmp, schema) as writer:
+        for k in range(n_shards):
+            kept = _finalize_shard(_shard_path(work, k), cfg, dedup, provenance, funnel,
+                                   statuses)
+            if kept:  # one row group per shard: memory stays flat at any num_samples
+                writer.write_table(pa.Table.from_pylist(kept, schema=schema))
+    if sum(v for k, v in funnel.items() if k != "generated") != funnel["generated"]:
+        raise SynthesisError(f"filter counts do not add up: {funnel}")
+
     g = max(funnel["generated"], 1)
     stats = {"funnel": funnel,
              "rates": {k: round(v / g, 4) for k, v in funnel.items() if k != "generated"},
@@ -248,8 +262,13 @@ def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[st
 
 
 def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
-                  work_root: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Synthesise from ``release`` into ``out_dir`` (see the module docstring); returns a summary."""
+                  work_root: str | Path, progress: bool = True,
+                  generator: type | None = None) -> dict[str, Any]:
+    """Synthesise from ``release`` into ``out_dir`` (see the module docstring); returns a summary.
+
+    ``generator`` replaces :class:`~privcode.synth.operators.Generate` (same
+    constructor and batch contract), e.g. a cheap stand-in for benchmarks.
+    """
     import ray
 
     from privcode.cluster.local import connect
@@ -272,7 +291,7 @@ def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
     if not ray.is_initialized():
         connect()
     started = time.time()
-    counts = _generate_shards(cfg, release, work, meta["conditioning"], progress)
+    counts = _generate_shards(cfg, release, work, meta["conditioning"], progress, generator)
     stats = _finalize(cfg, work, out_dir, meta, release_sha)
     seconds = round(time.time() - started, 2)
     return {**stats["funnel"], **counts, "rates": stats["rates"],

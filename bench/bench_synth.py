@@ -1,0 +1,141 @@
+"""Stage II benchmarks: Ray Data vs an in-process loop, and peak memory vs run size.
+
+Run (not part of CI; on an idle machine):
+
+    .venv/bin/python bench/bench_synth.py [--release runs/demo/train/release] [--samples 256]
+        [--big 50000] [--small 5000]
+
+1. Throughput: the same release, batch size, filters and sample count through
+   (a) ``run_synthesis`` on a local Ray cluster (Ray Data, actor pools) and
+   (b) a plain loop in this process calling the same operators one batch at
+   a time. Prints samples/s of each and the ratio (goal >= 0.9x).
+2. Memory: a cheap generator (public stdlib functions by index, no model)
+   through the full pipeline (sandbox, round trip, dedup) at ``--big`` and
+   ``--small`` samples; prints the peak total RSS of every process of the
+   Ray session plus this driver, and the ratio (goal <= 1.2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from privcode.config import SynthConfig
+
+
+class CannedGenerate:
+    """Stand-in generator: public stdlib functions by sample index (no model)."""
+
+    def __init__(self, release_path, options, public_prompts):
+        from privcode.data.public import public_pairs
+
+        self.codes = [c for _, c in public_pairs(500, seed=11)]
+
+    def __call__(self, batch):
+        codes = [self.codes[int(i) % len(self.codes)] for i in batch["index"]]
+        return {**batch, "code": np.array(codes, dtype=object),
+                "cond_prompt": np.array([""] * len(codes), dtype=object)}
+
+
+class PeakRSS:
+    """Samples the total RSS of this process tree and every Ray process every 0.25 s."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _total(self) -> int:
+        total = 0
+        for p in psutil.process_iter(["cmdline", "memory_info"]):
+            try:
+                cmd = " ".join(p.info["cmdline"] or [])
+                if p.pid == psutil.Process().pid or "ray" in cmd or "privcode" in cmd:
+                    total += p.info["memory_info"].rss
+            except (psutil.Error, TypeError):
+                continue
+        return total
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._total())
+            time.sleep(0.25)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def in_process(cfg: SynthConfig, release: Path) -> float:
+    from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
+
+    gen = Generate(str(release), {"seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
+                                  "temperature": cfg.temperature, "top_p": cfg.top_p,
+                                  "start_text": cfg.start_text, "trim": cfg.trim}, [])
+    ext = Extract(cfg.extractor, {})
+    exe = ExecutionFilter({"cpu_seconds": cfg.sandbox_cpu_seconds,
+                           "wall_seconds": cfg.sandbox_wall_seconds,
+                           "memory_mb": cfg.sandbox_memory_mb}, cfg.sandbox_workers)
+    rt = RoundTripScore(cfg.summarizer, cfg.scorer, cfg.roundtrip_threshold, {})
+    start = time.time()
+    for lo in range(0, cfg.num_samples, cfg.batch_size):
+        idx = np.arange(lo, min(lo + cfg.batch_size, cfg.num_samples))
+        rt(exe(ext(gen({"index": idx, "z_seed": np.array([f"0:{i}" for i in idx])}))))
+    return cfg.num_samples / (time.time() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--release", default="runs/demo/train/release")
+    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--big", type=int, default=50_000)
+    ap.add_argument("--small", type=int, default=5_000)
+    args = ap.parse_args()
+
+    import ray
+
+    from privcode.synth.pipeline import run_synthesis
+
+    ray.init(num_cpus=psutil.cpu_count(), include_dashboard=False, log_to_driver=False)
+    release = Path(args.release).resolve()
+    cfg = SynthConfig(num_samples=args.samples, shard_size=64, batch_size=16,
+                      max_new_tokens=128, temperature=0.3, start_text="def")
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        run_synthesis(cfg, release=release, out_dir=Path(tmp) / "o", work_root=Path(tmp) / "w",
+                      progress=False)
+        ray_rate = args.samples / (time.time() - t0)
+    loop_rate = in_process(cfg, release)
+    print(f"throughput: ray data {ray_rate:.2f} samples/s, in-process loop {loop_rate:.2f} "
+          f"samples/s, ratio {ray_rate / loop_rate:.2f}x (goal >= 0.9x)")
+
+    peaks = {}
+    for n in (args.small, args.big):
+        big = dataclasses.replace(cfg, num_samples=n, shard_size=1000, batch_size=64,
+                                  sandbox_workers=4)
+        with tempfile.TemporaryDirectory() as tmp, PeakRSS() as rss:
+            t0 = time.time()
+            out = run_synthesis(big, release=release, out_dir=Path(tmp) / "o",
+                                work_root=Path(tmp) / "w", progress=False,
+                                generator=CannedGenerate)
+            secs = time.time() - t0
+        peaks[n] = rss.peak
+        print(f"{n} samples (canned generator): {secs:.0f} s, {n / secs:.1f} samples/s, kept "
+              f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB")
+    print(f"peak RSS {args.big} vs {args.small}: {peaks[args.big] / peaks[args.small]:.2f}x "
+          "(goal <= 1.2x)")
+
+
+if __name__ == "__main__":
+    main()
