@@ -75,3 +75,15 @@ def test_deepspeed_configs_fill_their_auto_values(stage):
     assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["bf16"]["enabled"] is True
     assert ds["optimizer"]["params"]["lr"] == 2e-4
     assert "auto" not in json.dumps(ds)
+
+
+@pytest.mark.slow
+def test_premium_with_deepspeed_zero1_on_cpu(ray_connected, base_path, tmp_path):
+    """DeepSpeed ZeRO-1 over gloo on CPU (its CPU Adam op JIT-compiles on first use)."""
+    data = _synthetic(tmp_path / "synthetic.parquet", 32)
+    cfg = PremiumConfig(epochs=2, batch_size=4, lr=3e-3, lora_r=4, lora_alpha=8,
+                        max_length=64, eval_fraction=0.1, deepspeed="zero1")
+    summary = run_premium(cfg, data_path=data, model_path=base_path, out_dir=tmp_path / "out",
+                          storage_dir=tmp_path / "storage")
+    assert [p["epoch"] for p in summary["curve"]] == [1, 2]
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
