@@ -224,6 +224,8 @@ class SynthConfig:
                            "usually mid-statement. Compiling never runs the code.")
     generators_min: int = opt(1, "Minimum generator actors (Ray Data autoscaling pool).", min=1)
     generators_max: int = opt(2, "Maximum generator actors.", min=1)
+    cpus_per_generator: float = opt(1.0, "CPUs Ray reserves per generator actor (fractions "
+                                         "let more actors share a small machine).", min=0.05)
     gpus_per_generator: float = opt(0.0, "GPUs per generator actor (0 = CPU).", min=0.0)
     extractor: str = opt("offline", "Prompt extractor (privcode.synth.extract registry): "
                                     "offline (signature/docstring/identifiers) or hf.",

@@ -132,19 +132,19 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
         batch_size=cfg.batch_size, batch_format="numpy",
         compute=ActorPoolStrategy(min_size=cfg.generators_min,
                                   max_size=max(cfg.generators_min, cfg.generators_max)),
-        num_cpus=1, num_gpus=cfg.gpus_per_generator or None)
+        num_cpus=cfg.cpus_per_generator, num_gpus=cfg.gpus_per_generator or None)
     ext_opts = {"model": cfg.extractor_model} if cfg.extractor_model else {}
     # Filter batches as small as generation's (but >= 16 for the sandbox pool's
     # parallelism): rows reach the driver, and shards complete, at that granularity.
     fbatch = max(cfg.batch_size, 16)
     ds = ds.map_batches(Extract, fn_constructor_args=(cfg.extractor, ext_opts),
                         batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.25)
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.1)
     limits = {"cpu_seconds": cfg.sandbox_cpu_seconds, "wall_seconds": cfg.sandbox_wall_seconds,
               "memory_mb": cfg.sandbox_memory_mb}
     ds = ds.map_batches(ExecutionFilter, fn_constructor_args=(limits, cfg.sandbox_workers),
                         batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.5)
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.25)
     rt_opts: dict[str, Any] = {}
     if cfg.summarizer_model:
         rt_opts["summarizer_model"] = cfg.summarizer_model
@@ -154,7 +154,7 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
                         fn_constructor_args=(cfg.summarizer, cfg.scorer,
                                              cfg.roundtrip_threshold, rt_opts),
                         batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.5)
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.25)
     return ds
 
 
