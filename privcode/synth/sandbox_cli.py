@@ -77,14 +77,9 @@ def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry point: ``main(["sandbox", "check", "f.py"])`` as ``privcode`` would."""
-    parser = argparse.ArgumentParser(prog="privcode")
-    add_sandbox_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except PrivcodeError as exc:
-        print(f"privcode: error: {exc}", file=sys.stderr)
-        return 2
+    from privcode.cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":
