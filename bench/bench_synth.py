@@ -4,6 +4,7 @@ Run (not part of CI; on an idle machine):
 
     .venv/bin/python bench/bench_synth.py [--release runs/demo/train/release] [--samples 256]
         [--big 50000] [--small 5000]
+        [--skip-throughput | --skip-memory]
 
 1. Throughput: the same release, batch size, filters and sample count through
    (a) ``run_synthesis`` on a local Ray cluster (Ray Data, actor pools) and
@@ -101,6 +102,7 @@ def main() -> None:
     ap.add_argument("--release", default="runs/demo/train/release")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--skip-memory", action="store_true", help="Throughput only.")
+    ap.add_argument("--skip-throughput", action="store_true", help="Memory only.")
     ap.add_argument("--big", type=int, default=50_000)
     ap.add_argument("--small", type=int, default=5_000)
     args = ap.parse_args()
@@ -114,14 +116,15 @@ def main() -> None:
     cfg = SynthConfig(num_samples=args.samples, shard_size=64, batch_size=16,
                       max_new_tokens=128, temperature=0.3, start_text="def",
                       generators_max=2, cpus_per_generator=0.7)
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.time()
-        run_synthesis(cfg, release=release, out_dir=Path(tmp) / "o", work_root=Path(tmp) / "w",
-                      progress=False)
-        ray_rate = args.samples / (time.time() - t0)
-    loop_rate = in_process(cfg, release)
-    print(f"throughput: ray data {ray_rate:.2f} samples/s, in-process loop {loop_rate:.2f} "
-          f"samples/s, ratio {ray_rate / loop_rate:.2f}x (goal >= 0.9x)")
+    if not args.skip_throughput:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
+            run_synthesis(cfg, release=release, out_dir=Path(tmp) / "o",
+                          work_root=Path(tmp) / "w", progress=False)
+            ray_rate = args.samples / (time.time() - t0)
+        loop_rate = in_process(cfg, release)
+        print(f"throughput: ray data {ray_rate:.2f} samples/s, in-process loop {loop_rate:.2f} "
+              f"samples/s, ratio {ray_rate / loop_rate:.2f}x (goal >= 0.9x)", flush=True)
 
     if args.skip_memory:
         return
@@ -137,7 +140,7 @@ def main() -> None:
             secs = time.time() - t0
         peaks[n] = rss.peak
         print(f"{n} samples (canned generator): {secs:.0f} s, {n / secs:.1f} samples/s, kept "
-              f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB")
+              f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB", flush=True)
     print(f"peak RSS {args.big} vs {args.small}: {peaks[args.big] / peaks[args.small]:.2f}x "
           "(goal <= 1.2x)")
 

@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# Submit jobs/pipeline.py as a Ray Job and follow its logs.
+# Submit jobs/pipeline.py and follow it.
+#   TARGET: local (default) - the local head on 127.0.0.1, started if none runs
+#           ray             - any Ray cluster at RAY_ADDRESS (http://HOST:8265 dashboard, or
+#                             HOST:6379 GCS), e.g. a port-forwarded KubeRay head
+#           k8s             - a KubeRay RayJob in the current kube context, rendered from
+#                             charts/privcode (VALUES=file.yaml for image/storage/workers,
+#                             NAMESPACE, RELEASE)
 #   CONFIG (default jobs/configs/demo.yaml)
-#   RAY_ADDRESS: http://HOST:8265 (dashboard) or HOST:6379 (GCS); unset = local head,
-#                started on 127.0.0.1 if none runs
 #   NO_WAIT=1: return right after submitting
 # Extra arguments are passed to `privcode submit` (e.g. --set data.size=200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
-args=(submit --config "${CONFIG:-jobs/configs/demo.yaml}")
+TARGET="${TARGET:-local}"
+args=(submit --target "$TARGET" --config "${CONFIG:-jobs/configs/demo.yaml}")
+case "$TARGET" in
+    local) ;;
+    ray) [[ -n "${RAY_ADDRESS:-}${RAY_API_SERVER_ADDRESS:-}" ]] || {
+             echo "submit-job: TARGET=ray needs RAY_ADDRESS (e.g. http://127.0.0.1:8265)" >&2; exit 2; } ;;
+    k8s) if [[ -n "${NAMESPACE:-}" ]]; then args+=(--namespace "$NAMESPACE"); fi
+         if [[ -n "${RELEASE:-}" ]]; then args+=(--release "$RELEASE"); fi
+         if [[ -n "${VALUES:-}" ]]; then args+=(--values "$VALUES"); fi ;;
+    *) echo "submit-job: TARGET must be local, ray or k8s (got '$TARGET')" >&2; exit 2 ;;
+esac
 if [[ -n "${NO_WAIT:-}" ]]; then args+=(--no-wait); fi
 exec "$PYTHON" -m privcode.cli "${args[@]}" "$@"

@@ -108,11 +108,21 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from privcode.cluster import jobs
 
-    result = jobs.submit_pipeline(config=args.config, address=args.address, overrides=args.overrides,
-                                  follow=not args.no_wait)
+    if args.target == "k8s":
+        from privcode.cluster import k8s
+
+        result = k8s.submit_pipeline_k8s(
+            args.config, args.overrides, namespace=args.namespace, release=args.release,
+            values_files=args.values, context=args.context, crds=args.crds,
+            follow=not args.no_wait, stages=args.stages or ())
+    else:
+        address = jobs.target_address(args.target, args.address)
+        result = jobs.submit_pipeline(config=args.config, address=address,
+                                      overrides=args.overrides, follow=not args.no_wait,
+                                      stages=args.stages or ())
     if args.json:  # otherwise the job id, URL and final status are already on stderr
         _print_json(result)
-    return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING") else 1
+    return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING", "SUBMITTED") else 1
 
 
 def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
@@ -266,11 +276,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print JSON.")
     p.set_defaults(func=cmd_cluster)
 
-    p = sub.add_parser("submit", help="Submit the pipeline as a Ray Job (Jobs API) and follow it.")
+    p = sub.add_parser("submit", help="Submit the pipeline as a Ray Job (local head, any Ray "
+                                      "cluster, or a KubeRay RayJob) and follow it.")
     _add_config_args(p)
+    p.add_argument("--target", choices=("local", "ray", "k8s"), default="local",
+                   help="local: the local head (started if absent; default); ray: the cluster at "
+                        "--address / RAY_ADDRESS; k8s: a RayJob in the current kube context, "
+                        "rendered from charts/privcode.")
     p.add_argument("--address", default=None,
-                   help="Dashboard address of the cluster (default: RAY_ADDRESS, else a local head, "
-                        "started if none runs).")
+                   help="Ray cluster address for --target ray (dashboard URL or GCS host:port; "
+                        "default RAY_ADDRESS).")
+    p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
+    p.add_argument("--namespace", default=None,
+                   help="k8s: namespace (default: the kube context's, else 'default').")
+    p.add_argument("--release", default="privcode",
+                   help="k8s: Helm release name the objects are named after (default %(default)s).")
+    p.add_argument("--values", action="append", default=[], metavar="FILE",
+                   help="k8s: extra chart values file (image, storage, worker groups; repeatable).")
+    p.add_argument("--context", default=None, help="k8s: kube context (default: the current one).")
+    p.add_argument("--crds", default=None, metavar="PATH",
+                   help="k8s: validate against these KubeRay CRD files instead of the cluster's.")
     p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
     p.add_argument("--json", action="store_true", help="Print JSON.")
     p.set_defaults(func=cmd_submit)

@@ -150,3 +150,39 @@ def ci_base_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     cache = tmp_path_factory.mktemp("base-cache")
     build_base(BaseConfig(preset="ci", cache_dir=str(cache)), progress=False)
     return str(cache)
+
+
+# --------------------------------------------------------------------------- chart tests
+# Fixtures of tests/test_chart_*.py and tests/test_k8s_submit.py; the helpers are in
+# tests/chart_support.py. Each values set is rendered once per module (helm itself runs
+# once per distinct command line).
+
+from chart_support import CI_VALUES, VALUE_SETS, render, require_crds, require_helm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    """The helm binary: skips without one, fails instead with ``PRIVCODE_REQUIRE_HELM=1``."""
+    return require_helm()
+
+
+@pytest.fixture(scope="module")
+def crds() -> os.PathLike:
+    """The KubeRay CRD folder (``PRIVCODE_KUBERAY_CRDS``): skips when it is absent."""
+    return require_crds()
+
+
+@pytest.fixture(scope="module")
+def default_objects(helm: str) -> list[dict]:
+    return render(helm)
+
+
+@pytest.fixture(scope="module")
+def ci_objects(helm: str) -> list[dict]:
+    return render(helm, "-f", str(CI_VALUES))
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def rendering(request: pytest.FixtureRequest, helm: str) -> tuple[str, list[dict]]:
+    """(name, objects) for each of ``chart_support.VALUE_SETS``."""
+    return request.param, render(helm, *VALUE_SETS[request.param])

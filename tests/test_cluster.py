@@ -8,6 +8,7 @@ through the Jobs API; nothing is mocked.  The others check the pure helpers.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import stat
@@ -199,6 +200,47 @@ def test_submit_pipeline_path_with_a_stand_in_entry_point(ray_cluster, tmp_path,
     assert result["dashboard_url"] == ray_cluster.dashboard_url  # via RAY_ADDRESS (GCS form)
     assert result["job_id"] in err and result["job_url"] in err
     assert "STAND-IN --config jobs/configs/tiny.yaml --set data.size=30" in err
+
+
+def test_submit_targets_pick_their_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(PrivcodeError, match="TARGET=ray needs the cluster's address"):
+        jobs.target_address("ray")
+    assert jobs.target_address("ray", "http://10.0.0.5:8265") == "http://10.0.0.5:8265"
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.6:8265")
+    assert jobs.target_address("ray") == "http://10.0.0.6:8265"
+    with pytest.raises(PrivcodeError, match="not to http://10.0.0.5:8265; use TARGET=ray"):
+        jobs.target_address("local", "http://10.0.0.5:8265")
+    with pytest.raises(PrivcodeError, match="unknown submit target 'moon'"):
+        jobs.target_address("moon")
+    assert jobs.pipeline_entrypoint("c.yaml", ["a.b=1"], ["data", "base"]) == \
+        "python jobs/pipeline.py --config c.yaml --set a.b=1 --stages data base"
+
+
+@pytest.mark.parametrize("target", ["ray", "local"])
+def test_make_submit_job_targets_run_a_stage_on_a_real_head(ray_cluster, tmp_path, target):
+    """cluster/submit-job.sh (what `make submit-job` runs): TARGET=ray via RAY_ADDRESS (GCS
+    form); TARGET=local with the head's loopback dashboard given explicitly (the session
+    head does not use the default ports)."""
+    import subprocess
+
+    root = jobs.repo_root()
+    env = {**os.environ, "TARGET": target, "PYTHON": sys.executable}
+    extra = [] if target == "ray" else ["--address", ray_cluster.dashboard_url]
+    if target == "local":
+        env.pop("RAY_ADDRESS", None)
+    cmd = ["bash", str(root / "cluster" / "submit-job.sh"), *extra, "--stages", "data",
+           "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "run.name=sj",
+           "--set", "data.size=30", "--json"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == "SUCCEEDED"
+    assert result["dashboard_url"] == ray_cluster.dashboard_url
+    assert (tmp_path / "runs" / "sj" / "data" / "train.parquet").is_file()
+    assert not (tmp_path / "runs" / "sj" / "base").exists()  # only the stage asked for
 
 
 @pytest.mark.ray

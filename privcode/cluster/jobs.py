@@ -94,6 +94,39 @@ def resolve_dashboard_address(address: str | None = None, start_local: bool = Tr
     return _dashboard_from_gcs(explicit)
 
 
+TARGETS = ("local", "ray", "k8s")
+
+
+def target_address(target: str, address: str | None = None) -> str:
+    """The Jobs API URL for a ``make submit-job`` target.
+
+    ``local``: the local head at :data:`DEFAULT_DASHBOARD` (started if none
+    answers), whatever ``RAY_ADDRESS`` says; ``ray``: ``address``, else
+    ``RAY_API_SERVER_ADDRESS`` / ``RAY_ADDRESS``, which must be set.
+    (``k8s`` goes through :mod:`privcode.cluster.k8s`, not the Jobs API.)
+    """
+    if target == "local":
+        if address:
+            url = resolve_dashboard_address(address, start_local=False)
+            if not _is_loopback(url):
+                raise PrivcodeError(f"TARGET=local submits to the local head, not to {address}; "
+                                    "use TARGET=ray for another cluster")
+            return url
+        if local.head_status(DEFAULT_DASHBOARD).get("up") is not True:
+            print(f"no Ray head answers at {DEFAULT_DASHBOARD}; starting one", file=sys.stderr)
+            local.start_head()
+        return DEFAULT_DASHBOARD
+    if target == "ray":
+        explicit = address or os.environ.get("RAY_API_SERVER_ADDRESS") \
+            or os.environ.get("RAY_ADDRESS")
+        if not explicit:
+            raise PrivcodeError("TARGET=ray needs the cluster's address: set RAY_ADDRESS "
+                                "(e.g. http://127.0.0.1:8265 for a port-forwarded KubeRay head)")
+        return resolve_dashboard_address(explicit, start_local=False)
+    raise PrivcodeError(f"unknown submit target {target!r}: expected one of "
+                        f"{', '.join(TARGETS)}")
+
+
 def _dashboard_from_gcs(gcs_address: str) -> str:
     """Ask the GCS at ``gcs_address`` ("auto" allowed) for its dashboard URL."""
     local.prepare_driver_env(loopback=local._address_is_loopback(gcs_address))
@@ -244,11 +277,14 @@ def pipeline_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str,
     return env
 
 
-def pipeline_entrypoint(config: str, overrides: Sequence[str] = ()) -> str:
-    """``python jobs/pipeline.py --config <config> [--set k=v ...]``, shell-quoted."""
+def pipeline_entrypoint(config: str, overrides: Sequence[str] = (),
+                        stages: Sequence[str] = ()) -> str:
+    """``python jobs/pipeline.py --config <config> [--set k=v ...] [--stages ...]``, quoted."""
     parts = ["python", "jobs/pipeline.py", "--config", config]
     for item in overrides:
         parts += ["--set", item]
+    if stages:
+        parts += ["--stages", *stages]
     return shlex.join(parts)
 
 
@@ -295,7 +331,8 @@ def _absolute_path_overrides(cfg: Any) -> list[str]:
 
 def submit_pipeline(config: str = "jobs/configs/demo.yaml", address: str | None = None,
                     overrides: Sequence[str] = (), follow: bool = True, timeout_s: float = 3600.0,
-                    runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+                    runtime_env: dict[str, Any] | None = None,
+                    stages: Sequence[str] = ()) -> dict[str, Any]:
     """Submit ``jobs/pipeline.py`` as a Ray job; follow it when ``follow``.
 
     The job id and dashboard URL are printed to stderr at once (stdout stays
@@ -314,7 +351,7 @@ def submit_pipeline(config: str = "jobs/configs/demo.yaml", address: str | None 
     dashboard = resolve_dashboard_address(address, start_local=True)
     if _is_loopback(dashboard):
         overrides = [*overrides, *_absolute_path_overrides(cfg)]
-    entrypoint = pipeline_entrypoint(rel_config, overrides)
+    entrypoint = pipeline_entrypoint(rel_config, overrides, stages)
     job_id = submit_job(entrypoint, dashboard, env, metadata={"privcode": "pipeline"})
     job_url = f"{dashboard}/#/jobs/{job_id}"
     print(f"submitted job {job_id}: {entrypoint}\ndashboard: {job_url}", file=sys.stderr,

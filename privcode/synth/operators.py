@@ -22,6 +22,7 @@ Row columns, in the order they are filled:
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from typing import Any
@@ -59,11 +60,11 @@ def latent_for(seed: int, index: int, dz: int) -> np.ndarray:
     return np.random.default_rng([int(seed), int(index)]).standard_normal(dz).astype(np.float32)
 
 
-def _counter(name: str, description: str) -> Any:
+def _counter(name: str, description: str, tag_keys: tuple[str, ...] = ()) -> Any:
     try:
         from ray.util.metrics import Counter
 
-        return Counter(name, description=description)
+        return Counter(name, description=description, tag_keys=tag_keys or None)
     except Exception:  # noqa: BLE001 - metrics are best effort outside a Ray worker
         return None
 
@@ -138,11 +139,16 @@ class ExecutionFilter:
         self.pool = SandboxPool(workers=workers, limits=SandboxLimits(**limits))
         self.removed = _counter("privcode_synth_exec_removed",
                                 "Samples removed by the execution filter.")
+        self.verdicts = _counter("privcode_sandbox_verdicts",
+                                 "Sandbox verdicts of Stage II snippets, by status.", ("status",))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         verdicts = self.pool.map([str(c) for c in batch["code"]])
         passed = np.array([v.passed for v in verdicts], dtype=bool)
         _inc(self.removed, int((~passed).sum()))
+        if self.verdicts is not None:
+            for status, count in collections.Counter(v.status for v in verdicts).items():
+                self.verdicts.inc(count, tags={"status": status})
         return {**batch,
                 "exec_status": np.array([v.status for v in verdicts], dtype=object),
                 "exec_passed": passed,

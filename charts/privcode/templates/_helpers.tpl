@@ -1,0 +1,419 @@
+{{/*
+Naming, labels and the shared Ray cluster spec of the privcode chart.
+*/}}
+
+{{/* The chart name (nameOverride wins), at most 63 characters. */}}
+{{- define "privcode.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name prefix of every resource: fullnameOverride, else <release>-<name>, or the release
+name alone when it already contains the chart name. At most 63 characters (DNS label).
+*/}}
+{{- define "privcode.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A name made of the full name and a suffix, <fullname>-<suffix>, with the full name truncated
+first so that the whole stays within 63 characters and the suffix keeps names distinct.
+Usage: include "privcode.suffixedName" (list . "grafana")
+*/}}
+{{- define "privcode.suffixedName" -}}
+{{- $root := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $base := include "privcode.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" }}
+{{- printf "%s-%s" $base $suffix }}
+{{- end }}
+
+{{/*
+The name of the Ray custom resources. KubeRay limits RayCluster names to 53 characters and
+RayJob / RayService names to 47 (it appends a 6-character suffix to name their clusters), and
+requires DNS-1035 labels (a lowercase letter first). The RayCluster and the RayJob are named
+<rayName>, the RayService <rayName>-serve (so its <name>-head-svc never collides with the
+RayCluster's), hence at most 41 characters here.
+*/}}
+{{- define "privcode.rayName" -}}
+{{- $name := include "privcode.fullname" . | trunc 41 | trimSuffix "-" }}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) }}
+{{- fail (printf "Ray resource name %q is not a DNS-1035 label (KubeRay requires a lowercase letter first, then lowercase letters, digits or '-'): use a release name starting with a letter, or set fullnameOverride" $name) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/* Chart label value: <name>-<version>. */}}
+{{- define "privcode.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels of every object. */}}
+{{- define "privcode.labels" -}}
+helm.sh/chart: {{ include "privcode.chart" . }}
+{{ include "privcode.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: privcode
+{{- end }}
+
+{{/* Selector labels: every pod of the release carries them (the NetworkPolicy selects them). */}}
+{{- define "privcode.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "privcode.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The ServiceAccount Ray pods run as. */}}
+{{- define "privcode.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "privcode.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The container image, tag defaulting to the appVersion. */}}
+{{- define "privcode.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+
+{{- define "privcode.configMapName" -}}
+{{- include "privcode.suffixedName" (list . "pipeline") }}
+{{- end }}
+
+{{- define "privcode.pvcName" -}}
+{{- if .Values.storage.pvc.existingClaim }}
+{{- .Values.storage.pvc.existingClaim }}
+{{- else }}
+{{- include "privcode.suffixedName" (list . "artifacts") }}
+{{- end }}
+{{- end }}
+
+{{/* The artifacts mount path without a trailing slash. */}}
+{{- define "privcode.mountPath" -}}
+{{- $p := trimSuffix "/" .Values.storage.mountPath }}
+{{- default "/" $p }}
+{{- end }}
+
+{{/*
+POSIX shell quoting of one word, like Python's shlex.quote: safe words stay as they are,
+anything else is single-quoted with embedded single quotes escaped.
+*/}}
+{{- define "privcode.shquote" -}}
+{{- $s := toString . }}
+{{- if regexMatch "^[A-Za-z0-9_@%+=:,./-]+$" $s }}
+{{- $s }}
+{{- else }}
+{{- printf "'%s'" (replace "'" "'\"'\"'" $s) }}
+{{- end }}
+{{- end }}
+
+{{/* The RayJob entrypoint: job.entrypoint verbatim, else jobs/pipeline.py with the overrides. */}}
+{{- define "privcode.entrypoint" -}}
+{{- if .Values.job.entrypoint }}
+{{- .Values.job.entrypoint }}
+{{- else }}
+{{- $m := include "privcode.mountPath" . | trimSuffix "/" }}
+{{- $args := list "python" "/app/jobs/pipeline.py" "--config" "/etc/privcode/pipeline.yaml" }}
+{{- $args = concat $args (list "--set" (printf "run.out_dir=%s/runs" $m)) }}
+{{- $args = concat $args (list "--set" (printf "run.reports_dir=%s/reports" $m)) }}
+{{- $args = concat $args (list "--set" (printf "base.cache_dir=%s/cache" $m)) }}
+{{- range .Values.pipeline.overrides }}
+{{- $args = concat $args (list "--set" .) }}
+{{- end }}
+{{- $quoted := list }}
+{{- range $args }}
+{{- $quoted = append $quoted (include "privcode.shquote" .) }}
+{{- end }}
+{{- join " " $quoted }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks of values that the JSON schema cannot express; every template that renders Ray pods
+includes it, so a bad combination fails the whole rendering with a clear message.
+*/}}
+{{- define "privcode.validate" -}}
+{{- range $group, $g := .Values.workerGroups }}
+{{- if $g.enabled }}
+{{- if gt (int $g.minReplicas) (int $g.maxReplicas) }}
+{{- fail (printf "workerGroups.%s: minReplicas (%d) > maxReplicas (%d)" $group (int $g.minReplicas) (int $g.maxReplicas)) }}
+{{- end }}
+{{- if or (lt (int $g.replicas) (int $g.minReplicas)) (gt (int $g.replicas) (int $g.maxReplicas)) }}
+{{- fail (printf "workerGroups.%s: replicas (%d) must be between minReplicas (%d) and maxReplicas (%d)" $group (int $g.replicas) (int $g.minReplicas) (int $g.maxReplicas)) }}
+{{- end }}
+{{- if hasKey (default (dict) $g.rayStartParams) "labels" }}
+{{- fail (printf "workerGroups.%s.rayStartParams: 'labels' is not supported by KubeRay (it fails the RayCluster); remove it" $group) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if hasKey (default (dict) .Values.head.rayStartParams) "labels" }}
+{{- fail "head.rayStartParams: 'labels' is not supported by KubeRay (it fails the RayCluster); remove it" }}
+{{- end }}
+{{- if and (eq .Values.auth.mode "token") (not (semverCompare ">=2.52.0-0" .Values.rayVersion)) }}
+{{- fail (printf "auth.mode=token needs Ray >= 2.52.0 but rayVersion is %s: upgrade the image or set auth.mode=disabled" .Values.rayVersion) }}
+{{- end }}
+{{- if and .Values.job.enabled (not .Values.storage.pvc.enabled) (not .Values.storage.objectStore.uri) }}
+{{- fail "job.enabled: the RayJob has nowhere to keep its artifacts (storage.pvc.enabled=false and storage.objectStore.uri is empty): enable the PVC, set storage.pvc.existingClaim, or set storage.objectStore.uri" }}
+{{- end }}
+{{- if and .Values.serve.enabled (not .Values.serve.premium.enabled) (not .Values.serve.ensemble.enabled) }}
+{{- fail "serve.enabled: no Serve application is enabled: set serve.premium.enabled=true and/or serve.ensemble.enabled=true (or serve.enabled=false)" }}
+{{- end }}
+{{- if and .Values.serve.enabled .Values.serve.premium.enabled .Values.serve.ensemble.enabled (eq .Values.serve.premium.routePrefix .Values.serve.ensemble.routePrefix) }}
+{{- fail (printf "serve: premium and ensemble have the same routePrefix %q; give each application its own" .Values.serve.premium.routePrefix) }}
+{{- end }}
+{{- end }}
+
+{{/* Checksum of the pipeline config: a new config gives new pod templates. */}}
+{{- define "privcode.configChecksum" -}}
+{{- printf "%s\n%s" .Values.pipeline.config (join "\n" .Values.pipeline.overrides) | sha256sum }}
+{{- end }}
+
+{{/* The /tmp emptyDir volume (Ray's /tmp/ray, HOME and caches with a read-only root). */}}
+{{- define "privcode.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    {{- if .Values.storage.tmp.sizeLimit }}
+    sizeLimit: {{ .Values.storage.tmp.sizeLimit | quote }}
+    {{- else }} {}
+    {{- end }}
+{{- end }}
+
+{{/*
+Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "serving" bool.
+*/}}
+{{- define "privcode.rayEnv" -}}
+{{- $root := .root }}
+{{- $m := include "privcode.mountPath" $root | trimSuffix "/" }}
+- name: HF_HUB_OFFLINE
+  value: "1"
+- name: HOME
+  value: /tmp
+- name: XDG_CACHE_HOME
+  value: /tmp/.cache
+- name: MPLCONFIGDIR
+  value: /tmp/.config/matplotlib
+- name: HF_HOME
+  value: {{ printf "%s/cache/huggingface" $m | quote }}
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
+{{- if $root.Values.storage.objectStore.uri }}
+- name: PRIVCODE_OBJECT_STORE_URI
+  value: {{ $root.Values.storage.objectStore.uri | quote }}
+{{- end }}
+{{- if and .serving $root.Values.apiKey.existingSecret }}
+- name: PRIVCODE_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $root.Values.apiKey.existingSecret | quote }}
+      key: {{ $root.Values.apiKey.key | quote }}
+{{- end }}
+{{- if and (eq .kind "head") $root.Values.head.env }}
+{{ toYaml $root.Values.head.env }}
+{{- end }}
+{{- with $root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod template of a Ray node (head or one worker group).
+Input: dict "root" . "kind" (head|worker) "group" <values of the group> "groupName" name
+"serving" bool.
+*/}}
+{{- define "privcode.rayPodTemplate" -}}
+{{- $root := .root }}
+{{- $g := .group }}
+{{- $isHead := eq .kind "head" }}
+{{- $runtimeClass := default $root.Values.sandbox.runtimeClassName $g.runtimeClassName }}
+{{- $resources := deepCopy (default (dict) $g.resources) }}
+{{- if and (not $isHead) (hasKey $g "gpusPerWorker") }}
+{{- $gpus := toString (int $g.gpusPerWorker) }}
+{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) (default (dict) $resources.limits)) }}
+{{- $_ := set $resources "requests" (merge (dict "nvidia.com/gpu" $gpus) (default (dict) $resources.requests)) }}
+{{- end }}
+metadata:
+  labels:
+    {{- include "privcode.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ ternary "ray-head" "ray-worker" $isHead }}
+    {{- if not $isHead }}
+    privcode/worker-group: {{ .groupName }}
+    {{- end }}
+  annotations:
+    checksum/pipeline: {{ include "privcode.configChecksum" $root }}
+spec:
+  serviceAccountName: {{ include "privcode.serviceAccountName" $root }}
+  automountServiceAccountToken: {{ or $root.Values.serviceAccount.automountServiceAccountToken (and $isHead $root.Values.autoscaling.enableInTreeAutoscaling) }}
+  {{- with $root.Values.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $runtimeClass }}
+  runtimeClassName: {{ $runtimeClass }}
+  {{- end }}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: {{ ternary "ray-head" "ray-worker" $isHead }}
+      image: {{ include "privcode.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      workingDir: /app
+      {{- with $root.Values.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      ports:
+        {{- if $isHead }}
+        - name: gcs-server
+          containerPort: 6379
+          protocol: TCP
+        - name: dashboard
+          containerPort: 8265
+          protocol: TCP
+        - name: client
+          containerPort: 10001
+          protocol: TCP
+        - name: serve
+          containerPort: {{ int $root.Values.serve.port }}
+          protocol: TCP
+        {{- end }}
+        - name: metrics
+          containerPort: 8080
+          protocol: TCP
+      env:
+        {{- include "privcode.rayEnv" (dict "root" $root "kind" .kind "serving" .serving) | trim | nindent 8 }}
+      {{- if $root.Values.storage.objectStore.secretName }}
+      envFrom:
+        - secretRef:
+            name: {{ $root.Values.storage.objectStore.secretName | quote }}
+      {{- end }}
+      {{- with $resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        - name: pipeline-config
+          mountPath: /etc/privcode
+          readOnly: true
+        - name: artifacts
+          mountPath: {{ include "privcode.mountPath" $root }}
+  volumes:
+    {{- include "privcode.tmpVolume" $root | trim | nindent 4 }}
+    - name: pipeline-config
+      configMap:
+        name: {{ include "privcode.configMapName" $root }}
+    - name: artifacts
+      {{- if $root.Values.storage.pvc.enabled }}
+      persistentVolumeClaim:
+        claimName: {{ include "privcode.pvcName" $root }}
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+{{- end }}
+
+{{/*
+The RayCluster spec, defined once and used by the RayCluster (spec), the RayJob
+(spec.rayClusterSpec) and the RayService (spec.rayClusterConfig).
+Input: dict "root" . "serving" bool (the RayService's cluster: API key env).
+*/}}
+{{- define "privcode.rayClusterSpec" -}}
+{{- $root := .root }}
+{{- $serving := .serving }}
+{{- include "privcode.validate" $root }}
+rayVersion: {{ $root.Values.rayVersion | quote }}
+enableInTreeAutoscaling: {{ $root.Values.autoscaling.enableInTreeAutoscaling }}
+{{- if $root.Values.autoscaling.enableInTreeAutoscaling }}
+{{- $ao := $root.Values.autoscaling.autoscalerOptions }}
+autoscalerOptions:
+  upscalingMode: {{ $ao.upscalingMode }}
+  idleTimeoutSeconds: {{ int $ao.idleTimeoutSeconds }}
+  {{- if $ao.version }}
+  version: {{ $ao.version }}
+  {{- end }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  {{- with $ao.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  env:
+    - name: HOME
+      value: /tmp
+    {{- with $ao.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+{{- end }}
+{{- if eq $root.Values.auth.mode "token" }}
+authOptions:
+  mode: token
+  {{- with $root.Values.auth.secretName }}
+  secretName: {{ . | quote }}
+  {{- end }}
+{{- end }}
+headGroupSpec:
+  serviceType: {{ $root.Values.head.serviceType }}
+  rayStartParams:
+    {{- range $k, $v := $root.Values.head.rayStartParams }}
+    {{ $k }}: {{ toString $v | quote }}
+    {{- else }} {}
+    {{- end }}
+  template:
+    {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "head" "group" $root.Values.head "serving" $serving) | trim | nindent 4 }}
+{{- $groups := list }}
+{{- range $name, $g := $root.Values.workerGroups }}
+{{- if $g.enabled }}
+{{- $groups = append $groups $name }}
+{{- end }}
+{{- end }}
+{{- if $groups }}
+workerGroupSpecs:
+  {{- range $name := $groups }}
+  {{- $g := index $root.Values.workerGroups $name }}
+  {{- $params := deepCopy (default (dict) $g.rayStartParams) }}
+  {{- if hasKey $g "gpusPerWorker" }}
+  {{- $_ := set $params "num-gpus" (toString (int $g.gpusPerWorker)) }}
+  {{- end }}
+  - groupName: {{ $name }}
+    replicas: {{ int $g.replicas }}
+    minReplicas: {{ int $g.minReplicas }}
+    maxReplicas: {{ int $g.maxReplicas }}
+    rayStartParams:
+      {{- range $k, $v := $params }}
+      {{ $k }}: {{ toString $v | quote }}
+      {{- else }} {}
+      {{- end }}
+    template:
+      {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "worker" "group" $g "groupName" $name "serving" $serving) | trim | nindent 6 }}
+  {{- end }}
+{{- end }}
+{{- end }}

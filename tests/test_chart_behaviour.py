@@ -1,0 +1,399 @@
+"""The Helm chart ``charts/privcode``: what it renders, value by value.
+
+GPU and CPU worker groups, autoscaling, network policy, the locked-down pods,
+the pipeline RayJob and its config, storage, names, labels, token auth, the
+RayService, the Grafana dashboard and the install notes. Helpers:
+tests/chart_support.py; fixtures (``helm``, ``rendering``, ``default_objects``,
+``ci_objects``): tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+import yaml
+from chart_support import (
+    CHART,
+    CI_VALUES,
+    DEMO_CONFIG,
+    DNS1035,
+    JOB_ONLY,
+    MAX_NAME,
+    by_kind,
+    cluster_specs,
+    env_of,
+    one,
+    pod_templates,
+    ray_containers,
+    render,
+    run_helm,
+    worker_group,
+)
+
+METRICS = ("ray_privcode_epsilon_spent", "ray_privcode_epsilon_budget", "ray_privcode_dp_steps",
+           "ray_privcode_synth_generated", "ray_privcode_synth_exec_removed",
+           "ray_privcode_synth_roundtrip_removed", "ray_privcode_sandbox_verdicts",
+           "ray_node_cpu_utilization", "ray_node_mem_used", "ray_node_gpus_utilization")
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def test_gpu_group_gets_gpus_and_num_gpus(ci_objects):
+    for owner, spec in cluster_specs(ci_objects):
+        gpu = worker_group(spec, "gpu")
+        assert gpu["rayStartParams"]["num-gpus"] == "2", owner
+        resources = gpu["template"]["spec"]["containers"][0]["resources"]
+        assert str(resources["limits"]["nvidia.com/gpu"]) == "2", owner
+        assert str(resources["requests"]["nvidia.com/gpu"]) == "2", owner
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+            gpu["template"]["spec"]["tolerations"]
+        cpu = worker_group(spec, "cpu")
+        assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"][
+            "limits"]
+        assert "num-gpus" not in cpu["rayStartParams"]
+
+
+def test_gpu_group_is_off_by_default(default_objects, helm):
+    for _, spec in cluster_specs(default_objects):
+        assert [g["groupName"] for g in spec["workerGroupSpecs"]] == ["cpu"]
+    objects = render(helm, "--set", "workerGroups.gpu.enabled=true")
+    spec = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    gpu = worker_group(spec, "gpu")
+    assert gpu["rayStartParams"]["num-gpus"] == "1"
+    assert (gpu["replicas"], gpu["minReplicas"], gpu["maxReplicas"]) == (0, 0, 2)
+
+
+def test_autoscaling(ci_objects, default_objects):
+    for owner, spec in cluster_specs(ci_objects):
+        assert spec["enableInTreeAutoscaling"] is True, owner
+        options = spec["autoscalerOptions"]
+        assert options["upscalingMode"] == "Conservative"
+        assert options["idleTimeoutSeconds"] == 120
+        assert options["version"] == "v2"
+        assert options["securityContext"]["allowPrivilegeEscalation"] is False
+        assert options["resources"]["limits"]["cpu"] == "500m"
+        # the autoscaler talks to the API server: only the head mounts a token
+        assert spec["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] is True
+        for group in spec["workerGroupSpecs"]:
+            assert group["template"]["spec"]["automountServiceAccountToken"] is False
+    api_policy = [p for p in by_kind(ci_objects, "NetworkPolicy") if p["spec"]["policyTypes"] ==
+                  ["Egress"]]
+    assert len(api_policy) == 1
+    assert api_policy[0]["spec"]["podSelector"]["matchLabels"][
+        "app.kubernetes.io/component"] == "ray-head"
+    assert {p["port"] for p in api_policy[0]["spec"]["egress"][0]["ports"]} == {443, 6443}
+    for owner, spec in cluster_specs(default_objects):
+        assert spec["enableInTreeAutoscaling"] is False, owner
+        assert "autoscalerOptions" not in spec
+        assert spec["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_nothing_is_exposed_by_default(default_objects, ci_objects):
+    for objects in (default_objects, ci_objects):
+        assert not [o for o in objects if o["kind"] in ("Ingress", "Route", "Gateway")]
+        for service in by_kind(objects, "Service"):
+            assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+        for owner, spec in cluster_specs(objects):
+            assert spec["headGroupSpec"]["serviceType"] == "ClusterIP", owner
+            assert not spec["headGroupSpec"].get("enableIngress"), owner
+            assert spec["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+
+
+def test_network_policy_denies_by_default(default_objects, ci_objects):
+    for objects in (default_objects, ci_objects):
+        policy = [p for p in by_kind(objects, "NetworkPolicy")
+                  if p["metadata"]["name"] == "rel-privcode"][0]
+        spec = policy["spec"]
+        assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+        selector = spec["podSelector"]["matchLabels"]
+        assert selector == {"app.kubernetes.io/name": "privcode",
+                            "app.kubernetes.io/instance": "rel"}
+        # the policy selects every pod of the release, and only through its labels
+        for where, template in pod_templates(objects):
+            labels = template["metadata"]["labels"]
+            assert selector.items() <= labels.items(), where
+        # release pods talk to each other; the operator reaches the dashboard; DNS egress
+        assert {"from": [{"podSelector": {"matchLabels": selector}}]} in spec["ingress"]
+        operator_ports = {p["port"] for rule in spec["ingress"] for p in rule.get("ports", [])
+                          if any("namespaceSelector" in peer and peer["namespaceSelector"][
+                              "matchLabels"].get("kubernetes.io/metadata.name") in
+                              ("ray-system", "kuberay") for peer in rule["from"])}
+        assert {8265, 52365} <= operator_ports
+        assert {"to": [{"podSelector": {"matchLabels": selector}}]} in spec["egress"]
+        dns = [r for r in spec["egress"] if any(p.get("port") == 53 for p in r.get("ports", []))]
+        assert {p["protocol"] for p in dns[0]["ports"]} == {"UDP", "TCP"}
+    default = [p for p in by_kind(default_objects, "NetworkPolicy")]
+    assert len(default) == 1  # no API egress without the autoscaler
+    assert all("ports" in r or r["from"][0].get("podSelector") for r in default[0]["spec"][
+        "ingress"])  # nothing open to the world: every other rule names its ports
+    ci = [p for p in by_kind(ci_objects, "NetworkPolicy") if p["metadata"]["name"] ==
+          "rel-privcode"][0]["spec"]
+    serve_rule = [r for r in ci["ingress"] if r.get("ports") == [{"protocol": "TCP", "port": 8000}]]
+    assert serve_rule and serve_rule[0]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "ingress-nginx"}
+    assert any(r.get("to", [{}])[0].get("ipBlock", {}).get("cidr") == "52.216.0.0/15"
+               for r in ci["egress"])
+
+
+def test_every_ray_container_is_locked_down(rendering):
+    name, objects = rendering
+    seen = 0
+    for where, template in pod_templates(objects):
+        pod_sc = template["spec"]["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, where
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        for container in template["spec"]["containers"]:
+            seen += 1
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            assert "/tmp" in mounts, f"{where}: a read-only root needs a writable /tmp"
+            assert env_of(container)["HOME"].startswith("/tmp"), where
+    assert seen, name
+
+
+def test_ray_pods_mount_config_artifacts_and_env(default_objects, ci_objects):
+    for objects, mount_path in ((default_objects, "/mnt/artifacts"), (ci_objects,
+                                                                      "/mnt/artifacts")):
+        for where, template in pod_templates(objects):
+            if where.endswith("submitter"):
+                continue
+            container = template["spec"]["containers"][0]
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            assert mounts["/etc/privcode"]["readOnly"] is True, where
+            assert mount_path in mounts, where
+            volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+            assert volumes[mounts["/etc/privcode"]["name"]]["configMap"]["name"] == \
+                "rel-privcode-pipeline"
+            assert volumes[mounts[mount_path]["name"]]["persistentVolumeClaim"]["claimName"] == \
+                "rel-privcode-artifacts"
+            env = env_of(container)
+            assert env["HF_HUB_OFFLINE"] == "1", where
+    head = next(c for w, c in ray_containers(default_objects) if w.endswith("ray-head"))
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000,
+                     "metrics": 8080}
+    ci_worker = next(c for w, c in ray_containers(ci_objects) if "group cpu" in w)
+    env = env_of(ci_worker)
+    assert env["PRIVCODE_LOG_LEVEL"] == "INFO"  # extraEnv
+    assert env["PRIVCODE_OBJECT_STORE_URI"] == "s3://privcode-artifacts/ci"
+    assert ci_worker["envFrom"] == [{"secretRef": {"name": "privcode-s3"}}]
+
+
+def test_runtime_class_applies_to_sandboxed_pods(helm, default_objects, ci_objects):
+    for where, template in pod_templates(default_objects):
+        assert "runtimeClassName" not in template["spec"], where
+    for where, template in pod_templates(ci_objects):
+        expected = {"submitter": None, "group gpu": "nvidia"}
+        want = next((v for k, v in expected.items() if where.endswith(k)), "gvisor")
+        assert template["spec"].get("runtimeClassName") == want, where
+    objects = render(helm, "--set", "sandbox.runtimeClassName=gvisor")
+    spec = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    assert spec["headGroupSpec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
+    assert worker_group(spec, "cpu")["template"]["spec"]["runtimeClassName"] == "gvisor"
+
+
+def test_rayjob_runs_the_pipeline(default_objects, ci_objects):
+    job = one(default_objects, "RayJob")["spec"]
+    entry = job["entrypoint"]
+    assert "jobs/pipeline.py --config /etc/privcode/pipeline.yaml" in entry
+    assert shlex.split(entry) == [
+        "python", "/app/jobs/pipeline.py", "--config", "/etc/privcode/pipeline.yaml",
+        "--set", "run.out_dir=/mnt/artifacts/runs", "--set", "run.reports_dir=/mnt/artifacts/reports",
+        "--set", "base.cache_dir=/mnt/artifacts/cache"]
+    assert job["shutdownAfterJobFinishes"] is True
+    assert job["ttlSecondsAfterFinished"] == 3600
+    assert job["backoffLimit"] == 0
+    assert job["activeDeadlineSeconds"] == 86400
+    assert job["submissionMode"] == "K8sJobMode"
+    assert yaml.safe_load(job["runtimeEnvYAML"]) == {
+        "env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    submitter = job["submitterPodTemplate"]["spec"]
+    assert submitter["restartPolicy"] == "Never"
+    assert not submitter["containers"][0].get("command")  # KubeRay fills in `ray job submit`
+    ci_entry = shlex.split(one(ci_objects, "RayJob")["spec"]["entrypoint"])
+    assert ci_entry[-4:] == ["--set", "data.size=200", "--set",
+                             "report.title=CI run with spaces and 'quotes'"]
+
+
+def test_rayjob_overrides_and_verbatim_entrypoint(helm):
+    job = one(render(helm, "--set", "pipeline.overrides={data.size=50,run.name=k8s test}"),
+              "RayJob")["spec"]
+    assert "--set data.size=50 --set 'run.name=k8s test'" in job["entrypoint"]
+    job = one(render(helm, "--set", "job.entrypoint=python -c pass",
+                     "--set", "job.shutdownAfterJobFinishes=false",
+                     "--set", "job.activeDeadlineSeconds=0"), "RayJob")["spec"]
+    assert job["entrypoint"] == "python -c pass"
+    assert "ttlSecondsAfterFinished" not in job  # KubeRay refuses a TTL without shutdown
+    assert "activeDeadlineSeconds" not in job
+
+
+def test_config_map_holds_the_demo_config_by_default(default_objects):
+    config_map = one(default_objects, "ConfigMap")
+    assert config_map["metadata"]["name"] == "rel-privcode-pipeline"
+    assert yaml.safe_load(config_map["data"]["pipeline.yaml"]) == \
+        yaml.safe_load(DEMO_CONFIG.read_text())
+
+
+def test_values_default_pipeline_config_is_demo_yaml():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert yaml.safe_load(values["pipeline"]["config"]) == yaml.safe_load(DEMO_CONFIG.read_text()), \
+        "charts/privcode/values.yaml pipeline.config is out of sync with jobs/configs/demo.yaml"
+
+
+def test_set_file_replaces_the_pipeline_config(helm, tmp_path):
+    config = {"run": {"name": "from-file", "stages": ["data"]}, "data": {"size": 7}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text("# a comment\n" + yaml.safe_dump(config))
+    objects = render(helm, *JOB_ONLY, "--set-file", f"pipeline.config={path}")
+    assert yaml.safe_load(one(objects, "ConfigMap")["data"]["pipeline.yaml"]) == config
+    assert {o["kind"] for o in objects} <= {"ServiceAccount", "ConfigMap",
+                                            "PersistentVolumeClaim", "NetworkPolicy", "RayJob"}
+    assert len(by_kind(objects, "RayJob")) == 1
+
+
+def test_job_disabled_renders_no_rayjob(helm):
+    objects = render(helm, "--set", "job.enabled=false")
+    assert not by_kind(objects, "RayJob")
+    objects = render(helm, "--set", "job.enabled=false", "--set", "cluster.enabled=true",
+                     "--set", "storage.pvc.enabled=false")
+    assert not by_kind(objects, "RayJob") and not by_kind(objects, "PersistentVolumeClaim")
+    spec = one(objects, "RayCluster")["spec"]
+    volumes = {v["name"]: v for v in spec["headGroupSpec"]["template"]["spec"]["volumes"]}
+    assert volumes["artifacts"] == {"name": "artifacts", "emptyDir": {}}
+
+
+def test_existing_claim_is_used_not_created(helm):
+    objects = render(helm, "--set", "storage.pvc.existingClaim=shared-artifacts")
+    assert not by_kind(objects, "PersistentVolumeClaim")
+    spec = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    volumes = {v["name"]: v for v in spec["headGroupSpec"]["template"]["spec"]["volumes"]}
+    assert volumes["artifacts"]["persistentVolumeClaim"]["claimName"] == "shared-artifacts"
+
+
+def test_pvc_outlives_uninstall(default_objects):
+    pvc = one(default_objects, "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
+
+
+@pytest.mark.parametrize("release, extra", [
+    ("b" * 53, ()),  # helm's own limit on release names is 53 characters
+    ("rel", ("--set", "fullnameOverride=" + "f" * 63)),
+    ("r" * 40, ("--set", "nameOverride=" + "n" * 60)),
+])
+def test_names_fit_kubernetes_and_kuberay_limits(helm, release, extra):
+    objects = render(helm, "-f", str(CI_VALUES), *extra, release=release)
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    for kind, name in names:
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), (kind,
+                                                                                          name)
+        if kind in MAX_NAME:
+            assert len(name) <= MAX_NAME[kind] and DNS1035.fullmatch(name), (kind, name)
+    assert len(set(names)) == len(names), names
+    cluster = one(objects, "RayCluster")["metadata"]["name"]
+    service = one(objects, "RayService")["metadata"]["name"]
+    assert len(cluster + "-head-svc") <= 63 and len(service + "-serve-svc") <= 63
+    assert cluster + "-head-svc" != service + "-head-svc"
+    for where, template in pod_templates(objects):
+        for value in template["metadata"]["labels"].values():
+            assert len(value) <= 63, where
+
+
+def test_every_object_is_labelled(rendering):
+    name, objects = rendering
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        for key in ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/version", "app.kubernetes.io/managed-by"):
+            assert key in labels, f"{name}: {obj['kind']}/{obj['metadata']['name']} lacks {key}"
+        assert labels["app.kubernetes.io/part-of"] == "privcode"
+
+
+def test_token_auth(default_objects, ci_objects, helm):
+    for owner, spec in cluster_specs(default_objects):
+        assert spec["authOptions"] == {"mode": "token"}, owner
+        assert spec["rayVersion"] == "2.60.0"
+    for _, spec in cluster_specs(ci_objects):
+        assert spec["authOptions"] == {"mode": "token", "secretName": "privcode-ray-token"}
+    for _, spec in cluster_specs(render(helm, "--set", "auth.mode=disabled")):
+        assert "authOptions" not in spec
+
+
+def test_rayservice_serve_config(ci_objects, helm):
+    service = one(ci_objects, "RayService")
+    assert service["metadata"]["name"] == "rel-privcode-serve"
+    config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    apps = {a["name"]: a for a in config["applications"]}
+    assert apps["premium"]["import_path"] == "privcode.serve.premium:app"
+    assert apps["premium"]["route_prefix"] == "/premium"
+    assert apps["premium"]["args"] == {"model": "/mnt/artifacts/cache/base",
+                                       "adapter": "/mnt/artifacts/runs/demo/premium/adapter"}
+    assert apps["premium"]["deployments"] == [{"name": "Premium", "num_replicas": 2,
+                                               "ray_actor_options": {"num_cpus": 2,
+                                                                     "num_gpus": 1}}]
+    assert apps["ensemble"]["import_path"] == "privcode.serve.ensemble:app"
+    assert apps["ensemble"]["route_prefix"] == "/ensemble"
+    # the API key comes from the Secret, only on the serving cluster's pods
+    serving = service["spec"]["rayClusterConfig"]
+    for template in [serving["headGroupSpec"]["template"]] + [
+            g["template"] for g in serving["workerGroupSpecs"]]:
+        env = env_of(template["spec"]["containers"][0])
+        assert env["PRIVCODE_API_KEY"] == {"secretKeyRef": {"name": "privcode-api-key",
+                                                            "key": "api-key"}}
+    job_head = one(ci_objects, "RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert "PRIVCODE_API_KEY" not in env_of(job_head["template"]["spec"]["containers"][0])
+    # defaults: premium only, empty args left out
+    objects = render(helm, "--set", "serve.enabled=true")
+    config = yaml.safe_load(one(objects, "RayService")["spec"]["serveConfigV2"])
+    assert [a["name"] for a in config["applications"]] == ["premium"]
+    assert "args" not in config["applications"][0]
+    assert not by_kind(objects, "Secret")  # the chart never creates the API key
+
+
+def test_grafana_dashboard(helm, ci_objects, default_objects):
+    assert not [c for c in by_kind(default_objects, "ConfigMap") if "grafana" in c["metadata"][
+        "name"]]
+    config_map = [c for c in by_kind(ci_objects, "ConfigMap") if "grafana" in c["metadata"][
+        "name"]][0]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["privcode-grafana.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "privcode-grafana.json").read_text())
+    assert dashboard["title"] and 36 <= dashboard["schemaVersion"] <= 41
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    exprs = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            exprs.append(target["expr"])
+            assert target["datasource"]["uid"] == "${datasource}"
+    text = "\n".join(exprs)
+    for metric in METRICS:
+        assert metric in text, f"the dashboard has no panel for {metric}"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_notes_explain_how_to_follow_the_job(helm):
+    done = run_helm(helm, "install", "rel", str(CHART), "--dry-run=client", "--namespace",
+                     "team-a", "-f", str(CI_VALUES))
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    for text in ("kubectl get rayjob rel-privcode -n team-a -w",
+                 "kubectl logs -f job/rel-privcode -n team-a",
+                 "svc/$CLUSTER-head-svc 8265:8265",
+                 "svc/rel-privcode-head-svc 8265:8265",
+                 "svc/rel-privcode-serve-serve-svc 8000:8000",
+                 "helm install kuberay-operator kuberay/kuberay-operator",
+                 "auth_token"):
+        assert text in notes, f"{text!r} not in NOTES:\n{notes}"
+
