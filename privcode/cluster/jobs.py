@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DASHBOARD = f"http://{local.LOOPBACK}:{local.DEFAULT_DASHBOARD_PORT}"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+#: How long a submission waits for the head's job agent to come up.
+AGENT_WAIT_S = 90.0
 # Kept out of the working_dir upload (gitignore syntax, relative to the root):
 # the upload limit is 100 MiB and none of these are needed by a job.
 WORKING_DIR_EXCLUDES = (
@@ -179,9 +181,18 @@ def submit_job(entrypoint: str, address: str | None = None,
     passed to Ray unchanged (working_dir, env_vars, pip...).
     """
     jobs_client = client(address, start_local=start_local)
-    return jobs_client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
-                                  submission_id=submission_id, metadata=metadata,
-                                  entrypoint_num_cpus=entrypoint_num_cpus)
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return jobs_client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
+                                          submission_id=submission_id, metadata=metadata,
+                                          entrypoint_num_cpus=entrypoint_num_cpus)
+        except RuntimeError as exc:
+            # A head that just started (or is busy) may not have its job agent yet; the
+            # request created nothing, so asking again is safe.
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
 
 
 def job_status(job_id: str, address: str | None = None) -> str:
