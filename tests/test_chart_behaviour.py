@@ -336,8 +336,13 @@ def test_rayservice_serve_config(ci_objects, helm):
     assert apps["premium"]["import_path"] == "privcode.serve.premium:app"
     assert apps["premium"]["route_prefix"] == "/premium"
     assert apps["premium"]["args"] == {"model": "/mnt/artifacts/cache/base",
-                                       "adapter": "/mnt/artifacts/runs/demo/premium/adapter"}
-    assert apps["premium"]["deployments"] == [{"name": "Premium", "num_replicas": 2,
+                                       "premium": "/mnt/artifacts/runs/demo/premium"}
+    # the app builder accepts exactly these args, and the deployment name is the app's own
+    from privcode.serve import premium
+
+    premium.parse_args(apps["premium"]["args"])
+    assert premium.PremiumServer.name == apps["premium"]["deployments"][0]["name"]
+    assert apps["premium"]["deployments"] == [{"name": "PremiumServer", "num_replicas": 2,
                                                "ray_actor_options": {"num_cpus": 2,
                                                                      "num_gpus": 1}}]
     assert apps["ensemble"]["import_path"] == "privcode.serve.ensemble:app"
@@ -355,7 +360,8 @@ def test_rayservice_serve_config(ci_objects, helm):
     objects = render(helm, "--set", "serve.enabled=true")
     config = yaml.safe_load(one(objects, "RayService")["spec"]["serveConfigV2"])
     assert [a["name"] for a in config["applications"]] == ["premium"]
-    assert "args" not in config["applications"][0]
+    # the default release path on the artifacts volume; the empty model override is left out
+    assert config["applications"][0]["args"] == {"premium": "/mnt/artifacts/runs/demo/premium"}
     assert not by_kind(objects, "Secret")  # the chart never creates the API key
 
 

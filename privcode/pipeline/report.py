@@ -301,6 +301,35 @@ def _premium_section(premium: dict[str, Any] | None) -> list[str]:
             _table([(k, _number(v)) for k, v in rows]), ""]
 
 
+_CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
+color:#222;line-height:1.45}table{border-collapse:collapse;margin:.5rem 0 1rem}
+th,td{border:1px solid #ccc;padding:.25rem .6rem;text-align:left}th{background:#f2f4f7}
+img{max-width:100%;border:1px solid #eee;margin:.5rem 0}code{background:#f5f5f5;padding:0 .2rem}
+h1,h2{border-bottom:1px solid #ddd;padding-bottom:.2rem}"""
+
+
+def render_html(markdown_text: str, image_dir: Path, title: str) -> str:
+    """report.md as one self-contained HTML page (python-markdown; PNGs inlined as data URIs)."""
+    import base64
+    import html
+    import re
+
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"])
+
+    def inline(match: re.Match) -> str:
+        path = image_dir / match.group(2)
+        if not path.is_file() or path.parent.resolve() != image_dir.resolve():
+            return match.group(0)
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        return f'{match.group(1)}"data:image/png;base64,{data}"'
+
+    body = re.sub(r'(<img[^>]*?src=)"([^"/]+\.png)"', inline, body)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title><style>{_CSS}</style></head><body>{body}</body></html>")
+
+
 def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Write report.md and plots into ``out_dir`` and publish them to the reports dir."""
     data, base = inputs.get("data"), inputs.get("base")
@@ -332,7 +361,24 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
         lines += ["![Stage II funnel](synth_funnel.png)", ""]
         plots.append("synth_funnel.png")
     lines += _premium_section(inputs.get("premium"))
+    from privcode.pipeline.report_audit import audit_section, eval_section
+
+    extra, names = eval_section(inputs.get("eval"), out_dir, cfg.report.plots)
+    lines += extra
+    plots += names
+    audit = inputs.get("audit")
+    if audit:
+        from privcode.pipeline.runner import stage_dir
+
+        audit_dir = stage_dir(cfg, "audit")
+    else:
+        audit_dir = None
+    extra, names = audit_section(audit, audit_dir, out_dir, cfg.report.plots)
+    lines += extra
+    plots += names
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
+    atomic_write_text(out_dir / "report.html", render_html("\n".join(lines), out_dir,
+                                                          cfg.report.title))
     summary = {
         "report": str(Path(cfg.run.reports_dir).resolve() / cfg.run.name / "report.md"),
         "plots": plots,
@@ -347,7 +393,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     atomic_write_json(out_dir / "report.json", summary)
     publish = Path(cfg.run.reports_dir).resolve() / cfg.run.name
     publish.mkdir(parents=True, exist_ok=True)
-    for name in ["report.md", "report.json", *plots]:
+    for name in ["report.md", "report.html", "report.json", *plots]:
         with atomic_path(publish / name) as tmp:
             shutil.copyfile(out_dir / name, tmp)
     return summary

@@ -1,0 +1,47 @@
+"""Leak probing by test generation (seed 003): ``privcode audit probe``.
+
+scenarios x privacy attributes (Table 1: Identifiable / Private / Secret)
+-> code-generation questions -> the audited model writes a function -> it
+writes unit tests with realistic inputs, guided by the privacy feature
+library -> deterministic PII extraction -> judge -> verification against the
+reference corpus (1 <= hits <= 100) -> confirmed leaks -> LP-L / IL-L per
+category, and a library update (pseudo-NLL division + DBSCAN).
+
+Modules: :mod:`~.taxonomy`, :mod:`~.library` (+ ``prior_knowledge.yaml``),
+:mod:`~.questions`, :mod:`~.backends`, :mod:`~.extract`, :mod:`~.judge`,
+:mod:`~.verify`, :mod:`~.metrics`, :mod:`~.update`, :mod:`~.run`, :mod:`~.cli`.
+Names are re-exported lazily: importing this package (e.g. for the CLI
+parser) imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "backends": ("Backend", "BackendError", "HFBackend", "InvalidRequestError", "OpenAIBackend",
+                 "ScriptedBackend", "make_backend"),
+    "extract": ("Candidate", "FunctionSig", "extract_pii"),
+    "judge": ("LLMJudge", "judge_candidate"),
+    "library": ("FeatureLibrary",),
+    "metrics": ("LeakElement", "ResponseLeaks", "leakage_metrics"),
+    "run": ("ProbeError", "run_probe"),
+    "taxonomy": ("ATTRIBUTES", "CATEGORIES", "SCENARIOS"),
+    "verify": ("ReferenceIndex",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

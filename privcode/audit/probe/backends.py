@@ -1,0 +1,374 @@
+"""The audited model ("Test LLM") behind one interface: local HF models, HTTP endpoints, scripts.
+
+``Backend.complete(prompts, max_tokens=, temperature=, n=, seed=)`` returns,
+for each prompt, ``n`` completions (the generated text only, not the
+prompt). Implementations:
+
+* :class:`HFBackend`: any local Hugging Face causal LM directory or preset
+  name, a premium release (``adapter/`` + ``premium.json``: the adapter is
+  merged into its base) or a junior release (``release.json``: the LoRA
+  junior, prompted with plain text; a latent release's prefix decoder is
+  not used). Sampling is reproducible for a given ``seed``; ``temperature``
+  0 is greedy. A prompt longer than the context keeps its *last* tokens.
+  With ``chat_template="auto"`` a tokenizer that has a chat template gets
+  each prompt as one user message.
+* :class:`OpenAIBackend`: an OpenAI-compatible HTTP server (``POST
+  /v1/completions``, or ``/v1/chat/completions`` with ``chat=True``), e.g.
+  ``privcode.serve.premium``. One request per completion (``n`` is never
+  sent: servers such as privcode's accept only ``n: 1``), sample ``j`` of
+  prompt ``i`` with ``seed + i * n + j``; the API key is read from the
+  environment variable named by ``api_key_env`` and sent as ``Authorization:
+  Bearer``; an unset variable sends no header. 429 / 5xx / connection errors
+  are retried with exponential backoff. A request the server refuses as
+  invalid (400/413/422, e.g. a prompt longer than the model's context) gives
+  an empty completion and is counted (``describe()["failed_requests"]``)
+  unless ``skip_invalid=False``; 401/403/404 always raise.
+* :class:`ScriptedBackend`: canned answers chosen by substrings of the
+  prompt, for tests.
+
+PRIVACY: prompts and completions are never logged or put into errors.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from privcode.errors import PrivcodeError
+
+log = logging.getLogger("privcode.audit.probe")
+
+__all__ = ["Backend", "BackendError", "HFBackend", "InvalidRequestError", "OpenAIBackend",
+           "ScriptedBackend", "make_backend"]
+
+
+class BackendError(PrivcodeError):
+    """The audited model cannot be loaded or queried (names the model/endpoint and the cause)."""
+
+
+class InvalidRequestError(BackendError):
+    """The endpoint refused one request as invalid (HTTP 400/413/422)."""
+
+
+def _check_args(prompts: Sequence[str], max_tokens: int, temperature: float, n: int) -> None:
+    if not isinstance(prompts, list | tuple) or not all(isinstance(p, str) for p in prompts):
+        raise BackendError("prompts must be a list of strings")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BackendError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise BackendError(f"temperature must be >= 0, got {temperature!r}")
+    if not isinstance(n, int) or n < 1:
+        raise BackendError(f"n must be a positive int, got {n!r}")
+
+
+class Backend(abc.ABC):
+    """The audited model: ``complete`` -> ``n`` completions per prompt."""
+
+    @abc.abstractmethod
+    def complete(self, prompts: Sequence[str], *, max_tokens: int = 256,
+                 temperature: float = 0.7, n: int = 1, seed: int = 0) -> list[list[str]]:
+        """For each prompt, ``n`` generated texts (without the prompt)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the summary may say about the backend (never a key)."""
+        return {"kind": type(self).__name__}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (HTTP sessions, models)."""
+
+
+# --------------------------------------------------------------------------- scripted
+
+
+class ScriptedBackend(Backend):
+    """Deterministic canned answers.
+
+    ``answer`` is either a callable ``(prompt, index) -> str`` (``index`` is
+    the sample number 0..n-1) or a list of ``(substring, answers)`` rules: the
+    first rule whose substring occurs in the prompt answers, cycling through
+    ``answers`` (a str or a list of str); no match gives ``default``. Every
+    prompt received is kept in ``self.prompts``.
+    """
+
+    def __init__(self, answer: Callable[[str, int], str] | Sequence[tuple[str, Any]],
+                 default: str = ""):
+        self._answer = answer
+        self.default = default
+        self.prompts: list[str] = []
+
+    def _one(self, prompt: str, index: int) -> str:
+        if callable(self._answer):
+            return self._answer(prompt, index)
+        for needle, answers in self._answer:
+            if needle in prompt:
+                answers = [answers] if isinstance(answers, str) else list(answers)
+                return answers[index % len(answers)]
+        return self.default
+
+    def complete(self, prompts, *, max_tokens=256, temperature=0.7, n=1, seed=0):
+        _check_args(prompts, max_tokens, temperature, n)
+        self.prompts.extend(prompts)
+        return [[self._one(p, j) for j in range(n)] for p in prompts]
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+class HFBackend(Backend):
+    """A local HF causal LM, a premium release or a junior release (see the module docstring)."""
+
+    def __init__(self, path: str | Path, *, device: str = "cpu", dtype: Any = None,
+                 base_model: str | None = None, batch_size: int = 4,
+                 chat_template: str = "auto", cache_dir: str | None = None):
+        import torch
+        from transformers import GenerationConfig
+
+        from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+
+        if chat_template not in ("auto", "never"):
+            raise BackendError(f"chat_template must be 'auto' or 'never', got {chat_template!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise BackendError("HFBackend: device 'cuda' requested but no CUDA device is visible")
+        root = Path(str(path)).expanduser()
+        self.path, self.kind, self.device = str(path), "model", torch.device(device)
+        self.batch_size, self.chat_template = max(1, int(batch_size)), chat_template
+        try:
+            if (root / "release.json").is_file():
+                from privcode.release.junior import load_release
+
+                release = load_release(root, device=device, base_model=base_model)
+                self.tokenizer, self.model, self.kind = release.tokenizer, release.model, "junior"
+            elif (root / "premium.json").is_file():
+                from peft import PeftModel
+
+                info = json.loads((root / "premium.json").read_text(encoding="utf-8"))
+                base = base_model or (info.get("model") if isinstance(info, dict) else None)
+                if not isinstance(base, str) or not base:
+                    raise BackendError(f"{root / 'premium.json'}: no base model path ('model'); "
+                                       "pass base_model")
+                self.tokenizer = load_tokenizer(base, cache_dir=cache_dir)
+                lm = load_causal_lm(base, dtype=dtype, device=device, cache_dir=cache_dir)
+                lm = PeftModel.from_pretrained(lm, str(root / "adapter"), is_trainable=False)
+                self.model, self.kind = lm.merge_and_unload().eval(), "premium"
+            else:
+                self.tokenizer = load_tokenizer(path, cache_dir=cache_dir)
+                self.model = load_causal_lm(path, dtype=dtype, device=device, cache_dir=cache_dir)
+        except (ModelLoadError, OSError, ValueError, KeyError, RuntimeError) as exc:
+            if isinstance(exc, PrivcodeError) and not isinstance(exc, ModelLoadError):
+                raise
+            raise BackendError(f"cannot load the audited model {path}: {exc}") from exc
+        tok = self.tokenizer
+        self.eos_id = tok.eos_token_id
+        self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
+        self.model.generation_config = GenerationConfig(
+            bos_token_id=tok.bos_token_id, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
+        config = getattr(self.model, "config", None)
+        self.context = getattr(config, "max_position_embeddings", None) or 2048
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "hf", "model": self.path, "release": self.kind, "device": str(self.device)}
+
+    def _encode(self, prompt: str) -> list[int]:
+        tok = self.tokenizer
+        if self.chat_template == "auto" and getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                          add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            return list(ids)
+        ids = list(tok(prompt, add_special_tokens=True)["input_ids"])
+        if not ids:
+            ids = [self.eos_id if self.eos_id is not None else self.pad_id]
+        return ids
+
+    def complete(self, prompts, *, max_tokens=256, temperature=0.7, n=1, seed=0):
+        import torch
+
+        _check_args(prompts, max_tokens, temperature, n)
+        # Keep room for the prompt: at most 3/4 of the context is generated.
+        max_new = max(1, min(max_tokens, (3 * self.context) // 4))
+        keep = self.context - max_new
+        out: list[list[str]] = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [self._encode(p)[-keep:] for p in prompts[start:start + self.batch_size]]
+            width = max(len(ids) for ids in batch)
+            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, ids in enumerate(batch):  # left padding
+                input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                mask[row, width - len(ids):] = 1
+            greedy = float(temperature) == 0.0
+            kwargs: dict[str, Any] = {"max_new_tokens": max_new, "do_sample": not greedy,
+                                      "num_return_sequences": 1 if greedy else n}
+            if not greedy:
+                kwargs.update(temperature=float(temperature), top_p=0.95, top_k=0)
+            devices = [self.device.index or 0] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices), torch.inference_mode():
+                torch.manual_seed(int(seed) + start)
+                gen = self.model.generate(input_ids=input_ids.to(self.device),
+                                          attention_mask=mask.to(self.device), **kwargs)
+            rows = gen[:, width:].tolist()
+            texts = []
+            for r in rows:
+                if self.eos_id is not None and self.eos_id in r:
+                    r = r[:r.index(self.eos_id)]
+                texts.append(self.tokenizer.decode(r, skip_special_tokens=True))
+            per = 1 if greedy else n
+            for i in range(len(batch)):
+                got = texts[i * per:(i + 1) * per]
+                out.append(got * n if greedy else got)
+        return out
+
+    def close(self) -> None:
+        self.model = None
+
+
+# --------------------------------------------------------------------------- OpenAI HTTP
+
+
+class OpenAIBackend(Backend):
+    """An OpenAI-compatible completions (or chat) endpoint (see the module docstring).
+
+    ``base_url``: the server root (``http://host:8000``) or its ``/v1``
+    prefix. ``model``: the model name to send; None asks ``GET /v1/models``
+    and takes the first id.
+    """
+
+    def __init__(self, base_url: str, model: str | None = None, *,
+                 api_key_env: str | None = "PRIVCODE_API_KEY", chat: bool = False,
+                 timeout: float = 120.0, max_retries: int = 2, concurrency: int = 4,
+                 backoff_s: float = 0.5, send_seed: bool = True, skip_invalid: bool = True):
+        import requests
+
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise BackendError(f"endpoint must be an http(s) URL, got {base_url!r}")
+        root = base_url.rstrip("/")
+        self.api = root if root.endswith("/v1") else root + "/v1"
+        self.chat, self.timeout, self.max_retries = chat, float(timeout), int(max_retries)
+        self.concurrency, self.backoff_s, self.send_seed = max(1, concurrency), backoff_s, send_seed
+        self.api_key_env, self.skip_invalid, self.failed = api_key_env, skip_invalid, 0
+        key = os.environ.get(api_key_env, "").strip() if api_key_env else ""
+        self._headers = {"Content-Type": "application/json"}
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
+        elif api_key_env:
+            log.warning("$%s is not set: querying %s without an API key", api_key_env, self.api)
+        self._session = requests.Session()
+        self._lock = threading.Lock()
+        self.model = model or self._first_model()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "openai", "endpoint": self.api, "model": self.model,
+                "api": "chat/completions" if self.chat else "completions",
+                "api_key_env": self.api_key_env, "failed_requests": self.failed}
+
+    def _request(self, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
+        import requests
+
+        url = f"{self.api}/{route}"
+        for attempt in range(self.max_retries + 1):
+            try:
+                resp = self._session.request(method, url, headers=self._headers,
+                                             data=None if body is None else json.dumps(body),
+                                             timeout=self.timeout)
+            except requests.RequestException as exc:
+                problem = f"cannot reach {url}: {type(exc).__name__}"
+                status = None
+            else:
+                if resp.status_code == 200:
+                    try:
+                        return resp.json()
+                    except ValueError:
+                        raise BackendError(f"{url}: the answer is not JSON") from None
+                status = resp.status_code
+                problem = f"{url} answered HTTP {status}: {_error_message(resp)}"
+            retry = status is None or status == 429 or status >= 500
+            if not retry or attempt == self.max_retries:
+                if status in (401, 403):
+                    problem += (f" (check the API key in ${self.api_key_env})"
+                                if self.api_key_env else " (the endpoint wants an API key)")
+                if status in (400, 413, 422):
+                    raise InvalidRequestError(problem)
+                raise BackendError(problem)
+            time.sleep(self.backoff_s * (2 ** attempt))
+        raise BackendError(f"{url}: no answer")  # pragma: no cover - loop always returns/raises
+
+    def _first_model(self) -> str:
+        data = self._request("GET", "models")
+        try:
+            return str(data["data"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{self.api}/models lists no model; pass the model name") from None
+
+    def _one(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> str:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens,
+                                "temperature": float(temperature)}
+        if self.send_seed:
+            body["seed"] = int(seed)
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        try:
+            data = self._request("POST", "chat/completions" if self.chat else "completions", body)
+        except InvalidRequestError:
+            if not self.skip_invalid:
+                raise
+            with self._lock:
+                if not self.failed:
+                    log.warning("%s refused a request as invalid (e.g. prompt + max_tokens over "
+                                "the model's context): counting it as an empty completion",
+                                self.api)
+                self.failed += 1
+            return ""
+        try:
+            choice = data["choices"][0]
+            text = choice["message"]["content"] if self.chat else choice["text"]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(f"{self.api}: the answer has no choices[0]."
+                               f"{'message.content' if self.chat else 'text'}") from None
+        if not isinstance(text, str):
+            raise BackendError(f"{self.api}: the completion text is not a string")
+        return text
+
+    def complete(self, prompts, *, max_tokens=256, temperature=0.7, n=1, seed=0):
+        _check_args(prompts, max_tokens, temperature, n)
+        jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            texts = list(pool.map(lambda ij: self._one(prompts[ij[0]], max_tokens, temperature,
+                                                       seed + ij[0] * n + ij[1]), jobs))
+        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _error_message(resp: Any) -> str:
+    """The server's error message (OpenAI error body), never the request."""
+    try:
+        err = resp.json().get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if isinstance(msg, str) and msg:
+            return msg[:300]
+    except (ValueError, AttributeError):
+        pass
+    return resp.reason or "error"
+
+
+def make_backend(*, model: str | None = None, endpoint: str | None = None,
+                 served_model: str | None = None, api_key_env: str | None = "PRIVCODE_API_KEY",
+                 chat: bool = False, device: str = "cpu", base_model: str | None = None,
+                 cache_dir: str | None = None) -> Backend:
+    """Exactly one of ``model`` (local path/preset) or ``endpoint`` (URL)."""
+    if (model is None) == (endpoint is None):
+        raise BackendError("give exactly one audited model: a local model path or an endpoint URL")
+    if endpoint is not None:
+        return OpenAIBackend(endpoint, served_model, api_key_env=api_key_env, chat=chat)
+    return HFBackend(model, device=device, base_model=base_model, cache_dir=cache_dir)

