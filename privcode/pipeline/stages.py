@@ -243,6 +243,50 @@ class EvalStage(Stage):
                 "limit": e.limit, "models": models}
 
 
+class AuditStage(Stage):
+    """Privacy audits of the run (:mod:`privcode.audit.run`), inside the private boundary.
+
+    Canary leakage, exposure and membership inference on the DP junior (and
+    the premium model, and the ``nondpft`` comparison when
+    ``audit.compare_nondp``), fidelity of the synthetic data, leak probing.
+    The summary holds aggregates only; the detail files with private values
+    stay in this stage's directory.
+    """
+
+    name = "audit"
+    version = 1
+    sections = ("audit", "train")
+    needs = ("data", "base", "train")
+    after = ("synth", "premium")
+    private = True
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.audit.run import run_audits, train_nondp_comparison
+        from privcode.pipeline.runner import stage_dir
+
+        data = stage_dir(cfg, "data")
+        train_data = Path(cfg.train.data) if cfg.train.data else data / "train.parquet"
+        run = {"canaries": data / "canaries.json", "train": train_data,
+               "heldout": data / "heldout.parquet", "base": Path(inputs["base"]["summary"]["path"]),
+               "release": stage_dir(cfg, "train") / "release"}
+        if "synth" in inputs:
+            run["synthetic"] = stage_dir(cfg, "synth") / "synthetic.parquet"
+        models = {"junior": run["release"]}
+        if "premium" in inputs:
+            models["premium"] = stage_dir(cfg, "premium")
+        comparison = None
+        if cfg.audit.compare_nondp:
+            run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
+            comparison = train_nondp_comparison(cfg, data=train_data, base=str(run["base"]),
+                                                out_dir=Path(out_dir) / "nondpft",
+                                                storage=run_root / ".audit-train")
+            models["nondpft"] = Path(out_dir) / "nondpft"
+        summary = run_audits(cfg, Path(out_dir), run, models)
+        if comparison:
+            summary["nondpft_training"] = comparison
+        return summary
+
+
 class ReportStage(Stage):
     """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
 
@@ -261,5 +305,5 @@ class ReportStage(Stage):
 #: serve) register here; ``run.stages`` picks from these names.
 STAGES: dict[str, type[Stage]] = {
     cls.name: cls for cls in (DataStage, BaseStage, TrainStage, SynthStage, PremiumStage,
-                              EvalStage, ReportStage)
+                              EvalStage, AuditStage, ReportStage)
 }

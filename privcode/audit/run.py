@@ -1,0 +1,192 @@
+"""The audit stage: every privacy audit of a trained run, inside the private boundary.
+
+Audited models: the DP junior release (``train/release``), the premium model
+when its stage ran, and, with ``audit.compare_nondp``, a ``nondpft``
+comparison: the junior's LoRA fine-tuned on the same private corpus WITHOUT
+DP (no clipping, no noise, no ledger). That comparison shows what the audits
+detect when nothing protects the data; it is written under
+``audit/nondpft/`` only, is marked NOT PRIVATE, and is never released.
+
+Audits (``audit.audits``): canary leakage and exposure (the canaries of
+``data/canaries.json``), membership inference against the public base as
+reference (train records vs held-out records; the DP ceiling at the junior's
+(epsilon, delta)), fidelity of the synthetic data to the private corpus, and
+leak probing by test generation. Outputs:
+
+* ``audit.json``, the stage summary: aggregates only (rates, counts, AUCs,
+  bits), what the report shows;
+* ``private/<model>/canaries_private.json`` and ``probe/<model>/probe_leaks.json``:
+  the only files holding private values (mode 0600, marked PRIVATE);
+* ``mia_roc.png`` and ``fidelity/fidelity_tsne.png`` for the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from privcode.config import PipelineConfig
+from privcode.utils import atomic_write_json
+
+log = logging.getLogger("privcode.audit")
+
+__all__ = ["run_audits", "train_nondp_comparison"]
+
+
+def train_nondp_comparison(cfg: PipelineConfig, *, data: Path, base: str, out_dir: Path,
+                           storage: Path) -> dict[str, Any]:
+    """Fine-tune the ``nondpft`` comparison (NOT PRIVATE) into ``out_dir``; its summary."""
+    from privcode.train.loop import run_training
+
+    comparison = dataclasses.replace(
+        cfg.train, method="nondpft", allow_non_private=True,
+        steps=cfg.audit.nondp_steps or cfg.train.steps, lr=cfg.audit.nondp_lr or cfg.train.lr)
+    summary = run_training(comparison, data_path=data, base_path=base, out_dir=out_dir,
+                           ledger_dir=storage / "unused-ledger", run_name="nondpft-comparison",
+                           storage_dir=storage)
+    return {"steps": comparison.steps, "lr": comparison.lr,
+            "seconds": summary.get("train_seconds", summary.get("seconds"))}
+
+
+def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
+                  out_dir: Path, reference: Any, dp: dict[str, Any] | None) -> dict[str, Any]:
+    from privcode.audit.canaries import canary_leakage
+    from privcode.audit.exposure import canary_exposure
+    from privcode.audit.mia import run_mia
+    from privcode.audit.scoring import load_scored_model
+
+    a = cfg.audit
+    model = load_scored_model(str(path))
+    result: dict[str, Any] = {"path": str(path), "non_private": name == "nondpft"}
+    private = out_dir / "private" / name  # not inside a model dir: releases list their files
+    private.mkdir(parents=True, exist_ok=True)
+    if "canaries" in a.audits:
+        leak = canary_leakage(model, run["canaries"], samples_per_context=a.canary_samples,
+                              max_new_tokens=a.canary_max_new_tokens, seed=a.seed,
+                              details_path=private / "canaries_private.json")
+        table = []
+        for placement, by_reps in sorted(leak["rates"]["by_placement_repetitions"].items()):
+            for reps, rate in sorted(by_reps.items(), key=lambda kv: int(kv[0])):
+                cells = [c for c in leak["categories"] if c["placement"] == placement
+                         and str(c["repetitions"]) == reps]
+                table.append({"placement": placement, "repetitions": int(reps), "rate": rate,
+                              "leaked": sum(c["leaked"] for c in cells),
+                              "categories": len(cells)})
+        result["canaries"] = {"leaked": leak["leaked"], "total": leak["total"],
+                              "rate": leak["rates"]["overall"], "table": table,
+                              "generations": leak.get("generations"),
+                              "seconds": leak.get("seconds")}
+    if "exposure" in a.audits:
+        exp = canary_exposure(model, run["canaries"], num_candidates=a.exposure_candidates,
+                              seed=a.seed)
+        bits = [c["exposure"] for c in exp["canaries"]]
+        result["exposure"] = {
+            "candidates": a.exposure_candidates, "max_possible_bits": exp["max_exposure_bits"],
+            "mean_bits": sum(bits) / len(bits) if bits else None,
+            "max_bits": max(bits) if bits else None,
+            "top_rank_count": sum(c["rank"] == 1 for c in exp["canaries"]),
+            "by_cell": exp.get("mean_exposure"), "seconds": exp.get("seconds")}
+    if "mia" in a.audits:
+        extra = ({"epsilon": dp["epsilon"], "delta": dp["delta"], "history": dp["history"]}
+                 if dp and name != "nondpft" else {})
+        mia = run_mia(model, reference, run["train"], run["heldout"],
+                      max_per_side=a.mia_records or None, seed=a.seed, **extra)
+        result["mia"] = mia
+    return result
+
+
+def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
+               models: dict[str, Path]) -> dict[str, Any]:
+    """Run ``cfg.audit.audits`` on ``models``; ``run`` names the run's files.
+
+    ``run``: ``canaries``, ``train``, ``heldout`` (data stage), ``base`` (the
+    public base model directory), ``release`` (the DP junior release; its
+    privacy record gives the ceiling), ``synthetic`` (optional). Returns the
+    aggregate summary (also written to ``audit.json``).
+    """
+    import torch
+
+    from privcode.audit.mia import plot_roc, read_dp_params
+    from privcode.audit.scoring import load_scored_model
+
+    started = time.time()
+    torch.set_num_threads(1)  # generation-bound small batches: threads only contend
+    a = cfg.audit
+    out_dir = Path(out_dir)
+    dp = read_dp_params(run["release"]) if run.get("release") else None
+    reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
+    summary: dict[str, Any] = {"models": {}, "audits": list(a.audits)}
+    for name, path in models.items():
+        log.info("auditing %s", name)
+        summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference, dp)
+    mia = {n: m["mia"] for n, m in summary["models"].items() if "mia" in m}
+    if mia:
+        curves = {f"{model} / {attack}": r for model, res in mia.items()
+                  for attack, r in res.get("attacks", {}).items()}
+        plot_roc(curves, out_dir / "mia_roc.png",
+                 epsilon=dp["epsilon"] if dp else None, delta=dp["delta"] if dp else None)
+        for m in summary["models"].values():
+            if "mia" in m:
+                m["mia"] = _mia_summary(m["mia"])
+    if dp:
+        from privcode.audit.mia import dp_tpr_ceiling
+
+        summary["dp_bound"] = {"epsilon": dp["epsilon"], "delta": dp["delta"],
+                               "tpr_at_1pct_fpr": float(dp_tpr_ceiling(0.01, dp["epsilon"],
+                                                                       dp["delta"]))}
+    if "fidelity" in a.audits and run.get("synthetic"):
+        from privcode.audit.fidelity import (
+            fidelity_report,
+            read_private_codes,
+            read_synthetic_codes,
+        )
+
+        summary["fidelity"] = fidelity_report(
+            read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
+            out_dir / "fidelity", max_samples=a.fidelity_max_samples, seed=a.seed)
+    if "probe" in a.audits:
+        for name in [n for n in ("premium", "nondpft", "junior") if n in models][:2]:
+            summary["models"][name]["probe"] = _probe(models[name], run, out_dir / "probe" / name,
+                                                      cfg)
+    summary["seconds"] = round(time.time() - started, 1)
+    atomic_write_json(out_dir / "audit.json", summary)
+    return summary
+
+
+def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:
+    attacks = {}
+    for attack, r in result.get("attacks", {}).items():
+        checks = (result.get("dp") or {}).get("checks", {}).get(attack, {})
+        attacks[attack] = {k: r.get(k) for k in ("auc", "tpr_at_1pct_fpr", "tpr_at_10pct_fpr",
+                                                 "n_members", "n_nonmembers")}
+        attacks[attack]["dp_violation"] = bool(checks.get("violated"))
+    return {"attacks": attacks, "violated": bool(result.get("violated")),
+            "dropped_canary_records": result.get("dropped_canary_records"),
+            "seconds": result.get("seconds")}
+
+
+def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig) -> dict:
+    from privcode.audit.probe.backends import HFBackend
+    from privcode.audit.probe.run import run_probe
+    from privcode.data.records import read_records
+
+    backend = HFBackend(str(path))
+    try:
+        summary = run_probe(backend, read_records(run["train"]), out_dir=out_dir,
+                            n_questions=cfg.audit.probe_questions, rounds=cfg.audit.probe_rounds,
+                            seed=cfg.audit.seed, public_model=str(run["base"]))
+    finally:
+        backend.close()
+    per_category = {}
+    for category, entry in summary["metrics"].items():
+        per_category[category] = {
+            "responses": entry["responses"],
+            "LP-1": (entry.get("LP>=1") or {}).get("rate"),
+            "LP-2": (entry.get("LP>=2") or {}).get("rate"),
+            "IL-2": (entry.get("IL>=2") or {}).get("rate")}
+    if "all" in per_category:
+        per_category["all"]["confirmed"] = summary["confirmed"].get("instances")
+    return {"per_category": per_category, "confirmed": summary["confirmed"].get("instances")}

@@ -1,0 +1,411 @@
+"""Model log-likelihoods for the privacy audits: sequence scores and per-record losses.
+
+Every audit scores text under "the model", which may be a plain Hugging Face
+causal LM, a LoRA adapter on a base, a premium release or a DP junior
+release. :func:`load_scored_model` loads any of them (detected by the files
+present) into a :class:`ScoredModel`, which also records how the model was
+trained to see its input, so that a text is scored in the same format:
+
+==================  =================================================================
+conditioning        token row for a record ``(p, c)`` / for a raw text ``t``
+==================  =================================================================
+``prompt``          ``tokens(p.rstrip() + "\\n") ++ tokens(c) ++ [EOS]`` / ``tokens(t)``
+                    (plain models, adapters, premium releases, prompt juniors)
+``none``            ``[EOS] ++ tokens(c) ++ [EOS]`` / ``[EOS] ++ tokens(t)``
+``latent``          ``D(z) ++ tokens(c) ++ [EOS]`` / ``D(z) ++ tokens(t)``: the K virtual
+                    tokens of the released prefix decoder D come first and the last of
+                    them predicts the first real token
+==================  =================================================================
+
+Latent juniors were trained with ``z = E_c(c)``, but E_c is never released, so
+an auditor holding the release cannot compute it. The score is therefore
+``log p(x | D(0))`` by default (``latent_samples = 0``: z at the prior mean,
+one forward pass), or the Monte Carlo estimate of the marginal likelihood
+``log p(x) = log E_{z ~ N(0, I)} p(x | D(z)) ~ logmeanexp_j log p(x | D(z_j))``
+over ``latent_samples`` seeded draws (``latent_samples`` times the cost;
+the marginal is what Stage II's sampler actually draws from).
+
+Maths. ``log p(x_t | ctx, x_<t) = logits[t-1, x_t] - logsumexp(logits[t-1])``
+in float32. :func:`sequence_logprobs` returns ``sum_t log p`` over the
+tokens of a continuation; :func:`record_losses` returns the mean token
+negative log-likelihood over the tokens the training objective put its loss
+on (code tokens and the final EOS; prompt tokens too for ``dpft`` /
+``nondpft``), exactly :func:`privcode.train.data.encode_records`' rows cut
+to ``max_length``. Rows are right-padded within a batch; with causal
+attention a padded row computes exactly what the unpadded row does.
+
+Privacy: the records and texts scored here are private. Nothing in this
+module logs or raises with their content; errors name files and counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from privcode.errors import PrivcodeError
+
+log = logging.getLogger("privcode.audit")
+
+__all__ = ["AuditError", "ScoredModel", "as_scored", "describe", "load_scored_model",
+           "record_losses", "sequence_logprobs", "tokenize_pairs"]
+
+
+class AuditError(PrivcodeError, ValueError):
+    """An audit cannot run: a bad model path, bad inputs or settings; names what and where."""
+
+
+@dataclass
+class ScoredModel:
+    """A causal LM in eval mode plus how it conditions its input (see the module docstring).
+
+    ``info`` holds public facts only (path, kind, method, dp, epsilon, delta,
+    the DP history): it goes into audit summaries.
+    """
+
+    model: Any
+    tokenizer: Any
+    conditioning: str = "prompt"            #: "prompt" | "none" | "latent"
+    loss_on_prompt: bool = False            #: dpft / nondpft trained on prompt tokens too
+    prefix_decoder: torch.nn.Linear | None = None
+    num_virtual_tokens: int | None = None
+    latent_samples: int = 0                 #: 0: z = 0; n > 0: logmeanexp over n draws
+    latent_seed: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.conditioning not in ("prompt", "none", "latent"):
+            raise AuditError(f"conditioning must be prompt, none or latent, got "
+                             f"{self.conditioning!r}")
+        if self.conditioning == "latent" and (self.prefix_decoder is None
+                                              or not self.num_virtual_tokens):
+            raise AuditError("a latent model needs its prefix decoder and num_virtual_tokens")
+        if type(self.latent_samples) is not int or self.latent_samples < 0:
+            raise AuditError(f"latent_samples must be an int >= 0, got {self.latent_samples!r}")
+        if self.tokenizer.eos_token_id is None:
+            raise AuditError("the tokenizer has no EOS token (needed as BOS stand-in and end)")
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return int(next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None))
+
+    def latents(self, n: int | None = None, seed: int | None = None) -> torch.Tensor:
+        """``[m, dz]`` latents: ``n`` draws from N(0, I) (seeded), or z = 0 when n is 0/None."""
+        dz = self.prefix_decoder.weight.shape[1]
+        n = self.latent_samples if n is None else n
+        if not n:
+            return torch.zeros(1, dz)
+        gen = torch.Generator().manual_seed(int(self.latent_seed if seed is None else seed))
+        return torch.randn(n, dz, generator=gen)
+
+    def prefix_embeds(self, z: torch.Tensor) -> torch.Tensor:
+        """``D(z)`` as ``[m, K, hidden]`` in the model's embedding dtype and device."""
+        emb = self.model.get_input_embeddings().weight
+        with torch.inference_mode():
+            out = self.prefix_decoder(z.to(device=self.prefix_decoder.weight.device,
+                                           dtype=self.prefix_decoder.weight.dtype))
+        return out.view(z.shape[0], self.num_virtual_tokens, -1).to(device=emb.device,
+                                                                      dtype=emb.dtype)
+
+
+def as_scored(model: Any, tokenizer: Any = None) -> ScoredModel:
+    """``model`` itself if it is a :class:`ScoredModel`, else a plain ``prompt`` wrapper."""
+    if isinstance(model, ScoredModel):
+        return model
+    if tokenizer is None:
+        raise AuditError("a tokenizer is needed to score a plain model")
+    model.eval()
+    return ScoredModel(model=model, tokenizer=tokenizer, info={"kind": "model"})
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise AuditError(f"{path}: not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise AuditError(f"{path}: not a JSON object")
+    return data
+
+
+def _with_adapter(base_path: str, adapter_dir: Path, device: str) -> tuple[Any, Any]:
+    from peft import PeftModel
+
+    from privcode.models.loading import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(base_path)
+    base = load_causal_lm(base_path, device=device)
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise AuditError(f"{adapter_dir}: cannot apply the adapter to base model {base_path}: "
+                         f"{exc}") from exc
+    model = model.merge_and_unload().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tokenizer
+
+
+def load_scored_model(path: str | Path, *, base_model: str | None = None, device: str = "cpu",
+                      latent_samples: int = 0, latent_seed: int = 0) -> ScoredModel:
+    """Load what ``path`` holds, detected by its files, in this order:
+
+    ``release.json`` -> a Stage I junior release (:func:`privcode.release.load_release`;
+    its privacy record goes into ``info``); ``premium.json`` -> a premium release
+    (``adapter/`` on the base named in it); ``adapter_config.json`` -> a peft
+    adapter on ``base_model`` (default: the adapter's recorded base);
+    ``config.json`` or a preset name -> a plain HF model; ``base.json`` (the
+    base stage's directory) -> the base model it names. ``base_model``
+    overrides the recorded base path of a release.
+    """
+    from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+
+    root = Path(path).expanduser()
+    info: dict[str, Any] = {"path": str(root)}
+    try:
+        if (root / "release.json").is_file():
+            from privcode.release import load_release
+            from privcode.train.methods import METHODS
+
+            rel = load_release(root, device=device, base_model=base_model)
+            method = rel.meta["method"]
+            privacy = rel.privacy
+            info.update(kind="junior", method=method, dp=rel.dp,
+                        epsilon=privacy.get("epsilon"), delta=privacy.get("delta"),
+                        history=[{k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
+                                 for h in privacy.get("history") or []
+                                 if isinstance(h, dict) and "noise_multiplier" in h])
+            m = METHODS.get(method)
+            return ScoredModel(model=rel.model, tokenizer=rel.tokenizer,
+                               conditioning=rel.conditioning,
+                               loss_on_prompt=bool(m and m.loss_on_prompt),
+                               prefix_decoder=rel.prefix_decoder,
+                               num_virtual_tokens=rel.num_virtual_tokens,
+                               latent_samples=latent_samples, latent_seed=latent_seed, info=info)
+        if (root / "premium.json").is_file():
+            meta = _read_json(root / "premium.json")
+            base = base_model or meta.get("model")
+            if not isinstance(base, str) or not base:
+                raise AuditError(f"{root / 'premium.json'}: no 'model'; pass base_model")
+            model, tokenizer = _with_adapter(base, root / "adapter", device)
+            info.update(kind="premium", dp=False, base_model=base,
+                        post_processing_of=(meta.get("privacy") or {}).get("post_processing_of"))
+            return ScoredModel(model=model, tokenizer=tokenizer, info=info)
+        if (root / "adapter_config.json").is_file():
+            base = base_model or _read_json(root / "adapter_config.json").get(
+                "base_model_name_or_path")
+            if not isinstance(base, str) or not base:
+                raise AuditError(f"{root}: an adapter needs base_model (none recorded)")
+            model, tokenizer = _with_adapter(base, root, device)
+            info.update(kind="adapter", base_model=base)
+            return ScoredModel(model=model, tokenizer=tokenizer, info=info)
+        if (root / "base.json").is_file() and not (root / "config.json").is_file():
+            path = _read_json(root / "base.json").get("path") or ""  # a base stage directory
+            if not isinstance(path, str) or not path:
+                raise AuditError(f"{root / 'base.json'}: no 'path' to the base model")
+        model = load_causal_lm(path, device=device)
+        info.update(kind="model", model_path=str(path))
+        return ScoredModel(model=model, tokenizer=load_tokenizer(path), info=info)
+    except ModelLoadError as exc:
+        raise AuditError(f"cannot load a model to audit from {root}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- core forward
+
+
+def _ids_offsets(tokenizer: Any, texts: list[str]) -> list[tuple[list[int], list[tuple]]]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return [(list(e.ids), [tuple(o) for o in e.offsets])
+                for e in backend.encode_batch(texts, add_special_tokens=False)]
+    out = []
+    for t in texts:
+        enc = tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)
+        out.append((list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]))
+    return out
+
+
+def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: int,
+                  z: torch.Tensor | None = None) -> list[np.ndarray]:
+    """Per row, ``lp[t] = log p(row[t] | prefix, row[<t])`` (float64 array, len(row)).
+
+    Without a latent prefix ``lp[0]`` is NaN (nothing predicts the first
+    token). With ``z`` ([1, dz]) the K virtual tokens D(z) come first.
+    Rows are scored longest first in batches of ``batch_size``.
+    """
+    if batch_size < 1:
+        raise AuditError(f"batch_size must be >= 1, got {batch_size}")
+    out: list[np.ndarray | None] = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+    device, emb_layer = sm.device, sm.model.get_input_embeddings()
+    prefix = sm.prefix_embeds(z) if z is not None else None
+    k = 0 if prefix is None else prefix.shape[1]
+    with torch.inference_mode():
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            width = max(len(rows[i]) for i in idx)
+            if width == 0:
+                for i in idx:
+                    out[i] = np.zeros(0)
+                continue
+            ids = torch.full((len(idx), width), sm.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for j, i in enumerate(idx):
+                ids[j, :len(rows[i])] = torch.tensor(list(rows[i]), dtype=torch.long)
+                mask[j, :len(rows[i])] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            mask[:, 0] = 1  # an empty row still attends to something; its output is dropped
+            if prefix is None:
+                logits = sm.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+                targets = ids[:, 1:]
+            else:
+                embeds = torch.cat([prefix.expand(len(idx), -1, -1), emb_layer(ids)], dim=1)
+                attn = torch.cat([torch.ones_like(mask[:, :1]).expand(-1, k), mask], dim=1)
+                logits = sm.model(inputs_embeds=embeds, attention_mask=attn).logits[:, k - 1:-1]
+                targets = ids
+            logits = logits.float()
+            lp = (logits.gather(-1, targets[..., None])[..., 0]
+                  - torch.logsumexp(logits, dim=-1)).double().cpu().numpy()
+            for j, i in enumerate(idx):
+                n = len(rows[i])
+                out[i] = (np.concatenate([[np.nan], lp[j, :n - 1]]) if prefix is None
+                          else lp[j, :n])
+    return out  # type: ignore[return-value]
+
+
+def _masked_sums(sm: ScoredModel, rows: list[list[int]], masks: list[np.ndarray],
+                 batch_size: int) -> np.ndarray:
+    """``log p`` summed over each row's masked targets; logmeanexp over latent draws."""
+    if sm.conditioning != "latent":
+        lps = _row_logprobs(sm, rows, batch_size)
+        return np.array([float(np.sum(lp[m])) for lp, m in zip(lps, masks, strict=True)])
+    zs = sm.latents()
+    per_z = np.stack([
+        np.array([float(np.sum(lp[m])) for lp, m in zip(
+            _row_logprobs(sm, rows, batch_size, z=zs[j:j + 1]), masks, strict=True)])
+        for j in range(zs.shape[0])])
+    top = per_z.max(axis=0)
+    return top + np.log(np.mean(np.exp(per_z - top), axis=0))
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def tokenize_pairs(sm: ScoredModel, prefixes: Sequence[str], continuations: Sequence[str]
+                   ) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Token rows of ``prefix + continuation`` and the mask of the continuation's tokens.
+
+    The text is tokenised jointly, as in training (a separate tokenisation
+    of the continuation would cut it where training never did: ``" ali"``
+    vs ``" " + "ali"``). The scored tokens are those ending after the
+    prefix; a token straddling the boundary (``" ali"`` after ``"to "``)
+    is scored, so a few prefix characters may be included: the same ones
+    for every continuation of a given prefix, which is what ranking needs.
+    ``none`` models get an EOS first; ``prompt`` models one only when no
+    context token is left (an empty prefix), as their BOS stand-in.
+    """
+    if len(prefixes) != len(continuations):
+        raise AuditError(f"{len(prefixes)} prefixes but {len(continuations)} continuations")
+    if any(not c for c in continuations):
+        raise AuditError("continuations must be non-empty strings")
+    encoded = _ids_offsets(sm.tokenizer, [p + c for p, c in zip(prefixes, continuations,
+                                                                  strict=True)])
+    rows, masks = [], []
+    for prefix, (ids, offsets) in zip(prefixes, encoded, strict=True):
+        cut = len(prefix)
+        first = next((t for t, (_, end) in enumerate(offsets) if end > cut), len(ids))
+        lead = []
+        if sm.conditioning == "none" or (sm.conditioning == "prompt" and first == 0):
+            lead = [sm.eos_id]
+        row = lead + ids
+        mask = np.zeros(len(row), dtype=bool)
+        mask[len(lead) + first:] = True
+        rows.append(row)
+        masks.append(mask)
+    return rows, masks
+
+
+def sequence_logprobs(model: Any, tokenizer: Any, prefixes: Sequence[str],
+                      continuations: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """``log p(continuation | prefix)`` (natural log, summed over tokens) for each pair.
+
+    ``model``: a :class:`ScoredModel` (``tokenizer`` may then be None) or a
+    plain HF causal LM. See :func:`tokenize_pairs` for which tokens count.
+    """
+    sm = as_scored(model, tokenizer)
+    rows, masks = tokenize_pairs(sm, list(prefixes), list(continuations))
+    return _masked_sums(sm, rows, masks, batch_size)
+
+
+def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_size: int = 16,
+                  max_length: int = 256, loss_on_prompt: bool | None = None,
+                  fmt: str | None = None) -> np.ndarray:
+    """Mean token NLL of each record (objects with ``prompt`` and ``code``), as in training.
+
+    The format follows the model's conditioning (module docstring), or
+    ``fmt``: ``"prompt+code"`` / ``"code"`` (EOS ++ code) to score a plain
+    reference model like a target. Loss tokens: code + EOS, plus the prompt
+    when ``loss_on_prompt`` (default: the model's training objective). With
+    ``latent_samples > 0``: ``-logmeanexp_z(sum_t log p) / n_tokens``. A
+    record with no loss token left after truncation gets NaN.
+    """
+    from privcode.train.data import CODE, PAD, encode_records
+
+    sm = as_scored(model, tokenizer)
+    fmt = fmt or {"prompt": "prompt+code", "none": "code", "latent": "latent"}[sm.conditioning]
+    if fmt not in ("prompt+code", "code", "latent") or (fmt == "latent") != (
+            sm.conditioning == "latent"):
+        raise AuditError(f"format {fmt!r} does not fit a {sm.conditioning!r} model")
+    on_prompt = sm.loss_on_prompt if loss_on_prompt is None else bool(loss_on_prompt)
+    encoded = encode_records(list(records), sm.tokenizer, max_length)
+    rows, masks = [], []
+    for enc in encoded:
+        segs = np.array(enc.segments)
+        if fmt == "prompt+code":
+            row = list(enc.input_ids)
+            mask = (segs != PAD) if on_prompt else (segs == CODE)
+            mask[0] = False  # nothing predicts the first token
+        else:
+            row = [t for t, s in zip(enc.input_ids, enc.segments, strict=True) if s == CODE]
+            if fmt == "code":
+                row = [sm.eos_id] + row
+            mask = np.ones(len(row), dtype=bool)
+            if fmt == "code":
+                mask[0] = False
+        rows.append(row)
+        masks.append(np.asarray(mask, dtype=bool))
+    sums = _masked_sums(sm, rows, masks, batch_size)
+    counts = np.array([m.sum() for m in masks], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        losses = np.where(counts > 0, -sums / np.maximum(counts, 1), np.nan)
+    if not np.all(np.isfinite(losses)):
+        log.warning("record_losses: %d of %d records have no scorable token",
+                    int(np.sum(~np.isfinite(losses))), len(losses))
+    return losses
+
+
+def describe(sm: ScoredModel) -> dict[str, Any]:
+    """The public description of a scored model for audit summaries."""
+    keys = ("path", "kind", "method", "dp", "epsilon", "delta", "base_model")
+    out = {k: sm.info[k] for k in keys if k in sm.info}
+    out["conditioning"] = sm.conditioning
+    if sm.conditioning == "latent":
+        out["latent_scoring"] = ("z = 0 (prior mean)" if not sm.latent_samples else
+                                 f"marginal over {sm.latent_samples} z ~ N(0, I) draws")
+    return out

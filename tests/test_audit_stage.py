@@ -1,0 +1,123 @@
+"""The eval and audit stages in a real pipeline run, and the report they feed.
+
+A tiny run (60 records, the ``ci`` base, 4 DP steps) goes through data, base,
+train, eval, audit (with the non-DP comparison) and report on the session's
+Ray cluster. The assertions are about what crosses the privacy boundary:
+the audit summary, the report and its HTML hold aggregates only (no canary
+value, no record text), the detail files holding private values stay in the
+audit directory with mode 0600, and the numbers are in their ranges.
+
+The demo-scale replication (``nondpft`` at 100 repetitions leaks, PrivCode++
+at epsilon 4 does not; the DP run's MIA TPR is lower) is the slow test at
+the end: ``make test-all``.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from privcode.config import load_config
+
+TINY = [
+    "run.name=t", "run.stages=[data, base, train, eval, audit, report]",
+    "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
+    "base.preset=ci",
+    "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
+    "train.checkpoint_every=2", "train.eval_tokens=0",
+    "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
+    "eval.limit=3", "eval.max_new_tokens=32", "eval.models=[base, junior]",
+    "audit.audits=[canaries, exposure, mia, probe]", "audit.compare_nondp=true",
+    "audit.nondp_steps=6", "audit.canary_samples=2", "audit.canary_max_new_tokens=12",
+    "audit.exposure_candidates=20", "audit.mia_records=20", "audit.probe_questions=1",
+    "audit.probe_rounds=1",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(ray_connected, tmp_path_factory, ci_base_cache):
+    from privcode.pipeline.runner import run_pipeline
+
+    root = tmp_path_factory.mktemp("audit-run")
+    overrides = [f"run.out_dir={root / 'runs'}", f"run.reports_dir={root / 'reports'}",
+                 f"base.cache_dir={ci_base_cache}", *TINY]
+    result = run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
+    return root, result
+
+
+def _secrets(root: Path) -> list[str]:
+    canaries = json.loads((root / "runs/t/data/canaries.json").read_text())["canaries"]
+    return [c["value"] for c in canaries]
+
+
+def test_eval_and_audit_stages_run_and_report(tiny_run):
+    root, result = tiny_run
+    assert {k: v["status"] for k, v in result["stages"].items()} == {
+        s: "ran" for s in ("data", "base", "train", "eval", "audit", "report")}
+    audit = json.loads((root / "runs/t/audit/audit.json").read_text())
+    assert set(audit["models"]) == {"junior", "nondpft"}
+    assert audit["models"]["nondpft"]["non_private"] is True
+    for name, model in audit["models"].items():
+        c = model["canaries"]
+        assert c["total"] == 2 * 3 * 2 and 0 <= c["leaked"] <= c["total"]  # kinds x places x reps
+        assert sum(cell["categories"] for cell in c["table"]) == c["total"]
+        e = model["exposure"]
+        assert 0 <= e["mean_bits"] <= e["max_possible_bits"] <= 4.4  # log2(21)
+        for attack in ("loss", "reference_calibrated"):
+            r = model["mia"]["attacks"][attack]
+            assert 0.0 <= r["auc"] <= 1.0 and 0.0 <= r["tpr_at_1pct_fpr"] <= 1.0
+        assert model["mia"]["violated"] is False, name
+    assert 0 < audit["dp_bound"]["epsilon"] <= 4.0
+    probe = audit["models"]["nondpft"]["probe"]["per_category"]["all"]
+    assert probe["responses"] >= 1 and probe["confirmed"] >= 0
+    assert (root / "runs/t/audit/mia_roc.png").stat().st_size > 1000
+
+    report = (root / "reports/t/report.md").read_text()
+    for heading in ("## Utility: pass@k", "## Privacy audits", "### Canary leakage",
+                    "### Exposure", "### Membership inference", "### Leak probing"):
+        assert heading in report
+    assert "![membership inference ROC](mia_roc.png)" in report
+    html = (root / "reports/t/report.html").read_text()
+    assert "<table>" in html and "data:image/png;base64," in html
+    evaluation = json.loads((root / "runs/t/eval/junior.json").read_text())
+    assert evaluation["n_tasks"] == 3 and 0.0 <= evaluation["pass_at_k"]["pass@1"] <= 1.0
+
+
+def test_nothing_private_leaves_the_audit_directory(tiny_run):
+    root, _ = tiny_run
+    secrets = _secrets(root)
+    assert secrets and all(len(s) >= 8 for s in secrets)
+    public = [root / "runs/t/audit/audit.json", root / "runs/t/audit/manifest.json",
+              *sorted((root / "reports/t").iterdir())]
+    for path in public:
+        if path.suffix in (".json", ".md", ".html"):
+            text = path.read_text()
+            assert not [s for s in secrets if s in text], path
+    details = [root / "runs/t/audit/private/junior/canaries_private.json",
+               root / "runs/t/audit/private/nondpft/canaries_private.json",
+               root / "runs/t/audit/probe/nondpft/probe_leaks.json"]
+    for path in details:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert json.loads((root / "runs/t/audit/manifest.json").read_text())["private"] is True
+
+
+@pytest.mark.slow
+def test_demo_scale_replication(ray_connected, tmp_path, ci_base_cache):
+    """`nondpft` at 100 repetitions leaks a canary category; PrivCode++ at epsilon 4 leaks
+    none; the DP junior's MIA TPR@1%FPR is below the non-DP model's (the demo config)."""
+    from privcode.pipeline.runner import run_pipeline
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", f"run.reports_dir={tmp_path / 'reports'}",
+                 "run.name=replication", "run.stages=[data, base, train, audit, report]",
+                 "audit.audits=[canaries, mia]"]
+    run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
+    audit = json.loads((tmp_path / "runs/replication/audit/audit.json").read_text())
+    dp, nondp = audit["models"]["junior"], audit["models"]["nondpft"]
+    assert dp["canaries"]["leaked"] == 0
+    leaked_100 = [cell for cell in nondp["canaries"]["table"] if cell["repetitions"] == 100]
+    assert sum(cell["leaked"] for cell in leaked_100) >= 1
+    assert (dp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
+            < nondp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"])
