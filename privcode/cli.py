@@ -133,9 +133,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from privcode.cluster.local import connect
     from privcode.serve.premium import app
 
-    release = args.premium or str(Path(load_config(args.config, args.overrides).run.out_dir)
-                                  / load_config(args.config, args.overrides).run.name
-                                  / "premium")
+    run = load_config(args.config, args.overrides).run
+    release = args.premium or str(Path(run.out_dir) / run.name / "premium")
     options = {"premium": release, "device": args.device,
                **({"model": args.model} if args.model else {})}
     application = app(options)  # validates the arguments before anything starts
