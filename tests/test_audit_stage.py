@@ -105,7 +105,7 @@ def test_nothing_private_leaves_the_audit_directory(tiny_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="not reached yet: the demo's nondpft comparison (300 "
+@pytest.mark.xfail(strict=False, reason="not reached yet: the demo's nondpft comparison (200 "
                    "steps, LoRA r=8 on the tiny base) does not memorise a canary verbatim at "
                    "temperature 1; see README, Limitations")
 def test_demo_scale_replication(ray_connected, tmp_path, ci_base_cache):
