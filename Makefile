@@ -40,7 +40,7 @@ demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster
 	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
 
 test: ## Run the test suite (what CI runs): everything but slow and GPU tests
-	$(VENV)/bin/pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-gpu
 
 test-all: ## Run every test, slow ones included
