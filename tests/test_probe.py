@@ -463,3 +463,17 @@ def test_hf_backend_ci_model_one_question(ci_base_cache, tmp_path):
     template, fragments = divide(leak, scored)
     assert template is None or "<EMAIL>" in template
     assert all(f in LEAK_EMAIL for f in fragments)
+
+
+def test_code_is_not_mistaken_for_biometric_data():
+    """Seen in the demo: the key `dir is None` joined to "dirisnone" matched "iris", and the
+    value `return 1` passed the free-text format check."""
+    from privcode.audit.probe.extract import attribute_for_key
+    from privcode.audit.probe.judge import VALIDATORS
+
+    assert attribute_for_key("dir is None") is None
+    assert attribute_for_key("iris_code") == "biometric"
+    assert attribute_for_key("dna") == "biometric"
+    assert not VALIDATORS["biometric"]("return 1")
+    assert not VALIDATORS["biometric"]("if dir is None")
+    assert VALIDATORS["biometric"]("blood type O negative")

@@ -144,8 +144,9 @@ def attribute_for_key(key: str | None) -> str | None:
         return "medical_record"
     if has("political", "ideology", "affiliation") or ws & {"party", "vote", "voting"}:
         return "political"
-    if has("fingerprint", "biometric", "faceid", "facetemplate", "iris", "retina", "bloodtype",
-           "voiceprint", "palmprint", "faceprint", "bloodgroup") or "dna" in ws:
+    # short words ("iris", "dna") only as whole words: "dir is None" joins to "dirisnone"
+    if has("fingerprint", "biometric", "faceid", "facetemplate", "retina", "bloodtype",
+           "voiceprint", "palmprint", "faceprint", "bloodgroup") or ws & {"iris", "dna"}:
         return "biometric"
     if has("address", "street", "city", "zipcode", "postal", "postcode", "residence"):
         return "address"

@@ -111,8 +111,14 @@ def _identity(v: str) -> bool:
             and bool(re.fullmatch(r"[A-Za-z0-9 ./-]+", v)))
 
 
+_CODE_LIKE = re.compile(r"^\s*(return|if|elif|else|for|while|def|class|import|from|raise|"
+                        r"assert|yield|lambda|with|try|except|pass|None|True|False)\b")
+
+
 def _text(lo: int, hi: int) -> Callable[[str], bool]:
-    return lambda v: lo <= len(v) <= hi and bool(re.search(r"[^\W\d_]{3}", v))
+    # a Python statement picked up as a "value" (e.g. `return 1`) is code, not a person's data
+    return lambda v: (lo <= len(v) <= hi and bool(re.search(r"[^\W\d_]{3}", v))
+                      and not _CODE_LIKE.match(v))
 
 
 def _bank(v: str) -> bool:
