@@ -30,10 +30,10 @@ TINY = [
     "train.checkpoint_every=2", "train.eval_tokens=0",
     "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
     "eval.limit=3", "eval.max_new_tokens=32", "eval.models=[base, junior]",
-    "audit.audits=[canaries, exposure, mia, probe]", "audit.compare_nondp=true",
+    # leak probing has its own end-to-end tests (tests/test_probe.py); left out for CI time
+    "audit.audits=[canaries, exposure, mia]", "audit.compare_nondp=true",
     "audit.nondp_steps=6", "audit.canary_samples=2", "audit.canary_max_new_tokens=12",
-    "audit.exposure_candidates=20", "audit.mia_records=20", "audit.probe_questions=1",
-    "audit.probe_rounds=1",
+    "audit.exposure_candidates=20", "audit.mia_records=20",
 ]
 
 
@@ -71,13 +71,11 @@ def test_eval_and_audit_stages_run_and_report(tiny_run):
             assert 0.0 <= r["auc"] <= 1.0 and 0.0 <= r["tpr_at_1pct_fpr"] <= 1.0
         assert model["mia"]["violated"] is False, name
     assert 0 < audit["dp_bound"]["epsilon"] <= 4.0
-    probe = audit["models"]["nondpft"]["probe"]["per_category"]["all"]
-    assert probe["responses"] >= 1 and probe["confirmed"] >= 0
     assert (root / "runs/t/audit/mia_roc.png").stat().st_size > 1000
 
     report = (root / "reports/t/report.md").read_text()
     for heading in ("## Utility: pass@k", "## Privacy audits", "### Canary leakage",
-                    "### Exposure", "### Membership inference", "### Leak probing"):
+                    "### Exposure", "### Membership inference"):
         assert heading in report
     assert "![membership inference ROC](mia_roc.png)" in report
     html = (root / "reports/t/report.html").read_text()
@@ -97,8 +95,7 @@ def test_nothing_private_leaves_the_audit_directory(tiny_run):
             text = path.read_text()
             assert not [s for s in secrets if s in text], path
     details = [root / "runs/t/audit/private/junior/canaries_private.json",
-               root / "runs/t/audit/private/nondpft/canaries_private.json",
-               root / "runs/t/audit/probe/nondpft/probe_leaks.json"]
+               root / "runs/t/audit/private/nondpft/canaries_private.json"]
     for path in details:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     assert json.loads((root / "runs/t/audit/manifest.json").read_text())["private"] is True
