@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from privcode.errors import PrivcodeError
+from privcode.train.data import _ids_offsets
 
 log = logging.getLogger("privcode.audit")
 
@@ -227,18 +228,6 @@ def load_scored_model(path: str | Path, *, base_model: str | None = None, device
 
 
 # --------------------------------------------------------------------------- core forward
-
-
-def _ids_offsets(tokenizer: Any, texts: list[str]) -> list[tuple[list[int], list[tuple]]]:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return [(list(e.ids), [tuple(o) for o in e.offsets])
-                for e in backend.encode_batch(texts, add_special_tokens=False)]
-    out = []
-    for t in texts:
-        enc = tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)
-        out.append((list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]))
-    return out
 
 
 def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: int,
