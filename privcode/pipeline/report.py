@@ -6,6 +6,9 @@ shows the privacy accounting and a loss curve on PUBLIC held-out code only. Corp
 the private corpus and are meant for its owner (they are exact counts, not DP
 statistics); the report says so.
 
+Run alone (``privcode run --stages report``), it also reads the manifests of
+the other configured stages from disk when they are current.
+
 Layout: ``<reports_dir>/<run>/report.md`` and ``<reports_dir>/<run>/*.png``;
 the same files also live in the report stage's artifact directory, whose
 manifest hashes them.
@@ -330,8 +333,32 @@ def render_html(markdown_text: str, image_dir: Path, title: str) -> str:
             f"</title><style>{_CSS}</style></head><body>{body}</body></html>")
 
 
+def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``inputs`` plus the current on-disk manifests of configured stages the runner left out.
+
+    ``privcode run --stages report`` passes only the report's required inputs
+    (data, base); a stage of ``run.stages`` that the report reads when present
+    (train, synth, ...) is added when its artifact on disk is exactly what this
+    config would produce (same fingerprint, outputs intact), as the runner
+    would have skipped it.
+    """
+    from privcode.pipeline.runner import fingerprint, is_current, read_manifest, stage_dir
+    from privcode.pipeline.stages import STAGES
+
+    manifests = dict(inputs)
+    for name, stage in STAGES.items():
+        if name in manifests or name not in cfg.run.stages or name not in STAGES["report"].after \
+                or any(dep not in manifests for dep in stage.needs):
+            continue
+        directory = stage_dir(cfg, name)
+        if is_current(directory, fingerprint(cfg, stage, manifests), stage):
+            manifests[name] = read_manifest(directory)
+    return {name: manifests[name] for name in STAGES if name in manifests}
+
+
 def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Write report.md and plots into ``out_dir`` and publish them to the reports dir."""
+    given, inputs = set(inputs), _complete_inputs(cfg, inputs)
     data, base = inputs.get("data"), inputs.get("base")
     lines = [f"# {cfg.report.title}", "", f"Run `{cfg.run.name}` (config `{cfg.source}`).", ""]
     lines += ["## Stages", "", "| stage | fingerprint | seconds |", "|---|---|---|"]
@@ -354,6 +381,12 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     if cfg.report.plots and train and plot_train(train.get("summary", {}), out_dir / "train_loss.png"):
         lines += ["![DP training: public held-out loss](train_loss.png)", ""]
         plots.append("train_loss.png")
+    from privcode.pipeline.report_sweep import privacy_utility, sweep_section
+
+    sweep = privacy_utility(cfg, train)
+    extra, names = sweep_section(cfg, train, out_dir, cfg.report.plots, data=sweep)
+    lines += extra
+    plots += names
     synth = inputs.get("synth")
     lines += _synth_section(synth)
     if cfg.report.plots and synth and plot_synth(synth.get("summary", {}),
@@ -389,6 +422,9 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
         "synth_funnel": {k: (synth or {}).get("summary", {}).get(k) for k in (
             "generated", "removed_execution", "removed_roundtrip", "removed_duplicate",
             "kept")} if synth else None,
+        "privacy_utility": sweep,
+        # Stages not passed by the runner (privcode run --stages report), read from disk.
+        "inputs_read_from_disk": [name for name in inputs if name not in given],
     }
     atomic_write_json(out_dir / "report.json", summary)
     publish = Path(cfg.run.reports_dir).resolve() / cfg.run.name

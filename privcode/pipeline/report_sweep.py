@@ -1,0 +1,310 @@
+"""The report's privacy-utility section: utility against epsilon, from manifests only.
+
+Plotted (``privacy_utility.png``). Left: the junior's loss on PUBLIC held-out
+code against epsilon. The line is this run: at each checkpoint k of the train
+stage's ``public_heldout_loss_curve``, the epsilon of k DP-SGD steps (k
+compositions of the Poisson-subsampled Gaussian mechanism at the run's q and
+sigma, at its delta, by :mod:`privcode.dp.accounting` with the run's
+accountant; k = 0: epsilon 0). The markers are runs, labelled by name: final
+epsilon (the train summary's, from the ledger) and final held-out loss.
+Right, when at least two runs were evaluated: pass@1 of junior and premium
+against epsilon. The epsilon axis is logarithmic when the positive epsilons
+span a factor of 5 or more (epsilon 0 is then a horizontal line).
+
+Assumptions:
+
+* Runs compared: every ``<run.out_dir>/<name>/train/manifest.json`` whose
+  summary has the same ``corpus_sha256`` and ``method`` as this run. An
+  epsilon curve only compares models trained on the same private data with
+  the same Stage I method; other settings (steps, lr) may differ, and the
+  table shows steps and sigma. Runs without a DP guarantee are left out.
+* A run's pass@1 and MIA numbers (reference-calibrated attack on the junior,
+  TPR at 1% FPR) count only when its eval / audit manifest lists the run's
+  current train fingerprint as input; otherwise they describe an older model.
+* The line assumes q and sigma fixed through the run (sigma is calibrated
+  once) and counts this run's steps only; when the ledger also holds earlier
+  steps on the corpus, the run's epsilon is above the line's end (said so).
+* Only manifests (aggregates) are read, never a dataset. A missing or corrupt
+  train manifest skips its run with a warning naming the file; a corrupt eval
+  or audit manifest drops only those numbers, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from privcode.pipeline.report_audit import _grid, _plt, _save
+
+__all__ = ["collect_points", "plot_privacy_utility", "privacy_utility", "sweep_section",
+           "within_run_curve"]
+
+log = logging.getLogger("privcode.pipeline.report")
+
+MANIFEST = "manifest.json"
+MIA_ATTACK = "reference_calibrated"
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    """A manifest as a dict; None when absent, or corrupt (with a warning naming the file)."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("privacy-utility: ignoring unreadable manifest %s (%s)", path, exc)
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("summary"), dict):
+        log.warning("privacy-utility: ignoring manifest %s (no summary mapping)", path)
+        return None
+    return manifest
+
+
+def _num(value: Any) -> float | None:
+    """A finite float, None for None; TypeError / ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    return float(value)
+
+
+def _final_loss(curve: Any) -> float | None:
+    losses = [v for _, v in (curve or []) if v is not None]
+    return _num(losses[-1]) if losses else None
+
+
+def _pass1(models: dict[str, Any], name: str) -> float | None:
+    return _num(((models.get(name) or {}).get("pass_at_k") or {}).get("pass@1"))
+
+
+def _stage_numbers(run_dir: Path, stage: str, train_fp: Any) -> dict[str, Any] | None:
+    """The summary of ``stage`` in ``run_dir`` when it was computed from train ``train_fp``."""
+    manifest = _load(run_dir / stage / MANIFEST)
+    if manifest is None or (manifest.get("inputs") or {}).get("train") != train_fp:
+        return None
+    return manifest["summary"]
+
+
+def _point(run: str, run_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    s = manifest["summary"]
+    if not s.get("dp") or s.get("epsilon") is None:
+        return None
+    point = {"run": run, "epsilon": _num(s["epsilon"]), "delta": _num(s.get("delta")),
+             "accountant": s.get("accountant"), "steps": s.get("steps_taken"),
+             "noise_multiplier": _num(s.get("noise_multiplier")),
+             "heldout_loss": _final_loss(s.get("public_heldout_loss_curve")),
+             "pass1_junior": None, "pass1_premium": None, "mia_tpr_at_1pct_fpr": None}
+    fp = manifest.get("fingerprint")
+    for stage, fill in (("eval", _fill_eval), ("audit", _fill_audit)):
+        summary = _stage_numbers(run_dir, stage, fp)
+        if summary is not None:
+            try:
+                fill(point, summary)
+            except (TypeError, ValueError, AttributeError) as exc:
+                log.warning("privacy-utility: ignoring %s (%s)", run_dir / stage / MANIFEST, exc)
+    return point
+
+
+def _fill_eval(point: dict[str, Any], summary: dict[str, Any]) -> None:
+    models = summary.get("models") or {}
+    point["pass1_junior"] = _pass1(models, "junior")
+    point["pass1_premium"] = _pass1(models, "premium")
+
+
+def _fill_audit(point: dict[str, Any], summary: dict[str, Any]) -> None:
+    junior = (summary.get("models") or {}).get("junior") or {}
+    attack = ((junior.get("mia") or {}).get("attacks") or {}).get(MIA_ATTACK) or {}
+    point["mia_tpr_at_1pct_fpr"] = _num(attack.get("tpr_at_1pct_fpr"))
+
+
+def collect_points(out_root: Path, current_run: str,
+                   reference: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One point per DP run under ``out_root`` on this run's corpus and method, by epsilon.
+
+    ``reference`` is the current run's train manifest (read from
+    ``out_root/current_run/train`` when None). Each point: run, current,
+    epsilon, delta, accountant, steps, noise_multiplier, heldout_loss,
+    pass1_junior, pass1_premium, mia_tpr_at_1pct_fpr (None when unknown).
+    """
+    out_root = Path(out_root)
+    manifests: dict[str, dict[str, Any] | None] = {}
+    for path in sorted(out_root.glob(f"*/train/{MANIFEST}")):
+        run = path.parent.parent.name
+        if not run.startswith("."):
+            manifests[run] = _load(path)
+    if reference is not None:
+        manifests[current_run] = reference
+    ref = (manifests.get(current_run) or {}).get("summary") or {}
+    key = (ref.get("corpus_sha256"), ref.get("method"))
+    if key[0] is None:
+        return []
+    points = []
+    for run, manifest in manifests.items():
+        if manifest is None:
+            continue
+        try:
+            s = manifest["summary"]
+            if (s.get("corpus_sha256"), s.get("method")) != key:
+                continue
+            point = _point(run, out_root / run, manifest)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("privacy-utility: skipping run %s: bad %s (%s)", run,
+                        out_root / run / "train" / MANIFEST, exc)
+            continue
+        if point is not None:
+            points.append({**point, "current": run == current_run})
+    return sorted(points, key=lambda p: (p["epsilon"], p["run"]))
+
+
+def within_run_curve(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{step, epsilon, loss}] for each checkpoint of a DP run's public held-out loss curve."""
+    from privcode.dp.accounting import DPEvent, epsilon
+    from privcode.errors import AccountingError
+
+    if not summary.get("dp"):
+        return []
+    out = []
+    try:
+        q, sigma = summary["sample_rate"], summary["noise_multiplier"]
+        delta, accountant = summary["delta"], summary.get("accountant") or "rdp"
+        for step, loss in summary.get("public_heldout_loss_curve") or []:
+            if loss is None:
+                continue
+            eps = 0.0 if step == 0 else epsilon([DPEvent(sigma, q, int(step))], delta, accountant)
+            out.append({"step": int(step), "epsilon": eps, "loss": float(loss)})
+    except (AccountingError, KeyError, TypeError, ValueError) as exc:
+        log.warning("privacy-utility: no within-run curve (%s)", exc)
+        return []
+    return out
+
+
+def privacy_utility(cfg: Any, train_manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{"runs": collect_points(...), "within_run": within_run_curve(...)}``; None without train."""
+    if not train_manifest:
+        return None
+    return {"runs": collect_points(Path(cfg.run.out_dir).resolve(), cfg.run.name,
+                                   reference=train_manifest),
+            "within_run": within_run_curve(train_manifest.get("summary") or {})}
+
+
+def _epsilon_axis(ax: Any, values: list[float]) -> None:
+    """Log scale (plain tick labels) when the epsilons are positive and span a factor >= 5."""
+    from matplotlib.ticker import FuncFormatter
+
+    if values and min(values) > 0 and max(values) >= 5 * min(values):
+        ax.set_xscale("log")
+        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def plot_privacy_utility(points: list[dict[str, Any]], within_run: list[dict[str, Any]],
+                         path: Path) -> bool:
+    """Loss (and pass@1) against epsilon; False when there is nothing to plot."""
+    line = [(p["epsilon"], p["loss"]) for p in within_run]
+    marks = [p for p in points if p.get("heldout_loss") is not None]
+    if not line and not marks:
+        return False
+    scored = [p for p in points
+              if p.get("pass1_junior") is not None or p.get("pass1_premium") is not None]
+    right = len(scored) >= 2
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2 if right else 1, figsize=(11.5 if right else 6.4, 3.8),
+                             squeeze=False)
+    ax = axes[0][0]
+    positive = [e for e, _ in line if e > 0] + [p["epsilon"] for p in marks]
+    _epsilon_axis(ax, positive)
+    if ax.get_xscale() == "log":
+        for e, loss in line:
+            if e == 0:
+                ax.axhline(loss, ls=":", color="#7f7f7f", label="step 0 (epsilon 0)")
+        line = [(e, v) for e, v in line if e > 0]
+    if line:
+        ax.plot([e for e, _ in line], [v for _, v in line], marker=".", color="#4a7ab5",
+                label="this run, by checkpoint")
+    for i, p in enumerate(marks):
+        ax.scatter([p["epsilon"]], [p["heldout_loss"]], color="#c0504d", zorder=3,
+                   marker="*" if p.get("current") else "o", s=70 if p.get("current") else 30,
+                   label="runs (final)" if i == 0 else None)
+        ax.annotate(p["run"], (p["epsilon"], p["heldout_loss"]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)
+    deltas = {p.get("delta") for p in points}
+    ax.set_xlabel("epsilon" + (f" (delta {deltas.pop():g})" if len(deltas) == 1
+                               and None not in deltas else ""))
+    ax.set_ylabel("public held-out loss (nats/token)")
+    ax.set_title("Loss on public held-out code vs privacy")
+    ax.legend(fontsize=8)
+    if right:
+        ax = axes[0][1]
+        for key, label, color in (("pass1_junior", "junior", "#4a7ab5"),
+                                  ("pass1_premium", "premium", "#e39a3b")):
+            pts = [(p["epsilon"], 100 * p[key]) for p in scored if p.get(key) is not None]
+            if pts:
+                ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", color=color,
+                        label=label)
+        _epsilon_axis(ax, [p["epsilon"] for p in scored])
+        ax.set_xlabel("epsilon")
+        ax.set_ylabel("pass@1 (% of tasks)")
+        ax.set_title("pass@1 vs privacy")
+        ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
+
+
+def _g(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def sweep_section(cfg: Any, train_manifest: dict[str, Any] | None, out_dir: Path, plots: bool,
+                  data: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    """Markdown lines and plot names of "### Privacy-utility" (``data``: :func:`privacy_utility`)."""
+    if not train_manifest:
+        return [], []
+    info = train_manifest.get("summary") or {}
+    lines = ["### Privacy-utility", ""]
+    if not info.get("dp"):
+        return lines + ["_This run has no DP guarantee: no privacy-utility curve._", ""], []
+    data = data if data is not None else privacy_utility(cfg, train_manifest)
+    points, within = data["runs"], data["within_run"]
+    sha = str(info.get("corpus_sha256") or "")[:12]
+    lines += [
+        f"Utility against privacy spent. The line follows this run: the loss on public "
+        f"held-out code at each checkpoint against the epsilon of the DP-SGD steps taken so "
+        f"far (q = {_g(info.get('sample_rate'), '.4g')}, sigma = "
+        f"{_g(info.get('noise_multiplier'), '.4g')}, delta = {_g(info.get('delta'), 'g')}, "
+        f"{info.get('accountant')} accountant). The markers are the final epsilon and loss of "
+        f"each run under `{cfg.run.out_dir}` trained on the same corpus (sha256 `{sha}...`) "
+        f"with the same method (`{info.get('method')}`); other runs are not comparable.", ""]
+    if (info.get("ledger_steps") or 0) > (info.get("steps_taken") or 0):
+        lines += [f"The ledger of this run also holds earlier steps on this corpus "
+                  f"({info.get('ledger_steps')} in all, {info.get('steps_taken')} in this "
+                  "training): the run's epsilon is above the end of the line.", ""]
+    if len(points) >= 2:
+        rows = [[f"{p['run']}" + (" (this run)" if p.get("current") else ""),
+                 f"{p['epsilon']:.3f}", p.get("steps"), _g(p.get("noise_multiplier"), ".4g"),
+                 _g(p.get("heldout_loss"), ".4f"), _pct(p.get("pass1_junior")),
+                 _pct(p.get("pass1_premium")), _pct(p.get("mia_tpr_at_1pct_fpr"))]
+                for p in points]
+        lines += _grid(["run", "epsilon", "steps", "sigma", "held-out loss",
+                        "pass@1 junior %", "pass@1 premium %", "MIA TPR@1%FPR %"], rows)
+        lines += ["pass@1 and MIA (reference-calibrated attack on the junior) are shown when "
+                  "the run's eval / audit stage used its current DP model; n/a otherwise.", ""]
+    else:
+        lines += [f"Only this run's epsilon ({_g(info.get('epsilon'), '.3f')}) has been trained "
+                  f"on this corpus with this method. `make sweep EPSILONS=\"1 8\"` trains and "
+                  f"evaluates the same config at other budgets (runs `{cfg.run.name}-eps1`, "
+                  f"`{cfg.run.name}-eps8`) and re-renders this report with one point per run.",
+                  ""]
+    names = []
+    if plots and plot_privacy_utility(points, within, Path(out_dir) / "privacy_utility.png"):
+        lines += ["![privacy-utility curve](privacy_utility.png)", ""]
+        names.append("privacy_utility.png")
+    return lines, names
