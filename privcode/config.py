@@ -327,9 +327,20 @@ class AuditConfig:
                                      "(nondpft) on the same data and audit it side by side. "
                                      "That model is NOT PRIVATE and never leaves the audit "
                                      "directory.")
+    nondp_finetune: str = opt("lora", "What the non-DP comparison trains: 'lora' (the junior's "
+                                      "adapter, rank train.lora_r: the DP run's parameters) or "
+                                      "'full' (every weight; memorises far faster: a tiny base "
+                                      "with LoRA barely memorises a canary in minutes).",
+                              choices=("lora", "full"))
     nondp_steps: int = opt(0, "Steps of the non-DP comparison (0 = train.steps).", min=0)
     nondp_lr: float = opt(0.0, "Learning rate of the non-DP comparison (0 = train.lr).",
                           min=0.0)
+    nondp_batch_size: int = opt(0, "Expected (Poisson) batch size of the non-DP comparison "
+                                   "(0 = train.expected_batch_size).", min=0)
+    probe_models: tuple[str, ...] = opt(("premium",), "Audited models that leak probing "
+                                                      "examines (the slowest audit); absent "
+                                                      "ones are skipped.",
+                                        choices=("premium", "junior", "nondpft"))
     seed: int = opt(0, "Seed of the audits' sampling.")
 
 

@@ -16,6 +16,7 @@ import math
 import os
 import random
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,29 +191,56 @@ def _records(codes, tag):
 
 
 @pytest.fixture(scope="module")
-def planted(base_path) -> ScoredModel:
-    """The ci base fully fine-tuned (no DP, ~100 steps) on the six canary snippets."""
-    from privcode.models.loading import load_causal_lm, load_tokenizer
-    from privcode.train.data import collate, encode_records
+def planted_dir(base_path, tmp_path_factory) -> Path:
+    """The ci base fully fine-tuned WITHOUT DP by the audits' nondpft trainer (100 steps,
+    every record in every batch) on the six canary snippets."""
+    from privcode.audit.nondp import MARKER, train_nondp_comparison
+    from privcode.config import load_config
+    from privcode.data.records import write_records
 
-    tok = load_tokenizer(base_path)
-    model = load_causal_lm(base_path)
-    batch = collate(encode_records(_records(_TRAIN, "m"), tok, 64), tok.pad_token_id)
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(100):
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:],
-                                               reduction="none")
-        loss = (ce * mask[:, 1:]).sum() / mask[:, 1:].sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    assert loss.item() < 0.1
-    return ScoredModel(model=model, tokenizer=tok, info={"kind": "model"})
+    root = tmp_path_factory.mktemp("planted")
+    write_records(_records(_TRAIN, "m"), root / "train.jsonl")
+    cfg = load_config(None, ["train.max_length=64", "audit.nondp_finetune=full",
+                             "audit.nondp_steps=100", "audit.nondp_lr=0.003",
+                             f"audit.nondp_batch_size={len(_TRAIN)}"])
+    with pytest.warns(RuntimeWarning, match="NOT PRIVATE"):
+        summary = train_nondp_comparison(cfg, data=root / "train.jsonl", base=base_path,
+                                         out_dir=root / "nondpft")
+    assert summary["finetune"] == "full" and summary["steps"] == 100
+    marker = json.loads((root / "nondpft" / MARKER).read_text())
+    assert marker["dp"] is False and "WITHOUT differential privacy" in marker["NOT_PRIVATE"]
+    assert all(c not in json.dumps(marker) for c in _TRAIN)
+    return root / "nondpft"
+
+
+@pytest.fixture(scope="module")
+def planted(planted_dir) -> ScoredModel:
+    model = load_scored_model(planted_dir)
+    assert model.info["kind"] == "nondpft" and model.info["dp"] is False
+    assert model.loss_on_prompt and model.conditioning == "prompt"
+    return model
+
+
+def test_nondp_lora_trains_the_junior_adapter_only(base_path, tmp_path):
+    """'lora' mode trains exactly the DP run's LoRA parameters; 'full' trains every weight."""
+    from privcode.audit.nondp import train_nondp_comparison
+    from privcode.config import load_config
+    from privcode.data.records import write_records
+    from privcode.models.loading import attach_lora, count_parameters, load_causal_lm
+
+    write_records(_records(_TRAIN, "m"), tmp_path / "train.jsonl")
+    cfg = load_config(None, ["train.max_length=64", "train.lora_r=4", "train.lora_alpha=8",
+                             "audit.nondp_steps=3", "audit.nondp_lr=0.001"])
+    with pytest.warns(RuntimeWarning, match="NOT PRIVATE"):
+        summary = train_nondp_comparison(cfg, data=tmp_path / "train.jsonl", base=base_path,
+                                         out_dir=tmp_path / "lora")
+    lora_trainable, _ = count_parameters(attach_lora(load_causal_lm(base_path), r=4, alpha=8))
+    assert summary["finetune"] == "lora" and summary["lora_r"] == 4
+    assert summary["trainable_parameters"] == lora_trainable
+    merged = load_scored_model(tmp_path / "lora")
+    base = load_causal_lm(base_path)
+    assert sum(p.numel() for p in merged.model.parameters()) == sum(
+        p.numel() for p in base.parameters())  # LoRA merged into a plain model
 
 
 def _canaries():

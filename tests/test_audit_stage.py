@@ -102,10 +102,7 @@ def test_nothing_private_leaves_the_audit_directory(tiny_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="not reached yet: the demo's nondpft comparison (200 "
-                   "steps, LoRA r=8 on the tiny base) does not memorise a canary verbatim at "
-                   "temperature 1; see README, Limitations")
-def test_demo_scale_replication(ray_connected, tmp_path, ci_base_cache):
+def test_demo_scale_replication(ray_connected, tmp_path):
     """`nondpft` at 100 repetitions leaks a canary category; PrivCode++ at epsilon 4 leaks
     none; the DP junior's MIA TPR@1%FPR is below the non-DP model's (the demo config)."""
     from privcode.pipeline.runner import run_pipeline

@@ -387,12 +387,15 @@ def plot_roc(results: Mapping[str, Any], path: str | Path, epsilon: float | None
     ax.plot(grid, grid, "k--", lw=1, label="chance")
     if epsilon is not None:
         d = 1e-5 if delta is None else float(delta)
-        ax.plot(grid, dp_tpr_ceiling(grid, float(epsilon), d), "r-", lw=1.5,
-                label=f"DP ceiling (eps={float(epsilon):.3g}, delta={d:.0e})")
-    for name, v in curves.items():
+        ax.plot(grid, dp_tpr_ceiling(grid, float(epsilon), d), color="black", lw=2.5,
+                alpha=0.6, label=f"DP ceiling (eps={float(epsilon):.3g}, delta={d:.0e})")
+    # tab20 pairs: one hue per model, light for its second attack; none is the ceiling's black
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, v) in enumerate(curves.items()):
         f = np.maximum(np.asarray(v["roc"]["fpr"], dtype=float), lo)
         t = np.maximum(np.asarray(v["roc"]["tpr"], dtype=float), lo)
-        ax.step(f, t, where="post", label=f"{name} (AUC {v['auc']:.3f})")
+        ax.step(f, t, where="post", color=colors[i % len(colors)],
+                label=f"{name} (AUC {v['auc']:.3f})")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, 1.0)

@@ -2,10 +2,10 @@
 
 Audited models: the DP junior release (``train/release``), the premium model
 when its stage ran, and, with ``audit.compare_nondp``, a ``nondpft``
-comparison: the junior's LoRA fine-tuned on the same private corpus WITHOUT
-DP (no clipping, no noise, no ledger). That comparison shows what the audits
-detect when nothing protects the data; it is written under
-``audit/nondpft/`` only, is marked NOT PRIVATE, and is never released.
+comparison fine-tuned on the same private corpus WITHOUT DP
+(:mod:`privcode.audit.nondp`). That comparison shows what the audits detect
+when nothing protects the data; it is written under ``audit/nondpft/`` only,
+is marked NOT PRIVATE, and is never released.
 
 Audits (``audit.audits``): canary leakage and exposure (the canaries of
 ``data/canaries.json``), membership inference against the public base as
@@ -22,7 +22,6 @@ leak probing by test generation. Outputs:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -33,22 +32,7 @@ from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.audit")
 
-__all__ = ["run_audits", "train_nondp_comparison"]
-
-
-def train_nondp_comparison(cfg: PipelineConfig, *, data: Path, base: str, out_dir: Path,
-                           storage: Path) -> dict[str, Any]:
-    """Fine-tune the ``nondpft`` comparison (NOT PRIVATE) into ``out_dir``; its summary."""
-    from privcode.train.loop import run_training
-
-    comparison = dataclasses.replace(
-        cfg.train, method="nondpft", allow_non_private=True,
-        steps=cfg.audit.nondp_steps or cfg.train.steps, lr=cfg.audit.nondp_lr or cfg.train.lr)
-    summary = run_training(comparison, data_path=data, base_path=base, out_dir=out_dir,
-                           ledger_dir=storage / "unused-ledger", run_name="nondpft-comparison",
-                           storage_dir=storage)
-    return {"steps": comparison.steps, "lr": comparison.lr,
-            "seconds": summary.get("train_seconds", summary.get("seconds"))}
+__all__ = ["run_audits"]
 
 
 def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
@@ -148,7 +132,11 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
             read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
             out_dir / "fidelity", max_samples=a.fidelity_max_samples, seed=a.seed)
     if "probe" in a.audits:
-        for name in [n for n in ("premium", "nondpft", "junior") if n in models][:2]:
+        probed = [n for n in a.probe_models if n in models]
+        if not probed:
+            log.warning("leak probing: none of audit.probe_models %s was audited",
+                        list(a.probe_models))
+        for name in probed:
             summary["models"][name]["probe"] = _probe(models[name], run, out_dir / "probe" / name,
                                                       cfg)
     summary["seconds"] = round(time.time() - started, 1)

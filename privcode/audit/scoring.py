@@ -216,6 +216,13 @@ def load_scored_model(path: str | Path, *, base_model: str | None = None, device
             model, tokenizer = _with_adapter(base, root, device)
             info.update(kind="adapter", base_model=base)
             return ScoredModel(model=model, tokenizer=tokenizer, info=info)
+        if (root / "nondp.json").is_file():  # privcode.audit.nondp.MARKER: NOT PRIVATE
+            meta = _read_json(root / "nondp.json")
+            log.warning("auditing %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
+            info.update(kind="nondpft", method="nondpft", dp=False,
+                        finetune=meta.get("finetune"), base_model=meta.get("base_model"))
+            return ScoredModel(model=load_causal_lm(root, device=device),
+                               tokenizer=load_tokenizer(root), loss_on_prompt=True, info=info)
         if (root / "base.json").is_file() and not (root / "config.json").is_file():
             path = _read_json(root / "base.json").get("path") or ""  # a base stage directory
             if not isinstance(path, str) or not path:

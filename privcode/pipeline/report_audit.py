@@ -127,9 +127,13 @@ def audit_section(audit: dict[str, Any] | None, audit_dir: Path | None, out_dir:
              "stage's directory.", ""]
     models = info.get("models", {})
     if any(m.get("non_private") for m in models.values()):
+        how = info.get("nondpft_training") or {}
+        detail = (f" ({'every weight' if how.get('finetune') == 'full' else 'LoRA adapter'}, "
+                  f"{how.get('steps')} steps, lr {how.get('lr')}, expected batch "
+                  f"{how.get('expected_batch_size')})" if how else "")
         lines += ["> The `nondpft` model is a comparison fine-tuned WITHOUT differential "
-                  "privacy on the same data; it shows what the audits detect when nothing "
-                  "protects the data. It is never released.", ""]
+                  f"privacy on the same data{detail}; it shows what the audits detect when "
+                  "nothing protects the data. It is never released.", ""]
     names: list[str] = []
     lines += _canary_lines(models)
     lines += _exposure_lines(models)

@@ -259,9 +259,11 @@ class AuditStage(Stage):
     needs = ("data", "base", "train")
     after = ("synth", "premium")
     private = True
+    num_cpus = None  # runs alone: the non-DP comparison and scoring use every CPU
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.audit.run import run_audits, train_nondp_comparison
+        from privcode.audit.nondp import train_nondp_comparison
+        from privcode.audit.run import run_audits
         from privcode.pipeline.runner import stage_dir
 
         data = stage_dir(cfg, "data")
@@ -276,10 +278,8 @@ class AuditStage(Stage):
             models["premium"] = stage_dir(cfg, "premium")
         comparison = None
         if cfg.audit.compare_nondp:
-            run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
             comparison = train_nondp_comparison(cfg, data=train_data, base=str(run["base"]),
-                                                out_dir=Path(out_dir) / "nondpft",
-                                                storage=run_root / ".audit-train")
+                                                out_dir=Path(out_dir) / "nondpft")
             models["nondpft"] = Path(out_dir) / "nondpft"
         summary = run_audits(cfg, Path(out_dir), run, models)
         if comparison:

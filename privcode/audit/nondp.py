@@ -1,0 +1,121 @@
+"""The ``nondpft`` comparison: the junior fine-tuned on the private corpus WITHOUT DP.
+
+NOT PRIVATE. This model exists only so the audits can show what they detect
+when nothing protects the data (the seeds' NonDP-FT row): no clipping, no
+noise, no ledger. It is written inside the audit stage's directory, marked
+by :data:`MARKER` (``nondp.json``, ``"NOT_PRIVATE"``), and never released.
+
+Objective: the ``nondpft`` method of :mod:`privcode.train.methods` (mean
+token cross-entropy over prompt and code tokens of ``p ++ c``, the records
+encoded and cut to ``train.max_length`` exactly as Stage I does), on the
+same base model. Optimisation: ``audit.nondp_steps`` AdamW steps; each
+step's batch is a Poisson sample with rate ``q = B / N`` (``B`` =
+``audit.nondp_batch_size``), and the loss is ``sum_i loss_i / B``, the
+normalisation of DP-SGD without clipping and noise. Two modes
+(``audit.nondp_finetune``):
+
+* ``lora``: the junior's LoRA adapter (rank ``train.lora_r``): the same
+  trainable parameters as the DP run;
+* ``full``: every weight of the base (embeddings included). A tiny base
+  model with a LoRA adapter learns random strings far too slowly to
+  memorise a canary in minutes; full fine-tuning does (the demo uses it).
+
+The output is a plain Hugging Face model directory (LoRA merged into the
+weights) plus the tokenizer and :data:`MARKER`, which
+:func:`privcode.audit.scoring.load_scored_model` reads: the model conditions
+on raw text (prompt ++ code, like ``dpft``) and its membership scores count
+prompt tokens too.
+
+Privacy of this module's own outputs: the returned summary holds settings
+and timings only (no loss on private data), and nothing is logged about
+records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from privcode.config import PipelineConfig
+from privcode.utils import atomic_write_json
+
+log = logging.getLogger("privcode.audit")
+
+__all__ = ["MARKER", "NOT_PRIVATE_NOTE", "train_nondp_comparison"]
+
+MARKER = "nondp.json"
+NOT_PRIVATE_NOTE = ("trained WITHOUT differential privacy on the private corpus (audits only): "
+                    "it may reproduce private records verbatim; never copy it out of the audit "
+                    "directory")
+
+
+def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
+                           out_dir: str | Path) -> dict[str, Any]:
+    """Fine-tune the comparison (NOT PRIVATE) into ``out_dir``; its public summary."""
+    import numpy as np
+    import torch
+    from tqdm.auto import tqdm
+
+    from privcode.data.records import read_records
+    from privcode.train.build import build_objective
+    from privcode.train.data import collate, encode_records
+    from privcode.train.methods import get_method
+
+    a = cfg.audit
+    msg = ("audit.compare_nondp: fine-tuning a comparison model WITHOUT differential privacy "
+           "(NOT PRIVATE, audits only; it stays in the audit directory)")
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    log.error(msg)
+    steps = a.nondp_steps or cfg.train.steps
+    lr = a.nondp_lr or cfg.train.lr
+    batch = a.nondp_batch_size or cfg.train.expected_batch_size
+    tcfg = dataclasses.replace(cfg.train, method="nondpft", allow_non_private=True, lr=lr,
+                               seed=a.seed)
+    use_gpu = cfg.train.use_gpu and torch.cuda.is_available()
+    device = torch.device("cuda" if use_gpu else "cpu")
+    started = time.time()
+    objective, tokenizer, _ = build_objective(get_method("nondpft"), tcfg, base, device,
+                                              will_restore=False)
+    if a.nondp_finetune == "full":
+        for p in objective.lm.parameters():
+            p.requires_grad_(True)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.train.weight_decay)
+    records = read_records(data)
+    encoded = encode_records(records, tokenizer, cfg.train.max_length)
+    del records
+    n = len(encoded)
+    q = min(1.0, batch / n)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rng = np.random.default_rng(a.seed)
+    objective.train()
+    for step in tqdm(range(steps), desc="nondpft (NOT PRIVATE)", mininterval=10.0):
+        chosen = np.flatnonzero(rng.random(n) < q)
+        if chosen.size == 0:
+            continue
+        rows = collate([encoded[i] for i in chosen], pad, device=device, step=step,
+                       index=torch.as_tensor(chosen, dtype=torch.long))
+        loss = objective(rows).sum() / batch
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    objective.eval()
+    model = objective.lm.merge_and_unload()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    summary = {"finetune": a.nondp_finetune, "steps": steps, "lr": lr,
+               "expected_batch_size": batch, "max_length": cfg.train.max_length,
+               "lora_r": cfg.train.lora_r if a.nondp_finetune == "lora" else None,
+               "trainable_parameters": sum(p.numel() for p in params),
+               "seconds": round(time.time() - started, 1)}
+    atomic_write_json(out / MARKER, {"NOT_PRIVATE": NOT_PRIVATE_NOTE, "method": "nondpft",
+                                     "dp": False, "conditioning": "prompt",
+                                     "loss_on_prompt": True, "base_model": str(base),
+                                     **summary})
+    return summary
