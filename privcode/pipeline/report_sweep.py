@@ -246,6 +246,9 @@ def plot_privacy_utility(points: list[dict[str, Any]], within_run: list[dict[str
                 ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", color=color,
                         label=label)
         _epsilon_axis(ax, [p["epsilon"] for p in scored])
+        top = max(100 * (p.get(k) or 0.0) for p in scored for k in ("pass1_junior",
+                                                                      "pass1_premium"))
+        ax.set_ylim(0, max(5.0, 1.15 * top))
         ax.set_xlabel("epsilon")
         ax.set_ylabel("pass@1 (% of tasks)")
         ax.set_title("pass@1 vs privacy")
