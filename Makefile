@@ -43,8 +43,8 @@ demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
 	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
 
-# Then the main run's report alone (it reads its other stages' manifests from disk),
-# forced: its fingerprint does not change when sweep runs are added.
+# Then the main run's report alone (`privcode report`: always re-rendered, it reads its
+# other stages' manifests from disk).
 sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs <name>-eps<e>), then redo the report
 	@set -e; for e in $(EPSILONS); do \
 		echo "sweep: epsilon $$e -> run $(SWEEP_PREFIX)-eps$$e"; \
@@ -52,7 +52,7 @@ sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs 
 			--set run.name=$(SWEEP_PREFIX)-eps$$e --set train.epsilon=$$e \
 			--set 'run.stages=[data,base,train,eval]'; \
 	done
-	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) --stages report --set run.force=true
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) report --config $(CONFIG)
 
 test: ## Run the test suite (what CI runs): everything but slow and GPU tests
 	$(VENV)/bin/pytest -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)

@@ -165,6 +165,19 @@ def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
     return handler
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """The report stage alone, always re-rendered: other runs (a sweep) change what it shows."""
+    from privcode.pipeline.runner import run_pipeline
+
+    cfg = load_config(args.config, [*args.overrides, "run.force=true"])
+    result = run_pipeline(cfg, stages=["report"])
+    if args.json:
+        _print_json(result)
+    elif result.get("report"):
+        print(f"report: {result['report']} (and report.html)")
+    return 0
+
+
 cmd_train = _stage_command("train", "train", ("method",))
 cmd_synthesize = _stage_command("synth", "synth", ("release", "num_samples"))
 cmd_premium = _stage_command("premium", "premium", ("model", "data"))
@@ -296,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     from privcode.audit.probe.cli import add_probe_parser
 
     add_probe_parser(asub)
+
+    p = sub.add_parser("report", help="Write reports/<run>/report.md and report.html from the "
+                                      "run's stage manifests (re-rendered every time: other "
+                                      "runs' epsilons feed its privacy-utility curve).")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=cmd_report)
 
     from privcode.synth.sandbox_cli import add_sandbox_parser
 

@@ -118,3 +118,23 @@ def test_demo_scale_replication(ray_connected, tmp_path):
     assert sum(cell["leaked"] for cell in leaked_100) >= 1
     assert (dp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
             < nondp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"])
+
+
+def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_cache, capsys):
+    """`privcode report` runs the report stage alone (forced) and still shows every stage."""
+    from privcode.cli import main
+
+    root, _ = tiny_run
+    before = json.loads((root / "runs/t/report/manifest.json").read_text())["timings"]["started"]
+    args = ["report", "--config", "jobs/configs/demo.yaml"]
+    for override in [f"run.out_dir={root / 'runs'}", f"run.reports_dir={root / 'reports'}",
+                     f"base.cache_dir={ci_base_cache}", *TINY]:
+        args += ["--set", override]
+    assert main(args) == 0
+    assert f"report: {root / 'reports/t/report.md'}" in capsys.readouterr().out
+    manifest = json.loads((root / "runs/t/report/manifest.json").read_text())
+    assert manifest["timings"]["started"] > before
+    assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit"}
+    report = (root / "reports/t/report.md").read_text()
+    for heading in ("## Utility: pass@k", "### Membership inference", "### Privacy-utility"):
+        assert heading in report

@@ -6,7 +6,7 @@ shows the privacy accounting and a loss curve on PUBLIC held-out code only. Corp
 the private corpus and are meant for its owner (they are exact counts, not DP
 statistics); the report says so.
 
-Run alone (``privcode run --stages report``), it also reads the manifests of
+Run alone (``privcode report``), it also reads the manifests of
 the other configured stages from disk when they are current.
 
 Layout: ``<reports_dir>/<run>/report.md`` and ``<reports_dir>/<run>/*.png``;
@@ -336,7 +336,7 @@ def render_html(markdown_text: str, image_dir: Path, title: str) -> str:
 def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``inputs`` plus the current on-disk manifests of configured stages the runner left out.
 
-    ``privcode run --stages report`` passes only the report's required inputs
+    ``privcode report`` passes only the report's required inputs
     (data, base); a stage of ``run.stages`` that the report reads when present
     (train, synth, ...) is added when its artifact on disk is exactly what this
     config would produce (same fingerprint, outputs intact), as the runner
@@ -423,7 +423,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
             "generated", "removed_execution", "removed_roundtrip", "removed_duplicate",
             "kept")} if synth else None,
         "privacy_utility": sweep,
-        # Stages not passed by the runner (privcode run --stages report), read from disk.
+        # Stages not passed by the runner (privcode report), read from disk.
         "inputs_read_from_disk": [name for name in inputs if name not in given],
     }
     atomic_write_json(out_dir / "report.json", summary)
