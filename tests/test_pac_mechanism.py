@@ -1,0 +1,89 @@
+"""The PAC-private token step: unanimity is free, the noise rule holds, the posterior is
+Bayes-consistent, and the released token carries at most b nats about the world."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from privcode.pac.mechanism import assign_worlds, pac_step, world_votes
+
+
+def test_every_record_is_in_exactly_half_the_worlds():
+    worlds = assign_worlds(1000, 16, seed=3)
+    assert worlds.shape == (1000, 16) and worlds.dtype == bool
+    assert np.all(worlds.sum(axis=1) == 8)
+    assert np.array_equal(worlds, assign_worlds(1000, 16, seed=3))
+    assert not np.array_equal(worlds, assign_worlds(1000, 16, seed=4))
+    sizes = worlds.sum(axis=0)  # Binomial(1000, 1/2) each: mean 500, sd ~16
+    assert np.all(np.abs(sizes - 500) < 80)
+    with pytest.raises(ValueError, match="even"):
+        assign_worlds(10, 7, seed=0)
+
+
+def test_votes_greedy_and_coupled_gumbel():
+    lp = np.log(np.array([[0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1]]))
+    assert world_votes(lp).tolist() == [0, 1, 0]
+    # One shared Gumbel draw: identical worlds always vote alike (coupling) ...
+    rng = np.random.default_rng(0)
+    draws = [world_votes(lp, rng.gumbel(size=3)) for _ in range(20000)]
+    assert all(v[0] == v[2] for v in draws)
+    # ... and each world's vote is a sample of its own distribution (Gumbel-max).
+    freq = np.bincount([v[1] for v in draws], minlength=3) / len(draws)
+    assert np.allclose(freq, [0.2, 0.7, 0.1], atol=0.015)
+    with pytest.raises(ValueError, match="gumbel"):
+        world_votes(lp, np.zeros(2))
+
+
+def test_unanimity_costs_nothing_and_draws_no_noise():
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    prior = np.full(4, 0.25)
+    step = pac_step(np.array([2, 2, 2, 2]), prior, secret=1, b=2.0 ** -16, rng=rng)
+    assert (step.token, step.charged, step.active) == (2, 0.0, 1)
+    assert np.array_equal(step.posterior, prior)
+    assert rng.bit_generator.state == state
+    # Worlds already ruled out (posterior 0) do not count as dissent.
+    step = pac_step(np.array([2, 2, 0, 2]), np.array([0.5, 0.5, 0.0, 0.0]), 0, 0.1, rng)
+    assert (step.token, step.charged) == (2, 0.0)
+
+
+def test_large_budget_reveals_the_world_small_budget_hides_it():
+    votes, prior = np.array([0, 0, 1, 2]), np.full(4, 0.25)
+    rng = np.random.default_rng(1)
+    step = pac_step(votes, prior, secret=2, b=1e4, rng=rng)  # almost no noise
+    assert step.token == 1 and step.charged == 1e4 and step.active == 3
+    assert step.posterior[2] > 0.999
+    tiny = pac_step(votes, prior, secret=2, b=2.0 ** -32, rng=rng)
+    assert np.allclose(tiny.posterior, prior, atol=1e-4)
+
+
+def test_posterior_is_bayes_consistent():
+    """With S drawn from the prior, the expected posterior after a step is the prior."""
+    rng = np.random.default_rng(2)
+    votes, prior = np.array([0, 0, 1, 2, 1, 0]), np.array([0.3, 0.1, 0.2, 0.2, 0.15, 0.05])
+    trials = 20000
+    mean = np.zeros(6)
+    for _ in range(trials):
+        mean += pac_step(votes, prior, int(rng.choice(6, p=prior)), 0.3, rng).posterior
+    assert np.allclose(mean / trials, prior, atol=0.01)
+
+
+@pytest.mark.parametrize("b", [0.05, 0.3])
+def test_released_token_carries_at_most_b_nats(b):
+    """I(S; Y_t) <= I(S; R_t) <= b, estimated exactly enough by simulation (uniform S)."""
+    rng = np.random.default_rng(5)
+    votes, m, n = np.array([0, 0, 1, 2]), 4, 12000
+    counts = np.zeros((m, 3))
+    for s in range(m):
+        for _ in range(n):
+            counts[s, pac_step(votes, np.full(m, 1 / m), s, b, rng).token] += 1
+    p_y_s = counts / n
+    p_y = p_y_s.mean(axis=0)
+    mi = sum(p_y_s[s, y] * math.log(p_y_s[s, y] / p_y[y]) / m
+             for s in range(m) for y in range(3) if p_y_s[s, y] > 0)
+    assert 0.0 < mi <= b
+    # the release still follows the realised world's vote more often than not
+    assert all(p_y_s[s, votes[s]] > 1 / 3 for s in range(m))
