@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic file writes and stable content hashes.
+"""Small shared helpers: atomic file writes, JSON-object reading and stable content hashes.
 
 Every artifact privcode writes goes through :func:`atomic_path` so that a
 crash or a validation error half-way through never leaves a truncated file
@@ -71,6 +71,17 @@ def canonical_json(obj: Any) -> str:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, canonical_json(obj))
+
+
+def read_json_object(path: str | os.PathLike, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """The JSON object in ``path``; ``error`` naming the file when unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise error(f"{path}: not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise error(f"{path}: not a JSON object")
+    return data
 
 
 def sha256_bytes(data: bytes) -> str:

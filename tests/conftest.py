@@ -152,6 +152,18 @@ def ci_base_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(cache)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for the module: the ci model is tiny, so one thread is
+    faster and robust to a busy machine. Use: ``pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # --------------------------------------------------------------------------- chart tests
 # Fixtures of tests/test_chart_*.py and tests/test_k8s_submit.py; the helpers are in
 # tests/chart_support.py. Each values set is rendered once per module (helm itself runs

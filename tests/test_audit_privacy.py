@@ -45,6 +45,8 @@ from privcode.audit.scoring import (
 from privcode.data.canaries import sample_canary_value
 from privcode.data.records import Record
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # --------------------------------------------------------------------------- MIA metrics
 
 
@@ -147,14 +149,6 @@ def test_exposure_estimators():
 
 
 # --------------------------------------------------------------------------- planted model
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

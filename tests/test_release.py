@@ -32,6 +32,8 @@ from privcode.release import (
     write_release,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 DZ, K = 16, 4
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["def add(a, b):", "import os\nimport sys\n\nclass Walker:\n    def __init__(self):"]
@@ -48,15 +50,6 @@ def _lora_checksum(model: torch.nn.Module) -> str:
 
 def _tensor_sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().float().contiguous().numpy().tobytes()).hexdigest()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The ci model is tiny: one intra-op thread is faster, and robust to a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -33,17 +33,10 @@ from privcode.serve.premium import (
     parse_args,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPTS = ["def add(a, b):\n", "import os\nimport sys\n\n\nclass Reader:\n", "# parse"]
 SECRET = "SECRET-PROMPT-7f3a"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The ci model is tiny: one intra-op thread is faster, and robust to a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,6 @@ sets that are not what they claim.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -55,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from privcode.audit.scoring import AuditError
+from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.audit")
 
@@ -263,10 +263,7 @@ def check_against_dp(member_scores: Any, nonmember_scores: Any, epsilon: float, 
 def read_dp_params(release_dir: str | Path) -> dict[str, Any]:
     """``{"epsilon", "delta", "history", "dp"}`` from a junior release's ``privacy.json``."""
     path = Path(release_dir) / "privacy.json"
-    try:
-        privacy = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise AuditError(f"{path}: not readable JSON: {exc}") from exc
+    privacy = read_json_object(path, AuditError)
     history = [{k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
                for h in privacy.get("history") or [] if isinstance(h, dict)
                and "noise_multiplier" in h]

@@ -40,7 +40,6 @@ module logs or raises with their content; errors name files and counts.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ import torch
 
 from privcode.errors import PrivcodeError
 from privcode.train.data import _ids_offsets
+from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.audit")
 
@@ -135,16 +135,6 @@ def as_scored(model: Any, tokenizer: Any = None) -> ScoredModel:
     return ScoredModel(model=model, tokenizer=tokenizer, info={"kind": "model"})
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise AuditError(f"{path}: not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise AuditError(f"{path}: not a JSON object")
-    return data
-
-
 def _with_adapter(base_path: str, adapter_dir: Path, device: str) -> tuple[Any, Any]:
     from peft import PeftModel
 
@@ -200,7 +190,7 @@ def load_scored_model(path: str | Path, *, base_model: str | None = None, device
                                num_virtual_tokens=rel.num_virtual_tokens,
                                latent_samples=latent_samples, latent_seed=latent_seed, info=info)
         if (root / "premium.json").is_file():
-            meta = _read_json(root / "premium.json")
+            meta = read_json_object(root / "premium.json", AuditError)
             base = base_model or meta.get("model")
             if not isinstance(base, str) or not base:
                 raise AuditError(f"{root / 'premium.json'}: no 'model'; pass base_model")
@@ -209,7 +199,7 @@ def load_scored_model(path: str | Path, *, base_model: str | None = None, device
                         post_processing_of=(meta.get("privacy") or {}).get("post_processing_of"))
             return ScoredModel(model=model, tokenizer=tokenizer, info=info)
         if (root / "adapter_config.json").is_file():
-            base = base_model or _read_json(root / "adapter_config.json").get(
+            base = base_model or read_json_object(root / "adapter_config.json", AuditError).get(
                 "base_model_name_or_path")
             if not isinstance(base, str) or not base:
                 raise AuditError(f"{root}: an adapter needs base_model (none recorded)")
@@ -217,14 +207,15 @@ def load_scored_model(path: str | Path, *, base_model: str | None = None, device
             info.update(kind="adapter", base_model=base)
             return ScoredModel(model=model, tokenizer=tokenizer, info=info)
         if (root / "nondp.json").is_file():  # privcode.audit.nondp.MARKER: NOT PRIVATE
-            meta = _read_json(root / "nondp.json")
+            meta = read_json_object(root / "nondp.json", AuditError)
             log.warning("auditing %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
             info.update(kind="nondpft", method="nondpft", dp=False,
                         finetune=meta.get("finetune"), base_model=meta.get("base_model"))
             return ScoredModel(model=load_causal_lm(root, device=device),
                                tokenizer=load_tokenizer(root), loss_on_prompt=True, info=info)
         if (root / "base.json").is_file() and not (root / "config.json").is_file():
-            path = _read_json(root / "base.json").get("path") or ""  # a base stage directory
+            # a base stage directory
+            path = read_json_object(root / "base.json", AuditError).get("path") or ""
             if not isinstance(path, str) or not path:
                 raise AuditError(f"{root / 'base.json'}: no 'path' to the base model")
         model = load_causal_lm(path, device=device)

@@ -24,7 +24,6 @@ latency.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
@@ -45,6 +44,7 @@ from privcode.serve.http import (
     read_body_capped,
     route_path,
 )
+from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.serve")
 
@@ -155,13 +155,7 @@ def _read_release(release: Path) -> dict[str, Any]:
                          "directory `privcode premium` wrote")
     if not (release / "adapter" / "adapter_config.json").is_file():
         raise ServeError(f"{release}: the premium release has no adapter/adapter_config.json")
-    try:
-        info = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ServeError(f"{meta}: unreadable premium.json: {exc}") from exc
-    if not isinstance(info, dict):
-        raise ServeError(f"{meta}: premium.json is not a JSON object")
-    return info
+    return read_json_object(meta, ServeError)
 
 
 class PremiumModel:
