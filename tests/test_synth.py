@@ -93,6 +93,23 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
     assert all((r["roundtrip_score"] == r["roundtrip_score"]) == r["exec_passed"] for r in rows)
 
 
+def _processes_titled(title: str) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(title in part for part in (p.info["cmdline"] or []))]
+
+
+def _wait_until_no_process_titled(title: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = _processes_titled(title)
+        if not alive:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes {alive} titled {title!r} still alive after {timeout}s")
+
+
 def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, release, tmp_path):
     """SIGKILL the synthesis driver once a shard is on disk; the rerun finishes the rest."""
     import pyarrow.parquet as pq
@@ -115,9 +132,13 @@ def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, rele
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run finished before it could be killed"
+        assert _processes_titled("ray::privcode:synth"), "the synth stage task is not running"
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
+    # The stage runs as a Ray task in the shared cluster: it outlives its driver until the
+    # raylet reaps the dead job's workers, and may finish a shard or two meanwhile.
+    _wait_until_no_process_titled("ray::privcode:synth", timeout=120)
     done = sorted(shards.glob("*/shards/shard-*.parquet"))
     assert 1 <= len(done) < 12
     cfg = load_config(cfg_file)
