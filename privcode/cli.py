@@ -131,23 +131,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ray import serve
 
     from privcode.cluster.local import connect
-    from privcode.serve.premium import app
 
-    run = load_config(args.config, args.overrides).run
-    release = args.premium or str(Path(run.out_dir) / run.name / "premium")
-    options = {"premium": release, "device": args.device,
-               **({"model": args.model} if args.model else {})}
-    application = app(options)  # validates the arguments before anything starts
+    if args.pac_only and not args.pac:
+        raise PrivcodeError("serve: --pac-only needs --pac WORLDS_DIR")
+    apps = []  # (name, route prefix, application, what): all validated before anything starts
+    cfg = load_config(args.config, args.overrides)
+    if not args.pac_only:
+        from privcode.serve.premium import app
+
+        run = cfg.run
+        release = args.premium or str(Path(run.out_dir) / run.name / "premium")
+        options = {"premium": release, "device": args.device,
+                   **({"model": args.model} if args.model else {})}
+        apps.append(("premium", "/", app(options), f"premium model {release}"))
+    if args.pac:
+        from privcode.pac.ensemble import read_manifest
+        from privcode.serve.ensemble import app as pac_app
+
+        read_manifest(args.pac)  # a wrong dir fails here, not later inside the replica
+        # The mechanism and budgets come from the config's pac section; the state dir
+        # is the app's default (<worlds>/curator-state). The chart sets them on Kubernetes.
+        pac = cfg.pac
+        options = {"worlds": args.pac, "device": args.device, "top_k": pac.top_k, "b": pac.b,
+                   "decoder": pac.decoder, "session_budget": pac.session_budget,
+                   "deployment_budget": pac.deployment_budget}
+        apps.append(("pac", "/pac", pac_app(options), f"PAC ensemble {args.pac}"))
     connect(args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(application, name="premium", route_prefix="/")
-    print(f"premium model {release} at http://{args.host}:{args.port}/v1/completions "
-          "(OpenAI completions API); Ctrl-C stops it", file=sys.stderr, flush=True)
+    for name, prefix, application, what in apps:
+        serve.run(application, name=name, route_prefix=prefix)
+        base = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"
+        extra = " (sessions: /v1/sessions, budget: /v1/privacy)" if name == "pac" else ""
+        print(f"{what} at {base}/v1/completions (OpenAI completions API){extra}",
+              file=sys.stderr, flush=True)
+    print("Ctrl-C stops serving", file=sys.stderr, flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        serve.delete("premium")
+        for name, *_ in apps:
+            serve.delete(name)
     return 0
 
 
@@ -285,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_premium)
 
-    p = sub.add_parser("serve", help="Serve the premium model on Ray Serve (OpenAI-compatible "
-                                     "completions API) until Ctrl-C.")
+    p = sub.add_parser("serve", help="Serve the premium model (and with --pac the PAC-private "
+                                     "ensemble) on Ray Serve (OpenAI-compatible completions API) "
+                                     "until Ctrl-C.")
     _add_config_args(p)
     p.add_argument("--premium", default=None,
                    help="Premium release directory (default: <run.out_dir>/<run.name>/premium).")
@@ -297,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default %(default)s).")
     p.add_argument("--address", default=None,
                    help="Ray cluster (default: RAY_ADDRESS, else a local one).")
+    p.add_argument("--pac", default=None, metavar="WORLDS_DIR",
+                   help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
+                        "stage's <run.out_dir>/<run.name>/pac/worlds) at /pac, with the "
+                        "config's pac.b, top_k, decoder and budgets; its curator state "
+                        "(secret and charges) persists in WORLDS_DIR/curator-state.")
+    p.add_argument("--pac-only", action="store_true",
+                   help="Serve only the PAC ensemble (with --pac), not the premium model.")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("audit", help="Privacy audits of a trained run (canary leakage, "
@@ -309,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     from privcode.audit.probe.cli import add_probe_parser
 
     add_probe_parser(asub)
+
+    p = sub.add_parser("pac", help="PAC-private generation: train the m LoRA worlds (WITHOUT "
+                                   "DP: served only through the PAC curator) and measure "
+                                   "utility and leakage; `privcode serve --pac` serves them.")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    p.set_defaults(func=_stage_command("pac", "pac", ()))
 
     p = sub.add_parser("report", help="Write reports/<run>/report.md and report.html from the "
                                       "run's stage manifests (re-rendered every time: other "

@@ -1,7 +1,7 @@
 """The eval and audit stages in a real pipeline run, and the report they feed.
 
 A tiny run (60 records, the ``ci`` base, 4 DP steps) goes through data, base,
-train, eval, audit (with the non-DP comparison) and report on the session's
+train, eval, audit (with the non-DP comparison), pac (4 worlds) and report on the session's
 Ray cluster. The assertions are about what crosses the privacy boundary:
 the audit summary, the report and its HTML hold aggregates only (no canary
 value, no record text), the detail files holding private values stay in the
@@ -23,7 +23,7 @@ import pytest
 from privcode.config import load_config
 
 TINY = [
-    "run.name=t", "run.stages=[data, base, train, eval, audit, report]",
+    "run.name=t", "run.stages=[data, base, train, eval, audit, pac, report]",
     "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
     "base.preset=ci",
     "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
@@ -34,6 +34,8 @@ TINY = [
     "audit.audits=[canaries, exposure, mia]", "audit.compare_nondp=true",
     "audit.nondp_steps=6", "audit.canary_samples=2", "audit.canary_max_new_tokens=12",
     "audit.exposure_candidates=20", "audit.mia_records=20",
+    "pac.worlds=4", "pac.steps=4", "pac.batch_size=2", "pac.max_length=32",
+    "pac.eval_sessions=3", "pac.eval_tokens=8", "pac.eval_positions=24",
 ]
 
 
@@ -56,7 +58,7 @@ def _secrets(root: Path) -> list[str]:
 def test_eval_and_audit_stages_run_and_report(tiny_run):
     root, result = tiny_run
     assert {k: v["status"] for k, v in result["stages"].items()} == {
-        s: "ran" for s in ("data", "base", "train", "eval", "audit", "report")}
+        s: "ran" for s in ("data", "base", "train", "eval", "audit", "pac", "report")}
     audit = json.loads((root / "runs/t/audit/audit.json").read_text())
     assert set(audit["models"]) == {"junior", "nondpft"}
     assert audit["models"]["nondpft"]["non_private"] is True
@@ -84,11 +86,33 @@ def test_eval_and_audit_stages_run_and_report(tiny_run):
     assert evaluation["n_tasks"] == 3 and 0.0 <= evaluation["pass_at_k"]["pass@1"] <= 1.0
 
 
+def test_pac_stage_trains_worlds_and_measures_them(tiny_run):
+    root, result = tiny_run
+    pac = json.loads((root / "runs/t/pac/manifest.json").read_text())
+    assert pac["private"] is True
+    s = pac["summary"]
+    assert s["m"] == 4 and s["worlds"]["m"] == 4 and s["worlds"]["steps"] == 4
+    assert len(list((root / "runs/t/pac/worlds/adapters").iterdir())) == 4
+    u, leak = s["utility"], s["leakage"]
+    assert u["positions"] == 24 and all(0 <= a <= 1 for a in u["accuracy"].values())
+    assert 0 <= u["unanimity_rate"] <= 1
+    assert leak["sessions"] == 3 and leak["tokens"] == 8
+    assert leak["charged_nats"] == pytest.approx(s["budget"]["b"] * leak["mean_private_tokens"],
+                                                 rel=1e-2)  # the mean is rounded
+    assert leak["measured_nats"] >= 0 and 0.5 <= leak["mia_bound"] <= 1
+    assert leak["measured_nats"] <= leak["charged_nats"] + 3 * leak["measured_nats_se"] + 1e-12
+    report = (root / "reports/t/report.md").read_text()
+    assert "## PAC-private generation (served ensemble)" in report
+    assert "![PAC-private generation](pac.png)" in report and "WARNING" not in report
+    assert (root / "reports/t/pac.png").stat().st_size > 1000
+
+
 def test_nothing_private_leaves_the_audit_directory(tiny_run):
     root, _ = tiny_run
     secrets = _secrets(root)
     assert secrets and all(len(s) >= 8 for s in secrets)
     public = [root / "runs/t/audit/audit.json", root / "runs/t/audit/manifest.json",
+              root / "runs/t/pac/manifest.json", root / "runs/t/pac/pac_eval.json",
               *sorted((root / "reports/t").iterdir())]
     for path in public:
         if path.suffix in (".json", ".md", ".html"):
@@ -134,7 +158,8 @@ def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_c
     assert f"report: {root / 'reports/t/report.md'}" in capsys.readouterr().out
     manifest = json.loads((root / "runs/t/report/manifest.json").read_text())
     assert manifest["timings"]["started"] > before
-    assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit"}
+    assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit",
+                                                                 "pac"}
     report = (root / "reports/t/report.md").read_text()
     for heading in ("## Utility: pass@k", "### Membership inference", "### Privacy-utility"):
         assert heading in report

@@ -226,7 +226,7 @@ def _make_readable(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def _torch_threads() -> Iterator[int]:
+def torch_threads() -> Iterator[int]:
     """Use every core this process may run on for the build; restore the setting after."""
     try:
         cores = len(os.sched_getaffinity(0))
@@ -370,7 +370,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
     train_files, heldout_files = C.split_heldout(files, HELDOUT_FRACTION)
     order = C.shuffled(train_files, cfg.seed)
 
-    with _torch_threads() as threads:
+    with torch_threads() as threads:
         t0 = time.monotonic()
         tok_texts = _tokenizer_texts(order, preset.tokenizer_train_bytes)
         tokenizer = train_tokenizer(tok_texts, preset.vocab_size,
@@ -495,7 +495,7 @@ def _external_base(cfg: BaseConfig) -> dict:
         raise ModelLoadError(f"base.model: {cfg.model!r} does not exist (only local model "
                              "directories are supported; nothing is downloaded)")
     started = time.monotonic()
-    with _torch_threads() as threads:
+    with torch_threads() as threads:
         model = load_causal_lm(path, dtype="auto")
         tokenizer = load_tokenizer(path)
         _, heldout_files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)

@@ -235,16 +235,23 @@ def attach_lora(model: torch.nn.Module, r: int = 16, alpha: int = 32, dropout: f
     modified in place (peft injects the adapter layers) and returned wrapped;
     only the ``lora_A``/``lora_B`` weights require gradients.
     """
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(model, r, alpha, dropout, target_modules))
+
+
+def lora_config(model: torch.nn.Module, r: int = 16, alpha: int = 32, dropout: float = 0.0,
+                target_modules: list[str] | tuple[str, ...] | None = None):
+    """The peft ``LoraConfig`` :func:`attach_lora` uses for ``model`` (targets per model type)."""
+    from peft import LoraConfig
 
     if r < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {r}")
     targets = list(target_modules) if target_modules else lora_target_modules(model)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    config = LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=dropout,
-                        target_modules=targets, bias="none",
-                        fan_in_fan_out=model_type in _CONV1D_TYPES)
-    return get_peft_model(model, config)
+    return LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=dropout,
+                      target_modules=targets, bias="none",
+                      fan_in_fan_out=model_type in _CONV1D_TYPES)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

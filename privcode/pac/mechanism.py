@@ -118,8 +118,10 @@ def pac_step(votes: np.ndarray, posterior: np.ndarray, secret: int, b: float,
     noise_var = anisotropic_noise_variances(lam, b)
     r = onehot[secret] + u @ (rng.standard_normal(lam.size) * np.sqrt(noise_var))
     # Log-density of N(R; o_s, Sigma_B) on the support, up to a constant shared by all s.
-    z = ((r[None, :] - onehot) @ u) ** 2 / noise_var[None, :]
-    with np.errstate(divide="ignore"):
+    # A world whose posterior underflowed to a denormal still counts as alive (it only
+    # makes the step conservative: charged, noisier); its tiny directions may overflow z.
+    with np.errstate(divide="ignore", over="ignore"):
+        z = ((r[None, :] - onehot) @ u) ** 2 / noise_var[None, :]
         logw = np.where(alive, np.log(prior), -np.inf) - 0.5 * z.sum(axis=1)
     w = np.exp(logw - logw[alive].max())
     return PacStep(int(active[int(np.argmax(r))]), w / w.sum(), float(b), int(active.size))

@@ -409,6 +409,11 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     extra, names = audit_section(audit, audit_dir, out_dir, cfg.report.plots)
     lines += extra
     plots += names
+    from privcode.pipeline.report_pac import pac_section
+
+    extra, names = pac_section(inputs.get("pac"), out_dir, cfg.report.plots)
+    lines += extra
+    plots += names
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
     atomic_write_text(out_dir / "report.html", render_html("\n".join(lines), out_dir,
                                                           cfg.report.title))

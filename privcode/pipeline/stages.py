@@ -287,13 +287,48 @@ class AuditStage(Stage):
         return summary
 
 
+class PacStage(Stage):
+    """PAC-private generation: train the m worlds, then measure utility and leakage.
+
+    Reads the private training records (``train.data`` or the data stage's
+    ``train.parquet``) and the base model; writes ``worlds/`` (the m
+    adapters, NOT private on their own: only the PAC server may read them,
+    :mod:`privcode.pac.worlds`) and ``pac_eval.json``. The summary holds
+    settings and aggregates only (:mod:`privcode.pac.evaluate`).
+    """
+
+    name = "pac"
+    sections = ("pac", "train")
+    needs = ("data", "base")
+    private = True
+    num_cpus = None  # all worlds train in one process's batched passes
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.models.base import torch_threads
+        from privcode.pac.evaluate import evaluate_pac
+        from privcode.pac.worlds import train_worlds
+        from privcode.pipeline.runner import stage_dir
+        from privcode.utils import atomic_write_json
+
+        data = stage_dir(cfg, "data")
+        train_data = Path(cfg.train.data) if cfg.train.data else data / "train.parquet"
+        worlds = Path(out_dir) / "worlds"
+        with torch_threads():
+            trained = train_worlds(cfg.pac, data=train_data,
+                                   base=inputs["base"]["summary"]["path"], out_dir=worlds,
+                                   progress=False)
+            result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"))
+        atomic_write_json(Path(out_dir) / "pac_eval.json", result)
+        return {**result, "worlds": trained, "worlds_dir": str(worlds)}
+
+
 class ReportStage(Stage):
     """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
 
     name = "report"
     sections = ("report", "run")
     needs = ("data", "base")
-    after = ("train", "synth", "premium", "eval", "audit")
+    after = ("train", "synth", "premium", "eval", "audit", "pac")
 
     def run(self, cfg, out_dir, inputs):
         from privcode.pipeline.report import write_report
@@ -305,5 +340,5 @@ class ReportStage(Stage):
 #: serve) register here; ``run.stages`` picks from these names.
 STAGES: dict[str, type[Stage]] = {
     cls.name: cls for cls in (DataStage, BaseStage, TrainStage, SynthStage, PremiumStage,
-                              EvalStage, AuditStage, ReportStage)
+                              EvalStage, AuditStage, PacStage, ReportStage)
 }

@@ -48,6 +48,7 @@ __all__ = [
     "api_key_from_env",
     "bearer_ok",
     "error_body",
+    "load_json_body",
     "parse_completion",
     "read_body_capped",
     "route_path",
@@ -122,6 +123,15 @@ def _load_json(body: bytes) -> Any:
         # json's messages carry a position, never the document text.
         detail = f": {exc}" if isinstance(exc, json.JSONDecodeError) else ""
         raise RequestError(f"request body is not valid JSON{detail}") from None
+
+
+def load_json_body(body: bytes) -> Any:
+    """A request body parsed as JSON; :class:`RequestError` (400, no body text echoed) if it is not.
+
+    For routes with their own fields (the PAC ensemble's ``session``), before
+    :func:`parse_completion` sees the rest.
+    """
+    return _load_json(body)
 
 
 def _type_name(value: Any) -> str:
@@ -231,15 +241,19 @@ def bearer_ok(header: str | None, key: str) -> bool:
     return hmac.compare_digest(token.strip().encode("utf-8"), key.encode("utf-8"))
 
 
-def api_key_from_env(name: str, logger: logging.Logger | None = None) -> str | None:
-    """The API key in ``$name``, or None with one loud WARNING that the endpoint is open."""
+def api_key_from_env(name: str, logger: logging.Logger | None = None, *,
+                     endpoint: str = "premium") -> str | None:
+    """The API key in ``$name``, or None with one loud WARNING that the endpoint is open.
+
+    ``endpoint`` names the app in that warning (``premium``, ``PAC ensemble``).
+    """
     key = os.environ.get(name, "").strip()
     if key:
         return key
     (logger or logging.getLogger("privcode.serve")).warning(
-        "privcode premium endpoint is UNAUTHENTICATED: $%s is not set, so anyone who can "
+        "privcode %s endpoint is UNAUTHENTICATED: $%s is not set, so anyone who can "
         "reach this endpoint can query the model. Set it (e.g. from a Kubernetes Secret) to "
-        "require 'Authorization: Bearer <key>'.", name)
+        "require 'Authorization: Bearer <key>'.", endpoint, name)
     return None
 
 

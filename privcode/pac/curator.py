@@ -1,0 +1,407 @@
+"""The PAC curator: the realised world, the posterior over worlds and the budgets.
+
+The curator is the only holder of the secret ``S`` (the realised world,
+uniform over ``m`` worlds, drawn ONCE with a CSPRNG: ``secrets.randbelow``)
+and of the posterior ``P`` over worlds. Every token of every session goes
+through :meth:`Curator.step`, which turns the worlds' votes into a released
+candidate index (METHODS.md section 5, :func:`privcode.pac.mechanism.pac_step`):
+
+* unanimity among the worlds of positive posterior: that candidate, free
+  (the release is a function of the votes alone, not of ``S``); this holds
+  even when every budget is spent;
+* otherwise, if the session or the deployment has less than ``b`` nats
+  left: no release (``index=None``, kind ``"fallback"``); the caller emits
+  the PUBLIC model's token, which does not depend on ``S`` and costs
+  nothing. Neither the posterior nor the noise generator is touched;
+* otherwise one PAC step: ``b`` nats are charged to the session and to the
+  deployment, the posterior is updated, the state is persisted (if a
+  ``state_dir`` is set) and only then the index is returned: the ledger is
+  on disk before anything leaves the server.
+
+Scope ``"deployment"`` (default; the proven setting). ONE posterior shared
+by all sessions, updated by every private step in the order the steps are
+taken (under a lock). An attacker who sees every session sees a sequence of
+releases ``Y_1, Y_2, ...`` that are functions of the internal ``R_1, R_2, ...``,
+each calibrated against the posterior given all earlier ``R``; the chain rule
+and PAC privacy give ``I(S; everything released) <= I(S; R_1..N) <= b N``,
+``N`` the number of charged steps over all sessions = deployment charged / b.
+Adaptive prompts (chosen after seeing earlier releases) are covered because
+each step's noise is calibrated conditionally on the whole history.
+
+Scope ``"session"`` (the seed's Table 7 "persistent-secret sessions"): one
+posterior per session, each starting uniform, same secret. The bound then
+holds PER SESSION ONLY, against an attacker who sees one session:
+``I(S; session) <= b T_session``. An attacker who sees several sessions has
+a sharper prior than uniform after the first; the noise of the second
+session was calibrated to the disagreement of the worlds under the uniform
+prior (the wrong prior for this attacker), so ``I(S; R | first session)``
+is not bounded by ``b`` per step and the per-session bounds do not add up
+to a bound on the total. The curator warns loudly when this scope is used.
+
+Persistence (``state_dir``): ``curator.json`` (mode 0600, written atomically)
+holds the secret, ``m``, ``b``, the scope, the deployment's charged steps and
+posterior, and the open sessions' budgets, charges and (scope ``"session"``)
+posteriors. A restart reloads it: same secret, same charges; a budget is
+never reset by a restart. An unreadable or inconsistent file, or one made
+with another ``m``/``b``/scope, is an error (fail closed: the secret is
+never silently redrawn). Free and fallback counters are statistics: they
+are written with the next private step, open or close, not on every token.
+One curator per ``state_dir``: deployment scope needs a single replica.
+
+Charges are counted in steps (integers), so ``charged = b * steps`` exactly
+and a budget of ``T * b`` allows exactly ``T`` private steps (a relative
+tolerance of 1e-9 absorbs the rounding of ``T * b`` in floating point).
+
+Nothing here returns, logs or puts into an error message the secret or a
+posterior; :meth:`Curator.measured_leakage_nats` is a secret-dependent audit
+quantity for the operator, never for API clients. Pure Python/numpy, no
+torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from privcode.errors import PrivcodeError
+from privcode.pac.bounds import posterior_entropy
+from privcode.pac.mechanism import pac_step
+from privcode.utils import atomic_path, canonical_json
+
+log = logging.getLogger("privcode.pac")
+
+__all__ = ["STATE_FILE", "STATE_FORMAT", "Curator", "CuratorError", "CuratorStateError",
+           "SessionScopeWarning", "StepOutcome", "UnknownSessionError"]
+
+STATE_FILE = "curator.json"
+STATE_FORMAT = "privcode-pac-curator/1"
+_SCOPES = ("deployment", "session")
+#: Relative slack on budget comparisons: ``T * b`` rounded must still allow T steps.
+_BUDGET_RTOL = 1e-9
+
+
+class CuratorError(PrivcodeError, ValueError):
+    """A curator argument or request is invalid (names the value and why)."""
+
+
+class UnknownSessionError(CuratorError, KeyError):
+    """No open session has this id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CuratorStateError(PrivcodeError):
+    """The persisted curator state cannot be used: the curator must not start (fail closed)."""
+
+
+class SessionScopeWarning(UserWarning):
+    """Scope ``"session"``: the privacy bound holds per session only."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One token's outcome; safe to show the caller (no secret-dependent state but the release)."""
+
+    index: int | None    #: released candidate index; None = fallback (emit the public token)
+    charged: float       #: nats charged: b for a private step, else 0
+    kind: Literal["free", "private", "fallback"]
+
+
+@dataclass
+class _Session:
+    budget: float
+    private: int = 0
+    free: int = 0
+    fallback: int = 0
+    posterior: np.ndarray | None = None  # scope "session" only
+
+
+def _check_positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+            value) or value <= 0:
+        raise CuratorError(f"{name} must be a finite number of nats > 0, got {value!r}")
+    return float(value)
+
+
+def _fits(steps: int, b: float, budget: float) -> bool:
+    """Whether ``steps`` charges of ``b`` nats fit in ``budget``."""
+    return steps * b <= budget * (1.0 + _BUDGET_RTOL)
+
+
+class Curator:
+    """Secret, posterior(s) and budgets of one PAC-private deployment (see the module docstring).
+
+    ``m`` worlds, ``b`` nats per private token; ``deployment_budget``: nats
+    over all sessions; ``session_budget``: the default (and largest) budget
+    of a session. ``rng_seed`` seeds the NOISE generator only (tests); None
+    draws it from ``secrets``. The secret is always drawn with ``secrets``.
+    """
+
+    def __init__(self, m: int, b: float, *, deployment_budget: float, session_budget: float,
+                 scope: str = "deployment", state_dir: str | os.PathLike | None = None,
+                 rng_seed: int | None = None, max_sessions: int = 4096):
+        if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 2:
+            raise CuratorError(f"m (number of worlds) must be an integer >= 2, got {m!r}")
+        if scope not in _SCOPES:
+            raise CuratorError(f"scope must be one of {', '.join(_SCOPES)}, got {scope!r}")
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise CuratorError(f"max_sessions must be an integer >= 1, got {max_sessions!r}")
+        self.m, self.scope = int(m), scope
+        self.b = _check_positive("b (per-token budget)", b)
+        self.deployment_budget = _check_positive("deployment_budget", deployment_budget)
+        self.session_budget = _check_positive("session_budget", session_budget)
+        self.max_sessions = max_sessions
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng(secrets.randbits(128) if rng_seed is None else rng_seed)
+        self._sessions: dict[str, _Session] = {}
+        self._steps = 0  # charged steps of the deployment, all sessions, closed ones included
+        self._path = None if state_dir is None else Path(state_dir).expanduser() / STATE_FILE
+        if scope == "session":
+            msg = ("PAC curator scope 'session': each session has its own posterior starting "
+                   "uniform, so the bound I(S; release) <= b * tokens holds PER SESSION only, "
+                   "against an attacker who sees a single session; it does NOT bound what an "
+                   "attacker seeing several sessions learns. Use scope 'deployment' for that.")
+            warnings.warn(msg, SessionScopeWarning, stacklevel=2)
+            log.error(msg)
+        if self._path is not None and self._path.exists():
+            self._load(self._path)
+            log.info("PAC curator restored from %s: m=%d b=%.3g scope=%s charged=%.6g nats, "
+                     "%d open sessions", self._path, self.m, self.b, scope, self._charged(),
+                     len(self._sessions))
+        else:
+            self._secret = secrets.randbelow(self.m)
+            self._posterior = (np.full(self.m, 1.0 / self.m) if scope == "deployment" else None)
+            if self._path is not None:
+                self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._write(self._snapshot())
+            log.info("PAC curator started: m=%d b=%.3g scope=%s deployment budget %.6g nats, "
+                     "state %s", self.m, self.b, scope, self.deployment_budget,
+                     self._path or "in memory only")
+
+    # -- public API
+
+    def open_session(self, budget: float | None = None) -> str:
+        """A new session id (random); its budget is ``min(budget, session_budget)`` nats."""
+        budget = self.session_budget if budget is None else min(
+            _check_positive("session budget", budget), self.session_budget)
+        with self._lock:
+            if len(self._sessions) >= self.max_sessions:
+                raise CuratorError(f"too many open sessions ({len(self._sessions)}; "
+                                   f"max_sessions={self.max_sessions}): close some first")
+            sid = secrets.token_hex(16)
+            session = _Session(budget=budget)
+            if self.scope == "session":
+                session.posterior = np.full(self.m, 1.0 / self.m)
+            sessions = {**self._sessions, sid: session}
+            if self._path is not None:
+                self._write(self._snapshot(sessions=sessions))
+            self._sessions = sessions
+        return sid
+
+    def close_session(self, sid: str) -> None:
+        """Forget a session (its charges stay in the deployment total)."""
+        with self._lock:
+            self._get(sid)
+            sessions = {k: v for k, v in self._sessions.items() if k != sid}
+            if self._path is not None:
+                self._write(self._snapshot(sessions=sessions))
+            self._sessions = sessions
+
+    def session_info(self, sid: str) -> dict[str, Any]:
+        """Budget and token counts of a session (never the posterior or the secret)."""
+        with self._lock:
+            s = self._get(sid)
+            charged = self.b * s.private
+            return {"session": sid, "budget": s.budget, "charged": charged,
+                    "remaining": max(s.budget - charged, 0.0), "private_tokens": s.private,
+                    "free_tokens": s.free, "fallback_tokens": s.fallback}
+
+    def deployment_info(self) -> dict[str, Any]:
+        """Deployment-wide parameters and budget (never the posterior or the secret)."""
+        with self._lock:
+            charged = self._charged()
+            return {"m": self.m, "b": self.b, "scope": self.scope,
+                    "deployment_budget": self.deployment_budget,
+                    "deployment_charged": charged,
+                    "deployment_remaining": max(self.deployment_budget - charged, 0.0),
+                    "private_tokens": self._steps, "session_budget": self.session_budget,
+                    "sessions_open": len(self._sessions)}
+
+    def step(self, sid: str, votes: np.ndarray) -> StepOutcome:
+        """One token of session ``sid`` from the worlds' ``votes[m]`` (candidate indices)."""
+        votes = np.asarray(votes)
+        if votes.shape != (self.m,) or not np.issubdtype(votes.dtype, np.integer) or (
+                votes.size and votes.min() < 0):
+            raise CuratorError(f"votes must be {self.m} candidate indices >= 0 (one per world), "
+                               f"got {votes.dtype} {votes.shape}")
+        with self._lock:
+            session = self._get(sid)
+            prior = self._posterior if self.scope == "deployment" else session.posterior
+            active = np.unique(votes[prior > 0])
+            if active.size == 1:
+                session.free += 1
+                return StepOutcome(int(active[0]), 0.0, "free")
+            if not (_fits(session.private + 1, self.b, session.budget)
+                    and _fits(self._steps + 1, self.b, self.deployment_budget)):
+                session.fallback += 1
+                return StepOutcome(None, 0.0, "fallback")
+            out = pac_step(votes, prior, self._secret, self.b, self._rng)
+            # The ledger goes to disk before the release; a failed write raises and
+            # nothing is released (the in-memory state is only updated after it).
+            if self._path is not None:
+                if self.scope == "deployment":
+                    snap = self._snapshot(steps=self._steps + 1, posterior=out.posterior,
+                                          bump=(sid, None))
+                else:
+                    snap = self._snapshot(steps=self._steps + 1, bump=(sid, out.posterior))
+                self._write(snap)
+            self._steps += 1
+            session.private += 1
+            if self.scope == "deployment":
+                self._posterior = out.posterior
+            else:
+                session.posterior = out.posterior
+            return StepOutcome(out.token, out.charged, "private")
+
+    def measured_leakage_nats(self, sid: str | None = None) -> float:
+        """``log m - H(P)``: the entropy drop of the current posterior (OPERATOR AUDIT ONLY).
+
+        Deployment scope: the shared posterior (``sid`` must be None). Session
+        scope: that session's posterior (``sid`` required). This depends on
+        the secret; averaged over deployments it estimates ``I(S; H)``
+        (:func:`privcode.pac.bounds.measured_leakage`). Never show it to an
+        API client.
+        """
+        with self._lock:
+            if self.scope == "deployment":
+                if sid is not None:
+                    raise CuratorError("scope 'deployment' has one posterior: call "
+                                       "measured_leakage_nats() without a session id")
+                posterior = self._posterior
+            else:
+                if sid is None:
+                    raise CuratorError("scope 'session': pass the session id whose leakage "
+                                       "to measure")
+                posterior = self._get(sid).posterior
+            return math.log(self.m) - posterior_entropy(posterior)
+
+    def __repr__(self) -> str:
+        return (f"Curator(m={self.m}, b={self.b!r}, scope={self.scope!r}, "
+                f"sessions={len(self._sessions)}, state={str(self._path) if self._path else None})")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("a Curator holds the realised world and is never serialised or copied; "
+                        "its state persists only through state_dir")
+
+    # -- internals
+
+    def _charged(self) -> float:
+        return self.b * self._steps
+
+    def _get(self, sid: str) -> _Session:
+        session = self._sessions.get(sid) if isinstance(sid, str) else None
+        if session is None:
+            raise UnknownSessionError("unknown or closed PAC session id (open one with "
+                                      "open_session)")
+        return session
+
+    def _snapshot(self, *, steps: int | None = None, posterior: np.ndarray | None = None,
+                  sessions: dict[str, _Session] | None = None,
+                  bump: tuple[str, np.ndarray | None] | None = None) -> dict[str, Any]:
+        """The state as JSON, with the given replacements (``bump``: one more private step)."""
+        post = self._posterior if posterior is None else posterior
+        out_sessions = {}
+        for sid, s in (self._sessions if sessions is None else sessions).items():
+            private, spost = s.private, s.posterior
+            if bump is not None and bump[0] == sid:
+                private += 1
+                spost = bump[1] if bump[1] is not None else spost
+            entry: dict[str, Any] = {"budget": s.budget, "private_tokens": private,
+                                     "free_tokens": s.free, "fallback_tokens": s.fallback}
+            if self.scope == "session":
+                entry["posterior"] = [float(x) for x in spost]
+            out_sessions[sid] = entry
+        steps = self._steps if steps is None else steps
+        return {"format": STATE_FORMAT, "m": self.m, "b": self.b, "scope": self.scope,
+                "secret": int(self._secret), "deployment_budget": self.deployment_budget,
+                "deployment_steps": steps, "deployment_charged": self.b * steps,
+                "posterior": None if post is None else [float(x) for x in post],
+                "sessions": out_sessions,
+                "NOT_PUBLIC": "holds the realised world: readable by the PAC server only"}
+
+    def _write(self, state: dict[str, Any]) -> None:
+        with atomic_path(self._path) as tmp:
+            os.chmod(tmp, 0o600)  # the file holds the secret (atomic_path makes it 0644)
+            tmp.write_text(canonical_json(state), encoding="utf-8")
+
+    def _load(self, path: Path) -> None:
+        def bad(why: str) -> CuratorStateError:
+            return CuratorStateError(f"{path}: {why}; refusing to start (the secret is never "
+                                     "redrawn: fix or restore the file, or remove it to start "
+                                     "a NEW deployment with a fresh budget)")
+
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise bad(f"unreadable curator state ({type(exc).__name__})") from None
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise bad(f"not a curator state file (format must be {STATE_FORMAT!r})")
+        for key, mine in (("m", self.m), ("b", self.b), ("scope", self.scope)):
+            if state.get(key) != mine:
+                raise bad(f"made with {key}={state.get(key)!r}, this curator has {key}={mine!r}")
+        secret, steps = state.get("secret"), state.get("deployment_steps")
+        if isinstance(secret, bool) or not isinstance(secret, int) or not 0 <= secret < self.m:
+            raise bad(f"'secret' must be an integer in [0, {self.m})")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise bad("'deployment_steps' must be an integer >= 0")
+        self._secret, self._steps = secret, steps
+        if self.scope == "deployment":
+            self._posterior = self._read_posterior(state.get("posterior"), "posterior", bad)
+        else:
+            self._posterior = None
+        sessions = state.get("sessions")
+        if not isinstance(sessions, dict):
+            raise bad("'sessions' must be an object")
+        for sid, entry in sessions.items():
+            where = "sessions entry"
+            if not isinstance(entry, dict):
+                raise bad(f"a {where} is not an object")
+            budget = entry.get("budget")
+            if isinstance(budget, bool) or not isinstance(budget, int | float) or not (
+                    math.isfinite(budget) and budget > 0):
+                raise bad(f"a {where} has no valid 'budget'")
+            counts = [entry.get(k) for k in ("private_tokens", "free_tokens", "fallback_tokens")]
+            if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+                raise bad(f"a {where} has invalid token counts")
+            if counts[0] > steps:
+                raise bad(f"a {where} has more private tokens than the deployment")
+            session = _Session(float(budget), *counts)
+            if self.scope == "session":
+                session.posterior = self._read_posterior(entry.get("posterior"),
+                                                         f"{where} posterior", bad)
+            self._sessions[str(sid)] = session
+        if "deployment_budget" in state and state["deployment_budget"] != self.deployment_budget:
+            log.warning("PAC curator: deployment budget changed from %r to %r nats across a "
+                        "restart (charges are kept)", state["deployment_budget"],
+                        self.deployment_budget)
+
+    def _read_posterior(self, value: Any, name: str, bad: Any) -> np.ndarray:
+        try:
+            p = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise bad(f"{name!r} is not a list of numbers") from None
+        if p.shape != (self.m,) or not np.all(np.isfinite(p)) or np.any(p < 0) or not math.isclose(
+                float(p.sum()), 1.0, rel_tol=1e-9) or p[self._secret] <= 0:
+            raise bad(f"{name!r} is not a valid posterior over {self.m} worlds")
+        return p

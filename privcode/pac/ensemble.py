@@ -1,0 +1,338 @@
+"""The m worlds and the public base as one batched model: PAC-private generation without Ray.
+
+:class:`PacEnsemble` loads a worlds artifact (written by
+:mod:`privcode.pac.worlds`)::
+
+    <dir>/pac.json          {"format": "privcode-pac-worlds/1", "m", "base_model",
+                             "worlds": [m names, world order s = 0..m-1], "lora", "NOT_PRIVATE", ...}
+    <dir>/adapters/<name>/  one peft LoRA adapter per world
+
+The base model is loaded ONCE and all ``m`` adapters into one peft model.
+One forward computes ``m + 1`` rows of the same context: row ``s < m``
+through world ``s``'s adapter, row ``m`` through the plain base (peft's
+mixed-adapter batch, ``adapter_names=[w_0, ..., w_{m-1}, "__base__"]``), with
+a KV cache so every token after the prompt is one ``[m + 1, 1]`` forward.
+
+Per token (METHODS.md section 5, :meth:`PacEnsemble.generate`):
+
+1. candidates ``V_t`` = top-k of the PUBLIC row's next-token distribution;
+   the worlds' log-probs over ``V_t`` are their full-vocabulary
+   log-softmax gathered at ``V_t`` (:meth:`PacEnsemble.step_logprobs`);
+2. votes (:func:`privcode.pac.mechanism.world_votes`): greedy, or coupled
+   Gumbel ``argmax_v (log p_s(v) / tau + G_v)`` with ONE public Gumbel draw
+   ``G`` over ``V_t`` shared by all worlds (public randomness: a numpy
+   generator seeded by the request's ``seed``, or fresh);
+3. the curator (:class:`privcode.pac.curator.Curator`) releases a candidate
+   (free at unanimity, charged ``b`` nats otherwise) or answers "fallback"
+   when a budget is spent; the fallback token is the PUBLIC row's choice,
+   ``argmax_v (log p_pub(v) [/ tau + G_v])``, a function of public
+   quantities only, so it costs nothing;
+4. the token is appended to the context of every row (the released text is
+   the context of all worlds, as in the seed's adaptive-context analysis).
+
+Generation stops at EOS, at a stop string (the text is cut before it) or
+after ``max_tokens``; a spent budget does not stop it (fallback tokens).
+
+The worlds are trained WITHOUT DP: the artifact and everything computed from
+it but the curator's releases stay inside the server. Prompts, completions,
+votes and log-probs are never logged; only sizes and timings are.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privcode.errors import PrivcodeError
+from privcode.pac.mechanism import world_votes
+from privcode.utils import read_json_object
+
+log = logging.getLogger("privcode.pac")
+
+__all__ = ["BASE_ROW", "MANIFEST", "WORLDS_FORMAT", "PacCompletion", "PacEnsemble",
+           "PacEnsembleError", "StepLogprobs", "read_manifest"]
+
+WORLDS_FORMAT = "privcode-pac-worlds/1"
+MANIFEST = "pac.json"
+#: peft's name for "no adapter" in a mixed batch: the public row.
+BASE_ROW = "__base__"
+_DEVICES = ("auto", "cpu", "cuda")
+_DECODERS = ("greedy", "gumbel")
+_WORLD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+class PacEnsembleError(PrivcodeError, ValueError):
+    """A worlds artifact, model or generation request is unusable (names the key, path or value)."""
+
+
+@dataclass(frozen=True)
+class StepLogprobs:
+    """Next-token log-probabilities over the candidate set ``V_t`` (SERVER-INTERNAL)."""
+
+    candidates: np.ndarray   #: [k] token ids, the public row's top-k, best first
+    worlds: np.ndarray       #: [m, k] float64: world s's log-softmax at the candidates
+    public: np.ndarray       #: [k] float64: the public base's log-softmax at the candidates
+
+
+@dataclass(frozen=True)
+class PacCompletion:
+    """A PAC-private completion and its accounting (all of it may be shown to the client)."""
+
+    text: str
+    token_ids: tuple[int, ...]  #: every released token, EOS included when it ended the text
+    finish_reason: str          #: "stop" (EOS or a stop string) or "length"
+    prompt_tokens: int
+    private_tokens: int         #: tokens charged b nats each
+    free_tokens: int            #: unanimous tokens (no charge)
+    fallback_tokens: int        #: public-model tokens emitted because a budget was spent
+    charged_nats: float         #: b * private_tokens
+
+
+def read_manifest(worlds_dir: str | Path, *, model: str | None = None) -> dict[str, Any]:
+    """The validated ``pac.json`` of a worlds artifact; :class:`PacEnsembleError` names the problem.
+
+    Checks the format, ``m`` (an integer >= 2), ``worlds`` (``m`` distinct
+    names safe as directory names), ``base_model`` (unless ``model``
+    overrides it) and that ``adapters/<name>/adapter_config.json`` exists for
+    every world. Loads nothing.
+    """
+    root = Path(worlds_dir).expanduser()
+    path = root / MANIFEST
+    if not path.is_file():
+        raise PacEnsembleError(f"{root}: not a PAC worlds artifact (no {MANIFEST}); pass the "
+                               "directory `privcode pac worlds` wrote")
+    info = read_json_object(path, PacEnsembleError)
+    for key in ("format", "m", "worlds"):
+        if key not in info:
+            raise PacEnsembleError(f"{path}: missing key {key!r}")
+    if info["format"] != WORLDS_FORMAT:
+        raise PacEnsembleError(f"{path}: 'format' must be {WORLDS_FORMAT!r}, got "
+                               f"{info['format']!r}")
+    m = info["m"]
+    if isinstance(m, bool) or not isinstance(m, int) or m < 2:
+        raise PacEnsembleError(f"{path}: 'm' must be an integer >= 2, got {m!r}")
+    worlds = info["worlds"]
+    if not isinstance(worlds, list) or len(worlds) != m:
+        raise PacEnsembleError(f"{path}: 'worlds' must list m={m} world names, got "
+                               f"{len(worlds) if isinstance(worlds, list) else type(worlds).__name__}")
+    for name in worlds:
+        if not isinstance(name, str) or not _WORLD_NAME.match(name) or name == BASE_ROW:
+            raise PacEnsembleError(f"{path}: 'worlds' has an invalid world name {name!r} "
+                                   "(letters, digits, '_', '.', '-'; not starting with '.')")
+    if len(set(worlds)) != m:
+        raise PacEnsembleError(f"{path}: 'worlds' names must be distinct")
+    base = model if model is not None else info.get("base_model")
+    if not isinstance(base, str) or not base.strip():
+        raise PacEnsembleError(f"{path}: 'base_model' must be a model directory path (or pass "
+                               f"the model override), got {base!r}")
+    if "lora" in info and not isinstance(info["lora"], dict):
+        raise PacEnsembleError(f"{path}: 'lora' must be an object, got {info['lora']!r}")
+    for name in worlds:
+        adapter = root / "adapters" / name
+        if not (adapter / "adapter_config.json").is_file():
+            raise PacEnsembleError(f"{adapter}: missing adapter of world {name!r} (expected "
+                                   "adapter_config.json from PeftModel.save_pretrained)")
+    return {**info, "base_model": base}
+
+
+def _resolve_device(device: str):
+    import torch
+
+    if device not in _DEVICES:
+        raise PacEnsembleError(f"device must be one of {', '.join(_DEVICES)}, got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PacEnsembleError("device 'cuda' requested but no CUDA device is visible")
+    return torch.device(device)
+
+
+class PacEnsemble:
+    """Base model + m world adapters in one peft model; see the module docstring.
+
+    ``model``: base-model path overriding ``pac.json``'s ``base_model``.
+    ``dtype``: None = float32 on CPU, bfloat16 (or float16) on CUDA; else a
+    torch dtype or its name. ``top_k``: size of the candidate set ``V_t``.
+    """
+
+    def __init__(self, worlds_dir: str | Path, *, model: str | None = None,
+                 device: str = "auto", top_k: int = 50, dtype: Any = None):
+        import torch
+        from peft import PeftModel
+
+        from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise PacEnsembleError(f"top_k must be an integer >= 1, got {top_k!r}")
+        root = Path(worlds_dir).expanduser()
+        info = read_manifest(root, model=model)
+        self.worlds: tuple[str, ...] = tuple(info["worlds"])
+        self.m, self.top_k, self.base = len(self.worlds), top_k, info["base_model"]
+        self.device = _resolve_device(device)
+        if dtype is None:
+            dtype = torch.float32
+            if self.device.type == "cuda":
+                dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        start = time.perf_counter()
+        try:
+            self.tokenizer = load_tokenizer(self.base)
+            lm = load_causal_lm(self.base, dtype=dtype, device=self.device)
+        except ModelLoadError as exc:
+            how = "" if model else "; pass the model override if the base lives elsewhere"
+            raise PacEnsembleError(f"worlds artifact {root}: cannot load the base model: "
+                                   f"{exc}{how}") from exc
+        keep = inspect.signature(type(lm).forward).parameters
+        # Only the last position's logits are needed: [m+1, vocab], not [m+1, prompt, vocab].
+        self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in keep else {}
+        # transformers >= 5.2x names the KV cache argument ``cache`` (``past_key_values`` before).
+        self._cache_arg = "cache" if "cache" in keep else "past_key_values"
+        adapters = root / "adapters"
+        first = name = self.worlds[0]
+        try:
+            peft_model = PeftModel.from_pretrained(lm, str(adapters / first), adapter_name=first,
+                                                   is_trainable=False)
+            for name in self.worlds[1:]:
+                peft_model.load_adapter(str(adapters / name), adapter_name=name,
+                                        is_trainable=False)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise PacEnsembleError(f"{adapters / name}: cannot load world {name!r} onto base "
+                                   f"model {self.base}: {exc}") from exc
+        self.model = peft_model.to(self.device).eval()  # peft mixes adapters in eval mode only
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self._rows = [*self.worlds, BASE_ROW]
+        tok = self.tokenizer
+        eos = lm.generation_config.eos_token_id if lm.generation_config else None
+        eos = eos if eos is not None else tok.eos_token_id
+        self.eos_ids = frozenset(eos if isinstance(eos, list | tuple) else
+                                 ([] if eos is None else [eos]))
+        self.start_id = next(i for i in (tok.bos_token_id, *sorted(self.eos_ids),
+                                         tok.pad_token_id, 0) if i is not None)
+        ctx = getattr(lm.config, "max_position_embeddings", None)
+        tmax = getattr(tok, "model_max_length", None)
+        self.context = ctx or (tmax if tmax and tmax < 1_000_000 else None)
+        self._lock = threading.Lock()
+        log.info("PAC ensemble loaded: m=%d worlds, base=%s, device=%s, dtype=%s, top_k=%d, "
+                 "in %.1f s (worlds are NOT private on their own: serve them only through the "
+                 "curator)", self.m, self.base, self.device, dtype, top_k,
+                 time.perf_counter() - start)
+
+    # -- model
+
+    def encode(self, prompt: str) -> list[int]:
+        """Prompt token ids (special tokens as the tokenizer adds them; never empty)."""
+        if not isinstance(prompt, str):
+            raise PacEnsembleError(f"prompt must be a string, got {type(prompt).__name__}")
+        ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return ids or [self.start_id]
+
+    def step_logprobs(self, ids: Sequence[int], past: Any = None) -> tuple[StepLogprobs, Any]:
+        """Next-token log-probs of all ``m + 1`` rows after ``ids``; returns them and the cache.
+
+        ``past`` None: ``ids`` is the whole context (prefill). Otherwise
+        ``ids`` are the tokens following the context cached in ``past``
+        (normally one). The cache is extended IN PLACE and returned: pass it
+        to the next call, never reuse an older one.
+        """
+        import torch
+
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise PacEnsembleError("step_logprobs needs at least one token id")
+        rows = torch.tensor([ids] * (self.m + 1), dtype=torch.long, device=self.device)
+        with self._lock, torch.inference_mode():
+            out = self.model(input_ids=rows, use_cache=True, adapter_names=self._rows,
+                             **{self._cache_arg: past}, **self._forward_kwargs)
+            logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # [m+1, vocab]
+            k = min(self.top_k, logprobs.shape[-1])
+            candidates = torch.topk(logprobs[self.m], k).indices
+            chosen = logprobs[:, candidates].double().cpu().numpy()
+        step = StepLogprobs(candidates=candidates.cpu().numpy().astype(np.int64),
+                            worlds=chosen[:self.m], public=chosen[self.m])
+        cache = getattr(out, "cache", None)
+        return step, cache if cache is not None else out.past_key_values
+
+    # -- generation
+
+    def generate(self, curator: Any, session_id: str, prompt: str, max_tokens: int, *,
+                 decoder: str = "greedy", temperature: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] = ()) -> PacCompletion:
+        """A PAC-private completion of ``prompt`` in session ``session_id`` of ``curator``.
+
+        ``decoder``: ``"greedy"`` or ``"gumbel"`` (coupled Gumbel at
+        ``temperature``; ``seed`` seeds the public Gumbel draws, None = fresh).
+        ``stop``: strings that end the completion (cut before the first one).
+        """
+        if getattr(curator, "m", None) != self.m:
+            raise PacEnsembleError(f"the curator has m={getattr(curator, 'm', None)!r} worlds, "
+                                   f"this ensemble {self.m}")
+        if decoder not in _DECODERS:
+            raise PacEnsembleError(f"decoder must be one of {', '.join(_DECODERS)}, got "
+                                   f"{decoder!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise PacEnsembleError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not (
+                math.isfinite(temperature) and temperature > 0):
+            raise PacEnsembleError(f"temperature must be a finite number > 0, got "
+                                   f"{temperature!r}")
+        stop = tuple(stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise PacEnsembleError("stop must be a sequence of non-empty strings")
+        curator.session_info(session_id)  # an unknown session fails before any compute
+        ids = self.encode(prompt)
+        if self.context is not None and len(ids) + max_tokens > self.context:
+            raise PacEnsembleError(f"the prompt ({len(ids)} tokens) plus max_tokens "
+                                   f"({max_tokens}) exceed the model's context of "
+                                   f"{self.context} tokens")
+        gumbel = decoder == "gumbel"
+        public_rng = np.random.default_rng(seed)  # public randomness: never the curator's
+        window = 4 * max((len(s) for s in stop), default=0) + 8
+        tokens: list[int] = []
+        counts = {"free": 0, "private": 0, "fallback": 0}
+        charged, finish = 0.0, "length"
+        started = time.perf_counter()
+        past, feed = None, ids
+        for _ in range(max_tokens):
+            lp, past = self.step_logprobs(feed, past)
+            g = public_rng.gumbel(size=lp.candidates.size) if gumbel else None
+            scores = lp.worlds / temperature if gumbel else lp.worlds
+            outcome = curator.step(session_id, world_votes(scores, gumbel=g))
+            counts[outcome.kind] += 1
+            charged += outcome.charged
+            index = outcome.index
+            if index is None:  # budget spent: the public model's own choice, free
+                public = lp.public / temperature + g if gumbel else lp.public
+                index = int(np.argmax(public))
+            token = int(lp.candidates[index])
+            tokens.append(token)
+            if token in self.eos_ids:
+                finish = "stop"
+                break
+            if stop:
+                tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=True)
+                if any(s in tail for s in stop):
+                    finish = "stop"
+                    break
+            feed = [token]
+        shown = tokens[:-1] if finish == "stop" and tokens[-1] in self.eos_ids else tokens
+        text = self.tokenizer.decode(shown, skip_special_tokens=True)
+        hits = [pos for pos in (text.find(s) for s in stop) if pos >= 0]
+        if hits:
+            text, finish = text[:min(hits)], "stop"
+        log.info("PAC completion: %d prompt tokens, %d new (%d private, %d free, %d fallback), "
+                 "%.3g nats, %.2f s", len(ids), len(tokens), counts["private"], counts["free"],
+                 counts["fallback"], charged, time.perf_counter() - started)
+        return PacCompletion(text=text, token_ids=tuple(tokens), finish_reason=finish,
+                             prompt_tokens=len(ids), private_tokens=counts["private"],
+                             free_tokens=counts["free"], fallback_tokens=counts["fallback"],
+                             charged_nats=charged)

@@ -1,0 +1,199 @@
+"""Measure PAC-private generation: utility, charged vs measured leakage, attack success.
+
+Inside the private boundary (the worlds and the held-out records are
+private); the summary holds aggregates only. Three measurements, after the
+seed's Tables 4-7 (METHODS.md section 5):
+
+* Utility, teacher-forced (:func:`teacher_forced_accuracy`): at held-out
+  positions (code tokens of non-member records), the next-token accuracy of
+  the public base (top-1), of one world alone (non-private: the realised
+  world's greedy vote over ``V_t``), and of the PAC release (greedy votes,
+  curator noise); "gain retained" = ``(PAC - public) / (world - public)``.
+  Also the unanimity rate and the mean ``a_t`` when worlds dissent.
+* Leakage, generated sessions (:func:`simulate_sessions`): ``n`` sessions
+  of ``T`` tokens from public prompts, each with a fresh uniformly drawn
+  secret and the deployment-scope mechanism; measured ``I(S; H_T) = log m -
+  E[H(P_T)]`` (:func:`privcode.pac.bounds.measured_leakage`) against the
+  charged ``b * E[private steps]``.
+* Attacks with the curator's own posterior (the Bayes-optimal attacker who
+  knows every world's adapter): world identification succeeds when
+  ``argmax P_T`` is the secret; membership inference guesses record ``i`` a
+  member of the realised world when ``sum_s P_T(s) [i in s] > 1/2``.
+  Measured successes next to their bounds at the charged budget
+  (:func:`privcode.pac.bounds.mia_success_bound`,
+  :func:`privcode.pac.bounds.world_identification_bound`).
+
+The simulation draws the secret itself (:class:`KnownSecretCurator`): an
+audit instrument, never a serving path.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from privcode.pac.bounds import (
+    measured_leakage,
+    mia_success_bound,
+    posterior_entropy,
+    world_identification_bound,
+)
+from privcode.pac.curator import StepOutcome
+from privcode.pac.mechanism import pac_step
+
+__all__ = ["KnownSecretCurator", "evaluate_pac", "simulate_sessions",
+           "teacher_forced_accuracy"]
+
+
+class KnownSecretCurator:
+    """The deployment-scope mechanism with a given secret and no budget (AUDITS ONLY).
+
+    Duck-types :class:`privcode.pac.curator.Curator` for
+    :meth:`privcode.pac.ensemble.PacEnsemble.generate`; keeps the posterior
+    and the count of private steps for the measurements.
+    """
+
+    def __init__(self, m: int, b: float, secret: int, rng: np.random.Generator):
+        self.m, self.b, self.secret, self.rng = m, b, int(secret), rng
+        self.posterior = np.full(m, 1.0 / m)
+        self.private = self.free = 0
+
+    def session_info(self, sid: str) -> dict[str, Any]:
+        return {"private_tokens": self.private, "free_tokens": self.free}
+
+    def step(self, sid: str, votes: np.ndarray) -> StepOutcome:
+        out = pac_step(np.asarray(votes), self.posterior, self.secret, self.b, self.rng)
+        if out.charged:
+            self.private += 1
+            self.posterior = out.posterior
+            return StepOutcome(out.token, out.charged, "private")
+        self.free += 1
+        return StepOutcome(out.token, 0.0, "free")
+
+
+def _sequence_logprobs(ens: Any, ids: list[int]) -> tuple[Any, Any]:
+    """Log-probs at every position: public ``[L, V]`` and worlds ``[m, L, V]`` (one pass)."""
+    import torch
+
+    rows = torch.tensor([ids] * (ens.m + 1), dtype=torch.long, device=ens.device)
+    with torch.inference_mode():
+        logits = ens.model(input_ids=rows, adapter_names=[*ens.worlds, "__base__"]).logits
+    lp = torch.log_softmax(logits.float(), dim=-1).cpu()
+    return lp[ens.m], lp[:ens.m]
+
+
+def teacher_forced_accuracy(ens: Any, texts: Sequence[str], *, b: float, positions: int,
+                            seed: int, max_length: int = 256) -> dict[str, Any]:
+    """Next-token accuracy at up to ``positions`` positions of ``texts`` (see the module doc)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    secret = int(rng.integers(ens.m))
+    cur = KnownSecretCurator(ens.m, b, secret, rng)
+    hits = {"public": 0, "world": 0, "pac": 0}
+    seen = dissent = active_sum = 0
+    for text in texts:
+        if seen >= positions:
+            break
+        ids = ens.encode(text)[:max_length]
+        if len(ids) < 2:
+            continue
+        public, worlds = _sequence_logprobs(ens, ids)  # [L, V], [m, L, V]
+        for t in range(min(len(ids) - 1, positions - seen)):
+            cand = torch.topk(public[t], ens.top_k).indices
+            lp = worlds[:, t, cand].double().numpy()
+            votes = np.argmax(lp, axis=1)
+            target = ids[t + 1]
+            out = cur.step("eval", votes)
+            hits["public"] += int(cand[0]) == target
+            hits["world"] += int(cand[int(votes[secret])]) == target
+            hits["pac"] += int(cand[out.index]) == target
+            if out.kind == "private":
+                dissent += 1
+                active_sum += int(np.unique(votes[cur.posterior > 0]).size)
+            seen += 1
+    n = max(seen, 1)
+    acc = {k: round(v / n, 4) for k, v in hits.items()}
+    gain = acc["world"] - acc["public"]
+    return {"positions": seen, "accuracy": acc,
+            "gain_retained": round((acc["pac"] - acc["public"]) / gain, 3) if gain > 0 else None,
+            "unanimity_rate": round(1 - dissent / n, 4),
+            "mean_active_at_dissent": round(active_sum / dissent, 2) if dissent else None,
+            "charged_nats": b * cur.private}
+
+
+def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, *, b: float,
+                      tokens: int, sessions: int, decoder: str, seed: int,
+                      progress: bool = False) -> dict[str, Any]:
+    """Leakage and attack success over ``sessions`` generated sessions (see the module doc)."""
+    from tqdm.auto import tqdm
+
+    if sessions < 1 or not prompts:
+        raise ValueError("simulate_sessions needs at least one session and one prompt")
+    rng = np.random.default_rng(seed)
+    m = ens.m
+    posteriors, private, wid, mia = [], [], 0, []
+    for k in tqdm(range(sessions), desc="pac sessions", disable=not progress,
+                  mininterval=10.0):
+        secret = int(rng.integers(m))
+        cur = KnownSecretCurator(m, b, secret, rng)
+        ens.generate(cur, "sim", prompts[k % len(prompts)], tokens, decoder=decoder,
+                     seed=int(rng.integers(2**31)))
+        p = cur.posterior
+        posteriors.append(p)
+        private.append(cur.private)
+        wid += int(np.argmax(p) == secret)
+        # Bayes attacker on every record: P(i in S | H) = sum_s P(s) [i in s].
+        member_prob = assignment @ p
+        guess = np.where(np.isclose(member_prob, 0.5), rng.random(member_prob.size) < 0.5,
+                         member_prob > 0.5)
+        mia.append(float((guess == assignment[:, secret]).mean()))
+    charged = b * float(np.mean(private))
+    measured = measured_leakage(m, posteriors)
+    # Sessions are independent: standard errors over sessions (a session's record-level
+    # guesses share one posterior, so records are not independent samples).
+    drops = [math.log(m) - posterior_entropy(p) for p in posteriors]
+    def se(xs):
+        return (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+    return {"sessions": sessions, "tokens": tokens, "decoder": decoder, "b": b,
+            "mean_private_tokens": round(float(np.mean(private)), 2),
+            "charged_nats": charged, "measured_nats": measured,
+            "measured_nats_se": se(drops),
+            "measured_over_charged": round(measured / charged, 4) if charged > 0 else None,
+            "world_id_success": round(wid / sessions, 4),
+            "world_id_bound": world_identification_bound(charged, m),
+            "world_id_prior": 1.0 / m,
+            "mia_success": round(float(np.mean(mia)), 4), "mia_success_se": se(mia),
+            "mia_bound": mia_success_bound(charged)}
+
+
+def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, progress: bool = False
+                 ) -> dict[str, Any]:
+    """Both measurements for the ``pac`` stage; aggregates only (``cfg``: a PacConfig)."""
+    from privcode.data.public import public_prompts
+    from privcode.data.records import read_records
+    from privcode.pac.ensemble import PacEnsemble
+
+    started = time.time()
+    ens = PacEnsemble(worlds, top_k=cfg.top_k, device="cuda" if cfg.use_gpu else "cpu")
+    texts = [r.code for r in read_records(heldout)]
+    utility = teacher_forced_accuracy(ens, texts, b=cfg.b, positions=cfg.eval_positions,
+                                      seed=cfg.seed, max_length=cfg.max_length)
+    assignment = np.load(f"{worlds}/assignment.npy")
+    leakage = simulate_sessions(ens, public_prompts(max(cfg.eval_sessions, 1), seed=cfg.seed),
+                                assignment, b=cfg.b, tokens=cfg.eval_tokens,
+                                sessions=cfg.eval_sessions, decoder=cfg.decoder,
+                                seed=cfg.seed, progress=progress)
+    budget = {"b": cfg.b, "session_budget": cfg.session_budget,
+              "deployment_budget": cfg.deployment_budget,
+              "mia_bound_at_deployment_budget": mia_success_bound(cfg.deployment_budget),
+              "world_id_bound_at_deployment_budget":
+                  world_identification_bound(cfg.deployment_budget, ens.m),
+              "private_tokens_per_session": math.floor(cfg.session_budget / cfg.b + 1e-9)
+              if cfg.b > 0 else None}
+    return {"m": ens.m, "top_k": cfg.top_k, "utility": utility, "leakage": leakage,
+            "budget": budget, "seconds": round(time.time() - started, 1)}

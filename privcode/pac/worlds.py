@@ -1,0 +1,192 @@
+"""Train the m worlds of PAC-private generation: one LoRA adapter per world, no DP.
+
+NOT PRIVATE ON ITS OWN. The worlds are fine-tuned on the private corpus
+without differential privacy; only the PAC curator's noisy release
+(:mod:`privcode.pac.curator`) protects them. The artifact stays inside the
+private boundary: only the serving process reads it.
+
+Worlds (seed 004, METHODS.md section 5). :func:`privcode.pac.mechanism.assign_worlds`
+puts every record in exactly ``m/2`` worlds, so a record's membership prior
+in the realised world is exactly 1/2. World ``s`` is a LoRA adapter over the
+frozen public base, fine-tuned on its members with the mean token
+cross-entropy of ``prompt ++ code`` (records encoded as Stage I does).
+
+All worlds train at once. A step samples ``pac.batch_size`` members of every
+world and runs ONE forward over the ``m * B`` rows, row ``i`` through its
+world's adapter (peft's mixed-adapter batch); the loss is
+``sum_s (1/B) sum_{i in batch_s} loss_i``. Adapter ``s`` receives gradient
+from its own rows only, and AdamW is elementwise, so this is exactly ``m``
+independent trainings, at the cost of one batched pass instead of ``m``.
+(peft allows mixed batches only in eval mode; the adapters have no dropout
+and the base is frozen, so eval mode changes nothing but the base's own
+dropout, which is off as at serving time.) With ``pac.world_groups > 1`` the
+worlds are split into groups trained by parallel Ray tasks (one GPU each with
+``pac.use_gpu``).
+
+Artifact (``out_dir``)::
+
+    pac.json          format, m, base_model, worlds (names in world order),
+                      lora, training settings, NOT_PRIVATE
+    adapters/<name>/  one peft adapter per world
+    assignment.npy    [records, m] membership (private: audits only)
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privcode.config import PacConfig
+from privcode.errors import PrivcodeError
+from privcode.utils import atomic_write_json
+
+log = logging.getLogger("privcode.pac")
+
+__all__ = ["FORMAT", "MANIFEST", "NOT_PRIVATE_NOTE", "WorldsError", "train_worlds",
+           "world_names"]
+
+FORMAT = "privcode-pac-worlds/1"
+MANIFEST = "pac.json"
+NOT_PRIVATE_NOTE = ("m LoRA worlds fine-tuned WITHOUT differential privacy on the private "
+                    "corpus: serve them only through the PAC curator; never copy them out of "
+                    "the private boundary")
+
+
+class WorldsError(PrivcodeError, ValueError):
+    """The worlds cannot be trained: bad corpus or settings."""
+
+
+def world_names(m: int) -> list[str]:
+    width = max(3, len(str(m - 1)))
+    return [f"w{s:0{width}d}" for s in range(m)]
+
+
+def _sample_batches(members: list[np.ndarray], batch: int, rng: np.random.Generator
+                    ) -> list[np.ndarray]:
+    """``batch`` distinct members of every world (all of them when a world is smaller)."""
+    return [rng.choice(idx, size=min(batch, idx.size), replace=False) for idx in members]
+
+
+def _row_losses(model: Any, rows: dict[str, Any], names: list[str]) -> Any:
+    """Mean next-token cross-entropy of each row (padding excluded), through its adapter."""
+    import torch.nn.functional as F
+
+    ids, mask = rows["input_ids"], rows["attention_mask"]
+    logits = model(input_ids=ids, attention_mask=mask, adapter_names=names).logits[:, :-1]
+    target, tmask = ids[:, 1:], mask[:, 1:].to(logits.dtype)
+    tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                          reduction="none").view_as(tmask)
+    return (tok * tmask).sum(1) / tmask.sum(1).clamp_min(1.0)
+
+
+def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
+                 assignment: np.ndarray, worlds: list[int], out_dir: str,
+                 progress: bool) -> dict[str, Any]:
+    """Train the adapters of ``worlds`` (world indices) and save them under ``out_dir``."""
+    import torch
+    from peft import get_peft_model
+    from tqdm.auto import tqdm
+
+    from privcode.models.loading import load_causal_lm, lora_config
+    from privcode.train.data import collate
+
+    started = time.time()
+    device = torch.device("cuda" if cfg.use_gpu and torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed + 1 + worlds[0])
+    lm = load_causal_lm(base).to(device)
+    names = world_names(cfg.worlds)
+    lora = lora_config(lm, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=0.0)
+    model = get_peft_model(lm, lora, adapter_name=names[worlds[0]])
+    for s in worlds[1:]:
+        model.add_adapter(names[s], lora)
+    # add_adapter leaves only the active adapter trainable: every world's is.
+    for n, p in model.named_parameters():
+        p.requires_grad_("lora_" in n)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    members = [np.flatnonzero(assignment[:, s]) for s in worlds]
+    if min(len(x) for x in members) == 0:
+        raise WorldsError("a world has no member records: the corpus is too small")
+    rng = np.random.default_rng([cfg.seed, worlds[0]])
+    model.eval()  # mixed-adapter batches need eval mode; see the module docstring
+    for _ in tqdm(range(cfg.steps), desc=f"pac worlds {worlds[0]}..{worlds[-1]}",
+                  mininterval=10.0, disable=not progress):
+        chosen = _sample_batches(members, cfg.batch_size, rng)
+        rows = collate([encoded[i] for c in chosen for i in c], pad_id, device=device)
+        adapter_of = [names[s] for s, c in zip(worlds, chosen, strict=True) for _ in c]
+        sizes = torch.tensor([len(c) for c in chosen for _ in c], dtype=torch.float32,
+                             device=device)
+        loss = (_row_losses(model, rows, adapter_of) / sizes).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    out = Path(out_dir) / "adapters"
+    for s in worlds:
+        tmp = out / f".tmp-{names[s]}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(out / names[s], ignore_errors=True)
+        model.save_pretrained(str(tmp), selected_adapters=[names[s]])
+        # peft writes a non-default adapter under <dir>/<name>/.
+        (tmp / names[s] if (tmp / names[s]).is_dir() else tmp).rename(out / names[s])
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"worlds": len(worlds), "seconds": round(time.time() - started, 1),
+            "device": str(device)}
+
+
+def train_worlds(cfg: PacConfig, *, data: str | Path, base: str | Path, out_dir: str | Path,
+                 progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg.worlds`` adapters on ``data`` (private records) into ``out_dir``.
+
+    Returns the public summary (settings, sizes, timings: nothing about a
+    record). The adapters are NOT private on their own (see the module
+    docstring).
+    """
+    import ray
+
+    from privcode.data.records import read_records
+    from privcode.models.loading import load_tokenizer
+    from privcode.pac.mechanism import assign_worlds
+    from privcode.train.data import encode_records
+
+    msg = (f"pac: training {cfg.worlds} worlds WITHOUT DP on the private corpus (NOT PRIVATE "
+           "on their own: only the PAC curator's release is private)")
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    log.warning(msg)
+    started = time.time()
+    out = Path(out_dir)
+    (out / "adapters").mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(str(base))
+    records = read_records(data)
+    if len(records) < 2:
+        raise WorldsError(f"pac: {len(records)} private records; the worlds need at least 2")
+    encoded = encode_records(records, tokenizer, cfg.max_length)
+    del records
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    assignment = assign_worlds(len(encoded), cfg.worlds, cfg.seed)
+    np.save(out / "assignment.npy", assignment)
+    groups = [list(g) for g in np.array_split(np.arange(cfg.worlds), cfg.world_groups)]
+    if len(groups) == 1:
+        results = [_train_group(cfg, str(base), encoded, pad, assignment, groups[0], str(out),
+                                progress)]
+    else:
+        task = ray.remote(_train_group).options(num_cpus=1, num_gpus=1 if cfg.use_gpu else 0)
+        enc_ref, asg_ref = ray.put(encoded), ray.put(assignment)
+        results = ray.get([task.remote(cfg, str(base), enc_ref, pad, asg_ref, g, str(out),
+                                       progress) for g in groups])
+    summary = {"m": cfg.worlds, "records": len(encoded), "steps": cfg.steps,
+               "batch_size_per_world": cfg.batch_size, "lr": cfg.lr,
+               "max_length": cfg.max_length, "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha},
+               "groups": [{k: r[k] for k in ("worlds", "seconds", "device")} for r in results],
+               "seconds": round(time.time() - started, 1)}
+    atomic_write_json(out / MANIFEST, {"format": FORMAT, "m": cfg.worlds,
+                                       "base_model": str(Path(base).resolve()),
+                                       "worlds": world_names(cfg.worlds),
+                                       "NOT_PRIVATE": NOT_PRIVATE_NOTE, "dp": False,
+                                       "seed": cfg.seed, **summary})
+    return summary

@@ -1,0 +1,429 @@
+"""The PAC ensemble's Serve app: args, the API core without Ray (sessions, budgets, errors,
+auth, accounting), the state lock and restarts, and one real Ray Serve app over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from privcode.config import BaseConfig
+from privcode.pac.bounds import mia_success_bound, world_identification_bound
+from privcode.serve.ensemble import (
+    Ensemble,
+    EnsembleError,
+    PacService,
+    app,
+    build_app,
+    parse_args,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+M = 4
+B = 2.0 ** -16
+PROMPT = "def add(a, b):\n"
+SECRET = "SECRET-PROMPT-9c2e"
+KEY = "pac-key-0123"
+#: Names that must never appear in anything the server returns.
+HIDDEN = {"secret", "posterior", "posteriors", "realised_world", "votes", "noise"}
+
+
+@pytest.fixture(scope="module")
+def worlds(ci_base_cache, tmp_path_factory):
+    """A worlds artifact of m=4 LoRA adapters with different large random B matrices.
+
+    The adapters dominate the tiny base model, so the worlds disagree on most
+    tokens (they cost budget) while some tokens stay unanimous.
+    """
+    from privcode.models.base import build_base
+    from privcode.models.loading import attach_lora, load_causal_lm
+
+    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+    root = tmp_path_factory.mktemp("pac-worlds")
+    model = attach_lora(load_causal_lm(base), r=4, alpha=8)  # one "default" adapter, re-drawn
+    names = [f"w{s:03d}" for s in range(M)]
+    for s, name in enumerate(names):
+        gen = torch.Generator().manual_seed(100 + s)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "lora_B" in pname:
+                    p.copy_(torch.randn(p.shape, generator=gen))
+        model.save_pretrained(str(root / "adapters" / name))
+    (root / "pac.json").write_text(json.dumps({
+        "format": "privcode-pac-worlds/1", "m": M, "base_model": str(base), "worlds": names,
+        "lora": {"r": 4, "alpha": 8}, "NOT_PRIVATE": "test worlds"}), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def ensemble(worlds):
+    from privcode.pac.ensemble import PacEnsemble
+
+    return PacEnsemble(worlds, device="cpu")
+
+
+def _service(ensemble, tmp_path, key=None, **args):
+    from privcode.pac.curator import Curator
+
+    cfg = parse_args({"worlds": "/unused", "max_tokens_limit": 32, "state_dir": str(tmp_path),
+                      **args})
+    curator = Curator(M, cfg.b, deployment_budget=cfg.deployment_budget,
+                      session_budget=cfg.session_budget, scope=cfg.scope,
+                      state_dir=cfg.state_path, rng_seed=0)
+    return PacService(ensemble, curator, cfg, api_key=key)
+
+
+@pytest.fixture()
+def service(ensemble, tmp_path):
+    svc = _service(ensemble, tmp_path / "state")
+    yield svc
+    svc.close()
+
+
+def _call(api, method, path, body=None, key=None):
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    raw = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
+
+    async def read():
+        return raw
+
+    return asyncio.run(api.handle(method, path, headers, read))
+
+
+def _keys(obj):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _keys(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _keys(v)
+
+
+def _assert_accounting(body, b=B):
+    """The privacy object adds up: b per private token, every token counted once."""
+    privacy, usage = body["privacy"], body["usage"]
+    assert privacy["charged_nats"] == pytest.approx(b * privacy["private_tokens"], rel=1e-12)
+    assert usage["completion_tokens"] == (privacy["private_tokens"] + privacy["free_tokens"]
+                                          + privacy["fallback_tokens"])
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert privacy["per_token_budget_nats"] == b
+    assert not HIDDEN & set(_keys(body))
+
+
+# --------------------------------------------------------------------------- args
+
+
+@pytest.mark.parametrize("args, key", [
+    ({}, "worlds"),
+    ({"worlds": ""}, "worlds"),
+    ({"worlds": 3}, "worlds"),
+    ({"worlds": "/w", "wrolds": "/w"}, "wrolds"),
+    ({"worlds": "/w", "device": "gpu"}, "device"),
+    ({"worlds": "/w", "model": ""}, "model"),
+    ({"worlds": "/w", "state_dir": " "}, "state_dir"),
+    ({"worlds": "/w", "top_k": 0}, "top_k"),
+    ({"worlds": "/w", "top_k": True}, "top_k"),
+    ({"worlds": "/w", "b": 0}, "b"),
+    ({"worlds": "/w", "b": "2**-16"}, "b"),
+    ({"worlds": "/w", "b": math.inf}, "b"),
+    ({"worlds": "/w", "decoder": "beam"}, "decoder"),
+    ({"worlds": "/w", "session_budget": -1.0}, "session_budget"),
+    ({"worlds": "/w", "session_budget": 2.0 ** -20}, "session_budget"),  # below b
+    ({"worlds": "/w", "session_budget": 1.0}, "session_budget"),  # above the deployment's
+    ({"worlds": "/w", "deployment_budget": None}, "deployment_budget"),
+    ({"worlds": "/w", "scope": "world"}, "scope"),
+    ({"worlds": "/w", "max_tokens_limit": 0}, "max_tokens_limit"),
+    ({"worlds": "/w", "api_key_env": "1-BAD"}, "api_key_env"),
+    ({"worlds": "/w", "served_model_name": ""}, "served_model_name"),
+])
+def test_bad_app_args_name_the_key(args, key):
+    with pytest.raises(EnsembleError, match=f"'{key}'"):
+        parse_args(args)
+    with pytest.raises(EnsembleError, match=f"'{key}'"):
+        app(args)
+
+
+def test_app_args_defaults_one_replica_and_builder():
+    from ray import serve
+
+    cfg = parse_args({"worlds": "/w"})
+    assert (cfg.b, cfg.session_budget, cfg.deployment_budget, cfg.scope, cfg.decoder,
+            cfg.top_k, cfg.device, cfg.served_model_name) == (
+        2.0 ** -16, 2.0 ** -10, 2.0 ** -4, "deployment", "gumbel", 50, "auto", "privcode-pac")
+    assert str(cfg.state_path) == "/w/curator-state"
+    assert str(parse_args({"worlds": "/w", "state_dir": "/s"}).state_path) == "/s"
+    with pytest.raises(EnsembleError, match="mapping"):
+        parse_args(["worlds"])
+    assert isinstance(app({"worlds": "/w"}), serve.Application)  # no Ray needed to build
+    assert Ensemble.name == "Ensemble" and Ensemble.num_replicas == 1
+    for bad in ({"num_replicas": 2}, {"autoscaling_config": {"max_replicas": 3}}):
+        with pytest.raises(EnsembleError, match="one replica"):
+            build_app({"worlds": "/w"}, **bad)
+
+
+def test_the_charts_ensemble_args_are_accepted(helm):
+    import yaml
+    from chart_support import one, render
+
+    objects = render(helm, "--set", "serve.enabled=true", "--set", "serve.ensemble.enabled=true")
+    config = yaml.safe_load(one(objects, "RayService")["spec"]["serveConfigV2"])
+    ens = {a["name"]: a for a in config["applications"]}["ensemble"]
+    cfg = parse_args(ens["args"])
+    assert (cfg.b, cfg.session_budget, cfg.deployment_budget, cfg.scope) == (
+        2.0 ** -16, 2.0 ** -10, 2.0 ** -4, "deployment")
+    assert str(cfg.state_path).startswith("/mnt/artifacts/")  # persistent: the artifacts PVC
+    assert ens["deployments"][0]["name"] == Ensemble.name
+    assert ens["deployments"][0]["num_replicas"] == 1
+
+
+# --------------------------------------------------------------------------- API (no Ray)
+
+
+def test_sessions_lifecycle_and_budgets(service):
+    api = service
+    status, opened, _ = _call(api, "POST", "/v1/sessions")  # no body: the default budget
+    assert status == 200 and opened["object"] == "pac.session"
+    assert opened["budget_nats"] == 2.0 ** -10 and opened["charged_nats"] == 0
+    assert opened["remaining_nats"] == 2.0 ** -10 and opened["scope"] == "deployment"
+    small = _call(api, "POST", "/v1/sessions", {"budget_nats": 3 * B})[1]
+    assert small["budget_nats"] == 3 * B
+    capped = _call(api, "POST", "/v1/sessions", {"budget_nats": 1.0})[1]
+    assert capped["budget_nats"] == 2.0 ** -10  # capped at session_budget
+    assert len({opened["id"], small["id"], capped["id"]}) == 3
+    status, got, _ = _call(api, "GET", f"/v1/sessions/{small['id']}")
+    assert status == 200 and got == small
+    assert _call(api, "GET", "/v1/privacy")[1]["sessions_open"] == 3
+    status, deleted, _ = _call(api, "DELETE", f"/v1/sessions/{small['id']}")
+    assert status == 200 and deleted["deleted"] is True and deleted["id"] == small["id"]
+    for method in ("GET", "DELETE"):
+        status, body, _ = _call(api, method, f"/v1/sessions/{small['id']}")
+        assert status == 404 and body["error"]["code"] == "session_not_found"
+        assert small["id"] not in body["error"]["message"]  # ids are capabilities: not echoed
+    assert _call(api, "GET", "/v1/sessions/nope")[0] == 404
+    for bad, param in (({"budget_nats": -1}, "budget_nats"), ({"budget_nats": "x"}, "budget_nats"),
+                       ({"budget_nats": True}, "budget_nats"), ({"budget": 1}, "budget"),
+                       ([1], None), (b"{", None)):
+        status, body, _ = _call(api, "POST", "/v1/sessions", bad)
+        assert status == 400 and body["error"]["param"] == param, bad
+    status, _, headers = _call(api, "PUT", "/v1/sessions/x")
+    assert status == 405 and headers["Allow"] == "DELETE, GET"
+
+
+def test_completions_in_a_session_add_up(service, caplog):
+    api = service
+    caplog.set_level(logging.INFO)
+    sid = _call(api, "POST", "/v1/sessions")[1]["id"]
+    bodies = []
+    for extra in ({}, {"temperature": 0.8, "seed": -5}):  # greedy, then coupled Gumbel
+        status, body, _ = _call(api, "POST", "/v1/completions", {
+            "prompt": PROMPT + "# " + SECRET, "max_tokens": 12, "session": sid, **extra})
+        assert status == 200, body
+        assert body["object"] == "text_completion" and body["model"] == "privcode-pac"
+        assert body["choices"][0]["finish_reason"] in ("stop", "length")
+        _assert_accounting(body)
+        assert body["privacy"]["session"] == sid and not body["privacy"]["one_shot"]
+        bodies.append(body)
+    assert [b["privacy"]["decoder"] for b in bodies] == ["greedy", "gumbel"]
+    first, second = (b["privacy"] for b in bodies)
+    assert first["private_tokens"] > 0  # the worlds disagree: the session is charged
+    assert second["session_charged_nats"] == pytest.approx(
+        first["charged_nats"] + second["charged_nats"], rel=1e-12)
+    assert second["remaining_nats"] == pytest.approx(2.0 ** -10 - second["session_charged_nats"])
+    info = _call(api, "GET", f"/v1/sessions/{sid}")[1]
+    assert info["charged_nats"] == second["session_charged_nats"]
+    assert info["private_tokens"] == first["private_tokens"] + second["private_tokens"]
+    assert info["free_tokens"] == first["free_tokens"] + second["free_tokens"]
+    privacy = _call(api, "GET", "/v1/privacy")[1]
+    charged = privacy["deployment_charged_nats"]
+    assert charged == info["charged_nats"] and privacy["private_tokens"] == info["private_tokens"]
+    assert privacy["deployment_remaining_nats"] == pytest.approx(2.0 ** -4 - charged)
+    assert (privacy["m"], privacy["per_token_budget_nats"], privacy["scope"]) == (M, B,
+                                                                                  "deployment")
+    assert privacy["bounds"]["current"] == {
+        "mutual_information_nats": charged,
+        "membership_inference_success": mia_success_bound(charged),
+        "world_identification_success": world_identification_bound(charged, M)}
+    assert privacy["bounds"]["at_deployment_budget"]["membership_inference_success"] == (
+        mia_success_bound(2.0 ** -4))
+    # Nothing secret-dependent leaves the server: no such field, and not the posterior's values.
+    posterior = service.curator._posterior
+    assert not np.allclose(posterior, 1.0 / M, rtol=0, atol=0)
+    text = json.dumps([bodies, info, privacy])
+    assert not HIDDEN & set(_keys(privacy)) and not HIDDEN & set(_keys(info))
+    assert not [x for x in posterior if repr(float(x)) in text]
+    assert SECRET not in caplog.text and sid not in caplog.text  # no prompt, no session id
+    assert "pac completion: prompt_tokens=" in caplog.text
+
+
+def test_one_shot_sessions_and_budgets_that_fail_closed(service):
+    api = service
+    status, body, _ = _call(api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 8})
+    assert status == 200 and body["privacy"]["session"] is None and body["privacy"]["one_shot"]
+    _assert_accounting(body)
+    privacy = _call(api, "GET", "/v1/privacy")[1]
+    assert privacy["sessions_open"] == 0  # the one-shot session was closed
+    assert privacy["deployment_charged_nats"] == body["privacy"]["charged_nats"]
+    # A session that affords 2 private tokens: then the public model's tokens, free.
+    sid = _call(api, "POST", "/v1/sessions", {"budget_nats": 2 * B})[1]["id"]
+    body = _call(api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 16,
+                                                  "session": sid})[1]
+    _assert_accounting(body)
+    assert body["privacy"]["private_tokens"] == 2 and body["privacy"]["fallback_tokens"] > 0
+    assert body["privacy"]["remaining_nats"] == 0
+    again = _call(api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 8,
+                                                   "session": sid})[1]
+    assert again["privacy"]["private_tokens"] == 0 and again["privacy"]["charged_nats"] == 0
+
+
+def test_the_server_can_force_greedy(ensemble, tmp_path):
+    svc = _service(ensemble, tmp_path, decoder="greedy")
+    try:
+        body = _call(svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                      "temperature": 1.0})[1]
+        assert body["privacy"]["decoder"] == "greedy"
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"prompt": SECRET, "session": "no-such-session"}, 404, "session"),
+    ({"prompt": SECRET, "session": 7}, 400, "session"),
+    ({"prompt": SECRET, "top_p": 0.5}, 400, "top_p"),
+    ({"prompt": SECRET, "model": "gpt-4"}, 404, "model"),
+    ({"prompt": SECRET, "max_tokens": 33}, 400, "max_tokens"),
+    ({"prompt": SECRET, "n": 2}, 400, "n"),
+    ({"prompt": SECRET, "frobnicate": 1}, 400, "frobnicate"),
+    ({"max_tokens": 3}, 400, "prompt"),
+    ({"prompt": SECRET + " x" * 5000, "max_tokens": 4}, 400, "prompt"),  # beyond the context
+    (b"not json", 400, None),
+    (b"[1]", 400, None),
+])
+def test_bad_completion_requests(service, body, status, param):
+    got, answer, _ = _call(service, "POST", "/v1/completions", body)
+    assert got == status and answer["error"]["param"] == param
+    assert SECRET not in json.dumps(answer)
+    assert service.curator.deployment_info()["deployment_charged"] == 0  # nothing generated
+
+
+def test_routes_and_api_key(ensemble, tmp_path):
+    svc = _service(ensemble, tmp_path, key=KEY)
+    try:
+        for method, path in (("GET", "/v1/models"), ("GET", "/v1/privacy"),
+                             ("POST", "/v1/sessions"), ("GET", "/v1/sessions/x"),
+                             ("POST", "/v1/completions")):
+            for key in (None, "wrong"):
+                status, body, headers = _call(svc, method, path, {"prompt": "x"}, key=key)
+                assert status == 401 and body["error"]["code"] == "invalid_api_key"
+                assert headers["WWW-Authenticate"] == "Bearer"
+        assert _call(svc, "GET", "/healthz")[:2] == (200, {"status": "ok"})
+        models = _call(svc, "GET", "/v1/models", key=KEY)[1]
+        assert models["data"][0]["id"] == "privcode-pac"
+        assert _call(svc, "GET", "/v1/models/privcode-pac", key=KEY)[0] == 200
+        assert _call(svc, "GET", "/v1/models/other", key=KEY)[0] == 404
+        status, body, _ = _call(svc, "POST", "/v1/chat/completions", {}, key=KEY)
+        assert status == 404 and body["error"]["code"] == "not_found"
+        status, _, headers = _call(svc, "GET", "/v1/completions", key=KEY)
+        assert status == 405 and headers["Allow"] == "POST"
+        assert _call(svc, "POST", "/v1/privacy", key=KEY)[0] == 405
+    finally:
+        svc.close()
+
+
+def test_state_is_locked_and_survives_a_restart(worlds, tmp_path):
+    cfg = parse_args({"worlds": str(worlds), "device": "cpu", "state_dir": str(tmp_path / "s")})
+    svc = PacService.load(cfg, lock_wait_s=0)
+    try:
+        with pytest.raises(EnsembleError, match="ONE replica"):
+            PacService.load(cfg, lock_wait_s=0)  # a second curator on the same state
+        sid = _call(svc, "POST", "/v1/sessions")[1]["id"]
+        _call(svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "session": sid})
+        before = _call(svc, "GET", f"/v1/sessions/{sid}")[1]
+        charged = _call(svc, "GET", "/v1/privacy")[1]["deployment_charged_nats"]
+        assert charged > 0
+    finally:
+        svc.close()
+    svc = PacService.load(cfg, lock_wait_s=0)  # same secret, same charges, same sessions
+    try:
+        assert _call(svc, "GET", f"/v1/sessions/{sid}")[1] == before
+        assert _call(svc, "GET", "/v1/privacy")[1]["deployment_charged_nats"] == charged
+    finally:
+        svc.close()
+
+
+# --------------------------------------------------------------------------- Ray Serve
+
+
+def _http(url, body=None, key=None, method=None):
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
+    from ray import serve
+
+    from privcode.cluster.local import free_port
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    answers = []
+    try:
+        application = build_app(
+            {"worlds": str(worlds), "device": "cpu", "max_tokens_limit": 32,
+             "state_dir": str(tmp_path / "state"), "api_key_env": "PRIVCODE_TEST_PAC_KEY"},
+            ray_actor_options={"num_cpus": 1, "runtime_env": {
+                "env_vars": {"PRIVCODE_TEST_PAC_KEY": KEY, "OMP_NUM_THREADS": "1"}}})
+        serve.run(application, name="pac-test", route_prefix="/pac-test")
+        url = f"http://127.0.0.1:{port}/pac-test"
+        assert _http(f"{url}/healthz") == (200, {"status": "ok"})
+        assert _http(f"{url}/v1/privacy")[0] == 401
+        status, session = _http(f"{url}/v1/sessions", b"", key=KEY, method="POST")
+        assert status == 200 and session["object"] == "pac.session"
+        answers.append(session)
+        sid, total = session["id"], 0.0
+        for extra in ({}, {"temperature": 1.0, "seed": 3}):
+            status, body = _http(f"{url}/v1/completions", {
+                "prompt": PROMPT, "max_tokens": 10, "session": sid, **extra}, key=KEY)
+            assert status == 200, body
+            _assert_accounting(body)
+            total += body["privacy"]["charged_nats"]
+            assert body["privacy"]["session_charged_nats"] == pytest.approx(total, rel=1e-12)
+            answers.append(body)
+        assert answers[1]["privacy"]["private_tokens"] > 0
+        status, info = _http(f"{url}/v1/sessions/{sid}", key=KEY)
+        assert status == 200 and info["charged_nats"] == pytest.approx(total, rel=1e-12)
+        status, privacy = _http(f"{url}/v1/privacy", key=KEY)
+        assert status == 200 and privacy["deployment_charged_nats"] == info["charged_nats"]
+        answers += [info, privacy]
+        status, body = _http(f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY)
+        assert status == 404 and body["error"]["param"] == "session"
+        status, body = _http(f"{url}/v1/sessions/{sid}", key=KEY, method="DELETE")
+        assert status == 200 and body["deleted"] is True
+        assert _http(f"{url}/v1/sessions/{sid}", key=KEY)[0] == 404
+    finally:
+        try:
+            serve.delete("pac-test")
+        finally:
+            serve.shutdown()
+    for answer in answers:  # the secret and the posterior never leave the server
+        assert not HIDDEN & set(_keys(answer))
+    state = json.loads((tmp_path / "state" / "curator.json").read_text())
+    text = json.dumps(answers)
+    assert not [x for x in state["posterior"] if repr(float(x)) in text]
