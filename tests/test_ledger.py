@@ -15,6 +15,7 @@ import time
 import uuid
 
 import pytest
+from metrics_support import scrape_metrics
 
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.ledger import (
@@ -414,30 +415,8 @@ def test_get_ledger_from_a_task_and_metrics(run):
     assert ray.get(actor.spent.remote())["position"] == 2
 
     # The metrics reach the node's Prometheus endpoint, tagged with the run.
-    metrics = _scrape_metrics(run_id, {"ray_privcode_epsilon_spent", "ray_privcode_epsilon_budget",
+    metrics = scrape_metrics(f'run="{run_id}"', {"ray_privcode_epsilon_spent", "ray_privcode_epsilon_budget",
                                        "ray_privcode_dp_steps_total"})
     assert metrics["ray_privcode_dp_steps_total"] == 2.0
     assert metrics["ray_privcode_epsilon_budget"] == 5.0
     assert metrics["ray_privcode_epsilon_spent"] == pytest.approx(reply["epsilon"])
-
-
-def _scrape_metrics(run_id: str, names: set[str], timeout_s: float = 60.0) -> dict[str, float]:
-    import time
-    import urllib.request
-
-    import ray
-
-    ports = [n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]]
-    found: dict[str, float] = {}
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for port in ports:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                for line in r.read().decode().splitlines():
-                    name = line.split("{", 1)[0]
-                    if name in names and f'run="{run_id}"' in line:
-                        found[name] = float(line.rsplit(" ", 1)[1])
-        if set(found) == names:
-            return found
-        time.sleep(1.0)
-    raise AssertionError(f"metrics {sorted(names - set(found))} not exported within {timeout_s}s")

@@ -13,6 +13,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from metrics_support import scrape_metrics
 
 from privcode.config import BaseConfig
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
@@ -411,6 +412,15 @@ def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
         assert status == 200 and info["charged_nats"] == pytest.approx(total, rel=1e-12)
         status, privacy = _http(f"{url}/v1/privacy", key=KEY)
         assert status == 200 and privacy["deployment_charged_nats"] == info["charged_nats"]
+        # The deployment's accounting reaches the Ray dashboard's Prometheus endpoint.
+        private = sum(a["privacy"]["private_tokens"] for a in answers[1:])
+        metrics = scrape_metrics('app="privcode-pac"', {
+            "ray_privcode_pac_charged_nats", "ray_privcode_pac_budget_nats",
+            "ray_privcode_pac_tokens_total"})
+        assert metrics["ray_privcode_pac_charged_nats"] == pytest.approx(total, rel=1e-9)
+        assert metrics["ray_privcode_pac_budget_nats"] == privacy["deployment_budget_nats"]
+        tokens = scrape_metrics('kind="private"', {"ray_privcode_pac_tokens_total"})
+        assert tokens["ray_privcode_pac_tokens_total"] == private
         answers += [info, privacy]
         status, body = _http(f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY)
         assert status == 404 and body["error"]["param"] == "session"

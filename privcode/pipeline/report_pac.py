@@ -45,7 +45,8 @@ def plot_pac(summary: dict[str, Any], path: Path) -> bool:
     ax2.semilogx(grid, [world_identification_bound(x, m) for x in grid], color="#ff7f0e",
                  label=f"world-ID bound (m={m})")
     c = max(leak["charged_nats"], grid[0])
-    ax2.plot([c], [leak["mia_success"]], "o", color="#1f77b4", label="MIA measured")
+    ax2.errorbar([c], [leak["mia_success"]], yerr=[3 * (leak.get("mia_success_se") or 0)],
+                 fmt="o", color="#1f77b4", capsize=3, label="MIA measured (+- 3 se)")
     ax2.plot([c], [leak["world_id_success"]], "s", color="#ff7f0e", label="world-ID measured")
     ax2.axvline(summary["budget"]["deployment_budget"], color="grey", ls="--", lw=1,
                 label="deployment budget")

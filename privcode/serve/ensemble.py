@@ -59,6 +59,7 @@ requests in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import math
@@ -267,6 +268,8 @@ class PacService:
         # and a request cancelled by its client cannot let the next one overlap it.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pac-generate")
         self._lock = threading.Lock()
+        #: A :class:`PacMetrics` (set by the Serve deployment), or None.
+        self.metrics: Any = None
 
     @classmethod
     def load(cls, cfg: EnsembleArgs, *, api_key: str | None = None,
@@ -476,6 +479,9 @@ class PacService:
             await asyncio.to_thread(self.curator.session_info, sid)  # 404 before queueing
         out, info = await self._in_order(self._generate, sid, request, decoder, temperature)
         tokens = len(out.token_ids)
+        if self.metrics is not None:
+            with contextlib.suppress(Exception):  # metrics never fail a completion
+                self.metrics.update(out, self.curator.deployment_info())
         self.log.info("pac completion: prompt_tokens=%d completion_tokens=%d private=%d free=%d "
                       "fallback=%d charged_nats=%.6g decoder=%s one_shot=%s latency_ms=%.1f",
                       out.prompt_tokens, tokens, out.private_tokens, out.free_tokens,
@@ -560,6 +566,13 @@ class Ensemble:
         cfg = parse_args(args)
         key = api_key_from_env(cfg.api_key_env, _serve_log, endpoint="PAC ensemble")
         self.service = PacService.load(cfg, api_key=key, logger=_serve_log)
+        try:
+            from privcode.serve.metrics import PacMetrics
+
+            self.service.metrics = PacMetrics(cfg.served_model_name)
+            self.service.metrics.update(None, self.service.curator.deployment_info())
+        except Exception as exc:  # noqa: BLE001 - metrics are optional; the curator is not
+            _serve_log.warning("PAC ensemble: metrics unavailable (%s)", type(exc).__name__)
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
