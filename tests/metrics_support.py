@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Callable
 
 
-def scrape_metrics(tag: str, names: set[str], timeout_s: float = 60.0) -> dict[str, float]:
+def scrape_metrics(tag: str, names: set[str], timeout_s: float = 60.0,
+                   until: Callable[[dict[str, float]], bool] | None = None) -> dict[str, float]:
     """The latest value of each metric in ``names`` on a line holding ``tag`` (e.g.
-    ``run="r1"``); waits up to ``timeout_s`` for all of them to be exported."""
+    ``run="r1"``); waits up to ``timeout_s`` for all of them to be exported and, with
+    ``until``, for the values to satisfy it (exports are periodic: a first scrape may be
+    stale). On timeout the last values are returned for the caller's assertions."""
     import ray
 
     ports = [n["MetricsExportPort"] for n in ray.nodes() if n["Alive"]]
     found: dict[str, float] = {}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        found = {}
         for port in ports:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 for line in r.read().decode().splitlines():
                     name = line.split("{", 1)[0]
                     if name in names and tag in line:
                         found[name] = float(line.rsplit(" ", 1)[1])
-        if set(found) == names:
+        if set(found) == names and (until is None or until(found)):
             return found
         time.sleep(1.0)
+    if set(found) == names and until is not None:
+        return found
     raise AssertionError(f"metrics {sorted(names - set(found))} not exported within {timeout_s}s")

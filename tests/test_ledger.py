@@ -415,8 +415,10 @@ def test_get_ledger_from_a_task_and_metrics(run):
     assert ray.get(actor.spent.remote())["position"] == 2
 
     # The metrics reach the node's Prometheus endpoint, tagged with the run.
-    metrics = scrape_metrics(f'run="{run_id}"', {"ray_privcode_epsilon_spent", "ray_privcode_epsilon_budget",
-                                       "ray_privcode_dp_steps_total"})
+    metrics = scrape_metrics(f'run="{run_id}"', {"ray_privcode_epsilon_spent",
+                                                 "ray_privcode_epsilon_budget",
+                                                 "ray_privcode_dp_steps_total"},
+                             until=lambda m: m["ray_privcode_dp_steps_total"] == 2.0)
     assert metrics["ray_privcode_dp_steps_total"] == 2.0
     assert metrics["ray_privcode_epsilon_budget"] == 5.0
     assert metrics["ray_privcode_epsilon_spent"] == pytest.approx(reply["epsilon"])

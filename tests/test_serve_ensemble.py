@@ -416,10 +416,12 @@ def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
         private = sum(a["privacy"]["private_tokens"] for a in answers[1:])
         metrics = scrape_metrics('app="privcode-pac"', {
             "ray_privcode_pac_charged_nats", "ray_privcode_pac_budget_nats",
-            "ray_privcode_pac_tokens_total"})
+            "ray_privcode_pac_tokens_total"},
+            until=lambda m: m["ray_privcode_pac_charged_nats"] == pytest.approx(total))
         assert metrics["ray_privcode_pac_charged_nats"] == pytest.approx(total, rel=1e-9)
         assert metrics["ray_privcode_pac_budget_nats"] == privacy["deployment_budget_nats"]
-        tokens = scrape_metrics('kind="private"', {"ray_privcode_pac_tokens_total"})
+        tokens = scrape_metrics('kind="private"', {"ray_privcode_pac_tokens_total"},
+                                until=lambda m: m["ray_privcode_pac_tokens_total"] == private)
         assert tokens["ray_privcode_pac_tokens_total"] == private
         answers += [info, privacy]
         status, body = _http(f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY)
