@@ -107,6 +107,33 @@ def test_train_worlds_writes_m_adapters_that_learn_their_members(base, corpus, t
     assert not torch.allclose(other, torch.tensor(world))  # worlds differ
 
 
+def test_grouping_does_not_change_the_worlds(ray_connected, base, corpus, tmp_path):
+    """Two parallel Ray tasks (2 worlds each) train the same adapters as one batched pass
+    over 4 worlds: a world's init and batches depend on (seed, world) only, and its
+    gradient on its own rows only."""
+    from safetensors.torch import load_file
+
+    from privcode.pac.worlds import train_worlds
+
+    runs = {}
+    for groups in (1, 2):
+        cfg = PacConfig(worlds=4, steps=3, batch_size=2, lr=1e-2, max_length=24, lora_r=2,
+                        world_groups=groups)
+        with pytest.warns(RuntimeWarning):
+            summary = train_worlds(cfg, data=corpus, base=base, out_dir=tmp_path / str(groups),
+                                   progress=False)
+        assert [g["worlds"] for g in summary["groups"]] == ([4] if groups == 1 else [2, 2])
+        runs[groups] = {w: load_file(str(tmp_path / str(groups) / "adapters" / w /
+                                         "adapter_model.safetensors"))
+                        for w in ("w000", "w001", "w002", "w003")}
+    for w, weights in runs[1].items():
+        assert set(weights) == set(runs[2][w])
+        for name, tensor in weights.items():
+            torch.testing.assert_close(tensor, runs[2][w][name], atol=1e-5, rtol=1e-4)
+    a, b = runs[1]["w000"], runs[1]["w001"]
+    assert any(not torch.allclose(a[k], b[k]) for k in a)  # and the worlds differ
+
+
 def test_worlds_config_is_checked():
     from privcode.config import ConfigError, load_config
 

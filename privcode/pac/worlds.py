@@ -21,7 +21,8 @@ independent trainings, at the cost of one batched pass instead of ``m``.
 and the base is frozen, so eval mode changes nothing but the base's own
 dropout, which is off as at serving time.) With ``pac.world_groups > 1`` the
 worlds are split into groups trained by parallel Ray tasks (one GPU each with
-``pac.use_gpu``).
+``pac.use_gpu``). A world's initialisation and batches are seeded by
+``(pac.seed, s)`` alone, so the grouping does not change what a world learns.
 
 Artifact (``out_dir``)::
 
@@ -67,10 +68,20 @@ def world_names(m: int) -> list[str]:
     return [f"w{s:0{width}d}" for s in range(m)]
 
 
-def _sample_batches(members: list[np.ndarray], batch: int, rng: np.random.Generator
+def _sample_batches(members: list[np.ndarray], batch: int, rngs: list[np.random.Generator]
                     ) -> list[np.ndarray]:
     """``batch`` distinct members of every world (all of them when a world is smaller)."""
-    return [rng.choice(idx, size=min(batch, idx.size), replace=False) for idx in members]
+    return [rng.choice(idx, size=min(batch, idx.size), replace=False)
+            for idx, rng in zip(members, rngs, strict=True)]
+
+
+def _world_seed(seed: int, s: int) -> list[int]:
+    # Per world, so a world's init and batches do not depend on how worlds are grouped.
+    return [int(seed), int(s)]
+
+
+def _torch_seed(seed: int, s: int) -> int:
+    return int(np.random.SeedSequence(_world_seed(seed, s)).generate_state(1)[0])
 
 
 def _row_losses(model: Any, rows: dict[str, Any], names: list[str]) -> Any:
@@ -98,12 +109,13 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
 
     started = time.time()
     device = torch.device("cuda" if cfg.use_gpu and torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.seed + 1 + worlds[0])
     lm = load_causal_lm(base).to(device)
     names = world_names(cfg.worlds)
     lora = lora_config(lm, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=0.0)
+    torch.manual_seed(_torch_seed(cfg.seed, worlds[0]))
     model = get_peft_model(lm, lora, adapter_name=names[worlds[0]])
     for s in worlds[1:]:
+        torch.manual_seed(_torch_seed(cfg.seed, s))
         model.add_adapter(names[s], lora)
     # add_adapter leaves only the active adapter trainable: every world's is.
     for n, p in model.named_parameters():
@@ -113,11 +125,11 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
     members = [np.flatnonzero(assignment[:, s]) for s in worlds]
     if min(len(x) for x in members) == 0:
         raise WorldsError("a world has no member records: the corpus is too small")
-    rng = np.random.default_rng([cfg.seed, worlds[0]])
+    rngs = [np.random.default_rng(_world_seed(cfg.seed, s)) for s in worlds]
     model.eval()  # mixed-adapter batches need eval mode; see the module docstring
     for _ in tqdm(range(cfg.steps), desc=f"pac worlds {worlds[0]}..{worlds[-1]}",
                   mininterval=10.0, disable=not progress):
-        chosen = _sample_batches(members, cfg.batch_size, rng)
+        chosen = _sample_batches(members, cfg.batch_size, rngs)
         rows = collate([encoded[i] for c in chosen for i in c], pad_id, device=device)
         adapter_of = [names[s] for s, c in zip(worlds, chosen, strict=True) for _ in c]
         sizes = torch.tensor([len(c) for c in chosen for _ in c], dtype=torch.float32,
