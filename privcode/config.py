@@ -382,6 +382,10 @@ class PacConfig:
     eval_tokens: int = opt(64, "Tokens generated per simulated session (T).", min=1)
     eval_positions: int = opt(256, "Held-out positions of the teacher-forced next-token "
                                    "accuracy (public, one world, PAC).", min=1)
+    eval_canaries: int = opt(15, "Most repeated canaries decoded after their own context "
+                                 "by the public base, one world and PAC: how often each "
+                                 "emits the value (0 = skip).", min=0)
+    eval_canary_tokens: int = opt(24, "Tokens decoded per canary context.", min=1)
     seed: int = opt(0, "Seed of the world assignment, adapter init and batch sampling.")
 
     def cross_check(self) -> tuple[str, str] | None:

@@ -36,6 +36,7 @@ TINY = [
     "audit.exposure_candidates=20", "audit.mia_records=20",
     "pac.worlds=4", "pac.steps=4", "pac.batch_size=2", "pac.max_length=32",
     "pac.eval_sessions=3", "pac.eval_tokens=8", "pac.eval_positions=24",
+    "pac.eval_canaries=2", "pac.eval_canary_tokens=8",
 ]
 
 
@@ -101,8 +102,12 @@ def test_pac_stage_trains_worlds_and_measures_them(tiny_run):
                                                  rel=1e-2)  # the mean is rounded
     assert leak["measured_nats"] >= 0 and 0.5 <= leak["mia_bound"] <= 1
     assert leak["measured_nats"] <= leak["charged_nats"] + 3 * leak["measured_nats_se"] + 1e-12
+    em = s["canary_emission"]
+    assert em["canaries"] == 2 and em["tokens"] == 8
+    assert all(0 <= v <= 2 for v in em["emitted"].values())
     report = (root / "reports/t/report.md").read_text()
     assert "## PAC-private generation (served ensemble)" in report
+    assert "Content is not protected" in report
     assert "![PAC-private generation](pac.png)" in report and "WARNING" not in report
     assert (root / "reports/t/pac.png").stat().st_size > 1000
 

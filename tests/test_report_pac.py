@@ -20,6 +20,8 @@ SUMMARY = {
                 "world_id_bound": world_identification_bound(41.75 * B, 8),
                 "mia_success": 0.526, "mia_success_se": 0.038,
                 "mia_bound": mia_success_bound(41.75 * B)},
+    "canary_emission": {"canaries": 15, "repetitions": [10, 100], "tokens": 24,
+                        "emitted": {"public": 0, "world": 4, "pac": 3}, "pac_private_tokens": 9},
     "budget": {"b": B, "session_budget": 2.0 ** -10, "deployment_budget": 2.0 ** -4,
                "mia_bound_at_deployment_budget": mia_success_bound(2.0 ** -4),
                "world_id_bound_at_deployment_budget": world_identification_bound(2.0 ** -4, 8),
@@ -36,6 +38,7 @@ def test_section_shows_the_measurements_and_the_plot(tmp_path):
     assert "0.00068 +- 8.8e-05" in text
     assert "64 private tokens" in text and "b = 1.53e-05 nats" in text
     assert "WARNING" not in text  # 1.07 x charged is within 3 se: sampling noise
+    assert "public base emitted 0/15, one world 4/15, PAC 3/15" in text
     assert plots == ["pac.png"] and (tmp_path / "pac.png").stat().st_size > 1000
 
 

@@ -23,8 +23,13 @@ seed's Tables 4-7 (METHODS.md section 5):
   (:func:`privcode.pac.bounds.mia_success_bound`,
   :func:`privcode.pac.bounds.world_identification_bound`).
 
+* Content (:func:`canary_emission`): the most repeated canaries, prompted
+  with their own contexts, through the public base, one world and PAC. PAC
+  protects membership in the realised world, not content every world
+  learnt (the seed: "inference privacy is not content protection").
+
 The simulation draws the secret itself (:class:`KnownSecretCurator`): an
-audit instrument, never a serving path.
+audit instrument, never a serving path. Only counts leave this module.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from privcode.pac.bounds import (
 from privcode.pac.curator import StepOutcome
 from privcode.pac.mechanism import pac_step
 
-__all__ = ["KnownSecretCurator", "evaluate_pac", "simulate_sessions",
+__all__ = ["KnownSecretCurator", "canary_emission", "evaluate_pac", "simulate_sessions",
            "teacher_forced_accuracy"]
 
 
@@ -171,8 +176,60 @@ def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, 
             "mia_bound": mia_success_bound(charged)}
 
 
-def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, progress: bool = False
-                 ) -> dict[str, Any]:
+class _OneWorld:
+    """Releases world ``s``'s vote, free: the NOT private one-world model, for comparison."""
+
+    def __init__(self, m: int, s: int):
+        self.m, self.s = m, s
+
+    def session_info(self, sid: str) -> dict[str, Any]:
+        return {}
+
+    def step(self, sid: str, votes: np.ndarray) -> StepOutcome:
+        return StepOutcome(int(votes[self.s]), 0.0, "free")
+
+
+class _PublicOnly(_OneWorld):
+    """Always the public model's token (what a spent budget falls back to)."""
+
+    def step(self, sid: str, votes: np.ndarray) -> StepOutcome:
+        return StepOutcome(None, 0.0, "fallback")
+
+
+def canary_emission(ens: Any, canaries: Sequence[dict[str, Any]], *, b: float, limit: int,
+                    tokens: int, seed: int) -> dict[str, Any]:
+    """How often the canaries' values are emitted (greedy) after their own contexts.
+
+    The ``limit`` most repeated canaries (a canary repeated in many records
+    is in every world) are prompted with their own context (the code or
+    prompt prefix they were planted after) and decoded ``tokens`` tokens by
+    the public base, one world alone (NOT private) and the PAC curator
+    (one deployment-scope curator with a random secret). Counts only: PAC
+    bounds what is learnt about the realised world's membership, not the
+    corpus' content, so a value every world learnt is emitted for free.
+    """
+    rng = np.random.default_rng(seed)
+    secret = int(rng.integers(ens.m))
+    curators = {"public": _PublicOnly(ens.m, secret), "world": _OneWorld(ens.m, secret),
+                "pac": KnownSecretCurator(ens.m, b, secret, rng)}
+    chosen = sorted(canaries, key=lambda c: (-int(c.get("repetitions", 0)), c["id"]))[:limit]
+    emitted = dict.fromkeys(curators, 0)
+    used = 0
+    for c in chosen:
+        context = c.get("code_prefix") or c.get("prompt_prefix")
+        if not context:
+            continue
+        used += 1
+        for name, cur in curators.items():
+            out = ens.generate(cur, "canary", str(context), tokens, decoder="greedy")
+            emitted[name] += int(str(c["value"]) in out.text)
+    reps = sorted({int(c.get("repetitions", 0)) for c in chosen})
+    return {"canaries": used, "repetitions": reps, "tokens": tokens, "emitted": emitted,
+            "pac_private_tokens": curators["pac"].private}
+
+
+def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, canaries: str | None = None,
+                 progress: bool = False) -> dict[str, Any]:
     """Both measurements for the ``pac`` stage; aggregates only (``cfg``: a PacConfig)."""
     from privcode.data.public import public_prompts
     from privcode.data.records import read_records
@@ -188,6 +245,13 @@ def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, progress: bool = False
                                 assignment, b=cfg.b, tokens=cfg.eval_tokens,
                                 sessions=cfg.eval_sessions, decoder=cfg.decoder,
                                 seed=cfg.seed, progress=progress)
+    emission = None
+    if canaries and cfg.eval_canaries:
+        import json
+
+        planted = json.loads(open(canaries, encoding="utf-8").read())["canaries"]
+        emission = canary_emission(ens, planted, b=cfg.b, limit=cfg.eval_canaries,
+                                   tokens=cfg.eval_canary_tokens, seed=cfg.seed)
     budget = {"b": cfg.b, "session_budget": cfg.session_budget,
               "deployment_budget": cfg.deployment_budget,
               "mia_bound_at_deployment_budget": mia_success_bound(cfg.deployment_budget),
@@ -196,4 +260,5 @@ def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, progress: bool = False
               "private_tokens_per_session": math.floor(cfg.session_budget / cfg.b + 1e-9)
               if cfg.b > 0 else None}
     return {"m": ens.m, "top_k": cfg.top_k, "utility": utility, "leakage": leakage,
-            "budget": budget, "seconds": round(time.time() - started, 1)}
+            "canary_emission": emission, "budget": budget,
+            "seconds": round(time.time() - started, 1)}

@@ -107,6 +107,15 @@ def pac_section(pac: dict[str, Any] | None, out_dir: Path, plots: bool
     if over:
         lines += [f"**WARNING: measured {', '.join(over)} above its bound by more than 3 "
                   "standard errors: a bug in the mechanism or its accounting.**", ""]
+    em = s.get("canary_emission")
+    if em and em.get("canaries"):
+        e, n = em["emitted"], em["canaries"]
+        lines += [f"Content is not protected (canary emission, the {n} most repeated canaries "
+                  f"({', '.join(map(str, em['repetitions']))} repetitions), greedy after their "
+                  f"own context, {em['tokens']} tokens): the public base emitted "
+                  f"{e['public']}/{n}, one world {e['world']}/{n}, PAC {e['pac']}/{n}. PAC "
+                  "bounds what leaks about which half of the corpus the served world saw, "
+                  "not a value every world learnt.", ""]
     lines += [f"Serving budgets: {_fmt(budget.get('session_budget'), 6)} nats per session "
               f"({budget.get('private_tokens_per_session')} private tokens), "
               f"{_fmt(budget.get('deployment_budget'), 4)} nats per deployment: MIA success "

@@ -317,7 +317,9 @@ class PacStage(Stage):
             trained = train_worlds(cfg.pac, data=train_data,
                                    base=inputs["base"]["summary"]["path"], out_dir=worlds,
                                    progress=False)
-            result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"))
+            canaries = data / "canaries.json"
+            result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"),
+                                  canaries=str(canaries) if canaries.is_file() else None)
         atomic_write_json(Path(out_dir) / "pac_eval.json", result)
         return {**result, "worlds": trained, "worlds_dir": str(worlds)}
 
