@@ -290,6 +290,7 @@ def _code_loss(model, tokenizer, codes, prefix=None) -> float:
     return total / count
 
 
+@pytest.mark.slow  # about 100 s on 2 CPUs: `make test-all`
 def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(ray_connected, base_path,
                                                                 tmp_path_factory, tmp_path):
     """A DP-trained privcode++ junior: z steers generation; held-out private code gets likelier.
