@@ -17,6 +17,7 @@ SUMMARY = {
                 "mean_private_tokens": 41.75, "charged_nats": 41.75 * B,
                 "measured_nats": 6.8e-4, "measured_nats_se": 8.8e-5,
                 "measured_over_charged": 1.07, "world_id_success": 0.0625,
+                "world_id_success_se": 0.0605,
                 "world_id_bound": world_identification_bound(41.75 * B, 8),
                 "mia_success": 0.526, "mia_success_se": 0.038,
                 "mia_bound": mia_success_bound(41.75 * B)},

@@ -87,13 +87,14 @@ def pac_section(pac: dict[str, Any] | None, out_dir: Path, plots: bool
     lines += [f"Leakage ({leak.get('sessions')} generated sessions of {leak.get('tokens')} "
               f"tokens, {leak.get('decoder')} votes, a fresh secret each):", ""]
     lines += _grid(["charged (nats)", "measured I(S;H_T) +- se", "measured/charged",
-                    "MIA success +- se (bound)", "world-ID success (bound)"],
+                    "MIA success +- se (bound)", "world-ID success +- se (bound)"],
                    [[_nats(leak.get("charged_nats")),
                      f"{_nats(leak.get('measured_nats'))} +- {_nats(leak.get('measured_nats_se'))}",
                      leak.get("measured_over_charged"),
                      f"{_fmt(leak.get('mia_success'))} +- {_fmt(leak.get('mia_success_se'))} "
                      f"({_fmt(leak.get('mia_bound'), 4)})",
-                     f"{_fmt(leak.get('world_id_success'))} "
+                     f"{_fmt(leak.get('world_id_success'))} +- "
+                     f"{_fmt(leak.get('world_id_success_se'))} "
                      f"({_fmt(leak.get('world_id_bound'), 4)})"]])
     lines += ["With a small b the per-token bound is nearly tight, so the measured "
               "information hovers around the charge; it exceeding the charge by more than "
@@ -102,7 +103,9 @@ def pac_section(pac: dict[str, Any] | None, out_dir: Path, plots: bool
         ("information", leak.get("measured_nats"), leak.get("measured_nats_se"),
          leak.get("charged_nats")),
         ("MIA success", leak.get("mia_success"), leak.get("mia_success_se"),
-         leak.get("mia_bound")))
+         leak.get("mia_bound")),
+        ("world identification", leak.get("world_id_success"),
+         leak.get("world_id_success_se"), leak.get("world_id_bound")))
         if None not in (value, se, bound) and value - 3 * se > bound]
     if over:
         lines += [f"**WARNING: measured {', '.join(over)} above its bound by more than 3 "
