@@ -143,6 +143,18 @@ def test_the_kv_cache_equals_a_full_recompute(ens):
     np.testing.assert_allclose(lp.public, full.public, atol=1e-5, rtol=0)
 
 
+def test_sequence_logprobs_equal_the_step_prefill_at_every_prefix(ens):
+    ids = ens.encode(PROMPT)
+    public, worlds = ens.sequence_logprobs(ids)
+    assert public.shape[0] == len(ids) and worlds.shape[:2] == (ens.m, len(ids))
+    for t in (0, len(ids) // 2, len(ids) - 1):
+        lp, _ = ens.step_logprobs(ids[:t + 1])
+        cand = torch.as_tensor(lp.candidates)
+        # float32 sums over prefixes of different lengths: a few 1e-5 apart
+        np.testing.assert_allclose(public[t, cand].numpy(), lp.public, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(worlds[:, t, cand].numpy(), lp.worlds, atol=1e-4, rtol=0)
+
+
 def test_identical_worlds_are_free_and_decode_like_the_single_adapter(same_ens, refs):
     cur, sid = curator(2)
     out = same_ens.generate(cur, sid, PROMPT, 12)

@@ -262,6 +262,20 @@ class PacEnsemble:
         cache = getattr(out, "cache", None)
         return step, cache if cache is not None else out.past_key_values
 
+    def sequence_logprobs(self, ids: Sequence[int]) -> tuple[Any, Any]:
+        """Log-probs after every prefix of ``ids`` in one pass: public ``[L, vocab]`` and
+        worlds ``[m, L, vocab]`` (CPU float32 tensors; teacher forcing, no cache)."""
+        import torch
+
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise PacEnsembleError("sequence_logprobs needs at least one token id")
+        rows = torch.tensor([ids] * (self.m + 1), dtype=torch.long, device=self.device)
+        with self._lock, torch.inference_mode():
+            logits = self.model(input_ids=rows, adapter_names=self._rows).logits
+            lp = torch.log_softmax(logits.float(), dim=-1).cpu()
+        return lp[self.m], lp[:self.m]
+
     # -- generation
 
     def generate(self, curator: Any, session_id: str, prompt: str, max_tokens: int, *,

@@ -80,17 +80,6 @@ class KnownSecretCurator:
         return StepOutcome(out.token, 0.0, "free")
 
 
-def _sequence_logprobs(ens: Any, ids: list[int]) -> tuple[Any, Any]:
-    """Log-probs at every position: public ``[L, V]`` and worlds ``[m, L, V]`` (one pass)."""
-    import torch
-
-    rows = torch.tensor([ids] * (ens.m + 1), dtype=torch.long, device=ens.device)
-    with torch.inference_mode():
-        logits = ens.model(input_ids=rows, adapter_names=[*ens.worlds, "__base__"]).logits
-    lp = torch.log_softmax(logits.float(), dim=-1).cpu()
-    return lp[ens.m], lp[:ens.m]
-
-
 def teacher_forced_accuracy(ens: Any, texts: Sequence[str], *, b: float, positions: int,
                             seed: int, max_length: int = 256) -> dict[str, Any]:
     """Next-token accuracy at up to ``positions`` positions of ``texts`` (see the module doc)."""
@@ -107,7 +96,7 @@ def teacher_forced_accuracy(ens: Any, texts: Sequence[str], *, b: float, positio
         ids = ens.encode(text)[:max_length]
         if len(ids) < 2:
             continue
-        public, worlds = _sequence_logprobs(ens, ids)  # [L, V], [m, L, V]
+        public, worlds = ens.sequence_logprobs(ids)  # [L, V], [m, L, V]
         for t in range(min(len(ids) - 1, positions - seen)):
             cand = torch.topk(public[t], ens.top_k).indices
             lp = worlds[:, t, cand].double().numpy()
