@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from metrics_support import scrape_metrics
+from serve_support import scrape_metrics
 
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.ledger import (

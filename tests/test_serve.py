@@ -6,12 +6,11 @@ import asyncio
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from serve_support import http_json
 
 from privcode.config import BaseConfig
 from privcode.serve.http import (
@@ -371,21 +370,7 @@ def test_api_key_is_required_except_on_healthz(premium, caplog, monkeypatch):
 # --------------------------------------------------------------------------- Ray Serve
 
 
-def _http(url, body=None, key=None, method=None):
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-def test_serve_app_over_http(ray_connected, release, premium):
+def test_serve_app_overhttp_json(ray_connected, release, premium):
     from ray import serve
 
     from privcode.cluster.local import free_port
@@ -401,24 +386,24 @@ def test_serve_app_over_http(ray_connected, release, premium):
                 "env_vars": {"PRIVCODE_TEST_SERVE_KEY": key, "OMP_NUM_THREADS": "1"}}})
         serve.run(application, name="premium-test", route_prefix="/premium")
         url = f"http://127.0.0.1:{port}/premium"
-        assert _http(f"{url}/healthz") == (200, {"status": "ok"})
+        assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
         completion = {"prompt": PROMPTS[0], "max_tokens": 12}
         for bad_key in (None, "wrong-key"):
-            status, body = _http(f"{url}/v1/completions", completion, key=bad_key)
+            status, body = http_json(f"{url}/v1/completions", completion, key=bad_key)
             assert status == 401 and body["error"]["code"] == "invalid_api_key"
-        status, body = _http(f"{url}/v1/completions", completion, key=key)
+        status, body = http_json(f"{url}/v1/completions", completion, key=key)
         assert status == 200 and body["choices"][0]["text"] == expected[0]
         with ThreadPoolExecutor(3) as pool:  # concurrent requests share a batch
-            answers = list(pool.map(lambda p: _http(f"{url}/v1/completions", {
+            answers = list(pool.map(lambda p: http_json(f"{url}/v1/completions", {
                 "prompt": p, "max_tokens": 12}, key=key), PROMPTS))
         assert [a[1]["choices"][0]["text"] for a in answers] == expected
-        status, body = _http(f"{url}/v1/completions", {"prompt": "x", "max_tokens": 65}, key=key)
+        status, body = http_json(f"{url}/v1/completions", {"prompt": "x", "max_tokens": 65}, key=key)
         assert status == 400 and body["error"]["param"] == "max_tokens"
-        status, body = _http(f"{url}/v1/models", key=key)
+        status, body = http_json(f"{url}/v1/models", key=key)
         assert status == 200 and body["data"][0]["id"] == "privcode-premium"
-        assert _http(f"{url}/v1/nope", key=key)[0] == 404
-        assert _http(f"{url}/v1/completions", key=key)[0] == 405
-        assert _http(f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10), key=key)[0] == 400
+        assert http_json(f"{url}/v1/nope", key=key)[0] == 404
+        assert http_json(f"{url}/v1/completions", key=key)[0] == 405
+        assert http_json(f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10), key=key)[0] == 400
     finally:
         try:
             serve.delete("premium-test")

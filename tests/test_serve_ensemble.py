@@ -7,13 +7,11 @@ import asyncio
 import json
 import logging
 import math
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 import torch
-from metrics_support import scrape_metrics
+from serve_support import http_json, scrape_metrics
 
 from privcode.config import BaseConfig
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
@@ -363,21 +361,7 @@ def test_state_is_locked_and_survives_a_restart(worlds, tmp_path):
 # --------------------------------------------------------------------------- Ray Serve
 
 
-def _http(url, body=None, key=None, method=None):
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
+def test_ensemble_app_overhttp_json(ray_connected, worlds, tmp_path):
     from ray import serve
 
     from privcode.cluster.local import free_port
@@ -393,14 +377,14 @@ def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
                 "env_vars": {"PRIVCODE_TEST_PAC_KEY": KEY, "OMP_NUM_THREADS": "1"}}})
         serve.run(application, name="pac-test", route_prefix="/pac-test")
         url = f"http://127.0.0.1:{port}/pac-test"
-        assert _http(f"{url}/healthz") == (200, {"status": "ok"})
-        assert _http(f"{url}/v1/privacy")[0] == 401
-        status, session = _http(f"{url}/v1/sessions", b"", key=KEY, method="POST")
+        assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
+        assert http_json(f"{url}/v1/privacy")[0] == 401
+        status, session = http_json(f"{url}/v1/sessions", b"", key=KEY, method="POST")
         assert status == 200 and session["object"] == "pac.session"
         answers.append(session)
         sid, total = session["id"], 0.0
         for extra in ({}, {"temperature": 1.0, "seed": 3}):
-            status, body = _http(f"{url}/v1/completions", {
+            status, body = http_json(f"{url}/v1/completions", {
                 "prompt": PROMPT, "max_tokens": 10, "session": sid, **extra}, key=KEY)
             assert status == 200, body
             _assert_accounting(body)
@@ -408,9 +392,9 @@ def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
             assert body["privacy"]["session_charged_nats"] == pytest.approx(total, rel=1e-12)
             answers.append(body)
         assert answers[1]["privacy"]["private_tokens"] > 0
-        status, info = _http(f"{url}/v1/sessions/{sid}", key=KEY)
+        status, info = http_json(f"{url}/v1/sessions/{sid}", key=KEY)
         assert status == 200 and info["charged_nats"] == pytest.approx(total, rel=1e-12)
-        status, privacy = _http(f"{url}/v1/privacy", key=KEY)
+        status, privacy = http_json(f"{url}/v1/privacy", key=KEY)
         assert status == 200 and privacy["deployment_charged_nats"] == info["charged_nats"]
         # The deployment's accounting reaches the Ray dashboard's Prometheus endpoint.
         private = sum(a["privacy"]["private_tokens"] for a in answers[1:])
@@ -424,11 +408,11 @@ def test_ensemble_app_over_http(ray_connected, worlds, tmp_path):
                                 until=lambda m: m["ray_privcode_pac_tokens_total"] == private)
         assert tokens["ray_privcode_pac_tokens_total"] == private
         answers += [info, privacy]
-        status, body = _http(f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY)
+        status, body = http_json(f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY)
         assert status == 404 and body["error"]["param"] == "session"
-        status, body = _http(f"{url}/v1/sessions/{sid}", key=KEY, method="DELETE")
+        status, body = http_json(f"{url}/v1/sessions/{sid}", key=KEY, method="DELETE")
         assert status == 200 and body["deleted"] is True
-        assert _http(f"{url}/v1/sessions/{sid}", key=KEY)[0] == 404
+        assert http_json(f"{url}/v1/sessions/{sid}", key=KEY)[0] == 404
     finally:
         try:
             serve.delete("pac-test")

@@ -64,13 +64,12 @@ import fcntl
 import logging
 import math
 import os
-import re
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +80,9 @@ from privcode.serve.http import (
     CompletionRequest,
     RequestError,
     api_key_from_env,
+    app_args,
     bearer_ok,
+    check_common_args,
     load_json_body,
     parse_completion,
     read_body_capped,
@@ -136,7 +137,6 @@ class EnsembleArgs:
 _DEVICES = ("auto", "cpu", "cuda")
 _DECODERS = ("greedy", "gumbel")
 _SCOPES = ("deployment", "session")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _bad(key: str, why: str, value: Any) -> EnsembleError:
@@ -149,14 +149,7 @@ def _is_number(value: Any) -> bool:
 
 def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
     """Validate the app args; :class:`EnsembleError` names the bad (or unknown) key."""
-    if not isinstance(args, Mapping):
-        raise EnsembleError(f"ensemble args must be a mapping, got {type(args).__name__}")
-    known = [f.name for f in fields(EnsembleArgs)]
-    unknown = sorted(set(args) - set(known), key=str)
-    if unknown:
-        raise EnsembleError(f"ensemble args: unknown key {unknown[0]!r} (known: "
-                            f"{', '.join(known)})")
-    out = dict(args)
+    out = app_args(args, EnsembleArgs, "ensemble args", EnsembleError)
     if "worlds" not in out:
         raise EnsembleError("ensemble args: 'worlds' is required (the worlds artifact dir of "
                             "the pac stage, with pac.json and adapters/)")
@@ -169,17 +162,11 @@ def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
     for key, choices in (("device", _DEVICES), ("decoder", _DECODERS), ("scope", _SCOPES)):
         if key in out and out[key] not in choices:
             raise _bad(key, f"must be one of {', '.join(choices)}", out[key])
-    for key, lo, hi in (("top_k", 1, 1 << 20), ("max_tokens_limit", 1, 1 << 16)):
-        value = out.get(key)
-        if key in out and (isinstance(value, bool) or not isinstance(value, int)
-                           or not lo <= value <= hi):
-            raise _bad(key, f"must be an integer in [{lo}, {hi}]", value)
+    check_common_args(out, (("top_k", 1, 1 << 20), ("max_tokens_limit", 1, 1 << 16)), _bad)
     for key in ("b", "session_budget", "deployment_budget"):
         if key in out and not (_is_number(out[key]) and out[key] > 0):
             raise _bad(key, "must be a finite number of nats > 0 (e.g. 1.52587890625e-05 "
                        "for 2^-16)", out[key])
-    if "api_key_env" in out and not _ENV_NAME.match(out["api_key_env"]):
-        raise _bad("api_key_env", "must be an environment variable name", out["api_key_env"])
     cfg = EnsembleArgs(**out)
     # Budgets that could never pay for a token are a misconfiguration, not a policy.
     if cfg.b > cfg.session_budget:

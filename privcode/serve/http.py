@@ -29,10 +29,11 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from privcode.errors import PrivcodeError
@@ -239,6 +240,35 @@ def bearer_ok(header: str | None, key: str) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(token.strip().encode("utf-8"), key.encode("utf-8"))
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def app_args(args: Any, shape: type, label: str, error: type[Exception]) -> dict[str, Any]:
+    """A Serve app's ``args`` as a dict: a mapping whose keys are fields of ``shape``.
+
+    ``error`` (naming ``label``) reports anything else; the app checks the values."""
+    if not isinstance(args, Mapping):
+        raise error(f"{label} must be a mapping, got {type(args).__name__}")
+    known = [f.name for f in fields(shape)]
+    unknown = sorted(set(args) - set(known), key=str)
+    if unknown:
+        raise error(f"{label}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    return dict(args)
+
+
+def check_common_args(out: Mapping[str, Any], ints: tuple[tuple[str, int, int], ...],
+                      bad: Callable[[str, str, Any], Exception]) -> None:
+    """The checks every app shares: integer ranges and ``api_key_env`` (``bad(key, why, value)``
+    builds the app's error)."""
+    for key, lo, hi in ints:
+        value = out.get(key)
+        if key in out and (isinstance(value, bool) or not isinstance(value, int)
+                           or not lo <= value <= hi):
+            raise bad(key, f"must be an integer in [{lo}, {hi}]", value)
+    if "api_key_env" in out and not _ENV_NAME.match(out["api_key_env"]):
+        raise bad("api_key_env", "must be an environment variable name", out["api_key_env"])
 
 
 def api_key_from_env(name: str, logger: logging.Logger | None = None, *,

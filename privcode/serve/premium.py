@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,8 @@ from privcode.serve.http import (
     CompletionsAPI,
     RequestError,
     api_key_from_env,
+    app_args,
+    check_common_args,
     read_body_capped,
     route_path,
 )
@@ -76,7 +77,6 @@ class ServeArgs:
 
 
 _DEVICES = ("auto", "cpu", "cuda")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _bad(key: str, why: str, value: Any) -> ServeError:
@@ -85,13 +85,7 @@ def _bad(key: str, why: str, value: Any) -> ServeError:
 
 def parse_args(args: Mapping[str, Any] | None) -> ServeArgs:
     """Validate the app args; :class:`ServeError` names the bad (or unknown) key."""
-    if not isinstance(args, Mapping):
-        raise ServeError(f"serve args must be a mapping, got {type(args).__name__}")
-    known = [f.name for f in fields(ServeArgs)]
-    unknown = sorted(set(args) - set(known), key=str)
-    if unknown:
-        raise ServeError(f"serve args: unknown key {unknown[0]!r} (known: {', '.join(known)})")
-    out = dict(args)
+    out = app_args(args, ServeArgs, "serve args", ServeError)
     for key in ("premium", "api_key_env", "served_model_name"):
         if key in out and (not isinstance(out[key], str) or not out[key].strip()):
             raise _bad(key, "must be a non-empty string", out[key])
@@ -103,18 +97,13 @@ def parse_args(args: Mapping[str, Any] | None) -> ServeArgs:
         raise _bad("model", "must be a non-empty string (a base-model dir) or null", out["model"])
     if "device" in out and out["device"] not in _DEVICES:
         raise _bad("device", f"must be one of {', '.join(_DEVICES)}", out["device"])
-    for key, lo, hi in (("max_tokens_limit", 1, 1 << 20), ("max_batch_size", 1, 1024)):
-        value = out.get(key)
-        if key in out and (isinstance(value, bool) or not isinstance(value, int)
-                           or not lo <= value <= hi):
-            raise _bad(key, f"must be an integer in [{lo}, {hi}]", value)
+    check_common_args(out, (("max_tokens_limit", 1, 1 << 20), ("max_batch_size", 1, 1024)),
+                      _bad)
     value = out.get("batch_wait_timeout_s")
     if "batch_wait_timeout_s" in out and (isinstance(value, bool)
                                           or not isinstance(value, int | float)
                                           or not 0 <= value <= 60):
         raise _bad("batch_wait_timeout_s", "must be a number of seconds in [0, 60]", value)
-    if "api_key_env" in out and not _ENV_NAME.match(out["api_key_env"]):
-        raise _bad("api_key_env", "must be an environment variable name", out["api_key_env"])
     return ServeArgs(**out)
 
 

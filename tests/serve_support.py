@@ -1,8 +1,10 @@
-"""Read Ray's Prometheus metrics from the session cluster's nodes (tests only)."""
+"""Test helpers for the served apps: a JSON HTTP client, Ray's Prometheus metrics."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -32,3 +34,18 @@ def scrape_metrics(tag: str, names: set[str], timeout_s: float = 60.0,
     if set(found) == names and until is not None:
         return found
     raise AssertionError(f"metrics {sorted(names - set(found))} not exported within {timeout_s}s")
+
+
+def http_json(url, body=None, key=None, method=None):
+    """(status, decoded JSON) of one request; ``body`` a dict (sent as JSON) or raw bytes."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
