@@ -2,21 +2,26 @@
 
     .venv/bin/python bench/dp_overhead.py [--model demo] [--batch 16] [--length 128]
                                            [--steps 8] [--rounds 3] [--threads 2]
+                                           [--records 100000]
 
 Each configuration (``nondp``, then DP with ``hooks``, ``functorch``,
-``ghost``) runs in its own subprocess so that its peak memory is its own:
+``ghost``, and ``secure``: hooks with ``train.secure_rng``) runs in its own subprocess so that its peak memory is its own:
 peak RSS growth over the loaded model on CPU (``ru_maxrss``), or
 ``torch.cuda.max_memory_allocated`` on GPU, over the process with the
 model, optimizer and batch loaded (the whole process peak is printed too).
 Rounds interleave the
 configurations, so machine noise hits them alike; the time is the median
 step over all rounds after one warm-up step per process. Printed ratios are
-DP / non-DP.
+DP / non-DP, and secure / hooks (the cost of the secure mode).
 
 A step is what training does: the plain step is forward, mean loss,
 backward, AdamW; the DP step is per-record gradients, clipping, the sum,
 Gaussian noise, division by the expected batch size, AdamW
-(:mod:`privcode.dp.dpsgd`). Batches are random token ids of full length:
+(:mod:`privcode.dp.dpsgd`), plus drawing the step's Poisson mask over
+``--records`` records and seeding the step's dropout stream
+(:mod:`privcode.dp.randomness`): a seeded Philox schedule in the standard
+modes; ``os.urandom`` for the mask, a generator reseeded from ``os.urandom``
+and 4 noise draws in ``secure``. Batches are random token ids of full length:
 timing does not depend on the text, and no private data is needed.
 """
 
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import time
 
-MODES = ("nondp", "hooks", "functorch", "ghost")
+MODES = ("nondp", "hooks", "functorch", "ghost", "secure")
 
 
 def _peak_rss_mb() -> float:
@@ -41,10 +46,13 @@ def _peak_rss_mb() -> float:
 def worker(args: argparse.Namespace) -> dict:
     import torch
 
+    from privcode.config import TrainConfig
     from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
+    from privcode.dp.randomness import SecretRandomness, secure_poisson_mask
+    from privcode.dp.sampler import PoissonSchedule
     from privcode.models.loading import attach_lora, load_causal_lm
     from privcode.train.data import CODE, PAD
-    from privcode.train.methods import MethodContext, get_method
+    from privcode.train.methods import MethodContext, Objective, get_method
 
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,24 +61,39 @@ def worker(args: argparse.Namespace) -> dict:
     vocab = model.config.vocab_size
     ids = torch.randint(2, vocab, (args.batch, args.length), device=device)
     segments = torch.full_like(ids, CODE)
-    batch = {"input_ids": ids, "attention_mask": (segments != PAD).long(), "segments": segments}
-    loss_fn = get_method("dpft").build(MethodContext())
-    params = [p for p in model.parameters() if p.requires_grad]
+    batch = {"input_ids": ids, "attention_mask": (segments != PAD).long(), "segments": segments,
+             "structural": torch.zeros_like(ids)}
+    objective = Objective(get_method("dpft"), model,
+                          MethodContext(cfg=TrainConfig(), eos_id=0, pad_id=0))
+    params = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
-    gen = torch.Generator(device=device).manual_seed(0)
+    secure = args.mode == "secure"
+    randomness = SecretRandomness(seed=int.from_bytes(os.urandom(15), "little"), secure=secure)
+    schedule = PoissonSchedule(args.records, min(1.0, args.batch / args.records), randomness.seed)
+    counter = iter(range(1 << 62))
+
+    def loss_fn(module, b):
+        return module(b)
 
     if args.mode == "nondp":
         def step() -> None:
-            loss_fn(model, batch).mean().backward()
+            objective(batch).mean().backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     else:
-        clipper = PerSampleClipper(model, mode=args.mode, max_grad_norm=1.0)
+        clipper = PerSampleClipper(objective, mode="hooks" if secure else args.mode,
+                                   max_grad_norm=1.0)
 
         def step() -> None:
+            t = next(counter)
+            mask = (secure_poisson_mask(args.records, schedule.sample_rate) if secure
+                    else schedule.global_mask(t))
+            assert mask.shape == (args.records,)
+            randomness.seed_step(t)
             s = clipper.clipped_sum(loss_fn, batch, args.batch)
             g = privatize(s, noise_multiplier=1.0, max_grad_norm=1.0,
-                          expected_batch_size=float(args.batch), add_noise=True, generator=gen,
+                          expected_batch_size=float(args.batch), add_noise=True,
+                          generator=randomness.noise_generator(device), secure=secure,
                           all_reduce=None)
             apply_flat_gradient(params, g)
             optimizer.step()
@@ -111,6 +134,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8, help="timed steps per process")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--records", type=int, default=100_000,
+                   help="records N of the Poisson mask drawn at every DP step")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -127,8 +152,13 @@ def main() -> int:
         for mode in order:
             cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model,
                    "--batch", str(args.batch), "--length", str(args.length),
-                   "--steps", str(args.steps), "--threads", str(args.threads)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                   "--steps", str(args.steps), "--threads", str(args.threads),
+                   "--records", str(args.records)]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.stderr.write(out.stderr[-4000:])
+                raise SystemExit(f"dp_overhead: the {mode} worker failed "
+                                 f"(exit {out.returncode})")
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"  round {r + 1}: {mode:9} median step "
                   f"{statistics.median(runs[mode][-1]['times']):.3f} s", flush=True)
@@ -147,6 +177,10 @@ def main() -> int:
         rm = f"{mem / ref_m:.2f}" if ref_m and ref_m > 0 else "-"
         rtot = f"{total / ref_total:.2f}" if ref_total else "-"
         print(f"{m:10} {t:8.3f} {rt:>8} {mem:9.1f} {rm:>8} {total:11.1f} {rtot:>8}")
+    if "secure" in summary and "hooks" in summary:
+        print(f"secure mode (os.urandom mask over {args.records:,} records, urandom-reseeded "
+              f"noise, 4 draws) / standard hooks: step time "
+              f"{summary['secure'][0] / summary['hooks'][0]:.3f}x")
     return 0
 
 

@@ -43,7 +43,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run_pipeline(cfg, stages=args.stages or None)
     if args.json:
         _print_json(result)
+    else:
+        _print_reports(result)
     return 0
+
+
+def _print_reports(result: dict) -> None:
+    if result.get("report"):
+        print(f"report: {result['report']} (and report.html; aggregates only, shareable)")
+    if result.get("private_report"):
+        print(f"owner-only report: {result['private_report']} (PRIVATE: per-record plots and "
+              "exact corpus counts; do not share)")
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -196,8 +206,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     result = run_pipeline(cfg, stages=["report"])
     if args.json:
         _print_json(result)
-    elif result.get("report"):
-        print(f"report: {result['report']} (and report.html)")
+    else:
+        _print_reports(result)
     return 0
 
 

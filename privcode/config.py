@@ -144,9 +144,16 @@ class TrainConfig:
     grad_sample_mode: str = opt("hooks", "Opacus per-sample-gradient mode.",
                                 choices=("hooks", "ghost", "functorch"))
     cpus_per_worker: int = opt(1, "CPUs (and torch threads) per Ray Train worker.", min=1)
-    seed: int = opt(0, "Seed of the LoRA initialisation. Poisson sampling and noise never use "
-                       "it: they draw a secret seed from OS entropy at every (re)start, since "
-                       "a known seed would let anyone replay the batches and the noise.")
+    seed: int = opt(0, "Seed of the LoRA initialisation. Poisson sampling, noise, dropout masks "
+                       "and the PrivLC latent noise never use it: they come from a secret seed "
+                       "drawn from OS entropy at every (re)start, since a known seed would let "
+                       "anyone replay the batches and the noise.")
+    secure_rng: bool = opt(False, "Secure mode (as Opacus' secure_mode): the Poisson sample of "
+                                  "every step is drawn from os.urandom and the Gaussian noise "
+                                  "from a generator reseeded from os.urandom at every step "
+                                  "(summed as 4 draws / 2 against floating-point attacks). "
+                                  "Off: one secret seed per (re)start drives fast PRNGs (not "
+                                  "cryptographically secure). The release records the mode.")
     eval_tokens: int = opt(4096, "Tokens of PUBLIC held-out code (the base model's held-out "
                                  "files) scored at every checkpoint for the loss curve; 0 = "
                                  "no curve. Never private data.", min=0)
@@ -250,6 +257,10 @@ class SynthConfig:
     dedup_threshold: float = opt(0.85, "Near-duplicate removal: estimated Jaccard similarity of "
                                        "token 5-shingles at or above this is a duplicate.",
                                  min=0.0, max=1.0)
+    allow_non_dp_release: bool = opt(False, "UNSAFE: synthesise from a release that is NOT "
+                                            "differentially private (dp: false). Refused "
+                                            "otherwise; when set, every artifact says that no "
+                                            "DP guarantee holds.")
 
 
 @dataclass(frozen=True)
@@ -276,6 +287,10 @@ class PremiumConfig:
                              "zero2, zero3 (configs in jobs/configs/deepspeed/).",
                          choices=("", "zero1", "zero2", "zero3"))
     seed: int = opt(0, "Seed of the LoRA init, the eval split and the data order.")
+    allow_non_dp_source: bool = opt(False, "UNSAFE: fine-tune on synthetic data whose source "
+                                           "release is NOT differentially private. Refused "
+                                           "otherwise; when set, the premium artifact says "
+                                           "that no DP guarantee holds.")
 
 
 @dataclass(frozen=True)
@@ -398,6 +413,16 @@ class PacConfig:
 
 
 @dataclass(frozen=True)
+class PrivacyConfig:
+    """Where the private state that outlives runs lives (keys; never released)."""
+
+    store: str = opt("", "Privacy store directory (0700; PRIVCODE_PRIVACY_STORE overrides): "
+                         "the secret key of opaque dataset ids. '' = 'privacy-store' beside "
+                         "run.out_dir. Never mounted where generated code runs; no make "
+                         "target deletes it.")
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     """The run report."""
 
@@ -416,6 +441,7 @@ SECTIONS: dict[str, type] = {
     "eval": EvalConfig,
     "audit": AuditConfig,
     "pac": PacConfig,
+    "privacy": PrivacyConfig,
     "report": ReportConfig,
 }
 
@@ -433,6 +459,7 @@ class PipelineConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     pac: PacConfig = field(default_factory=PacConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     source: str = field(default="<defaults>", compare=False,
                         metadata={"help": "File the config was loaded from."})

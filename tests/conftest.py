@@ -198,3 +198,12 @@ def ci_objects(helm: str) -> list[dict]:
 def rendering(request: pytest.FixtureRequest, helm: str) -> tuple[str, list[dict]]:
     """(name, objects) for each of ``chart_support.VALUE_SETS``."""
     return request.param, render(helm, *VALUE_SETS[request.param])
+
+
+def forbid_calls(monkeypatch: pytest.MonkeyPatch, why: str, *targets: tuple[Any, str]) -> None:
+    """Make each ``(object, attribute)`` fail the test when called: a refusal must come first."""
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(why)
+
+    for obj, name in targets:
+        monkeypatch.setattr(obj, name, boom)

@@ -221,3 +221,31 @@ def test_refuses_batch_norm_and_wrong_loss_shapes():
         clipper.clipped_sum(lambda m, b: m(b).mean(), batch, batch_size=3)
     with pytest.raises(ValueError, match="grad_sample_mode"):
         PerSampleClipper(_tiny_lora_model(), mode="ew")
+
+
+def _poisoned_loss(module, batch):
+    # A record whose loss is NaN or inf (a poisoned record): scale NaN / inf on its row.
+    return module(batch) * batch["scale"]
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ghost"])
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_a_poisoned_record_contributes_zero_and_is_counted(mode, poison):
+    """One record's NaN/inf gradient neither poisons the noisy sum nor stops the step."""
+    rows = _rows(3, 4)
+    clipper = PerSampleClipper(_dpft(_tiny_lora_model()), mode=mode, max_grad_norm=0.05)
+    scale = torch.tensor([1.0, poison, 1.0, 1.0])
+    got = clipper.clipped_sum(_poisoned_loss, collate(rows, 0, scale=scale), 4)
+    assert clipper.last_nonfinite == 1 and torch.isfinite(got).all()
+    clean = [rows[0], rows[2], rows[3]]
+    expected = clipper.clipped_sum(_poisoned_loss, collate(clean, 0, scale=torch.ones(3)), 3)
+    assert clipper.last_nonfinite == 0
+    assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
+    noisy = privatize(got, noise_multiplier=1.0, max_grad_norm=0.05, expected_batch_size=4,
+                      add_noise=True, generator=torch.Generator().manual_seed(0),
+                      all_reduce=None)
+    assert torch.isfinite(noisy).all()
+    # Every record poisoned: zeros, all counted.
+    allbad = clipper.clipped_sum(_poisoned_loss, collate(rows, 0, scale=torch.full((4,), poison)),
+                                 4)
+    assert clipper.last_nonfinite == 4 and torch.equal(allbad, torch.zeros_like(allbad))

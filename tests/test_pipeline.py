@@ -59,8 +59,15 @@ def test_runs_all_stages_then_skips_unchanged(ray_connected, tmp_path, overrides
     assert first["report"] == str(report)
     text = report.read_text()
     assert f"{base['heldout_loss']:.3f}" in text  # the numbers in the report are the stage's
-    assert re.search(rf"\|\s*canaries\s*\|\s*{counts['canaries']}\s*\|", text)
-    assert (report.parent / "corpus.png").stat().st_size > 1000
+    # The corpus composition (exact counts, corpus.png) is in the owner-only report only.
+    assert not re.search(r"\|\s*canaries\s*\|", text) and not (report.parent / "corpus.png").exists()
+    assert re.search(rf"\|\s*training records N\s*\|\s*{counts['train_records']}\s*\|", text)
+    owner = runs / "private_report"
+    assert "private_report" not in text
+    assert re.search(rf"\|\s*canaries\s*\|\s*{counts['canaries']}\s*\|",
+                     (owner / "report.md").read_text())
+    assert (owner / "corpus.png").stat().st_size > 1000
+    assert (owner.stat().st_mode & 0o077) == 0 and ((owner / "report.md").stat().st_mode & 0o077) == 0
     assert (report.parent / "base_loss.png").stat().st_size > 1000
 
     second = run_pipeline(cfg)

@@ -10,19 +10,42 @@ import pytest
 from privcode.config import BaseConfig, DataConfig, PremiumConfig
 from privcode.premium.train import PremiumError, deepspeed_config, run_premium
 
+#: The provenance Stage II writes for a DP release (privcode.synth.pipeline._provenance).
+DP_PROVENANCE = {"release_sha256": "ab" * 32, "method": "privcode++", "conditioning": "latent",
+                 "dp": True, "epsilon": 4.0, "delta": 1e-5}
+NON_DP_PROVENANCE = {**DP_PROVENANCE, "method": "nondpft", "conditioning": "prompt",
+                     "dp": False, "epsilon": None, "delta": None, "no_dp_guarantee": True,
+                     "NOT_PRIVATE": "NO differential-privacy guarantee: ..."}
 
-def _synthetic(path: Path, n: int) -> Path:
+
+def _synthetic(path: Path, n: int, provenance=DP_PROVENANCE) -> Path:
+    """``n`` public pairs with Stage II's columns; ``provenance``: a dict (JSON-encoded), a
+    string as is, or a callable of the row index (mixed provenance)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from privcode.data.public import public_pairs
 
-    prov = json.dumps({"release_sha256": "ab" * 32, "method": "privcode++",
-                       "conditioning": "latent", "dp": True}, sort_keys=True)
-    rows = [{"id": f"syn-{i}", "prompt": p, "code": c, "provenance": prov}
+    def prov(i: int):
+        value = provenance(i) if callable(provenance) else provenance
+        return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
+
+    rows = [{"id": f"syn-{i}", "prompt": p, "code": c, "provenance": prov(i)}
             for i, (p, c) in enumerate(public_pairs(n, seed=3))]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fails a test that connects to Ray or starts a Ray Train fine-tune."""
+    import ray.train.torch
+    from conftest import forbid_calls
+
+    import privcode.cluster.local
+
+    forbid_calls(monkeypatch, "run_premium must refuse before connecting to Ray or training",
+                 (privcode.cluster.local, "connect"), (ray.train.torch, "TorchTrainer"))
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +73,10 @@ def test_premium_learns_the_synthetic_data_and_inherits_the_release_guarantee(
     info = json.loads((tmp_path / "out" / "premium.json").read_text())
     assert info["privacy"]["dp_training"] is False
     assert info["privacy"]["post_processing_of"]["method"] == "privcode++"
+    assert info["privacy"]["dp"] is True and info["privacy"]["no_dp_guarantee"] is False
+    assert (info["privacy"]["epsilon"], info["privacy"]["delta"]) == (4.0, 1e-5)
+    assert info["privacy"]["guarantee"].startswith("(4.0, 1e-05)-DP, inherited by post-processing")
+    assert summary["privacy"] == info["privacy"]
     model = PeftModel.from_pretrained(load_causal_lm(base_path), str(tmp_path / "out" / "adapter"))
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
     assert not (tmp_path / "storage" / "premium").exists()
@@ -65,6 +92,75 @@ def test_premium_refuses_data_that_is_not_synthetic(tmp_path, base_path):
         run_premium(PremiumConfig(), data_path=corpus / "train.parquet", model_path=base_path,
                     out_dir=tmp_path / "out", storage_dir=tmp_path / "s")
     assert not (tmp_path / "out").exists()
+
+
+def test_premium_refuses_a_non_dp_source_without_the_option(no_training, tmp_path):
+    data = _synthetic(tmp_path / "synthetic.parquet", 8, NON_DP_PROVENANCE)
+    with pytest.raises(PremiumError, match=r"synthetic.parquet: its source release .* is NOT "
+                                           r"differentially private \(provenance dp: false\).*"
+                                           r"premium\.allow_non_dp_source=true"):
+        run_premium(PremiumConfig(), data_path=data, model_path=tmp_path / "base",
+                    out_dir=tmp_path / "out", storage_dir=tmp_path / "s")
+    assert not (tmp_path / "out").exists()
+
+
+_BAD_PROVENANCE = {
+    "not-json": ("stage two", "is not Stage II provenance JSON"),
+    "json-not-stage-two": ({"source": "somewhere", "dp": True},
+                           "is not Stage II provenance JSON"),
+    "json-list": ("[1, 2]", "is not Stage II provenance JSON"),
+    "dp-missing": ({k: v for k, v in DP_PROVENANCE.items() if k != "dp"},
+                   "is not Stage II provenance JSON"),
+    "dp-not-true": ({**DP_PROVENANCE, "dp": "yes"}, r"NOT differentially private"),
+    "mixed": (lambda i: {**DP_PROVENANCE, "release_sha256": f"{i % 2}" * 64},
+              "2 different provenances"),
+    "some-rows-missing": (lambda i: None if i == 3 else DP_PROVENANCE,
+                          "1 of 8 rows have no provenance"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_PROVENANCE))
+def test_premium_refuses_a_provenance_that_is_not_stage_two_dp(no_training, tmp_path, case):
+    provenance, problem = _BAD_PROVENANCE[case]
+    data = _synthetic(tmp_path / "synthetic.parquet", 8, provenance)
+    with pytest.raises(PremiumError, match=rf"synthetic.parquet: .*{problem}.*"
+                                           r"premium\.allow_non_dp_source"):
+        run_premium(PremiumConfig(), data_path=data, model_path=tmp_path / "base",
+                    out_dir=tmp_path / "out", storage_dir=tmp_path / "s")
+    assert not (tmp_path / "out").exists()
+
+
+def test_premium_with_the_option_says_no_dp_guarantee_holds(monkeypatch, tmp_path):
+    """premium.allow_non_dp_source: it trains (a stand-in for the Ray Train fit), and
+    premium.json says plainly that no DP guarantee holds; nothing claims inheritance."""
+    import privcode.premium.train as premium_train
+
+    def fit(job, out_dir, storage):
+        (out_dir / "adapter").mkdir(parents=True)
+        return [{"epoch": 1, "train_loss": 1.0, "eval_loss": None}], 0.1
+
+    monkeypatch.setattr(premium_train, "_fit", fit)
+    data = _synthetic(tmp_path / "synthetic.parquet", 8, NON_DP_PROVENANCE)
+    with pytest.warns(RuntimeWarning, match="NO differential-privacy guarantee"):
+        summary = run_premium(PremiumConfig(allow_non_dp_source=True), data_path=data,
+                              model_path=tmp_path / "base", out_dir=tmp_path / "out",
+                              storage_dir=tmp_path / "s")
+    privacy = json.loads((tmp_path / "out" / "premium.json").read_text())["privacy"]
+    assert summary["privacy"] == privacy
+    assert privacy["dp"] is False and privacy["no_dp_guarantee"] is True
+    assert privacy["epsilon"] is None and privacy["delta"] is None
+    assert privacy["guarantee"].startswith("NONE: its source release")
+    assert privacy["privacy_warning"].startswith("NO differential-privacy guarantee")
+    assert "inherit" not in json.dumps(privacy).lower()
+    assert privacy["post_processing_of"]["dp"] is False  # the source, as recorded
+    # Unparsable provenance, with the option: no source recorded, still no guarantee.
+    data = _synthetic(tmp_path / "other.parquet", 8, "stage two")
+    with pytest.warns(RuntimeWarning, match="NO differential-privacy guarantee"):
+        summary = run_premium(PremiumConfig(allow_non_dp_source=True), data_path=data,
+                              model_path=tmp_path / "base", out_dir=tmp_path / "out2",
+                              storage_dir=tmp_path / "s")
+    assert summary["privacy"]["dp"] is False and summary["privacy"]["post_processing_of"] is None
+    assert "not Stage II provenance JSON" in summary["privacy"]["guarantee"]
 
 
 @pytest.mark.parametrize("stage", ["zero1", "zero2", "zero3"])

@@ -19,7 +19,7 @@ from privcode.pipeline.report_sweep import (
     within_run_curve,
 )
 
-SHA = "a" * 64
+DATASET = "ds-" + "a" * 20  # an opaque dataset id (privcode.dp.store)
 DELTA = 1e-5
 Q = 16 / 2625
 STEPS = 30
@@ -31,12 +31,12 @@ def _sigma(target: float) -> float:
     return calibrate(target, DELTA, Q, STEPS)
 
 
-def train_summary(target: float, *, sha: str = SHA, method: str = "privcode++", dp: bool = True,
-                  losses=(6.04, 5.90, 5.80, 5.70)) -> dict:
+def train_summary(target: float, *, dataset: str | None = DATASET, method: str = "privcode++",
+                  dp: bool = True, losses=(6.04, 5.90, 5.80, 5.70)) -> dict:
     """A consistent train summary: sigma calibrated for ``target``, epsilon its RDP value."""
     sigma = _sigma(target)
     eps = epsilon([DPEvent(sigma, Q, STEPS)], DELTA)
-    return {"dp": dp, "method": method, "corpus_sha256": sha, "accountant": "rdp",
+    return {"dp": dp, "method": method, "dataset_id": dataset, "accountant": "rdp",
             "epsilon": eps if dp else None, "epsilon_rdp": eps, "epsilon_budget": target,
             "delta": DELTA, "noise_multiplier": sigma, "sample_rate": Q, "steps_taken": STEPS,
             "ledger_steps": STEPS, "expected_batch_size": 16, "num_records": 2625,
@@ -81,7 +81,7 @@ def runs(tmp_path) -> Path:
                    "fp-8")
     # An eval of an older train artifact of this run: its numbers must not be used.
     write_manifest(root / "demo-eps8" / "eval", eval_summary(0.9, 0.9), inputs={"train": "old"})
-    write_manifest(root / "othercorpus" / "train", train_summary(2.0, sha="b" * 64))
+    write_manifest(root / "othercorpus" / "train", train_summary(2.0, dataset="ds-" + "b" * 20))
     write_manifest(root / "othermethod" / "train", train_summary(2.0, method="dpft"))
     write_manifest(root / "nondp" / "train", train_summary(2.0, dp=False))
     (root / "broken" / "train").mkdir(parents=True)
@@ -120,7 +120,7 @@ def test_collect_points_tolerates_corrupt_eval_and_missing_current(runs, caplog)
     assert demo["pass1_junior"] is None and demo["mia_tpr_at_1pct_fpr"] == 0.02
     assert collect_points(runs, "no-such-run") == []
     # The current run's manifest can be given (it wins over the one on disk).
-    other = {"fingerprint": "x", "summary": train_summary(2.0, sha="b" * 64)}
+    other = {"fingerprint": "x", "summary": train_summary(2.0, dataset="ds-" + "b" * 20)}
     assert [p["run"] for p in collect_points(runs, "demo", reference=other)] == [
         "demo", "othercorpus"]  # equal epsilons: by name
 
@@ -257,15 +257,17 @@ def test_write_report_includes_the_section(runs, tmp_path):
 
 def test_report_alone_reads_current_upstream_manifests_from_disk(tmp_path):
     """`privcode run --stages report`: the runner passes data and base only."""
+    from privcode.dp.store import PrivacyStore
     from privcode.pipeline.runner import fingerprint
     from privcode.pipeline.stages import STAGES
-    from privcode.utils import sha256_file
 
     cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
     corpus = tmp_path / "train.parquet"
     corpus.write_bytes(b"stand-in corpus")
-    summary = {**train_summary(4.0, sha=sha256_file(corpus)), "data_path": str(corpus)}
+    store = tmp_path / "privacy-store"
+    summary = {**train_summary(4.0, dataset=PrivacyStore(store).dataset_id(corpus)),
+               "data_path": str(corpus), "privacy_store": str(store)}
     fp = fingerprint(cfg, STAGES["train"], {"data": data, "base": base})
     train_dir = tmp_path / "runs" / "demo" / "train"
     write_manifest(train_dir, summary, fp)
@@ -282,3 +284,37 @@ def test_report_alone_reads_current_upstream_manifests_from_disk(tmp_path):
     write_manifest(train_dir, summary, fp)
     cfg = _cfg(tmp_path, "run.stages=[data, base, report]")
     assert write_report(cfg, out, {"data": data, "base": base})["inputs_read_from_disk"] == []
+
+
+def test_runs_without_a_dataset_id_are_grouped_with_nothing(runs):
+    """An older train summary (a corpus digest, no dataset id) is never compared by digest."""
+    legacy = {**train_summary(2.0, dataset=None), "corpus_sha256": "c" * 64}
+    write_manifest(runs / "legacy-a" / "train", legacy)
+    write_manifest(runs / "legacy-b" / "train", legacy)
+    assert "legacy-a" not in [p["run"] for p in collect_points(runs, "demo")]
+    assert collect_points(runs, "legacy-a") == []  # not even with its same-digest twin
+    assert collect_points(runs, "demo", reference={"fingerprint": "x", "summary": legacy}) == []
+
+
+def test_no_corpus_digest_in_the_written_report(runs, tmp_path):
+    """A train summary still carrying ``corpus_sha256`` never puts it, or any 8+ character
+    prefix of it, in a report file (shareable or owner-only); the dataset id is shown."""
+    import hashlib
+
+    digest = hashlib.sha256(b"the private corpus").hexdigest()
+    cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
+    data, base = _upstream(tmp_path)
+    train = json.loads((runs / "demo" / "train" / "manifest.json").read_text())
+    train["summary"]["corpus_sha256"] = digest
+    out = tmp_path / "stage"
+    out.mkdir()
+    summary = write_report(cfg, out, {"data": data, "base": base, "train": train})
+    files = [p for d in (out, tmp_path / "reports" / "demo", Path(summary["private_report"]).parent)
+             for p in d.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"report.md", "report.html", "report.json"}
+    for path in files:
+        blob = path.read_bytes().lower()
+        assert not any(digest[i:i + 8].encode() in blob for i in range(len(digest) - 7)), path
+    text = (out / "report.md").read_text()
+    assert f"`{DATASET}`" in _section(text, "### Privacy-utility")
+    assert "sha256" not in text.lower()

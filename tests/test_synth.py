@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import torch
 
 from privcode.config import BaseConfig, SynthConfig, load_config
 from privcode.errors import ConfigError
-from privcode.synth.pipeline import SynthesisError, check_release_path, run_synthesis
+from privcode.synth.pipeline import SynthesisError, check_release_path, run_synthesis, work_key
 
 TINY = SynthConfig(num_samples=24, shard_size=8, batch_size=4, max_new_tokens=24,
                    temperature=1.0, generators_min=1, generators_max=1, sandbox_workers=2,
@@ -43,6 +44,90 @@ def release(ci_base_cache, tmp_path_factory) -> Path:
                         "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
                   privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
     return out
+
+
+def _light_release(root: Path, *, dp: bool) -> Path:
+    """A verified prompt-conditioned release whose adapter is a stand-in LoRA tensor: enough
+    for the release checks and for finalising shards already on disk (no model is loaded)."""
+    from safetensors.torch import save_file
+
+    from privcode.release import write_release
+
+    adapter = root / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    save_file({"base_model.model.lm_head.lora_A.weight": torch.zeros(2, 4)},
+              str(adapter / "adapter_model.safetensors"))
+    return write_release(root / "release", adapter_dir=adapter,
+                         meta={"method": "privcode" if dp else "nondpft",
+                               "conditioning": "prompt", "dp": dp, "base_model": "unused"},
+                         privacy={"dp": dp, "epsilon": 4.0 if dp else None, "delta": 1e-5})
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fails a test that connects to Ray or builds the Ray Data pipeline."""
+    from conftest import forbid_calls
+
+    import privcode.cluster.local
+    import privcode.synth.pipeline
+
+    forbid_calls(monkeypatch, "Stage II must refuse before connecting to Ray or generating",
+                 (privcode.cluster.local, "connect"), (privcode.synth.pipeline, "_dataset"))
+
+
+def test_stage_two_refuses_a_non_dp_release_without_the_option(no_ray, tmp_path):
+    nondp = _light_release(tmp_path, dp=False)
+    with pytest.raises(SynthesisError, match=r"NOT differentially private \(dp: false\).*"
+                                             r"synth\.allow_non_dp_release=true"):
+        run_synthesis(TINY, release=nondp, out_dir=tmp_path / "o", work_root=tmp_path / "w")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()
+    # Fail closed: a release.json without 'dp' counts as non-DP.
+    from privcode.synth.pipeline import release_privacy
+
+    meta = {k: v for k, v in check_release_path(nondp).items() if k != "dp"}
+    with pytest.raises(SynthesisError, match="no 'dp' key in release.json"):
+        release_privacy(nondp, meta)
+    dp = _light_release(tmp_path / "dp", dp=True)
+    assert release_privacy(dp, check_release_path(dp)) == {
+        "dp": True, "epsilon": 4.0, "delta": 1e-5, "privacy_warning": None}
+
+
+def test_stage_two_with_the_option_says_no_dp_guarantee_everywhere(ray_connected, tmp_path):
+    """A non-DP release with synth.allow_non_dp_release: the run goes through (its one shard
+    is already on disk, so nothing is generated) and every artifact says NO DP guarantee."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from privcode.data.public import public_pairs
+
+    nondp = _light_release(tmp_path, dp=False)
+    cfg = dataclasses.replace(TINY, num_samples=6, shard_size=8, allow_non_dp_release=True)
+    shard = tmp_path / "w" / work_key(cfg, check_release_path(nondp)) / "shards"
+    shard.mkdir(parents=True)
+    rows = [{"index": i, "z_seed": f"{cfg.seed}:{i}", "prompt": p, "code": c,
+             "exec_status": "ok", "exec_passed": True, "exec_seconds": 0.01,
+             "roundtrip_passed": True, "roundtrip_score": 0.9}
+            for i, (p, c) in enumerate(public_pairs(6, seed=5))]
+    pq.write_table(pa.Table.from_pylist(rows), shard / "shard-00000.parquet")
+    with pytest.warns(RuntimeWarning, match="NO differential-privacy guarantee"):
+        summary = run_synthesis(cfg, release=nondp, out_dir=tmp_path / "o",
+                                work_root=tmp_path / "w", progress=False)
+    assert summary["shards_resumed"] == 1 and summary["generated_this_run"] == 0
+    assert summary["kept"] >= 1
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    for artifact in (summary, stats):
+        assert artifact["dp"] is False
+        assert artifact["privacy_warning"].startswith(
+            "NO differential-privacy guarantee: synthesised from a non-DP release")
+    assert stats["release"]["dp"] is False and stats["release"]["epsilon"] is None
+    provenances = pq.read_table(tmp_path / "o" / "synthetic.parquet").column(
+        "provenance").to_pylist()
+    assert len(provenances) == summary["kept"]
+    for prov in map(json.loads, provenances):
+        assert prov["dp"] is False and prov["no_dp_guarantee"] is True
+        assert prov["NOT_PRIVATE"].startswith("NO differential-privacy guarantee")
+        assert prov["method"] == "nondpft" and prov["epsilon"] is None
 
 
 def test_stage_two_refuses_private_inputs(tmp_path):
@@ -79,10 +164,17 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
     assert sum(summary["execution_statuses"].values()) == 24
     stats = json.loads((out / "stats.json").read_text())
     assert stats["funnel"]["generated"] == 24 and stats["release"]["method"] == "privcode++"
+    # A DP release: the (epsilon, delta) of its privacy.json travel with the data.
+    assert summary["dp"] is True and stats["dp"] is True
+    assert summary["privacy_warning"] is None and stats["privacy_warning"] is None
+    assert (summary["epsilon"], summary["delta"]) == (4.0, 1e-5)
     table = pq.read_table(out / "synthetic.parquet")
     assert table.num_rows == summary["kept"]
     assert {"id", "prompt", "code", "z_seed", "exec_status", "roundtrip_score",
             "provenance"} <= set(table.column_names)
+    for prov in map(json.loads, set(table.column("provenance").to_pylist())):
+        assert prov["dp"] is True and (prov["epsilon"], prov["delta"]) == (4.0, 1e-5)
+        assert "no_dp_guarantee" not in prov
     # Every generated row, with its verdicts, is in the shards (nothing lost, no duplicates).
     work = Path(summary["work_dir"])
     rows = [r for f in sorted((work / "shards").glob("*.parquet"))

@@ -97,8 +97,9 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
     eps_k = epsilon([DPEvent(sigma, q, k)], delta)
     eps_next = epsilon([DPEvent(sigma, q, k + 1)], delta)
     budget = (eps_k + eps_next) / 2
+    # Secure mode: rank 0 draws each step's Poisson mask from os.urandom and broadcasts it.
     cfg = dataclasses.replace(SMALL, steps=10, num_workers=2, noise_multiplier=sigma,
-                              epsilon=budget, delta=delta, checkpoint_every=2)
+                              epsilon=budget, delta=delta, checkpoint_every=2, secure_rng=True)
     summary = _train(cfg, corpus, base_path, tmp_path, keep_storage=True)
     assert summary["num_records"] == n
     assert summary["steps_taken"] == k and summary["stop_reason"] == "budget"
@@ -109,6 +110,8 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
     applied = [json.loads(x) for x in Path(summary["audit_log"]).read_text().splitlines()]
     assert [a["step"] for a in applied] == list(range(k))
     assert [a["ledger_position"] for a in applied] == list(range(1, k + 1))
+    # Timings and non-finite counts are kept in the PRIVATE audit log only.
+    assert all("time" in a and a["nonfinite_records"] == 0 for a in applied)
     # Each grant names its release "<incarnation>:<step>", so a reserve Ray re-sends
     # to a restarted ledger is not charged twice (one incarnation here, k steps).
     from privcode.dp.ledger import WAL_NAME, read_wal
@@ -118,11 +121,24 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
     assert [int(i.split(":")[1]) for i in ids] == list(range(k))
 
     privacy = json.loads((tmp_path / "release" / "privacy.json").read_text())
-    assert privacy["ledger_steps"] == k and len(privacy["history"]) == k
+    # The released history: the DP events and nothing else (no step times, grant ids).
+    assert privacy["history"] == [{"noise_multiplier": sigma, "sample_rate": q, "steps": k}]
+    assert privacy["ledger_steps"] == k and "restarts" not in privacy
+    assert "ledger_position" not in privacy and privacy["rng"] == "secure"
+    assert privacy["adjacency"]["relation"] == "add/remove one record"
+    assert "N" in privacy["adjacency"]["public"]
     assert privacy["sample_rate"] == pytest.approx(q) and privacy["max_grad_norm"] == 1.0
+    # The data is named by an opaque keyed id, never by its digest.
+    from privcode.dp.store import PrivacyStore
     from privcode.utils import sha256_file
 
-    assert privacy["corpus_sha256"] == sha256_file(corpus / "train.parquet")
+    digest = sha256_file(corpus / "train.parquet")
+    assert "corpus_sha256" not in privacy
+    assert privacy["dataset_id"] == PrivacyStore(tmp_path / "privacy-store").dataset_id(
+        corpus / "train.parquet")
+    for path in (tmp_path / "release").rglob("*"):
+        if path.is_file():
+            assert digest[:8].encode() not in path.read_bytes().lower(), path
     assert Path(privacy["base_model"]) == Path(base_path)
 
     # The budget is spent: training again on the same data under this ledger takes no step.
@@ -209,6 +225,24 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
             blob = path.read_bytes()
             assert not any(s.encode() in blob for s in secrets), path
 
+    # No fingerprint of the private corpus in the release or the shareable report:
+    # neither its digest nor any 8+ character prefix of it.
+    from privcode.utils import sha256_file
+
+    digest = sha256_file(tmp_path / "runs" / "t" / "data" / "train.parquet")
+    shared = [p for d in (release, tmp_path / "reports" / "t") for p in d.rglob("*")
+              if p.is_file()]
+    assert len(shared) > 5
+    for path in shared:
+        blob = path.read_bytes().lower()
+        assert digest[:8].encode() not in blob, path
+    privacy = json.loads((release / "privacy.json").read_text())
+    assert all(set(e) == {"noise_multiplier", "sample_rate", "steps"} for e in privacy["history"])
+    assert privacy["rng"] == "standard" and summary["dataset_id"] == privacy["dataset_id"]
+    # The dataset id's key lives in the privacy store beside run.out_dir, owner-only.
+    store = tmp_path / "privacy-store"
+    assert (store / "dataset-id.key").is_file() and (store.stat().st_mode & 0o077) == 0
+
     report = (tmp_path / "reports" / "t" / "report.md").read_text()
     assert "## DP training (Stage I)" in report
     assert f"{summary['epsilon_rdp']:.4g}" in report and f"{summary['epsilon_prv']:.4g}" in report
@@ -248,7 +282,7 @@ def test_chaos_worker_node_killed_run_resumes_and_ledger_never_undercounts(
     assert result["killed"] is not None, "no worker node was killed: the test did not test"
     summary, const = result["summary"], result["constants"]
     assert summary["steps_taken"] == const["steps"] and summary["stop_reason"] == "steps"
-    assert summary["restarts"] >= 1
+    assert "restarts" not in summary  # restart counts stay in the private audit log
     applied = result["applied"]
     # The restart resumed from a checkpoint (the one registered before the kill, or a
     # later one registered while the node went down), not from scratch.

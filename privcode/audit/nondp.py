@@ -97,8 +97,7 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
         chosen = np.flatnonzero(rng.random(n) < q)
         if chosen.size == 0:
             continue
-        rows = collate([encoded[i] for i in chosen], pad, device=device, step=step,
-                       index=torch.as_tensor(chosen, dtype=torch.long))
+        rows = collate([encoded[i] for i in chosen], pad, device=device, step=step)
         loss = objective(rows).sum() / batch
         loss.backward()
         optimizer.step()

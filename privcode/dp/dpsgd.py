@@ -38,9 +38,17 @@ Assumptions the guarantee rests on (checked where possible):
 * only trainable parameters are updated, and only through ``g_hat``;
 * nothing else computed from the batch (losses, norms, clip counts, the
   batch size) leaves a step: this module returns none of them;
-* the noise generator's state is secret (seeded from OS entropy by the
-  training loop). torch's generators are not cryptographically secure;
-  like Opacus' default mode, this accepts that.
+* the noise generator's state is secret (:mod:`privcode.dp.randomness`:
+  seeded from OS entropy by the training loop; reseeded from ``os.urandom``
+  at every step in secure mode, where the noise is the sum of 4 draws / 2 as
+  in Opacus' ``secure_mode``).
+
+Non-finite per-record gradients. A record whose loss or gradient is NaN or
+inf would turn the whole noisy sum into NaN. Its clipped gradient is
+replaced by zero (still within the bound ``C``: the sensitivity argument is
+unchanged) and the step goes on; :attr:`PerSampleClipper.last_nonfinite`
+gives the count, which the training loop writes to its PRIVATE audit log
+only (a per-step count of private records is never released).
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ __all__ = [
     "apply_flat_gradient",
     "check_private_trainable",
     "clip_and_sum",
+    "clip_and_sum_finite",
+    "gaussian_noise",
     "privatize",
     "trainable_parameters",
 ]
@@ -103,11 +113,32 @@ def clip_and_sum(grad_samples: Sequence[torch.Tensor], max_grad_norm: float) -> 
     """
     if not grad_samples:
         raise ValueError("no per-sample gradients")
+    return clip_and_sum_finite(grad_samples, max_grad_norm)[0]
+
+
+def clip_and_sum_finite(grad_samples: Sequence[torch.Tensor], max_grad_norm: float
+                        ) -> tuple[torch.Tensor, int]:
+    """:func:`clip_and_sum` and the number of records whose gradient was not finite.
+
+    A record with a NaN/inf entry anywhere (its joint norm is then not
+    finite) contributes zero instead of NaN.
+    """
+    if not grad_samples:
+        raise ValueError("no per-sample gradients")
     batch = grad_samples[0].shape[0]
-    norms = torch.stack([g.reshape(batch, -1).norm(2, dim=1) for g in grad_samples]).norm(2, dim=0)
-    factor = (max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0)
-    return torch.cat([torch.einsum("b,b...->...", factor.to(g.dtype), g).reshape(-1)
-                      for g in grad_samples])
+    norms = torch.stack([g.reshape(batch, -1).to(torch.promote_types(g.dtype, torch.float32))
+                         .norm(2, dim=1) for g in grad_samples]).norm(2, dim=0)
+    finite = torch.isfinite(norms)
+    factor = torch.where(finite, (max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0),
+                         torch.zeros_like(norms))
+    bad = int((~finite).sum())
+    parts = []
+    for g in grad_samples:
+        if bad:
+            keep = finite.view(batch, *([1] * (g.dim() - 1)))
+            g = torch.where(keep, g, torch.zeros((), dtype=g.dtype, device=g.device))
+        parts.append(torch.einsum("b,b...->...", factor.to(g.dtype), g).reshape(-1))
+    return torch.cat(parts), bad
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -119,16 +150,35 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def gaussian_noise(shape: torch.Size | Sequence[int], std: float, *,
+                   generator: torch.Generator | None, dtype: torch.dtype,
+                   device: torch.device | str, secure: bool = False) -> torch.Tensor:
+    """``N(0, std^2 I)``; in secure mode the sum of 4 standard draws divided by 2.
+
+    The 4-draw form is Opacus' ``secure_mode`` mitigation of floating-point
+    attacks on the Gaussian sampler (Holohan and Braghin, 2021): same
+    distribution, the low-order bits of one draw no longer identify it.
+    """
+    if not secure:
+        return torch.randn(tuple(shape), generator=generator, dtype=dtype, device=device).mul_(std)
+    total = torch.zeros(tuple(shape), dtype=dtype, device=device)
+    for _ in range(4):
+        total.add_(torch.randn(tuple(shape), generator=generator, dtype=dtype, device=device))
+    return total.mul_(std / 2.0)
+
+
 def privatize(local_sum: torch.Tensor, *, noise_multiplier: float, max_grad_norm: float,
               expected_batch_size: float, add_noise: bool, generator: torch.Generator | None,
-              all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = all_reduce_sum
-              ) -> torch.Tensor:
+              all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = all_reduce_sum,
+              secure: bool = False) -> torch.Tensor:
     """The released gradient ``(sum_r s_r + [rank 0] N(0, sigma^2 C^2 I)) / (q N)``.
 
     ``local_sum`` is this rank's ``s_r`` (zeros for an empty shard sample:
     the step still happens and releases noise only). ``add_noise`` must be
     true on exactly one rank. ``all_reduce`` sums in place across ranks
-    (``None``: single process). Returns a new tensor; ``local_sum`` is kept.
+    (``None``: single process). ``secure`` draws the noise as
+    :func:`gaussian_noise` does in secure mode. Returns a new tensor;
+    ``local_sum`` is kept.
     """
     if expected_batch_size <= 0:
         raise ValueError(f"expected batch size must be positive, got {expected_batch_size}")
@@ -136,9 +186,9 @@ def privatize(local_sum: torch.Tensor, *, noise_multiplier: float, max_grad_norm
         raise ValueError(f"noise multiplier must be >= 0, got {noise_multiplier}")
     total = local_sum.detach().clone()
     if add_noise and noise_multiplier > 0:
-        noise = torch.randn(total.shape, generator=generator, dtype=total.dtype,
-                            device=total.device)
-        total.add_(noise, alpha=noise_multiplier * max_grad_norm)
+        total.add_(gaussian_noise(total.shape, noise_multiplier * max_grad_norm,
+                                  generator=generator, dtype=total.dtype, device=total.device,
+                                  secure=secure))
     if all_reduce is not None:
         total = all_reduce(total)
     return total.div_(expected_batch_size)
@@ -153,6 +203,17 @@ def apply_flat_gradient(params: Sequence[torch.nn.Parameter], flat: torch.Tensor
         offset += n
     if offset != flat.numel():
         raise ValueError(f"flat gradient has {flat.numel()} entries, parameters {offset}")
+
+
+def _rows(batch: Mapping[str, Any], keep: torch.Tensor, batch_size: int) -> dict[str, Any]:
+    """The rows ``keep`` of a batch: tensors with a leading batch dimension are indexed."""
+    out: dict[str, Any] = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch_size:
+            out[k] = v.index_select(0, keep.to(v.device))
+        else:
+            out[k] = v
+    return out
 
 
 class PerSampleClipper:
@@ -180,6 +241,9 @@ class PerSampleClipper:
             kwargs["max_grad_norm"] = self.max_grad_norm
         self.module = prepare_module(model, mode, wrap_model=True, **kwargs)
         self.numel = sum(p.numel() for p in self.params)
+        #: Records of the last :meth:`clipped_sum` whose loss or gradient was not
+        #: finite (they contributed zero). PRIVATE: never log or report it.
+        self.last_nonfinite = 0
 
     def zeros(self) -> torch.Tensor:
         p = self.params[0]
@@ -199,6 +263,7 @@ class PerSampleClipper:
         ``batch_size == 0`` returns zeros without a forward pass. Gradient
         state is cleared before returning, so no per-record value survives.
         """
+        self.last_nonfinite = 0
         if batch_size == 0 or batch is None:
             return self.zeros()
         self._clear()
@@ -209,7 +274,7 @@ class PerSampleClipper:
                 raise ValueError(f"loss_fn must return one loss per record, shape [{batch_size}], "
                                  f"got {tuple(losses.shape)}")
             if self.mode == "ghost":
-                return self._ghost(losses)
+                return self._ghost(losses, loss_fn, batch, batch_size)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_HOOK_WARNING)
                 losses.sum().backward()
@@ -217,11 +282,13 @@ class PerSampleClipper:
             if any(g is None for g in samples):
                 raise RuntimeError("a trainable parameter got no per-sample gradient: it is "
                                    "not used by the loss, or its layer is not supported")
-            return clip_and_sum(samples, self.max_grad_norm)
+            total, self.last_nonfinite = clip_and_sum_finite(samples, self.max_grad_norm)
+            return total
         finally:
             self._clear()
 
-    def _ghost(self, losses: torch.Tensor) -> torch.Tensor:
+    def _ghost(self, losses: torch.Tensor, loss_fn: LossFn, batch: Mapping[str, Any],
+               batch_size: int) -> torch.Tensor:
         # First backward: Opacus' hooks store per-record gradient norms only.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_HOOK_WARNING)
@@ -229,6 +296,21 @@ class PerSampleClipper:
         coef = self.module.get_clipping_coef().detach()
         for p in self.params:
             p.grad = None
+        finite = torch.isfinite(losses.detach()) & torch.isfinite(coef)
+        if not bool(finite.all()):
+            # 0 * NaN is NaN: a non-finite record cannot be weighted out of the
+            # second backward, so the finite records are recomputed alone (rows
+            # do not interact, so their losses and norms are the same).
+            keep = torch.nonzero(finite).flatten()
+            self.last_nonfinite = batch_size - int(keep.numel())
+            self._clear()
+            if keep.numel() == 0:
+                return self.zeros()
+            sub = _rows(batch, keep, batch_size)
+            bad = self.last_nonfinite
+            total = self.clipped_sum(loss_fn, sub, int(keep.numel()))
+            self.last_nonfinite += bad
+            return total
         # Second backward with the clip factors as constant weights: p.grad is
         # then sum_i c_i g_i; hooks off so nothing is recomputed.
         self.module.disable_hooks()

@@ -2,25 +2,38 @@
 
 The report never opens a dataset: it reads the aggregates that each stage put
 in its manifest summary (counts, losses, timings). The DP training section
-shows the privacy accounting and a loss curve on PUBLIC held-out code only. Corpus counts describe
-the private corpus and are meant for its owner (they are exact counts, not DP
-statistics); the report says so.
+shows the privacy accounting and a loss curve on PUBLIC held-out code only.
 
 Run alone (``privcode report``), it also reads the manifests of
 the other configured stages from disk when they are current.
 
-Layout: ``<reports_dir>/<run>/report.md`` and ``<reports_dir>/<run>/*.png``;
-the same files also live in the report stage's artifact directory, whose
-manifest hashes them.
+Two reports, split at the privacy boundary (docs: only aggregates leave it):
+
+* The SHAREABLE report, ``<reports_dir>/<run>/`` (``report.md``,
+  ``report.html``, ``report.json``, PNGs); the same files also live in the
+  report stage's artifact directory, whose manifest hashes them. Aggregates
+  only: rates, counts of the DP pipeline, AUCs, means, the ROC curve of a
+  membership attack, the privacy accounting. Of the private corpus it shows
+  N (training records, which the DP accounting treats as public) and the
+  opaque dataset id, never a digest of the corpus.
+* The OWNER-ONLY report, ``<run.out_dir>/<run>/private_report/``
+  (``report.md``, ``report.html``, PNGs; directory 0700, files 0600), inside
+  the run's private storage: the exact composition of the private corpus
+  (un-noised counts: PII kinds, canaries, ``corpus.png``) and every plot that
+  shows one private record (the fidelity t-SNE). Neither the shareable report
+  nor the release links to it or names its path; :func:`write_report`
+  returns its path (``private_report``) for the command line only.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from privcode.config import PipelineConfig
+from privcode.pipeline.report_audit import OWNER_ONLY_PLOTS as AUDIT_OWNER_ONLY_PLOTS
 from privcode.utils import atomic_path, atomic_write_json, atomic_write_text
 
 
@@ -154,8 +167,10 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
         ("expected batch size qN", info.get("expected_batch_size")),
         ("clipping norm C", info.get("max_grad_norm")),
         ("training records N", info.get("num_records")),
+        ("neighbouring datasets (adjacency)", info.get("adjacency")),
+        ("sampling and noise randomness", info.get("rng")),
+        ("dataset (opaque id)", info.get("dataset_id")),
         ("Ray Train workers", info.get("num_workers")),
-        ("worker-group restarts", info.get("restarts")),
         ("training seconds", info.get("train_seconds")),
     ]
     lines = ["## DP training (Stage I)", ""]
@@ -185,16 +200,42 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _corpus_section(data: dict[str, Any] | None) -> list[str]:
+def _training_records(data: dict[str, Any] | None, train: dict[str, Any] | None) -> Any:
+    """N: the train stage's record count, else the data stage's ``train_records``."""
+    n = ((train or {}).get("summary") or {}).get("num_records")
+    if n is None:
+        n = (((data or {}).get("summary") or {}).get("counts") or {}).get("train_records")
+    return n
+
+
+def _corpus_section(data: dict[str, Any] | None, train: dict[str, Any] | None) -> list[str]:
+    """SHAREABLE: of the private corpus, only N (public under the DP accounting)."""
     if not data:
         return ["## Private corpus", "", "_The data stage did not run._", ""]
-    counts = data.get("summary", {}).get("counts", {})
     return [
         "## Private corpus",
         "",
+        "The private corpus stays inside the privacy boundary. Its size N is treated as "
+        "public by the DP accounting (it sets the sample rate q); its composition (exact counts of "
+        "PII kinds, canaries and sources) is an un-noised statistic of the private data and "
+        "is not part of this report.",
+        "",
+        _table([("training records N", _training_records(data, train))]),
+        "",
+    ]
+
+
+def _owner_corpus_section(data: dict[str, Any] | None) -> list[str]:
+    """OWNER-ONLY: the exact composition of the private corpus."""
+    if not data:
+        return ["## Private corpus composition", "", "_The data stage did not run._", ""]
+    counts = data.get("summary", {}).get("counts", {})
+    return [
+        "## Private corpus composition",
+        "",
         "Exact counts of the private demo corpus (stdlib functions and HumanEval with "
-        "Faker PII and canaries). These are for the data owner, inside the privacy "
-        "boundary; nothing below is a record.",
+        "Faker PII and canaries). These are un-noised statistics of the private data, for "
+        "the data owner only; nothing below is a record.",
         "",
         _table([(k, v) for k, v in sorted(counts.items())], ("kind", "count")),
         "",
@@ -272,11 +313,15 @@ def _synth_section(synth: dict[str, Any] | None) -> list[str]:
                                                  f"({info.get('shards_resumed')})"),
     ]
     lines = ["## Synthetic data (Stage II)", ""]
-    if not info.get("dp", True):
-        lines += ["**WARNING: the input release is NOT PRIVATE; so is this dataset.**", ""]
+    dp = info.get("dp") is True
+    if not dp:
+        lines += ["**WARNING: NO differential-privacy guarantee. "
+                  + str(info.get("privacy_warning") or "The input release is NOT PRIVATE; so "
+                                                       "is this dataset.") + "**", ""]
     lines += [
-        "Generated from the released DP artifact only (post-processing: the guarantee "
-        "carries over), streamed through Ray Data: generation by the junior, prompt "
+        ("Generated from the released DP artifact only (post-processing: the guarantee "
+         "carries over), streamed" if dp else "Generated from the release only, streamed")
+        + " through Ray Data: generation by the junior, prompt "
         "extraction, execution of every snippet in the sandbox (no network, unprivileged "
         "uid, rlimits, wall-clock kill), round-trip filtering, deduplication. For "
         "comparison, PrivCode++ (Table 6) reports 34.4% removed by execution and 5.9% by "
@@ -297,11 +342,18 @@ def _premium_section(premium: dict[str, Any] | None) -> list[str]:
             ("training seconds", info.get("train_seconds"))]
     rows += [(f"epoch {p['epoch']}: train / held-out synthetic loss",
               f"{_fmt(p.get('train_loss'))} / {_fmt(p.get('eval_loss'))}") for p in curve]
-    return ["## Premium model", "",
-            "LoRA fine-tuning of the premium base on the synthetic data only, without DP: "
-            "the data is a function of the DP release, so the premium model inherits its "
-            "(epsilon, delta) by post-processing. Losses are on synthetic (public) data.", "",
-            _table([(k, _number(v)) for k, v in rows]), ""]
+    privacy = info.get("privacy") or {}
+    if privacy.get("dp") is True:
+        head = ["LoRA fine-tuning of the premium base on the synthetic data only, without DP: "
+                "the data is a function of the DP release, so the premium model inherits its "
+                f"guarantee by post-processing: {privacy.get('guarantee')}. Losses are on "
+                "synthetic (public) data."]
+    else:
+        head = ["**WARNING: NO differential-privacy guarantee holds for the premium model: "
+                + str(privacy.get("guarantee") or privacy.get("privacy_warning")
+                      or "its source is not a DP release") + "**", "",
+                "LoRA fine-tuning of the premium base on the synthetic data, without DP."]
+    return ["## Premium model", "", *head, "", _table([(k, _number(v)) for k, v in rows]), ""]
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;
@@ -356,27 +408,86 @@ def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> 
     return {name: manifests[name] for name in STAGES if name in manifests}
 
 
+#: Directory of the owner-only report inside ``<run.out_dir>/<run>/``.
+PRIVATE_REPORT_DIR = "private_report"
+#: Plots that show private data: written to the owner-only report only, and
+#: withdrawn from the published directory when an older version put them there.
+OWNER_ONLY_PLOTS = ("corpus.png", *AUDIT_OWNER_ONLY_PLOTS)
+
+_OWNER_HEADER = ("> **PRIVATE: owner-only report.** It holds un-noised statistics of the private "
+                 "corpus and plots with one point per private record. It lives in the run's "
+                 "private storage, for the data owner, inside the privacy boundary: do not "
+                 "share, publish, or attach it to a release or to the shareable report.")
+
+
+def private_report_dir(cfg: PipelineConfig) -> Path:
+    """``<run.out_dir>/<run>/private_report``: the owner-only report, in private storage."""
+    return Path(cfg.run.out_dir).resolve() / cfg.run.name / PRIVATE_REPORT_DIR
+
+
+def _private_dir(cfg: PipelineConfig) -> Path:
+    """The owner report's directory, created 0700 (tightened when it already exists)."""
+    directory = private_report_dir(cfg)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    return directory
+
+
+def _write_owner_report(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> Path:
+    """Write the owner-only report (module docstring); returns its ``report.md``."""
+    from privcode.pipeline.report_audit import audit_owner_section
+    from privcode.pipeline.runner import stage_dir
+
+    directory = _private_dir(cfg)
+    data, audit = inputs.get("data"), inputs.get("audit")
+    title = f"{cfg.report.title}: owner-only report"
+    lines = [f"# {title}", "", _OWNER_HEADER, "", f"Run `{cfg.run.name}`.", ""]
+    lines += _owner_corpus_section(data)
+    plots: list[str] = []
+    if cfg.report.plots and data and plot_corpus(data.get("summary", {}).get("counts", {}),
+                                                 directory / "corpus.png"):
+        lines += ["![corpus composition](corpus.png)", ""]
+        plots.append("corpus.png")
+    extra, names = audit_owner_section(audit, stage_dir(cfg, "audit") if audit else None,
+                                       directory, cfg.report.plots)
+    lines += extra
+    plots += names
+    text = "\n".join(lines)
+    atomic_write_text(directory / "report.md", text)
+    atomic_write_text(directory / "report.html", render_html(text, directory, title))
+    keep = {"report.md", "report.html", *plots}
+    for path in directory.iterdir():
+        if path.is_file() and path.name not in keep and path.suffix == ".png":
+            path.unlink()  # a plot of an earlier render that this one no longer shows
+    for name in keep:
+        os.chmod(directory / name, 0o600)
+    return directory / "report.md"
+
+
 def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Write report.md and plots into ``out_dir`` and publish them to the reports dir."""
+    """Write the shareable report into ``out_dir``, publish it, and write the owner-only one.
+
+    ``out_dir`` (the report stage's artifact directory) and the published
+    ``<reports_dir>/<run>/`` receive the shareable files only; the owner-only
+    report goes to :func:`private_report_dir`. The returned summary is
+    ``report.json`` plus ``private_report`` (the owner report's path, for the
+    command line; it is not written to ``report.json``).
+    """
     given, inputs = set(inputs), _complete_inputs(cfg, inputs)
     data, base = inputs.get("data"), inputs.get("base")
+    train = inputs.get("train")
     lines = [f"# {cfg.report.title}", "", f"Run `{cfg.run.name}` (config `{cfg.source}`).", ""]
     lines += ["## Stages", "", "| stage | fingerprint | seconds |", "|---|---|---|"]
     for name, manifest in inputs.items():
         lines.append(f"| {name} | `{manifest.get('fingerprint')}` | "
                      f"{_fmt(manifest.get('timings', {}).get('seconds'), 1)} |")
     lines.append("")
-    lines += _corpus_section(data)
+    lines += _corpus_section(data, train)
     plots: list[str] = []
-    if cfg.report.plots and data and plot_corpus(data.get("summary", {}).get("counts", {}),
-                                                 out_dir / "corpus.png"):
-        lines += ["![corpus composition](corpus.png)", ""]
-        plots.append("corpus.png")
     lines += _base_section(base)
     if cfg.report.plots and base and plot_base(base.get("summary", {}), out_dir / "base_loss.png"):
         lines += ["![base model loss](base_loss.png)", ""]
         plots.append("base_loss.png")
-    train = inputs.get("train")
     lines += _train_section(train)
     if cfg.report.plots and train and plot_train(train.get("summary", {}), out_dir / "train_loss.png"):
         lines += ["![DP training: public held-out loss](train_loss.png)", ""]
@@ -414,6 +525,9 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     extra, names = pac_section(inputs.get("pac"), out_dir, cfg.report.plots)
     lines += extra
     plots += names
+    leaked = [name for name in plots if name in OWNER_ONLY_PLOTS]
+    if leaked:  # a section must never put a per-record plot in the shareable report
+        raise AssertionError(f"owner-only plots in the shareable report: {leaked}")
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
     atomic_write_text(out_dir / "report.html", render_html("\n".join(lines), out_dir,
                                                           cfg.report.title))
@@ -421,7 +535,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
         "report": str(Path(cfg.run.reports_dir).resolve() / cfg.run.name / "report.md"),
         "plots": plots,
         "base_heldout_loss": (base or {}).get("summary", {}).get("heldout_loss"),
-        "corpus_counts": (data or {}).get("summary", {}).get("counts", {}),
+        "training_records": _training_records(data, train) if data or train else None,
         "train_epsilon": {k: (train or {}).get("summary", {}).get(f"epsilon_{k}")
                           for k in ("rdp", "prv")} if train else None,
         "synth_funnel": {k: (synth or {}).get("summary", {}).get(k) for k in (
@@ -437,4 +551,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     for name in ["report.md", "report.html", "report.json", *plots]:
         with atomic_path(publish / name) as tmp:
             shutil.copyfile(out_dir / name, tmp)
-    return summary
+    for name in OWNER_ONLY_PLOTS:  # published by an older version: withdrawn
+        (publish / name).unlink(missing_ok=True)
+    owner = _write_owner_report(cfg, inputs)
+    return {**summary, "private_report": str(owner)}

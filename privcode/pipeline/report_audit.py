@@ -4,6 +4,13 @@ Like :mod:`privcode.pipeline.report`, these read the aggregates each stage put
 in its manifest summary (rates, counts, AUCs, exposure in bits, fidelity
 numbers) and plots the stage wrote; they never open a dataset or a
 per-canary / per-leak detail file.
+
+What goes where: :func:`eval_section` and :func:`audit_section` write the
+SHAREABLE report and hold aggregates only (rates, counts, AUCs, means, the ROC
+curve of a membership attack). Anything that shows one private record (its
+text, its coordinates, its score, a per-record table) goes to the owner-only
+report through :func:`audit_owner_section`: today the fidelity t-SNE, one
+point per sampled private record (a 2-D projection of its embedding).
 """
 
 from __future__ import annotations
@@ -14,7 +21,12 @@ from typing import Any
 
 from privcode.utils import atomic_path
 
-__all__ = ["audit_section", "eval_section"]
+__all__ = ["OWNER_ONLY_PLOTS", "audit_owner_section", "audit_section", "eval_section"]
+
+#: The fidelity t-SNE: one point per sampled private record (owner-only report).
+TSNE_PLOT = "fidelity_tsne.png"
+#: Plots of the audit stage that show private records: owner-only report, never shared.
+OWNER_ONLY_PLOTS = (TSNE_PLOT,)
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -123,8 +135,8 @@ def audit_section(audit: dict[str, Any] | None, audit_dir: Path | None, out_dir:
     info = audit.get("summary", {})
     lines = ["## Privacy audits", "",
              "Run inside the private boundary; only aggregates appear here (rates, counts, "
-             "AUCs, exposure in bits). The per-canary and per-leak details stay in the audit "
-             "stage's directory.", ""]
+             "AUCs, exposure in bits). The per-canary and per-leak details and any per-record "
+             "plot stay inside the boundary, with the data owner.", ""]
     models = info.get("models", {})
     if any(m.get("non_private") for m in models.values()):
         how = info.get("nondpft_training") or {}
@@ -140,9 +152,7 @@ def audit_section(audit: dict[str, Any] | None, audit_dir: Path | None, out_dir:
     mia_lines, mia_plots = _mia_lines(info, audit_dir, out_dir, plots)
     lines += mia_lines
     names += mia_plots
-    fid_lines, fid_plots = _fidelity_lines(info.get("fidelity"), audit_dir, out_dir, plots)
-    lines += fid_lines
-    names += fid_plots
+    lines += _fidelity_lines(info.get("fidelity"))
     lines += _probe_lines(models)
     return lines, names
 
@@ -217,23 +227,43 @@ def _mia_lines(info: dict[str, Any], audit_dir: Path | None, out_dir: Path,
     return lines, names
 
 
-def _fidelity_lines(fid: dict[str, Any] | None, audit_dir: Path | None, out_dir: Path,
-                    plots: bool) -> tuple[list[str], list[str]]:
+_FIDELITY_METRICS = ("bleu4", "bleu4_corpus", "ast_similarity", "nn_cosine_mean", "frechet",
+                     "centroid_cosine", "n_synthetic", "n_private")
+
+
+def _fidelity_lines(fid: dict[str, Any] | None) -> list[str]:
+    """The fidelity aggregates (means, distances, counts); never the t-SNE (per-record)."""
+    if not fid:
+        return []
+    return ["### Fidelity of the synthetic data", "",
+            "Synthetic code vs the private corpus (each synthetic sample paired with its "
+            "nearest private neighbour in embedding space; MiniLM embeddings). Aggregates "
+            "only: the embedding plot shows one point per private record and is not part of "
+            "this report.", "",
+            *_grid(["metric", "value"], [[k, fid.get(k)] for k in _FIDELITY_METRICS])]
+
+
+def audit_owner_section(audit: dict[str, Any] | None, audit_dir: Path | None,
+                        private_dir: Path, plots: bool) -> tuple[list[str], list[str]]:
+    """Markdown lines and plot names of the audit part of the OWNER-ONLY report.
+
+    The fidelity t-SNE (``<audit_dir>/fidelity/fidelity_tsne.png``: one point
+    per sampled private record) is copied into ``private_dir``, never into
+    the shareable report's directory.
+    """
+    fid = ((audit or {}).get("summary") or {}).get("fidelity")
     if not fid:
         return [], []
-    rows = [(k, fid.get(k)) for k in ("bleu4", "bleu4_corpus", "ast_similarity",
-                                      "nn_cosine_mean", "frechet", "centroid_cosine",
-                                      "n_synthetic", "n_private")]
-    lines = ["### Fidelity of the synthetic data", "",
-             "Synthetic code vs the private corpus (each synthetic sample paired with its "
-             "nearest private neighbour in embedding space; MiniLM embeddings).", "",
-             *_grid(["metric", "value"], [list(r) for r in rows])]
+    lines = ["## Fidelity: synthetic vs private code embeddings", "",
+             "A 2-D projection (t-SNE, or PCA for fewer than 5 points) of the code embeddings "
+             "of the sampled synthetic and private snippets: ONE POINT PER PRIVATE RECORD. "
+             "It is private data and must not be shared or released.", "",
+             *_grid(["metric", "value"], [[k, fid.get(k)] for k in _FIDELITY_METRICS])]
     names = []
     if plots and audit_dir is not None:
-        name = _copy_plot(audit_dir / "fidelity" / "fidelity_tsne.png", out_dir,
-                          "fidelity_tsne.png")
+        name = _copy_plot(audit_dir / "fidelity" / TSNE_PLOT, private_dir, TSNE_PLOT)
         if name:
-            lines += ["![t-SNE of synthetic vs private code](fidelity_tsne.png)", ""]
+            lines += [f"![t-SNE of synthetic vs private code]({TSNE_PLOT})", ""]
             names.append(name)
     return lines, names
 

@@ -14,10 +14,14 @@ span a factor of 5 or more (epsilon 0 is then a horizontal line).
 Assumptions:
 
 * Runs compared: every ``<run.out_dir>/<name>/train/manifest.json`` whose
-  summary has the same ``corpus_sha256`` and ``method`` as this run. An
+  summary has the same ``dataset_id`` and ``method`` as this run. An
   epsilon curve only compares models trained on the same private data with
   the same Stage I method; other settings (steps, lr) may differ, and the
   table shows steps and sigma. Runs without a DP guarantee are left out.
+  The dataset id is the opaque keyed id of :mod:`privcode.dp.store` (safe to
+  print); a digest of the corpus is never used or printed (a deterministic
+  function of the whole dataset is not releasable under DP), and a summary
+  without ``dataset_id`` (an older train artifact) is grouped with nothing.
 * A run's pass@1 and MIA numbers (reference-calibrated attack on the junior,
   TPR at 1% FPR) count only when its eval / audit manifest lists the run's
   current train fingerprint as input; otherwise they describe an older model.
@@ -139,16 +143,16 @@ def collect_points(out_root: Path, current_run: str,
     if reference is not None:
         manifests[current_run] = reference
     ref = (manifests.get(current_run) or {}).get("summary") or {}
-    key = (ref.get("corpus_sha256"), ref.get("method"))
-    if key[0] is None:
-        return []
+    key = (ref.get("dataset_id"), ref.get("method"))
+    if not key[0]:
+        return []  # no opaque dataset id (never fall back to a corpus digest)
     points = []
     for run, manifest in manifests.items():
         if manifest is None:
             continue
         try:
             s = manifest["summary"]
-            if (s.get("corpus_sha256"), s.get("method")) != key:
+            if (s.get("dataset_id"), s.get("method")) != key:
                 continue
             point = _point(run, out_root / run, manifest)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -277,15 +281,16 @@ def sweep_section(cfg: Any, train_manifest: dict[str, Any] | None, out_dir: Path
         return lines + ["_This run has no DP guarantee: no privacy-utility curve._", ""], []
     data = data if data is not None else privacy_utility(cfg, train_manifest)
     points, within = data["runs"], data["within_run"]
-    sha = str(info.get("corpus_sha256") or "")[:12]
+    dataset = info.get("dataset_id")
     lines += [
         f"Utility against privacy spent. The line follows this run: the loss on public "
         f"held-out code at each checkpoint against the epsilon of the DP-SGD steps taken so "
         f"far (q = {_g(info.get('sample_rate'), '.4g')}, sigma = "
         f"{_g(info.get('noise_multiplier'), '.4g')}, delta = {_g(info.get('delta'), 'g')}, "
         f"{info.get('accountant')} accountant). The markers are the final epsilon and loss of "
-        f"each run under `{cfg.run.out_dir}` trained on the same corpus (sha256 `{sha}...`) "
-        f"with the same method (`{info.get('method')}`); other runs are not comparable.", ""]
+        f"each run of this output directory trained on the same dataset "
+        + (f"(opaque id `{dataset}`) " if dataset else "")
+        + f"with the same method (`{info.get('method')}`); other runs are not comparable.", ""]
     if (info.get("ledger_steps") or 0) > (info.get("steps_taken") or 0):
         lines += [f"The ledger of this run also holds earlier steps on this corpus "
                   f"({info.get('ledger_steps')} in all, {info.get('steps_taken')} in this "

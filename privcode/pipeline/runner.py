@@ -185,8 +185,9 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
         results[name] = {"status": "ran", "dir": str(directory), "fingerprint": fp,
                          "seconds": round(time.time() - t0, 2)}
         _say(f"[{name}] done in {time.time() - t0:.1f}s ({directory})")
-    report = manifests.get("report", {}).get("summary", {}).get("report")
-    return {"run": cfg.run.name, "stages": results, "report": report}
+    report = manifests.get("report", {}).get("summary", {})
+    return {"run": cfg.run.name, "stages": results, "report": report.get("report"),
+            "private_report": report.get("private_report")}
 
 
 def _with_dependencies(selected: list[str]) -> list[str]:

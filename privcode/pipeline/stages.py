@@ -88,43 +88,54 @@ class TrainStage(Stage):
 
     The artifact is the DP release in ``release/`` (:mod:`privcode.release`:
     ``adapter/``, ``prefix_decoder.safetensors`` for latent methods,
-    ``privacy.json`` with epsilon, delta, history, C, q, sigma, steps, corpus
-    hash, and ``release.json``), the only thing Stage II may read; nothing in
-    it is private, so ``private`` is False. The privacy ledger's WAL lives in
-    ``<out_dir>/<run>/ledger/<corpus sha256 prefix>/``, outside the stage
-    directory, so re-running the stage on the same data spends from the same
-    budget (and is refused once it is spent). Ray Train checkpoints go to
-    ``<out_dir>/<run>/.train/`` (private storage) and are removed on success.
+    ``privacy.json`` with epsilon, delta, the DP events, C, q, sigma, steps, an
+    opaque dataset id, and ``release.json``), the only thing Stage II may read;
+    nothing in it is private, so ``private`` is False. The privacy ledger's WAL
+    lives in ``<out_dir>/<run>/ledger/<corpus sha256 prefix>/`` (private
+    storage), outside the stage directory, so re-running the stage on the same
+    data spends from the same budget (and is refused once it is spent). Ray
+    Train checkpoints go to ``<out_dir>/<run>/.train/`` (private storage) and
+    are removed on success. The dataset id's key lives in the privacy store
+    (``privacy.store``, :mod:`privcode.dp.store`).
     """
 
     name = "train"
-    version = 2  # 2: release/ directory (privcode.release format), Stage I methods
+    # 2: release/ directory (privcode.release format), Stage I methods;
+    # 3: DP events only in the history, opaque dataset id, secret per-record randomness
+    version = 3
     sections = ("train",)
     needs = ("data", "base")
     # The stage task only orchestrates; the Ray Train workers hold the CPUs.
     num_cpus = 0
 
     def run(self, cfg, out_dir, inputs):
+        from privcode.dp.store import resolve_store
         from privcode.pipeline.runner import stage_dir
         from privcode.train.loop import run_training
         from privcode.utils import sha256_file
 
         data = Path(cfg.train.data) if cfg.train.data else stage_dir(cfg, "data") / "train.parquet"
         run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
-        digest = sha256_file(data)
+        digest = sha256_file(data)  # names a PRIVATE directory only
         summary = run_training(cfg.train, data_path=data, base_path=inputs["base"]["summary"]["path"],
                                out_dir=Path(out_dir) / "release",
                                ledger_dir=run_root / "ledger" / digest[:16],
-                               run_name=cfg.run.name, storage_dir=run_root / ".train")
+                               run_name=cfg.run.name, storage_dir=run_root / ".train",
+                               privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir))
         summary.pop("audit_log", None)  # a path in private storage, removed on success
         return {**summary, "data_path": str(data.resolve())}
 
     def still_valid(self, summary):
         # An external train.data file may change under the same path.
-        from privcode.utils import sha256_file
+        from privcode.dp.store import PrivacyStore, StoreError
 
-        path = Path(summary.get("data_path", ""))
-        return path.is_file() and sha256_file(path) == summary.get("corpus_sha256")
+        path, store = Path(summary.get("data_path", "")), summary.get("privacy_store")
+        if not path.is_file() or not store or not summary.get("dataset_id"):
+            return False
+        try:
+            return PrivacyStore(store).dataset_id(path) == summary["dataset_id"]
+        except StoreError:
+            return False
 
 
 class SynthStage(Stage):
@@ -336,6 +347,10 @@ class ReportStage(Stage):
         from privcode.pipeline.report import write_report
 
         return write_report(cfg, out_dir, inputs)
+
+    def still_valid(self, summary):
+        # The owner-only report lives in private storage, outside the stage's outputs.
+        return Path(summary.get("private_report", "")).is_file()
 
 
 #: Stage name -> class. Later stages (train, synth, premium, eval, audit,

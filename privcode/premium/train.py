@@ -5,7 +5,11 @@ The premium model never sees private data: its training set is
 post-processing it inherits that release's (epsilon, delta) guarantee and
 needs no DP of its own (no clipping, no noise, no ledger). :func:`run_premium`
 refuses a training file that is not a synthetic Stage II dataset (its rows
-carry the Stage II provenance).
+carry the Stage II provenance) and, before training, one whose provenance
+does not establish a DP source (:func:`source_privacy`: missing, unparsable
+or mixed provenance, or a release with ``dp`` false or missing), unless
+``premium.allow_non_dp_source`` is set; then ``premium.json`` says plainly
+that NO DP guarantee holds.
 
 Training: instruction tuning on ``prompt + "\\n" + code + EOS`` with the
 loss on the code tokens (mean token cross-entropy), LoRA on every linear
@@ -15,8 +19,10 @@ plain DDP (gloo on CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2/3
 held-out fraction of the synthetic data gives an eval loss per epoch.
 
 Release (``out_dir``): ``adapter/`` (peft) and ``premium.json`` (base model,
-data hash, settings, loss curves, and the privacy statement inherited from
-the Stage I release).
+data hash, settings, loss curves, and the privacy block: ``dp``, the
+inherited ``epsilon``/``delta``, ``guarantee``, ``post_processing_of`` (the
+Stage II provenance) and ``statement``; for a non-DP source ``dp`` false,
+``no_dp_guarantee`` true, ``guarantee`` "NONE: ..." and ``privacy_warning``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import random
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +45,11 @@ from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.premium")
 
-__all__ = ["PremiumError", "deepspeed_config", "run_premium"]
+__all__ = ["PremiumError", "deepspeed_config", "run_premium", "source_privacy"]
 
 DEEPSPEED_DIR = Path(__file__).resolve().parents[2] / "jobs" / "configs" / "deepspeed"
+#: The keys of the Stage II provenance JSON (privcode.synth.pipeline) that must be present.
+PROVENANCE_KEYS = ("release_sha256", "method", "conditioning", "dp")
 
 
 class PremiumError(PrivcodeError):
@@ -194,25 +203,46 @@ def premium_loop(config: dict[str, Any]) -> None:
 
 def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | Path,
                 out_dir: str | Path, storage_dir: str | Path) -> dict[str, Any]:
-    """Fine-tune the premium adapter on the synthetic data; write the release; return a summary."""
+    """Fine-tune the premium adapter on the synthetic data; write the release; return a summary.
+
+    Refuses (PremiumError, before any training) data that is not Stage II
+    synthetic data from a DP release unless ``cfg.allow_non_dp_source``
+    (see :func:`source_privacy`).
+    """
+    data_path, model_path = Path(data_path).resolve(), Path(model_path).resolve()
+    pairs = _read_synthetic(data_path)
+    if not pairs:
+        raise PremiumError(f"{data_path} holds no synthetic records: Stage II kept nothing "
+                           "(see its stats.json funnel)")
+    privacy = source_privacy(data_path, allow_non_dp=cfg.allow_non_dp_source)
+    job = PremiumJob(cfg=cfg, data_path=str(data_path), model_path=str(model_path),
+                     num_records=len(pairs))
+    out_dir = Path(out_dir)
+    curve, seconds = _fit(job, out_dir, Path(storage_dir).resolve())
+    info = {"model": str(model_path), "data": str(data_path),
+            "data_sha256": sha256_file(data_path), "records": len(pairs),
+            "curve": curve, "config": section_to_dict(cfg),
+            "train_seconds": seconds, "privacy": privacy}
+    atomic_write_json(out_dir / "premium.json", info)
+    if not privacy["dp"]:
+        log.error("premium release %s: %s", out_dir, privacy["privacy_warning"])
+    return {k: info[k] for k in ("model", "data_sha256", "records", "curve", "train_seconds",
+                                 "privacy")}
+
+
+def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, Any]], float]:
+    """Run :func:`premium_loop` on Ray Train, copy the adapter to ``out_dir``; (curve, seconds)."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from privcode.cluster.local import connect
 
-    data_path, model_path = Path(data_path).resolve(), Path(model_path).resolve()
-    pairs = _read_synthetic(data_path)
-    if not pairs:
-        raise PremiumError(f"{data_path} holds no synthetic records: Stage II kept nothing "
-                           "(see its stats.json funnel)")
+    cfg = job.cfg
     if not ray.is_initialized():
         connect()
-    storage = Path(storage_dir).resolve()
     storage.mkdir(parents=True, exist_ok=True)
     name = f"premium-{time.strftime('%Y%m%d-%H%M%S')}"
-    job = PremiumJob(cfg=cfg, data_path=str(data_path), model_path=str(model_path),
-                     num_records=len(pairs))
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     trainer = TorchTrainer(
         premium_loop, train_loop_config={"job": job},
@@ -228,30 +258,77 @@ def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | 
         raise PremiumError(f"premium fine-tune failed: {type(exc).__name__}: {exc}") from exc
     if result.checkpoint is None:
         raise PremiumError("premium fine-tune ended without a checkpoint")
-    out_dir = Path(out_dir)
     with result.checkpoint.as_directory() as d:
         shutil.copytree(Path(d) / "adapter", out_dir / "adapter", dirs_exist_ok=True)
         curve = json.loads((Path(d) / "curve.json").read_text(encoding="utf-8"))
     shutil.rmtree(storage / name, ignore_errors=True)
-    provenance = _provenance(data_path)
-    info = {"model": str(model_path), "data": str(data_path),
-            "data_sha256": sha256_file(data_path), "records": len(pairs),
-            "curve": curve, "config": section_to_dict(cfg),
-            "train_seconds": round(time.time() - started, 2),
-            "privacy": {"dp_training": False, "post_processing_of": provenance,
-                        "statement": "trained only on Stage II synthetic data, a function of "
-                                     "the released DP artifact: it inherits that release's "
-                                     "(epsilon, delta) guarantee by post-processing"}}
-    atomic_write_json(out_dir / "premium.json", info)
-    return {k: info[k] for k in ("model", "data_sha256", "records", "curve", "train_seconds",
-                                 "privacy")}
+    return curve, round(time.time() - started, 2)
 
 
-def _provenance(path: Path) -> dict[str, Any] | None:
+def _provenance(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the one Stage II provenance of every row, None) or (None or it, what is wrong)."""
     import pyarrow.parquet as pq
 
     col = pq.read_table(path, columns=["provenance"]).column("provenance")
-    values = {v for v in col.to_pylist() if v}
+    if col.null_count:
+        return None, f"{col.null_count} of {len(col)} rows have no provenance"
+    values = col.unique().to_pylist()
     if len(values) != 1:
-        return None
-    return json.loads(values.pop())
+        return None, (f"its rows carry {len(values)} different provenances (mixed sources); "
+                      "Stage II data from one release has exactly one")
+    try:
+        prov = json.loads(values[0]) if isinstance(values[0], str) else None
+    except ValueError:
+        prov = None
+    if not isinstance(prov, dict) or not set(PROVENANCE_KEYS) <= set(prov):
+        return None, (f"its provenance {str(values[0])[:120]!r} is not Stage II provenance "
+                      f"JSON (an object with the keys {list(PROVENANCE_KEYS)})")
+    if prov.get("dp") is not True:
+        return prov, (f"its source release (sha256 {str(prov['release_sha256'])[:16]}..., "
+                      f"method {prov['method']!r}) is NOT differentially private "
+                      f"(provenance dp: {json.dumps(prov['dp'])})")
+    if prov.get("no_dp_guarantee"):
+        return prov, "its provenance says no_dp_guarantee"
+    return prov, None
+
+
+def source_privacy(path: str | Path, *, allow_non_dp: bool = False) -> dict[str, Any]:
+    """The ``privacy`` block of ``premium.json`` for training on ``path``; refuses a non-DP source.
+
+    The source is DP only if every row carries the same Stage II provenance
+    and it says ``dp: true``; then the block names the inherited (epsilon,
+    delta) (None if the provenance predates them). Anything else (missing,
+    unparsable or mixed provenance, dp false or missing) raises PremiumError
+    naming the file and ``premium.allow_non_dp_source``, unless
+    ``allow_non_dp``: then the block says plainly that no DP guarantee holds.
+    """
+    path = Path(path)
+    prov, problem = _provenance(path)
+    if problem is None:
+        eps, delta = prov.get("epsilon"), prov.get("delta")
+        guarantee = (f"({eps}, {delta})-DP, inherited by post-processing from the Stage I "
+                     f"release {prov['release_sha256']}" if eps is not None else
+                     f"inherited by post-processing from the Stage I release "
+                     f"{prov['release_sha256']} (its epsilon/delta are in that release's "
+                     "privacy.json; this synthetic data predates their copy in provenance)")
+        return {"dp": True, "dp_training": False, "epsilon": eps, "delta": delta,
+                "guarantee": guarantee, "no_dp_guarantee": False, "privacy_warning": None,
+                "post_processing_of": prov,
+                "statement": "trained only on Stage II synthetic data, a function of the "
+                             "released DP artifact: it inherits that release's (epsilon, "
+                             "delta) guarantee by post-processing"}
+    if not allow_non_dp:
+        raise PremiumError(f"{path}: {problem}. The premium model inherits a DP guarantee only "
+                           "from Stage II data synthesised from a DP release; refusing to "
+                           "train. Set premium.allow_non_dp_source=true to train anyway "
+                           "(UNSAFE: premium.json then says that no DP guarantee holds)")
+    warning = (f"NO differential-privacy guarantee: the premium model was fine-tuned on {path}, "
+               f"which is not synthetic data from a DP release ({problem}); "
+               "premium.allow_non_dp_source is set. This model is NOT PRIVATE")
+    log.error(warning)
+    warnings.warn(warning, RuntimeWarning, stacklevel=3)
+    return {"dp": False, "dp_training": False, "epsilon": None, "delta": None,
+            "guarantee": f"NONE: {problem}; no (epsilon, delta) holds for this model",
+            "no_dp_guarantee": True, "privacy_warning": warning,
+            "post_processing_of": prov, "source_problem": problem,
+            "statement": warning}

@@ -5,6 +5,10 @@ resources; there is no private-data path in :class:`~privcode.config.SynthConfig
 and :func:`check_release_path` refuses anything that is not a verified
 release (a Parquet/JSONL corpus, a data-stage directory). Everything here is
 post-processing of the DP release, so the guarantee carries over unchanged.
+A release that is not differentially private (``dp`` not true in its
+``release.json``, a missing key included) is refused unless
+``synth.allow_non_dp_release`` is set; then the dataset, ``stats.json`` and
+the summary all say that NO DP guarantee holds (:func:`release_privacy`).
 
 Dataflow (one Ray Data dataset, streaming with backpressure)::
 
@@ -31,7 +35,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -42,7 +48,8 @@ from privcode.utils import atomic_path, atomic_write_json, sha256_bytes, sha256_
 
 log = logging.getLogger("privcode.synth")
 
-__all__ = ["SynthesisError", "check_release_path", "run_synthesis", "work_key"]
+__all__ = ["SynthesisError", "check_release_path", "release_privacy", "run_synthesis",
+           "work_key"]
 
 #: Settings that change what a shard holds (worker counts and limits of the
 #: pools do not, except the sandbox limits, which change verdicts).
@@ -74,6 +81,63 @@ def check_release_path(path: str | Path) -> dict[str, Any]:
     except ReleaseError as exc:
         raise SynthesisError(f"not a released Stage I artifact ({exc}); run the train stage "
                              "(`privcode train`) or set synth.release") from None
+
+
+def release_privacy(release: str | Path, meta: dict[str, Any], *,
+                    allow_non_dp: bool = False) -> dict[str, Any]:
+    """The privacy standing of a verified release: ``{"dp", "epsilon", "delta", "privacy_warning"}``.
+
+    Fails closed: only ``dp`` exactly true in ``release.json`` counts as DP
+    (a missing key does not). A non-DP release raises SynthesisError unless
+    ``allow_non_dp`` (``synth.allow_non_dp_release``); then it is logged
+    loudly and ``privacy_warning`` says, in plain words, that no DP
+    guarantee holds. For a DP release, epsilon and delta come from its
+    ``privacy.json`` (whose hash :func:`check_release_path` has verified).
+    """
+    release = Path(release)
+    if meta.get("dp") is not True:
+        what = (f"dp: {json.dumps(meta['dp'])}" if "dp" in meta
+                else "no 'dp' key in release.json")
+        if not allow_non_dp:
+            raise SynthesisError(
+                f"{release}: the release (method {meta.get('method')!r}) is NOT differentially "
+                f"private ({what}); Stage II refuses to synthesise from it, since its synthetic "
+                "data would carry no DP guarantee. Set synth.allow_non_dp_release=true to run "
+                "anyway (UNSAFE: every artifact then says that no DP guarantee holds)")
+        warning = (f"NO differential-privacy guarantee: synthesised from a non-DP release "
+                   f"({release}, method {meta.get('method')!r}, {what}) because "
+                   "synth.allow_non_dp_release is set; this data and anything trained on it "
+                   "are NOT PRIVATE")
+        log.error("Stage II input %s is NOT PRIVATE: %s", release, warning)
+        warnings.warn(warning, RuntimeWarning, stacklevel=3)
+        return {"dp": False, "epsilon": None, "delta": None, "privacy_warning": warning}
+    from privcode.release.junior import PRIVACY_JSON
+
+    try:
+        privacy = json.loads((release / PRIVACY_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SynthesisError(f"{release / PRIVACY_JSON}: not readable JSON: {exc}") from None
+    if not isinstance(privacy, dict) or privacy.get("dp") is not True:
+        raise SynthesisError(f"{release / PRIVACY_JSON}: does not say dp: true although "
+                             "release.json does; refusing to start")
+
+    def number(key: str) -> float | None:
+        v = privacy.get(key)
+        return (float(v) if isinstance(v, int | float) and not isinstance(v, bool)
+                and math.isfinite(v) else None)
+
+    return {"dp": True, "epsilon": number("epsilon"), "delta": number("delta"),
+            "privacy_warning": None}
+
+
+def _provenance(release_sha: str, meta: dict[str, Any], privacy: dict[str, Any]) -> str:
+    """The provenance JSON of every synthetic row (what the premium fine-tune checks)."""
+    prov: dict[str, Any] = {"release_sha256": release_sha, "method": meta["method"],
+                            "conditioning": meta["conditioning"], "dp": privacy["dp"],
+                            "epsilon": privacy["epsilon"], "delta": privacy["delta"]}
+    if not privacy["dp"]:
+        prov.update(no_dp_guarantee=True, NOT_PRIVATE=privacy["privacy_warning"])
+    return json.dumps(prov, sort_keys=True)
 
 
 def work_key(cfg: SynthConfig, release_meta: dict[str, Any]) -> str:
@@ -222,16 +286,14 @@ def _finalize_shard(path: Path, cfg: SynthConfig, dedup: Any, provenance: str,
 
 
 def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[str, Any],
-              release_sha: str) -> dict[str, Any]:
+              release_sha: str, privacy: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from privcode.synth.dedup import Deduplicator
 
     dedup = Deduplicator(threshold=cfg.dedup_threshold)
-    provenance = json.dumps({"release_sha256": release_sha, "method": release_meta["method"],
-                             "conditioning": release_meta["conditioning"],
-                             "dp": release_meta["dp"]}, sort_keys=True)
+    provenance = _provenance(release_sha, release_meta, privacy)
     funnel = {"generated": 0, "removed_execution": 0, "removed_roundtrip": 0,
               "removed_duplicate": 0, "kept": 0}
     statuses: dict[str, int] = defaultdict(int)
@@ -251,12 +313,14 @@ def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[st
         raise SynthesisError(f"filter counts do not add up: {funnel}")
 
     g = max(funnel["generated"], 1)
-    stats = {"funnel": funnel,
+    stats = {"dp": privacy["dp"], "privacy_warning": privacy["privacy_warning"],
+             "funnel": funnel,
              "rates": {k: round(v / g, 4) for k, v in funnel.items() if k != "generated"},
              "execution_statuses": dict(sorted(statuses.items())),
              "release": {"sha256": release_sha, "method": release_meta["method"],
                          "conditioning": release_meta["conditioning"],
-                         "dp": release_meta["dp"]},
+                         "dp": privacy["dp"], "epsilon": privacy["epsilon"],
+                         "delta": privacy["delta"]},
              "config": section_to_dict(cfg)}
     atomic_write_json(out_dir / "stats.json", stats)
     return stats
@@ -279,9 +343,7 @@ def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
                              f"generators_min={cfg.generators_min}")
     release = Path(release).resolve()
     meta = check_release_path(release)
-    if not meta.get("dp"):
-        log.error("Stage II input %s is NOT PRIVATE (trained without DP): its synthetic data "
-                  "carries no guarantee", release)
+    privacy = release_privacy(release, meta, allow_non_dp=cfg.allow_non_dp_release)
     release_sha = sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode())
     work = Path(work_root).resolve() / work_key(cfg, meta)
     (work / "shards").mkdir(parents=True, exist_ok=True)
@@ -293,7 +355,7 @@ def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
         connect()
     started = time.time()
     counts = _generate_shards(cfg, release, work, meta["conditioning"], progress, generator)
-    stats = _finalize(cfg, work, out_dir, meta, release_sha)
+    stats = _finalize(cfg, work, out_dir, meta, release_sha, privacy)
     seconds = round(time.time() - started, 2)
     return {**stats["funnel"], **counts, "rates": stats["rates"],
             "execution_statuses": stats["execution_statuses"], "seconds": seconds,
@@ -303,4 +365,5 @@ def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
             "release": str(release), "release_sha256": release_sha,
             "synthetic_sha256": sha256_file(out_dir / "synthetic.parquet"),
             "work_dir": str(work), "conditioning": meta["conditioning"],
-            "method": meta["method"], "dp": meta["dp"]}
+            "method": meta["method"], "dp": privacy["dp"], "epsilon": privacy["epsilon"],
+            "delta": privacy["delta"], "privacy_warning": privacy["privacy_warning"]}

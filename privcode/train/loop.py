@@ -20,8 +20,13 @@ step ``t``:
    unreachable ledger stops training (fail-closed: an error, never a step);
 2. each rank takes its Poisson sample ``S_t ∩ shard`` (:mod:`privcode.dp.sampler`;
    the schedule's seed is drawn from OS entropy by rank 0 at every (re)start
-   and broadcast, never stored) and computes the clipped sum of per-record
-   gradients of the method's per-record loss (:mod:`privcode.dp.dpsgd`);
+   and broadcast, never stored; in secure mode rank 0 draws the mask from
+   ``os.urandom`` and broadcasts it) and computes the clipped sum of
+   per-record gradients of the method's per-record loss
+   (:mod:`privcode.dp.dpsgd`), with dropout masks and per-record latent
+   noise from the same secret (:mod:`privcode.dp.randomness`), never from
+   ``train.seed`` or a record's position. A record whose gradient is not
+   finite contributes zero (counted in the private audit log);
 3. rank 0 adds N(0, sigma^2 C^2) once, the sums are all-reduced and divided
    by ``q N``; every rank applies the same AdamW update to the LoRA weights.
    An empty sample still takes the (noise-only) step.
@@ -32,19 +37,21 @@ optimizer state, the next step, the ledger position and the public
 held-out loss curve. ``FailureConfig(max_failures)`` restarts the worker
 group from the last checkpoint; steps re-run after a failure are reserved
 (charged) again, because the ledger never rolls back: a crash can only
-over-count epsilon. Rank 0 appends each applied step to an audit log
-(``applied_steps.jsonl`` in the training storage): step and ledger
-position, nothing from the data.
+over-count epsilon. Rank 0 appends each applied step to a PRIVATE audit log
+(``applied_steps.jsonl`` in the training storage, never released): step,
+ledger position, attempt, time, and the number of records whose gradient
+was not finite.
 
 What leaves a worker: the noised gradient (through the weights), the step
 counter, the ledger decisions, and the loss on PUBLIC held-out code (the
 base model's held-out standard-library files) computed from the weights,
 which is post-processing of the DP release. Per-record or per-batch
 training losses, norms, clip counts and batch sizes are never logged or
-reported: they are computed from private records without noise. (Timing
-side channels, e.g. a step's duration growing with its batch size, are out
-of scope, as in the DP-SGD literature; step times are kept only in the
-private audit log.)
+reported: they are computed from private records without noise. Step
+times grow with the sampled batch and its longest record (an un-noised
+membership signal): they, restart counts and grant ids stay in the private
+audit log and the ledger's WAL; the release's history holds the DP events
+(sigma, q, steps) only (:func:`privcode.train.artifact.released_history`).
 """
 
 from __future__ import annotations
@@ -105,7 +112,7 @@ class TrainJob:
 
     cfg: TrainConfig
     data_path: str
-    corpus_sha256: str
+    corpus_sha256: str     # checked by rank 0 before reading; private (never released)
     base_path: str
     num_records: int
     sample_rate: float
@@ -140,15 +147,41 @@ def _broadcast_ints(values: list[int], device: Any) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
-def _noise_generator(seed: int, device: Any):
+def _sample_indices(schedule: Any, randomness: Any, step: int, rank: int, world: int,
+                    device: Any) -> list[int]:
+    """Global indices of ``S_step`` in this rank's shard.
+
+    Standard mode: the seeded schedule (every rank draws the same mask).
+    Secure mode: rank 0 draws the mask from ``os.urandom`` and broadcasts it.
+    """
+    if not randomness.secure:
+        return [int(i) for i in schedule.indices(step, rank, world)]
     import numpy as np
     import torch
+    import torch.distributed as dist
 
-    # A stream independent of the sampling stream (spawn key 2**40 is never a step).
-    words = np.random.SeedSequence(entropy=seed, spawn_key=(1 << 40,)).generate_state(2)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(int(words[0]) << 32 | int(words[1]))
-    return gen
+    from privcode.dp.randomness import secure_poisson_mask
+    from privcode.dp.sampler import shard_of
+
+    n = schedule.num_records
+    mask = secure_poisson_mask(n, schedule.sample_rate) if rank == 0 else np.zeros(n, bool)
+    if world > 1:
+        t = torch.from_numpy(mask.astype(np.uint8)).to(device)
+        dist.broadcast(t, src=0)
+        mask = t.cpu().numpy().astype(bool)
+    shard = shard_of(n, rank, world)
+    return [int(i) for i in shard[mask[shard]]]
+
+
+def _all_reduce_count(value: int, world: int, device: Any) -> int:
+    if world == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def _reserve(job: TrainJob, ledger: Any, rank: int, device: Any,
@@ -249,9 +282,9 @@ def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, 
         atomic_write_json(path, {"untokenizable_records": counts[0]})
 
 
-def _append_audit(path: str, step: int, position: int, attempt: int) -> None:
+def _append_audit(path: str, step: int, position: int, attempt: int, nonfinite: int) -> None:
     line = json.dumps({"step": step, "ledger_position": position, "attempt": attempt,
-                       "time": round(time.time(), 3)}) + "\n"
+                       "time": round(time.time(), 3), "nonfinite_records": nonfinite}) + "\n"
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
         fh.flush()
@@ -268,6 +301,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from privcode.data.records import read_records
     from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
+    from privcode.dp.randomness import SecretRandomness, record_key
     from privcode.dp.sampler import PoissonSchedule, shard_of
     from privcode.train.build import NonPrivateSum, build_objective, load_checkpoint
     from privcode.train.data import collate, encode_records
@@ -317,11 +351,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     encoded = encode_records([records[i] for i in shard], tokenizer, cfg.max_length,
                              stats=private_stats)
     del records
+    # Per-record randomness is keyed by the record's content, never its position.
+    keys = [record_key(e.input_ids, e.segments) for e in encoded]
     _write_private_stats(job, rank, world, private_stats, device)
 
     seed = _broadcast_ints(_split(_secret_seed(job)), device)
     schedule = PoissonSchedule(job.num_records, job.sample_rate, seed[0] << 63 | seed[1])
-    generator = _noise_generator(schedule.seed, device) if rank == 0 else None
+    randomness = SecretRandomness(schedule.seed, secure=cfg.secure_rng, rank=rank)
 
     def loss_fn(module: Any, batch: Any) -> Any:
         return module(batch)
@@ -353,24 +389,29 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if rank == 0:
                 log.warning("ledger denied step %d: %s", step, reason)
             break
-        chosen = [int(i) for i in schedule.indices(step, rank, world)]
+        chosen = _sample_indices(schedule, randomness, step, rank, world, device)
         local = [(i - rank) // world for i in chosen]
-        # ``index`` (global record numbers) keys per-record randomness such as the
-        # VAE's eps, so an update does not depend on how records fall on workers.
+        # Per-record randomness (the VAE's eps) is keyed by the record's content
+        # and a per-step secret, so it neither depends on other records nor on
+        # how records fall on workers; dropout masks come from the secret too.
         batch = (collate([encoded[j] for j in local], pad_id, device=device, step=step,
-                         index=torch.tensor(chosen, dtype=torch.long))
+                         record_keys=torch.tensor([keys[j] for j in local], dtype=torch.long),
+                         record_secret=randomness.record_secret(step))
                  if local else None)
+        randomness.seed_step(step)
         local_sum = clipper.clipped_sum(loss_fn, batch, len(local))
+        nonfinite = _all_reduce_count(getattr(clipper, "last_nonfinite", 0), world, device)
         grad = privatize(local_sum, noise_multiplier=job.noise_multiplier,
                          max_grad_norm=cfg.max_grad_norm, expected_batch_size=expected_batch,
-                         add_noise=rank == 0, generator=generator)
+                         add_noise=rank == 0, secure=randomness.secure,
+                         generator=randomness.noise_generator(device) if rank == 0 else None)
         apply_flat_gradient(params, grad)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del batch, local_sum, grad
         state["step"], state["ledger_position"] = step + 1, position
         if rank == 0:
-            _append_audit(job.audit_log, step, position, state["attempt"])
+            _append_audit(job.audit_log, step, position, state["attempt"], nonfinite)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             if rank == 0 and stream is not None:
                 state["curve"].append([step + 1, _evaluate(model, tokenizer, stream, cfg)])
@@ -390,12 +431,24 @@ def _split(seed: int) -> list[int]:
 # --------------------------------------------------------------------------- the launcher
 
 
-def _ledger_id(run_name: str, ledger_dir: Path) -> str:
-    from privcode.utils import sha256_bytes
+def _ledger_id(run_name: str, ledger_dir: Path, store: Any) -> str:
+    """The ledger actor's cluster-wide name (also the metrics' ``run`` tag).
 
-    # The actor name is cluster-wide: tie it to the WAL's directory, so two
-    # runs of the same name elsewhere (other out_dir, other data) never share it.
-    return f"{run_name}-{sha256_bytes(str(ledger_dir.resolve()).encode())[:16]}"
+    Tied to the WAL's directory, so two runs of the same name elsewhere (other
+    out_dir, other data) never share it; the directory's path holds a corpus
+    digest, so the name is a keyed HMAC of it (:meth:`PrivacyStore.opaque`),
+    never a plain hash. A WAL written before this rule keeps the id in its
+    header (changing it would lock the ledger with a conflict).
+    """
+    from privcode.dp.ledger import WAL_NAME, read_wal
+
+    wal = ledger_dir / WAL_NAME
+    if wal.is_file():
+        with contextlib.suppress(Exception):
+            legacy = (read_wal(wal).header or {}).get("run_id")
+            if isinstance(legacy, str) and legacy.startswith(f"{run_name}-"):
+                return legacy
+    return f"{run_name}-{store.opaque('ledger', str(ledger_dir.resolve()), 16)}"
 
 
 def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float, ledger_dir: Path) -> None:
@@ -430,18 +483,22 @@ def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
 def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Path,
                  out_dir: str | Path, ledger_dir: str | Path, run_name: str,
                  storage_dir: str | Path, unsafe: UnsafeTestOptions | None = None,
-                 keep_storage: bool = False) -> dict[str, Any]:
+                 keep_storage: bool = False, privacy_store: str | Path | None = None
+                 ) -> dict[str, Any]:
     """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
 
     Release (``out_dir``): ``adapter/`` (peft ``save_pretrained``) and
     ``privacy.json`` (method, epsilon under RDP and PRV from the ledger's
-    history, delta, the history, C, q, N, sigma, steps taken, the training
-    file's sha256, the base model path). The ledger's WAL lives in
+    history, delta, the history's DP events, C, q, N, sigma, steps taken, the
+    RNG mode, the adjacency, an opaque dataset id, the base model path). The
+    ledger's WAL lives in
     ``ledger_dir`` (outside the release, kept across runs: a second run on
     the same data spends from the same budget). Ray Train checkpoints and the
     audit log go to ``storage_dir/<unique name>``, removed after success
-    unless ``keep_storage``. Raises :class:`TrainingError` when no step
-    could be taken.
+    unless ``keep_storage``. ``privacy_store`` (default: beside
+    ``ledger_dir`` (``privacy-store/``), or ``PRIVCODE_PRIVACY_STORE``) holds the key of
+    the opaque dataset id (:mod:`privcode.dp.store`). Raises
+    :class:`TrainingError` when no step could be taken.
     """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -449,7 +506,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
 
     from privcode.cluster.local import connect
     from privcode.data.records import read_records
-    from privcode.train.artifact import objective_record, write_junior_release
+    from privcode.train.artifact import privacy_record, write_junior_release
     from privcode.train.methods import get_method
 
     unsafe = unsafe or UnsafeTestOptions()
@@ -466,8 +523,13 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     non_private = unsafe.noise_off or not method.dp
     data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
     out_dir, ledger_dir = Path(out_dir), Path(ledger_dir).resolve()
+    from privcode.dp.store import PrivacyStore, resolve_store
+
+    store = PrivacyStore(privacy_store if privacy_store is not None
+                         else resolve_store("", ledger_dir))
     n = len(read_records(data_path))
     corpus_sha = sha256_file(data_path)
+    dataset_id = store.dataset_id(data_path)
     q = cfg.expected_batch_size / n
     if q > 1:
         raise TrainingError(f"train.expected_batch_size={cfg.expected_batch_size} exceeds the "
@@ -481,6 +543,9 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             + "): this training run is NOT differentially private")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.error(msg)
+    if not cfg.secure_rng and not non_private:
+        log.warning("train.secure_rng is off: sampling and noise come from a secret-seeded "
+                    "fast PRNG, not a CSPRNG (set train.secure_rng for production releases)")
     sigma, calibrated = (0.0, False) if non_private else noise_for(cfg, q)
 
     if not ray.is_initialized():
@@ -490,7 +555,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     if not non_private:
         from privcode.dp.ledger import open_ledger
 
-        run_id = _ledger_id(run_name, ledger_dir)
+        run_id = _ledger_id(run_name, ledger_dir, store)
         ledger = open_ledger(run_id, ledger_dir, cfg.epsilon, cfg.delta, cfg.accountant)
         try:
             _check_room(ledger, cfg, sigma, q, ledger_dir)
@@ -546,42 +611,11 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             # The actor is detached: stop it; its WAL keeps the state for the next open.
             close_ledger(run_id)
     seconds = time.time() - started
-    by_acc = spent.get("epsilon_by_accountant", {})
-    privacy = {
-        "dp": not (unsafe.active or non_private),
-        "NOT_PRIVATE": None if method.dp else "trained WITHOUT differential privacy (audits only)",
-        "unsafe_test_options": dataclasses.asdict(unsafe) if unsafe.active else None,
-        "method": cfg.method,
-        # null, not a number, when there is no guarantee (unsafe noise-off runs).
-        "epsilon": spent.get("epsilon"),
-        "epsilon_rdp": by_acc.get("rdp"),
-        "epsilon_prv": by_acc.get("prv"),
-        "epsilon_budget": cfg.epsilon,
-        "delta": cfg.delta,
-        "accountant": cfg.accountant,
-        "ledger_steps": spent.get("steps"),
-        "ledger_position": spent.get("position"),
-        "history": history,
-        "noise_multiplier": sigma,
-        "noise_calibrated": calibrated,
-        "max_grad_norm": cfg.max_grad_norm,
-        "sample_rate": q,
-        "expected_batch_size": cfg.expected_batch_size,
-        "num_records": n,
-        "steps_requested": cfg.steps,
-        "steps_taken": state["step"],
-        "stop_reason": state["stop_reason"],
-        "restarts": state["attempt"] - 1,
-        "num_workers": cfg.num_workers,
-        "grad_sample_mode": cfg.grad_sample_mode,
-        "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout},
-        "corpus_sha256": corpus_sha,
-        "base_model": str(base_path),
-        "objective": objective_record(cfg, method),
-        "public_heldout_loss_curve": state["curve"],
-        "assumptions": "add/remove-one-record DP with Poisson sampling; N (hence q) is "
-                       "treated as public; the curve is the loss on PUBLIC held-out code.",
-    }
+    privacy = privacy_record(
+        cfg, method, spent=spent, grants=history, sigma=sigma, calibrated=calibrated,
+        sample_rate=q, num_records=n, state=state, dataset_id=dataset_id, base_path=base_path,
+        unsafe=dataclasses.asdict(unsafe) if unsafe.active else None,
+        dp=not (unsafe.active or non_private))
     try:
         write_junior_release(out_dir, ckpt_dir, cfg, method, privacy, base_path)
     finally:
@@ -596,6 +630,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
         "dp", "method", "epsilon", "epsilon_rdp", "epsilon_prv", "epsilon_budget", "delta",
         "accountant", "ledger_steps", "noise_multiplier", "noise_calibrated", "max_grad_norm", "sample_rate",
         "expected_batch_size", "num_records", "steps_requested", "steps_taken", "stop_reason",
-        "restarts", "num_workers", "public_heldout_loss_curve", "corpus_sha256", "base_model")},
+        "num_workers", "public_heldout_loss_curve", "dataset_id", "rng", "base_model")},
+        "adjacency": "add/remove one record (N public)",
         "train_seconds": round(seconds, 2), "adapter": "adapter", "conditioning": method.conditioning,
-        "audit_log": str(audit_log)}
+        "audit_log": str(audit_log), "privacy_store": str(store.root)}

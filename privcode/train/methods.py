@@ -216,20 +216,23 @@ class Objective(nn.Module):
             return self.prompt_encoder(self._bank_h.to(self._param_dtype()))
 
     def _record_noise(self, batch: Mapping[str, Any], like: torch.Tensor) -> torch.Tensor:
-        """The VAE's eps ~ N(0, I) per record: a function of (seed, step, record index) if given.
+        """The VAE's eps ~ N(0, I) per record, from the run's secret.
 
-        Keyed per record (not one draw for the batch) so that the update is
-        the same whatever the sharding over workers; not a privacy mechanism.
+        In DP training the batch carries ``record_keys`` (a function of each
+        record's content, :func:`privcode.dp.randomness.record_key`) and the
+        step's ``record_secret``: eps of a record is then a function of that
+        record and the secret alone, so adding or removing other records (or
+        resharding over workers) changes no other record's eps. Never the
+        public ``train.seed`` nor a record's position. Without them (public
+        data), torch's global RNG, which the DP loop seeds from the secret.
         """
-        index = batch.get("index")
-        if index is None:
+        keys, secret = batch.get("record_keys"), batch.get("record_secret")
+        if keys is None or secret is None:
             return torch.randn_like(like)
-        step = int(batch.get("step", 0))
-        rows = []
-        for i in index.tolist():
-            g = torch.Generator().manual_seed(
-                (self.cfg.seed * 1_000_003 + step) * 10_000_019 + int(i) & ((1 << 63) - 1))
-            rows.append(torch.randn(like.shape[-1], generator=g))
+        from privcode.dp.randomness import record_seeds
+
+        rows = [torch.randn(like.shape[-1], generator=torch.Generator().manual_seed(s))
+                for s in record_seeds(secret, keys.tolist())]
         return torch.stack(rows).to(device=like.device, dtype=like.dtype)
 
     def _param_dtype(self) -> torch.dtype:

@@ -1,0 +1,117 @@
+"""The privacy store: private state that outlives runs, and opaque names for private data.
+
+A release or a report sometimes has to name its data (to group the runs of
+one corpus, to find its budget). A digest of the corpus cannot do that: a
+deterministic function of the whole dataset is not releasable under DP
+(anyone holding a candidate corpus could confirm it). The store holds a
+32-byte secret key, and a dataset is named by
+
+    dataset_id = "ds-" + HMAC-SHA256(key, "privcode-dataset-id/1" || SHA-256(file))[:20 hex]
+
+which says nothing about the data to whoever lacks the key, and is stable
+for one file under one store. :meth:`PrivacyStore.opaque` names other
+private things the same way (e.g. the ledger actor of a ledger directory
+whose path holds a corpus digest).
+
+Location (:func:`resolve_store`): ``PRIVCODE_PRIVACY_STORE``, else the
+``privacy.store`` config value, else ``privacy-store/`` beside
+``run.out_dir`` (outside every run directory; ``make clean`` leaves it).
+The directory is 0700 and the key file 0600; the key is created once
+(atomically: a second process racing on the first use reads the same key)
+and never leaves the store. Deleting the key only makes new ids (the runs
+of one corpus no longer group in reports); it grants no budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import tempfile
+from pathlib import Path
+
+from privcode.errors import PrivcodeError
+from privcode.utils import fsync_dir, sha256_file
+
+__all__ = ["ENV_VAR", "PrivacyStore", "StoreError", "resolve_store"]
+
+ENV_VAR = "PRIVCODE_PRIVACY_STORE"
+DEFAULT_DIRNAME = "privacy-store"
+KEY_FILE = "dataset-id.key"
+_KEY_BYTES = 32
+
+
+class StoreError(PrivcodeError):
+    """The privacy store cannot be created or read, or its key is damaged."""
+
+
+def resolve_store(configured: str | os.PathLike = "", out_dir: str | os.PathLike = "runs") -> Path:
+    """The store directory: the environment variable, else ``configured``, else beside ``out_dir``."""
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(env).resolve()
+    if str(configured).strip():
+        return Path(configured).resolve()
+    return Path(out_dir).resolve().parent / DEFAULT_DIRNAME
+
+
+class PrivacyStore:
+    """A private directory with the secret key of opaque dataset ids (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.root, 0o700)
+        except OSError as exc:
+            raise StoreError(f"cannot create the privacy store {self.root}: {exc}") from exc
+        self._key: bytes | None = None
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / KEY_FILE
+
+    def _load_key(self) -> bytes:
+        if self._key is None:
+            if not self.key_path.exists():
+                self._create_key()
+            try:
+                key = self.key_path.read_bytes()
+            except OSError as exc:
+                raise StoreError(f"cannot read the privacy store key {self.key_path}: {exc}") \
+                    from exc
+            if len(key) != _KEY_BYTES:
+                raise StoreError(f"the privacy store key {self.key_path} is damaged "
+                                 f"({len(key)} bytes, expected {_KEY_BYTES})")
+            self._key = key
+        return self._key
+
+    def _create_key(self) -> None:
+        # Written whole to a temporary file, then hard-linked: link() fails when
+        # another process created the key first, and then both read that one.
+        fd, tmp = tempfile.mkstemp(prefix=".key-", dir=self.root)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, os.urandom(_KEY_BYTES))
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            try:
+                os.link(tmp, self.key_path)
+            except FileExistsError:
+                pass
+            fsync_dir(self.root)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            os.unlink(tmp)
+
+    def opaque(self, label: str, value: str | bytes, length: int = 20) -> str:
+        """Hex HMAC of ``value`` under the store key, domain-separated by ``label``."""
+        data = value.encode("utf-8") if isinstance(value, str) else value
+        mac = hmac.new(self._load_key(), f"privcode-{label}/1\0".encode() + data, hashlib.sha256)
+        return mac.hexdigest()[:length]
+
+    def dataset_id(self, path: str | os.PathLike) -> str:
+        """The opaque id of a training file's content: ``ds-`` + 20 hex of a keyed HMAC."""
+        return "ds-" + self.opaque("dataset-id", bytes.fromhex(sha256_file(path)))
