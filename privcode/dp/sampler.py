@@ -26,7 +26,10 @@ communication once they share the seed. The seed must be SECRET: anyone who
 knows it knows which records were in every batch, which voids the
 amplification by subsampling the accountant relies on. The training loop
 therefore draws it from OS entropy on rank 0 and broadcasts it (never to
-disk); a fixed seed exists only behind the unsafe test switch.
+disk); a fixed seed exists only behind the unsafe test switch. In secure
+mode (``train.secure_rng``) the mask of every step is drawn from
+``os.urandom`` instead (:func:`privcode.dp.randomness.secure_poisson_mask`)
+and broadcast by rank 0: the same distribution, from a CSPRNG.
 """
 
 from __future__ import annotations

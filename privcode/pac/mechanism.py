@@ -15,19 +15,29 @@ Step (:func:`pac_step`), given the curator's posterior ``P_{t-1}`` over worlds:
 3. ``mu = sum_s P(s) o_s``, ``Sigma = sum_s P(s) (o_s - mu)(o_s - mu)^T``.
    Unanimity (``a_t = 1``, ``Sigma = 0``): release that token; no noise, no
    posterior change, nothing charged.
-4. Otherwise noise ``B ~ N(0, Sigma_B)``, ``Sigma_B = sum_j lambda_B,j u_j u_j^T``
-   with the anisotropic rule of :func:`privcode.pac.bounds.anisotropic_noise_variances`
-   over the eigenpairs ``(lambda_j, u_j)`` of ``Sigma``; ``R_t = o_S + B``
-   (internal, never released); ``b`` nats are charged.
-5. ``P_t(s) ~ P_{t-1}(s) N(R_t; o_s, Sigma_B)``, the density taken on the
-   support of ``Sigma_B`` (the span of the ``u_j`` with ``lambda_j > 0``):
-   every ``o_s - o_S`` of a world with positive posterior lies in it, so the
-   restriction loses nothing.
+4. Otherwise noise ``B ~ N(0, Sigma_B)`` (:func:`noise_model`), full rank:
+   ``Sigma_B = sum_j lambda_B,j u_j u_j^T`` over an orthonormal eigenbasis ``u_j``
+   of ``Sigma`` (all ``a_t`` directions), with the anisotropic rule of
+   :func:`privcode.pac.bounds.anisotropic_noise_variances` applied to the floored
+   variances ``lambda'_j = max(q_j, tau)``, ``q_j = u_j^T Sigma u_j``,
+   ``tau = 1e-12 max_k q_k``; ``R_t = o_S + B`` (internal, never released);
+   ``b`` nats are charged.
+5. ``P_t(s) ~ P_{t-1}(s) N(R_t; o_s, Sigma_B)``: the same full-rank noise model,
+   so the posterior is the exact Bayes posterior given ``R_t``.
 6. Release ``Y_t = argmax_{v in A_t} R_t[v]``.
 
-Why this is private: ``I(S; R_t | history) <= (1/2) sum_j lambda_j / lambda_B,j = b``
-under the posterior as prior (PAC privacy), and ``Y_t`` is a function of
-``R_t``; composition over a session gives ``I(S; Y_1..T) <= b T``.
+Why this is private: for any orthonormal ``u_j`` and ``lambda_B,j > 0``, under the
+posterior as prior (PAC privacy), ``I(S; R_t | history) <= (1/2) tr(Sigma_B^-1 Sigma) =
+(1/2) sum_j q_j / lambda_B,j <= (1/2) sum_j lambda'_j / lambda_B,j = b`` (``q_j <= lambda'_j``);
+``Y_t`` is a function of ``R_t``, so a session gives ``I(S; Y_1..T) <= b T``. The floor
+is what makes this hold: a direction of positive but tiny variance (a world of tiny
+posterior voting apart) gets noise of standard deviation ``>= (tau/q_max)^(1/4) = 1e-3``
+of the largest instead of none; left noiseless it would reveal ``S``'s component there
+exactly, about ``P(i) log(1/P(i))`` per such world ``i`` uncharged (up to ~6% of ``b``
+each at ``b = 2^-32``). Utility: ``sum_k sqrt(lambda'_k) <= sum_k sqrt(q_k) + a_t 1e-6 sqrt(q_max)``,
+so the noise where the worlds disagree grows by a relative ``a_t 1e-6`` at most; the
+noise along the all-ones null direction shifts every candidate alike (no effect on
+``Y_t`` or the posterior).
 
 Pure functions of their arguments (randomness only from the ``numpy``
 generator passed in); numpy only, so they run inside any server.
@@ -42,10 +52,12 @@ import numpy as np
 
 from privcode.pac.bounds import anisotropic_noise_variances
 
-__all__ = ["PacStep", "assign_worlds", "pac_step", "world_votes"]
+__all__ = ["PacStep", "assign_worlds", "noise_model", "pac_step", "world_votes"]
 
-#: Eigenvalues below this fraction of the largest are round-off: the worlds agree there.
-_EIG_TOL = 1e-12
+#: Floor on the variance each direction is noised for, relative to the largest (see step 4).
+_VAR_FLOOR = 1e-12
+#: Absolute floor (a vote covariance that underflowed, e.g. worlds of denormal posterior).
+_TINY = float(np.finfo(np.float64).tiny)
 
 
 def assign_worlds(num_records: int, m: int, seed: int) -> np.ndarray:
@@ -81,6 +93,23 @@ def world_votes(logprobs: np.ndarray, gumbel: np.ndarray | None = None) -> np.nd
     return np.argmax(lp, axis=1)
 
 
+def noise_model(sigma: np.ndarray, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(U, var)``: the step's noise ``Sigma_B = U diag(var) U^T`` for vote covariance ``sigma``.
+
+    ``U`` ([a, a], orthonormal columns ``u_j``): an eigenbasis of ``sigma``; ``var``
+    ([a], all > 0): ``anisotropic_noise_variances(max(q_j, tau), b)`` with
+    ``q_j = u_j^T sigma u_j`` and ``tau = 1e-12 max_k q_k`` (module docstring, step 4).
+    Every direction is noised, so ``(1/2) sum_j q_j / var_j <= b`` holds for the basis
+    actually used, whatever the round-off in the eigen-decomposition.
+    """
+    sigma = np.asarray(sigma, dtype=np.float64)
+    _, u = np.linalg.eigh(sigma)
+    q = np.clip(np.einsum("ij,ij->j", u, sigma @ u), 0.0, None)  # the bound's exact terms
+    tau = max(_VAR_FLOOR * float(q.max()), _TINY)
+    # More noise never loosens the bound: the absolute floor only guards against var = 0.
+    return u, np.maximum(anisotropic_noise_variances(np.maximum(q, tau), b), _TINY)
+
+
 @dataclass(frozen=True)
 class PacStep:
     """What one step produced. Only ``token`` may leave the server."""
@@ -112,12 +141,9 @@ def pac_step(votes: np.ndarray, posterior: np.ndarray, secret: int, b: float,
     mu = prior @ onehot
     centred = onehot - mu
     sigma = (centred * prior[:, None]).T @ centred
-    lam, u = np.linalg.eigh(sigma)
-    keep = lam > _EIG_TOL * max(float(lam.max()), 0.0)
-    lam, u = lam[keep], u[:, keep]
-    noise_var = anisotropic_noise_variances(lam, b)
-    r = onehot[secret] + u @ (rng.standard_normal(lam.size) * np.sqrt(noise_var))
-    # Log-density of N(R; o_s, Sigma_B) on the support, up to a constant shared by all s.
+    u, noise_var = noise_model(sigma, b)
+    r = onehot[secret] + u @ (rng.standard_normal(noise_var.size) * np.sqrt(noise_var))
+    # Log-density of N(R; o_s, Sigma_B), up to a constant shared by all s.
     # A world whose posterior underflowed to a denormal still counts as alive (it only
     # makes the step conservative: charged, noisier); its tiny directions may overflow z.
     with np.errstate(divide="ignore", over="ignore"):

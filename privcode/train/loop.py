@@ -249,7 +249,9 @@ def _report(objective: Any, optimizer: Any, state: dict[str, Any], rank: int) ->
 
     from privcode.train.build import save_checkpoint_files
 
-    metrics = {k: state[k] for k in ("step", "ledger_position", "stop_reason", "attempt")}
+    # What Ray Train logs and shows: public values only. The ledger position (a grant
+    # id) and the attempt (a restart count) stay in the checkpoint's private state.
+    metrics = {k: state[k] for k in ("step", "stop_reason")}
     metrics["public_heldout_loss"] = state["curve"][-1][1] if state["curve"] else None
     if rank != 0:
         ray.train.report(metrics, checkpoint=None)
