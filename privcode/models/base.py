@@ -7,17 +7,21 @@ a held-out slice of public files before and after training, and saves both
 with ``save_pretrained`` (safetensors), so that ``AutoTokenizer`` and
 ``AutoModelForCausalLM`` load the directory offline like any HF checkpoint.
 
-Sizes come from :data:`PRESETS`. Each preset trains a *fixed* number of steps
-(deterministic for a seed), sized so that the whole build, imports included,
-stays inside its budget on a 2-core CPU: ``ci`` well under a minute,
-``demo`` under 4 minutes, ``small`` about half an hour. ``max_train_seconds`` is only a guard
-for a slow or busy machine: when it trips, training stops early and the
-build records ``stopped_early: true`` (that build is then not bit-for-bit
-reproducible).
+The model trains on the public files' functions and methods, each a unit of
+its own (:func:`privcode.models.corpus.function_units`), and is evaluated on
+held-out whole files.
+
+Sizes come from :data:`PRESETS`. Each preset trains its *fixed* number of
+steps whatever the machine's speed (a busy machine takes longer; it never
+gets a weaker model), sized for a 2-core CPU: ``ci`` well under a minute,
+``demo`` about 3 minutes, ``small`` about half an hour. ``build_info.json``
+records the steps done, and :func:`check_complete` (called by every stage
+that consumes a base) refuses a build that did not train all of them.
 
 Builds are cached under ``<cache_dir>/<preset>-<hash>/`` where the hash
-covers the preset entry, the seed, :data:`BUILD_VERSION` and a fingerprint
-of the corpus files. A build is written into a temporary sibling directory
+covers everything that changes the weights: the preset entry, the seed,
+:data:`BUILD_VERSION` (the training recipe), the torch and transformers
+versions, and a fingerprint of the corpus files. A build is written into a temporary sibling directory
 and renamed into place only when complete; ``build_info.json`` is written
 last, and a directory counts as a build only if it holds that file with the
 expected hash. A lock file next to the target serializes concurrent builders
@@ -49,11 +53,13 @@ from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokeniz
 from privcode.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
 from privcode.utils import atomic_write_json, stable_hash
 
-__all__ = ["BUILD_VERSION", "PRESETS", "Preset", "build_base", "config_hash", "BUILD_INFO"]
+__all__ = ["BUILD_VERSION", "PRESETS", "Preset", "build_base", "check_complete", "config_hash",
+           "BUILD_INFO"]
 
 #: Bump whenever tokenizer/model training changes in a way that changes results:
 #: it is part of the cache key, so old cached builds are not reused.
-BUILD_VERSION = 1
+#: 2: trained on function units; no wall-clock guard (every build trains all its steps).
+BUILD_VERSION = 2
 
 #: Name of the metadata file; its presence (with a matching hash) marks a complete build.
 BUILD_INFO = "build_info.json"
@@ -89,7 +95,6 @@ class Preset:
     lr: float
     warmup_steps: int
     eval_tokens: int
-    max_train_seconds: float
     tokenizer_train_bytes: int | None = None
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
@@ -117,16 +122,15 @@ PRESETS: dict[str, Preset] = {
     # ~0.9M parameters, 560 x 512 = 287k tokens: ~27 s of training, ~40 s in all.
     "ci": Preset(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                  intermediate_size=384, seq_len=128, batch_size=4, steps=560, lr=2e-3,
-                 warmup_steps=20, eval_tokens=16_384, max_train_seconds=35,
-                 tokenizer_train_bytes=2_000_000),
+                 warmup_steps=20, eval_tokens=16_384, tokenizer_train_bytes=2_000_000),
     # ~3.9M parameters, 520 x 1024 = 532k tokens: ~2.3 minutes of training, ~2.6 in all.
     "demo": Preset(vocab_size=6144, hidden_size=256, num_layers=3, num_heads=4, num_kv_heads=2,
                    intermediate_size=768, seq_len=256, batch_size=4, steps=520, lr=2e-3,
-                   warmup_steps=30, eval_tokens=32_768, max_train_seconds=185),
+                   warmup_steps=30, eval_tokens=32_768),
     # ~19M parameters, 800 x 2048 = 1.6M tokens (about one pass over the corpus): ~27 minutes.
     "small": Preset(vocab_size=16384, hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=2,
                     intermediate_size=1024, seq_len=512, batch_size=4, steps=800, lr=1e-3,
-                    warmup_steps=40, eval_tokens=65_536, max_train_seconds=2700),
+                    warmup_steps=40, eval_tokens=65_536),
 }
 
 
@@ -134,23 +138,48 @@ PRESETS: dict[str, Preset] = {
 
 
 def config_hash(cfg: BaseConfig, files: list[C.SourceFile] | None = None) -> str:
-    """Cache key of a build: preset entry, seed, build version, corpus fingerprint.
+    """Cache key of a build: preset entry, seed, build version, library versions, corpus.
 
     ``cache_dir`` is not part of it (moving the cache keeps it valid).
     ``files`` defaults to the public corpus (read from disk).
     """
     if cfg.model:
         return stable_hash({"version": BUILD_VERSION, "model": str(Path(cfg.model).expanduser().resolve())})
+    import transformers
+
     preset = _preset(cfg.preset)
     files = C.public_corpus() if files is None else files
     return stable_hash({
         "version": BUILD_VERSION,
+        "libraries": {"torch": torch.__version__, "transformers": transformers.__version__},
         "preset": cfg.preset,
         "spec": dataclasses.asdict(preset),
         "seed": cfg.seed,
         "heldout_fraction": HELDOUT_FRACTION,
         "corpus": C.corpus_fingerprint(files),
     })
+
+
+def check_complete(info: dict) -> dict:
+    """``info`` (a base stage's summary or ``build_info.json``) if the build trained all its steps.
+
+    Raises :class:`~privcode.models.loading.ModelLoadError` naming the build
+    otherwise (a build from before :data:`BUILD_VERSION` 2 could stop early on
+    a busy machine): such a model is too weak for the later stages to mean
+    anything. External models (``base.model``) pass.
+    """
+    if info.get("external"):
+        return info
+    spec = info.get("preset_spec") or {}
+    steps, wanted = info.get("steps"), spec.get("steps")
+    if info.get("stopped_early") or not isinstance(steps, int) or steps != wanted \
+            or info.get("version") != BUILD_VERSION:
+        raise ModelLoadError(
+            f"the base model at {info.get('path', '?')} is incomplete or stale (trained "
+            f"{steps} of {wanted} steps, build version {info.get('version')} vs "
+            f"{BUILD_VERSION}): delete it and rebuild (the base stage does so with "
+            "--set run.force=true)")
+    return info
 
 
 def _preset(name: str) -> Preset:
@@ -368,7 +397,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
     from transformers import Qwen2ForCausalLM
 
     train_files, heldout_files = C.split_heldout(files, HELDOUT_FRACTION)
-    order = C.shuffled(train_files, cfg.seed)
+    order = C.shuffled(C.function_units(train_files), cfg.seed)
 
     with torch_threads() as threads:
         t0 = time.monotonic()
@@ -389,7 +418,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         optimizer = _optimizer(model, preset)
         batches = C.batches(stream, preset.seq_len, preset.batch_size, cfg.seed)
         model.train()
-        steps_done, stopped_early, last_loss = 0, False, float("nan")
+        steps_done, last_loss = 0, float("nan")
         history: list[tuple[int, float]] = []  # (step, train loss), ~100 points for the report
         every = max(1, preset.steps // 100)
         # Off a terminal (Ray worker logs, CI) redraws become log lines: fewer of them.
@@ -417,12 +446,6 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
                 bar.set_postfix(loss=f"{last_loss:.3f}",
                                 tok_s=f"{steps_done * preset.tokens_per_step / elapsed:.0f}",
                                 refresh=False)
-                if elapsed > preset.max_train_seconds and steps_done < preset.steps:
-                    stopped_early = True
-                    print(f"privcode: base {cfg.preset}: stopping after {steps_done}/"
-                          f"{preset.steps} steps, over the {preset.max_train_seconds:.0f} s "
-                          f"training guard (busy machine?)", file=sys.stderr)
-                    break
         finally:
             bar.close()
         train_seconds = time.monotonic() - t_train
@@ -452,7 +475,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         "vocab_size": len(tokenizer),
         "seq_len": preset.seq_len,
         "steps": steps_done,
-        "stopped_early": stopped_early,
+        "stopped_early": steps_done < preset.steps,
         "tokens_seen": tokens_seen,
         "epochs": tokens_seen / max(1, stream.numel()),
         "train_seconds": train_seconds,
@@ -462,7 +485,8 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         "num_threads": threads,
         "public_modules": C.modules(files),
         "train_files": len(train_files),
-        "train_files_tokenized": files_tokenized,
+        "train_units": len(order),
+        "train_units_tokenized": files_tokenized,
         "heldout_files": C.relpaths(heldout_files),
         "tokenizer": {
             "vocab_size": len(tokenizer),

@@ -22,6 +22,13 @@ from typing import Any, ClassVar
 from privcode.config import PipelineConfig
 
 
+def base_path(inputs: dict[str, dict[str, Any]]) -> str:
+    """The base model's path from the base stage's manifest, once it is known to be complete."""
+    from privcode.models.base import check_complete
+
+    return check_complete(inputs["base"]["summary"])["path"]
+
+
 class Stage:
     """One pipeline stage. Subclasses set the class attributes and ``run``."""
 
@@ -66,20 +73,28 @@ class BaseStage(Stage):
     """Train (or locate) the public base model; cached across runs by config hash."""
 
     name = "base"
+    version = 2  # 2: complete builds only (check_complete), function-unit pretraining
     sections = ("base",)
     num_cpus = None
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.models.base import build_base
+        from privcode.models.base import build_base, check_complete
         from privcode.utils import atomic_write_json
 
-        info = build_base(cfg.base, out_dir=None, progress=True)
+        info = check_complete(build_base(cfg.base, out_dir=None, progress=True))
         # The model itself lives in the content-addressed cache; the stage
         # artifact records where, so later stages and reruns find it.
         atomic_write_json(out_dir / "base.json", info)
         return info
 
     def still_valid(self, summary):
+        from privcode.models.base import check_complete
+        from privcode.models.loading import ModelLoadError
+
+        try:
+            check_complete(summary)
+        except ModelLoadError:
+            return False  # built before BUILD_VERSION 2 or stopped early: rebuild
         return (Path(summary.get("path", "")) / "config.json").is_file()
 
 
@@ -117,7 +132,7 @@ class TrainStage(Stage):
         data = Path(cfg.train.data) if cfg.train.data else stage_dir(cfg, "data") / "train.parquet"
         run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
         digest = sha256_file(data)  # names a PRIVATE directory only
-        summary = run_training(cfg.train, data_path=data, base_path=inputs["base"]["summary"]["path"],
+        summary = run_training(cfg.train, data_path=data, base_path=base_path(inputs),
                                out_dir=Path(out_dir) / "release",
                                ledger_dir=run_root / "ledger" / digest[:16],
                                run_name=cfg.run.name, storage_dir=run_root / ".train",
@@ -201,7 +216,7 @@ class PremiumStage(Stage):
         data = (Path(cfg.premium.data) if cfg.premium.data
                 else stage_dir(cfg, "synth") / "synthetic.parquet")
         model = (resolve_model_path(cfg.premium.model, cache_dir=cfg.base.cache_dir)
-                 if cfg.premium.model else Path(inputs["base"]["summary"]["path"]))
+                 if cfg.premium.model else Path(base_path(inputs)))
         run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
         return run_premium(cfg.premium, data_path=data, model_path=model, out_dir=out_dir,
                            storage_dir=run_root / ".premium")
@@ -228,7 +243,7 @@ class EvalStage(Stage):
         from privcode.pipeline.runner import stage_dir
         from privcode.utils import atomic_write_json
 
-        available = {"base": inputs["base"]["summary"]["path"]}
+        available = {"base": base_path(inputs)}
         if "train" in inputs:
             available["junior"] = str(stage_dir(cfg, "train") / "release")
         if "premium" in inputs:
@@ -280,7 +295,7 @@ class AuditStage(Stage):
         data = stage_dir(cfg, "data")
         train_data = Path(cfg.train.data) if cfg.train.data else data / "train.parquet"
         run = {"canaries": data / "canaries.json", "train": train_data,
-               "heldout": data / "heldout.parquet", "base": Path(inputs["base"]["summary"]["path"]),
+               "heldout": data / "heldout.parquet", "base": Path(base_path(inputs)),
                "release": stage_dir(cfg, "train") / "release"}
         if "synth" in inputs:
             run["synthetic"] = stage_dir(cfg, "synth") / "synthetic.parquet"
@@ -326,7 +341,7 @@ class PacStage(Stage):
         worlds = Path(out_dir) / "worlds"
         with torch_threads():
             trained = train_worlds(cfg.pac, data=train_data,
-                                   base=inputs["base"]["summary"]["path"], out_dir=worlds,
+                                   base=base_path(inputs), out_dir=worlds,
                                    progress=False)
             canaries = data / "canaries.json"
             result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"),
