@@ -200,17 +200,22 @@ def test_a_spent_budget_falls_back_to_the_public_model(ens, refs, decoder):
     assert list(out.token_ids) == reference(ens, refs, 16, choose)
 
 
+#: Mid-statement, so that the first token is never end-of-text (the base, pretrained on
+#: whole functions each followed by EOS, may end a function right after its signature).
+BODY_PROMPT = "def add(a, b):\n    total = a"
+
+
 def test_stop_strings_and_max_tokens(same_ens):
     cur, sid = curator(2)
-    full = same_ens.generate(cur, sid, PROMPT, 24)
+    full = same_ens.generate(cur, sid, BODY_PROMPT, 24)
     if full.finish_reason == "length":
         assert len(full.token_ids) == 24
     assert len(full.text) >= 6, "the random worlds should write some text"
     stop = full.text[3:5]
-    cut = same_ens.generate(cur, sid, PROMPT, 24, stop=("\x00never", stop))
+    cut = same_ens.generate(cur, sid, BODY_PROMPT, 24, stop=("\x00never", stop))
     assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.find(stop)]
     assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
-    one = same_ens.generate(cur, sid, PROMPT, 1)
+    one = same_ens.generate(cur, sid, BODY_PROMPT, 1)
     assert len(one.token_ids) == 1 and one.token_ids[0] == full.token_ids[0]
     assert one.finish_reason in ("length", "stop")
 

@@ -153,6 +153,14 @@ def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, 
     drops = [math.log(m) - posterior_entropy(p) for p in posteriors]
     def se(xs):
         return (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+
+    def rate_se(xs):
+        # A session's MIA success is a step function of its posterior's ranking, so
+        # few sessions often give equal values and a sample se near 0. Below 10
+        # sessions use the largest se any [0, 1] variable of this mean can have
+        # (Bhatia-Davis: var <= p (1 - p)): the 3-se check then stays honest.
+        p = float(np.mean(xs))
+        return se(xs) if len(xs) >= 10 else math.sqrt(p * (1 - p) / len(xs))
     return {"sessions": sessions, "tokens": tokens, "decoder": decoder, "b": b,
             "mean_private_tokens": round(float(np.mean(private)), 2),
             "charged_nats": charged, "measured_nats": measured,
@@ -162,7 +170,7 @@ def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, 
             "world_id_success_se": math.sqrt(wid / sessions * (1 - wid / sessions) / sessions),
             "world_id_bound": world_identification_bound(charged, m),
             "world_id_prior": 1.0 / m,
-            "mia_success": round(float(np.mean(mia)), 4), "mia_success_se": se(mia),
+            "mia_success": round(float(np.mean(mia)), 4), "mia_success_se": rate_se(mia),
             "mia_bound": mia_success_bound(charged)}
 
 
