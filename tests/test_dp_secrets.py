@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_methods import Rec
 
 from privcode.config import BaseConfig, TrainConfig
 from privcode.dp.accounting import DPEvent, epsilon
@@ -52,11 +53,6 @@ def test_released_history_holds_exactly_the_dp_events():
 
 
 # --------------------------------------------------------------------------- 3. latent noise
-
-
-class Rec:
-    def __init__(self, prompt: str, code: str):
-        self.prompt, self.code = prompt, code
 
 
 RECORDS = [
