@@ -20,7 +20,7 @@ SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo serve sweep test test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
+.PHONY: help install tools demo serve sweep test test-fast test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -68,6 +68,9 @@ sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs 
 test: ## Run the test suite (what CI runs): everything but slow and GPU tests
 	$(VENV)/bin/pytest -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-gpu
+
+test-fast: ## Pure unit tests (no Ray, no model training, no helm): under a minute
+	$(VENV)/bin/pytest -m "not slow and not gpu and not ray and not model and not chart" -q --durations=5 $(PYTEST_ARGS)
 
 test-all: ## Run every test, slow ones included
 	$(VENV)/bin/pytest -m "not gpu" $(PYTEST_ARGS)

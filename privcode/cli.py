@@ -49,6 +49,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_reports(result: dict) -> None:
+    if result.get("summary"):
+        print(result["summary"])
+        return
     if result.get("report"):
         print(f"report: {result['report']} (and report.html; aggregates only, shareable)")
     if result.get("private_report"):

@@ -254,6 +254,12 @@ class SynthConfig:
                                       min=0.1)
     sandbox_memory_mb: int = opt(512, "Address-space limit of one sandboxed execution.", min=32)
     sandbox_workers: int = opt(4, "Concurrent sandboxes per execution-filter actor.", min=1)
+    min_runnable_fraction: float = opt(0.0, "Stop early when the first finished shard holds "
+                                            "fewer runnable samples (passed the execution "
+                                            "filter) than this share: the junior (train stage, "
+                                            "and the base it starts from) writes no usable "
+                                            "code, and the rest would be wasted. 0 = never.",
+                                       min=0.0, max=1.0)
     dedup_threshold: float = opt(0.85, "Near-duplicate removal: estimated Jaccard similarity of "
                                        "token 5-shingles at or above this is a duplicate.",
                                  min=0.0, max=1.0)
@@ -287,6 +293,8 @@ class PremiumConfig:
                              "zero2, zero3 (configs in jobs/configs/deepspeed/).",
                          choices=("", "zero1", "zero2", "zero3"))
     seed: int = opt(0, "Seed of the LoRA init, the eval split and the data order.")
+    min_records: int = opt(1, "Refuse (before training) synthetic data with fewer records: "
+                              "Stage II kept too little to fine-tune on.", min=1)
     allow_non_dp_source: bool = opt(False, "UNSAFE: fine-tune on synthetic data whose source "
                                            "release is NOT differentially private. Refused "
                                            "otherwise; when set, the premium artifact says "

@@ -7,6 +7,12 @@ its own token file and temp dir.  Only sessions that run a test using the
 fixture start Ray; such tests are marked ``ray`` automatically, so
 ``pytest -m "not ray"`` skips them.
 
+Tiers (markers, applied here from the fixtures a test uses, or by hand):
+``ray`` (the session Ray head), ``model`` (builds or trains a model: the
+ci base and everything built on it), ``chart`` (renders the Helm chart with
+the helm binary). ``make test-fast`` runs what is none of these (nor
+``slow``/``gpu``): pure unit tests, under a minute.
+
 While the head is up the test process has, in its environment:
 
 * ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` (the session token;
@@ -37,6 +43,8 @@ from typing import Any
 import pytest
 
 RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
+MODEL_FIXTURES = frozenset({"ci_base_cache"})
+CHART_FIXTURES = frozenset({"helm"})
 _ENV_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
              "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_API_SERVER_ADDRESS")
 # Ports a developer's own head uses by default; the session head avoids them.
@@ -45,8 +53,11 @@ _RESERVED_PORTS = frozenset({6379, 8265, 10001, 52365})
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if RAY_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.ray)
+        used = set(getattr(item, "fixturenames", ()))  # the transitive closure
+        for fixtures, mark in ((RAY_FIXTURES, pytest.mark.ray), (MODEL_FIXTURES, pytest.mark.model),
+                               (CHART_FIXTURES, pytest.mark.chart)):
+            if fixtures & used:
+                item.add_marker(mark)
 
 
 @dataclass(frozen=True)

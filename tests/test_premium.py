@@ -183,3 +183,15 @@ def test_premium_with_deepspeed_zero1_on_cpu(ray_connected, base_path, tmp_path)
                           storage_dir=tmp_path / "storage")
     assert [p["epoch"] for p in summary["curve"]] == [1, 2]
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_premium_refuses_too_few_records_before_training_and_names_stage_two(no_training,
+                                                                             tmp_path):
+    data = _synthetic(tmp_path / "synthetic.parquet", 8)
+    with pytest.raises(PremiumError, match=r"holds 8 synthetic record\(s\), fewer than "
+                                           r"premium.min_records=100: Stage II \(the synth "
+                                           r"stage\) kept too little.*stats.json"):
+        run_premium(PremiumConfig(min_records=100), data_path=data,
+                    model_path=tmp_path / "base", out_dir=tmp_path / "out",
+                    storage_dir=tmp_path / "s")
+    assert not (tmp_path / "out").exists()

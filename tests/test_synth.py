@@ -242,3 +242,16 @@ def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, rele
             for r in pq.read_table(f).to_pylist()]
     assert sorted(r["index"] for r in rows) == list(range(96))
     assert not list(shards.glob("*/shards/.*.tmp"))  # no half-written shard left behind
+
+
+def test_a_junior_that_writes_no_runnable_code_stops_after_the_first_shard():
+    from privcode.synth.pipeline import _check_runnable
+
+    rows = ([{"exec_passed": False, "exec_status": "syntax"}] * 9
+            + [{"exec_passed": True, "exec_status": "ok"}])
+    _check_runnable(rows, 0.1)  # 1 of 10 runs: enough
+    _check_runnable(rows, 0.0)
+    with pytest.raises(SynthesisError, match=r"only 1 of the first 10 samples run \(execution "
+                                             r"statuses: ok 1, syntax 9; synth.min_runnable_"
+                                             r"fraction=0.2\).*base stage.*train stage"):
+        _check_runnable(rows, 0.2)

@@ -33,6 +33,7 @@ from privcode import __version__
 from privcode.config import PipelineConfig, section_to_dict
 from privcode.errors import PrivcodeError
 from privcode.pipeline.stages import STAGES, Stage
+from privcode.pipeline.summary import run_summary
 from privcode.utils import atomic_write_json, sha256_file, stable_hash
 
 log = logging.getLogger("privcode.pipeline")
@@ -143,6 +144,7 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
     Stages not selected but needed by a selected one must already have a
     current artifact (their manifest is read); otherwise they run too.
     """
+    started = time.time()
     selected = list(stages or cfg.run.stages)
     for name in selected:
         if name not in STAGES:
@@ -186,8 +188,9 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
                          "seconds": round(time.time() - t0, 2)}
         _say(f"[{name}] done in {time.time() - t0:.1f}s ({directory})")
     report = manifests.get("report", {}).get("summary", {})
+    summary = run_summary(cfg.run.name, results, manifests, time.time() - started)
     return {"run": cfg.run.name, "stages": results, "report": report.get("report"),
-            "private_report": report.get("private_report")}
+            "private_report": report.get("private_report"), "summary": summary.format()}
 
 
 def _with_dependencies(selected: list[str]) -> list[str]:

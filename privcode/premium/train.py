@@ -211,9 +211,14 @@ def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | 
     """
     data_path, model_path = Path(data_path).resolve(), Path(model_path).resolve()
     pairs = _read_synthetic(data_path)
-    if not pairs:
-        raise PremiumError(f"{data_path} holds no synthetic records: Stage II kept nothing "
-                           "(see its stats.json funnel)")
+    if len(pairs) < cfg.min_records:
+        raise PremiumError(
+            f"premium: {data_path} holds {len(pairs)} synthetic record(s), fewer than "
+            f"premium.min_records={cfg.min_records}: Stage II (the synth stage) kept too little. "
+            "Its funnel (stats.json beside that file) says which filter removed the samples: "
+            "execution = the junior writes no runnable code (look at the base and train "
+            "stages), round-trip = its code does not match its prompts, duplicates = it "
+            "repeats itself (raise synth.temperature). More samples: synth.num_samples.")
     privacy = source_privacy(data_path, allow_non_dp=cfg.allow_non_dp_source)
     job = PremiumJob(cfg=cfg, data_path=str(data_path), model_path=str(model_path),
                      num_records=len(pairs))

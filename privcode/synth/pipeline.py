@@ -242,8 +242,11 @@ def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: 
             k = int(row["index"]) // size
             buffers[k].append(row)
             if len(buffers[k]) == expected[k]:
-                _write_shard(_shard_path(work, k), buffers.pop(k))
+                rows = buffers.pop(k)
+                _write_shard(_shard_path(work, k), rows)
                 counts["shards_written"] += 1
+                if counts["shards_written"] == 1:
+                    _check_runnable(rows, cfg.min_runnable_fraction)
                 if progress:
                     log.info("synth: shard %d written (%d/%d)", k,
                              counts["shards_written"] + counts["shards_resumed"], len(shards))
@@ -252,6 +255,24 @@ def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: 
         raise SynthesisError(f"Stage II lost rows: shards {missing[:5]} incomplete after the "
                              "dataset finished; rerun to regenerate them")
     return counts
+
+
+def _check_runnable(rows: list[dict[str, Any]], minimum: float) -> None:
+    """Fail fast (after the first shard) when the junior writes almost no runnable code."""
+    runnable = sum(bool(r["exec_passed"]) for r in rows)
+    if not rows or runnable >= minimum * len(rows):
+        return
+    statuses: dict[str, int] = defaultdict(int)
+    for r in rows:
+        statuses[r["exec_status"]] += 1
+    raise SynthesisError(
+        f"synth: only {runnable} of the first {len(rows)} samples run (execution statuses: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+        + f"; synth.min_runnable_fraction={minimum}). The DP junior writes almost no runnable "
+        "Python: look at the base stage (base.json: is the base complete, its held-out loss?) "
+        "and the train stage (its epsilon, steps and public held-out loss curve), or at the "
+        "sampling settings (synth.temperature, synth.start_text, synth.max_new_tokens). "
+        "Set synth.min_runnable_fraction=0 to synthesise anyway.")
 
 
 def _finalize_shard(path: Path, cfg: SynthConfig, dedup: Any, provenance: str,

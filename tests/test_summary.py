@@ -1,0 +1,55 @@
+"""The one-screen end-of-run summary: every line from the manifests' aggregates."""
+
+from __future__ import annotations
+
+from privcode.pipeline.summary import run_summary
+
+MANIFESTS = {
+    "train": {"summary": {"dp": True, "epsilon": 3.9995, "epsilon_budget": 4.0, "delta": 1e-5,
+                          "accountant": "rdp", "steps_taken": 30, "noise_multiplier": 0.563,
+                          "method": "privcode++"}},
+    "synth": {"summary": {"generated": 1000, "kept": 312, "removed_execution": 435,
+                          "removed_roundtrip": 59, "removed_duplicate": 194}},
+    "premium": {"summary": {"records": 312, "curve": [{"epoch": 2, "eval_loss": 0.859}],
+                            "privacy": {"dp": True}}},
+    "eval": {"summary": {"benchmark": "humaneval", "models": {
+        "base": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.025}},
+        "junior": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.0}}}}},
+    "audit": {"summary": {"models": {
+        "junior": {"non_private": False, "canaries": {"leaked": 0, "total": 45},
+                   "mia": {"attacks": {"loss": {"tpr_at_1pct_fpr": 0.01},
+                                       "reference_calibrated": {"tpr_at_1pct_fpr": 0.02}}}},
+        "nondpft": {"non_private": True, "canaries": {"leaked": 8, "total": 45},
+                    "mia": {"attacks": {"loss": {"tpr_at_1pct_fpr": 0.315}}}}}}},
+    "pac": {"summary": {"m": 8, "utility": {"accuracy": {"pac": 0.1875, "world": 0.2305,
+                                                         "public": 0.2148}},
+                        "leakage": {"charged_nats": 0.000419}}},
+    "report": {"summary": {"report": "reports/demo/report.md",
+                           "private_report": "runs/demo/private_report/report.md"}},
+}
+
+
+def test_summary_lines_hold_the_numbers_of_every_stage():
+    stages = {"train": {"status": "ran", "seconds": 75.0}, "synth": {"status": "ran",
+              "seconds": 211.0}, "eval": {"status": "skipped"}}
+    text = run_summary("demo", stages, MANIFESTS, wall_seconds=301).format()
+    lines = text.splitlines()
+    assert lines[0] == "privcode run 'demo' done in 5m01s: 2 stage(s) ran, 1 unchanged (cached)"
+    assert "epsilon 4.00 of 4.00 (delta 1e-05, rdp); 30 steps, sigma 0.56, privcode++" in text
+    assert "kept 312/1000 (31%); removed: exec 435, round-trip 59, dup 194" in text
+    assert "trained on 312 synthetic records, eval loss 0.859 (DP by post-processing)" in text
+    assert "base 2.5%, junior 0.0% (humaneval, 40 problems)" in text
+    assert "canaries leaked: junior 0/45, non-DP 8/45" in text
+    assert "TPR at 1% FPR: junior 0.02, non-DP 0.32" in text  # the stronger attack
+    assert "accuracy 18.8% (one world 23.1%, public 21.5%), m=8; 0.00042 nats/session" in text
+    assert "time       train 1m15s, synth 3m31s" in text
+    assert "reports/demo/report.md (aggregates only, shareable)" in text
+    assert "runs/demo/private_report/report.md (owner only" in text
+    assert all(len(line) <= 90 for line in lines), max(lines, key=len)
+
+
+def test_summary_leaves_out_stages_that_are_absent_and_flags_no_dp():
+    manifests = {"train": {"summary": {"dp": False, "method": "nondpft"}}}
+    s = run_summary("x", {"train": {"status": "ran", "seconds": 3}}, manifests, 3)
+    assert [label for label, _ in s.lines] == ["privacy"]
+    assert "NO DP" in s.format() and s.report is None
