@@ -42,6 +42,11 @@ from typing import Any
 
 import pytest
 
+# Ray's usage telemetry off for the whole session, as privcode's drivers do: Ray Data's
+# driver-side poller would otherwise log a formatted traceback every 10 s from a thread.
+for _key, _value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_DATA_USAGE_DISABLED", "1")):
+    os.environ.setdefault(_key, _value)
+
 RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
 MODEL_FIXTURES = frozenset({"ci_base_cache"})
 CHART_FIXTURES = frozenset({"helm"})

@@ -296,3 +296,20 @@ def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
     assert result["ip"] == "127.0.0.1" and result["again"]["started"] is False
     assert result["hosts"] and set(result["hosts"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}
     assert len(token.read_text().strip()) == 64  # created where RAY_AUTH_TOKEN_PATH says
+
+
+def test_ray_telemetry_is_off_in_drivers_and_the_head_unless_the_environment_chose(monkeypatch):
+    for key in local.NO_TELEMETRY_ENV:
+        monkeypatch.delenv(key, raising=False)
+    env = local.head_env()
+    assert {k: env[k] for k in local.NO_TELEMETRY_ENV} == {"RAY_USAGE_STATS_ENABLED": "0",
+                                                             "RAY_DATA_USAGE_DISABLED": "1"}
+    local.disable_telemetry()
+    assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert os.environ["RAY_DATA_USAGE_DISABLED"] == "1"
+    from ray._common.usage.usage_lib import usage_stats_enabled
+
+    assert not usage_stats_enabled()
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")  # an explicit choice is kept
+    local.disable_telemetry()
+    assert local.head_env()["RAY_USAGE_STATS_ENABLED"] == "1"

@@ -21,7 +21,7 @@ from privcode.pac.bounds import (
 
 
 def test_bounds_match_the_seed_text():
-    """METHODS.md section 5: the checks the seed states explicitly."""
+    """docs/methods.md, PAC-private generation: the checks the seed states explicitly."""
     assert mia_success_bound(2.0 ** -32 * 1e6) == pytest.approx(0.51079, abs=5e-6)
     assert mia_success_bound(charged_mi(2.0 ** -16, 64)) == pytest.approx(0.5221, abs=5e-5)
     assert mia_success_bound(charged_mi(2.0 ** -8, 64)) == pytest.approx(0.8379, abs=5e-5)

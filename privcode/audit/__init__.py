@@ -1,4 +1,4 @@
-"""Evaluation and privacy audits (METHODS.md section 4).
+"""Evaluation and privacy audits (docs/audits.md).
 
 * :mod:`privcode.audit.scoring`: model log-likelihoods and per-record losses
   for any model the pipeline produces (plain model, adapter, premium or DP

@@ -1,6 +1,6 @@
 """Canary leakage (CanaryLeaks): does the model emit a planted canary verbatim?
 
-Setting (METHODS.md section 4; the canaries are written by the data stage,
+Setting (docs/audits.md; the canaries are written by the data stage,
 :mod:`privcode.data.canaries`): one canary per category ``(kind, placement,
 repetitions)``, kind in email / name / ip_address / password / username,
 placement prompt / code / joint, planted in 5, 10 or 100 training records.

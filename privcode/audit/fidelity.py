@@ -1,4 +1,4 @@
-"""Fidelity of the synthetic set D_syn to the private set (METHODS.md section 4).
+"""Fidelity of the synthetic set D_syn to the private set (docs/audits.md).
 
 PrivCode++ (Appendix C metrics, Table 10; Figure 3) compares synthetic code
 with the original private code by BLEU-4, AST-Sim, Frechet distance and

@@ -175,6 +175,16 @@ def _address_is_loopback(address: str) -> bool:
     return _is_loopback_host(host)
 
 
+#: Environment that turns Ray's usage telemetry off (driver, head and workers).
+NO_TELEMETRY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DATA_USAGE_DISABLED": "1"}
+
+
+def disable_telemetry() -> None:
+    """Ray usage stats and Ray Data usage collection off, unless the environment says."""
+    for key, value in NO_TELEMETRY_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def prepare_driver_env(loopback: bool = True) -> None:
     """Set up this process so ``ray.init`` can join a token-auth head on 127.0.0.1.
 
@@ -182,7 +192,12 @@ def prepare_driver_env(loopback: bool = True) -> None:
     exists) and, for a loopback cluster, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``;
     then refreshes Ray's cached copies of both, since ``ray`` may already be
     imported.  Must run before ``ray.init``; child processes inherit the env.
+
+    Also switches Ray's usage telemetry off in this process (nothing phones
+    home; Ray Data's driver-side usage poller would otherwise query a
+    Prometheus server every 10 s) unless the environment already chose.
     """
+    disable_telemetry()
     if auth_enabled() and read_token():
         os.environ[AUTH_MODE_ENV] = "token"
     if loopback:
@@ -211,6 +226,8 @@ def head_env() -> dict[str, str]:
     if auth_enabled():
         env[AUTH_MODE_ENV] = "token"
     env[LOOPBACK_ENV] = "0"
+    for key, value in NO_TELEMETRY_ENV.items():  # the stage tasks inherit it
+        env.setdefault(key, value)
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     env.pop("RAY_ADDRESS", None)  # `ray start --head` must not try to join anything

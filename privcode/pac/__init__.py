@@ -1,4 +1,4 @@
-"""PAC-private generation (METHODS.md section 5, seed 004).
+"""PAC-private generation (docs/methods.md, PAC-private generation, seed 004).
 
 * :mod:`privcode.pac.bounds`: the pure maths: what a mutual-information
   budget means for an attacker (membership-inference and world-identification

@@ -1,6 +1,6 @@
 """PAC privacy for autoregressive generation: budgets, noise and attacker bounds.
 
-Setting (seed 004, METHODS.md section 5). The secret ``S`` is the realised
+Setting (seed 004, docs/methods.md, PAC-private generation). The secret ``S`` is the realised
 world, uniform over ``m`` worlds; each private record is in exactly ``m/2``
 worlds, so a record's membership prior is exactly 1/2. Every released token
 costs at most ``b`` nats of mutual information, so ``T`` tokens of a

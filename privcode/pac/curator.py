@@ -4,7 +4,7 @@ The curator is the only holder of the secret ``S`` (the realised world,
 uniform over ``m`` worlds, drawn ONCE with a CSPRNG: ``secrets.randbelow``)
 and of the posterior ``P`` over worlds. Every token of every session goes
 through :meth:`Curator.step`, which turns the worlds' votes into a released
-candidate index (METHODS.md section 5, :func:`privcode.pac.mechanism.pac_step`):
+candidate index (docs/methods.md, PAC-private generation, :func:`privcode.pac.mechanism.pac_step`):
 
 * unanimity among the worlds of positive posterior: that candidate, free
   (the release is a function of the votes alone, not of ``S``); this holds

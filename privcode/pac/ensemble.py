@@ -13,7 +13,7 @@ through world ``s``'s adapter, row ``m`` through the plain base (peft's
 mixed-adapter batch, ``adapter_names=[w_0, ..., w_{m-1}, "__base__"]``), with
 a KV cache so every token after the prompt is one ``[m + 1, 1]`` forward.
 
-Per token (METHODS.md section 5, :meth:`PacEnsemble.generate`):
+Per token (docs/methods.md, PAC-private generation, :meth:`PacEnsemble.generate`):
 
 1. candidates ``V_t`` = top-k of the PUBLIC row's next-token distribution;
    the worlds' log-probs over ``V_t`` are their full-vocabulary

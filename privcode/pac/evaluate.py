@@ -2,7 +2,7 @@
 
 Inside the private boundary (the worlds and the held-out records are
 private); the summary holds aggregates only. Three measurements, after the
-seed's Tables 4-7 (METHODS.md section 5):
+seed's Tables 4-7 (docs/methods.md, PAC-private generation):
 
 * Utility, teacher-forced (:func:`teacher_forced_accuracy`): at held-out
   positions (code tokens of non-member records), the next-token accuracy of

@@ -1,6 +1,6 @@
 """One token of PAC-private generation: votes, calibrated noise, posterior, release.
 
-Setting (seed 004, METHODS.md section 5). ``m`` worlds (LoRA adapters
+Setting (seed 004, docs/methods.md, PAC-private generation). ``m`` worlds (LoRA adapters
 trained on overlapping halves of the private corpus, :func:`assign_worlds`);
 the realised world ``S`` is the secret, drawn once and never released. At
 each step the public base model's top-k tokens are the candidates ``V_t``.

@@ -5,7 +5,7 @@ without differential privacy; only the PAC curator's noisy release
 (:mod:`privcode.pac.curator`) protects them. The artifact stays inside the
 private boundary: only the serving process reads it.
 
-Worlds (seed 004, METHODS.md section 5). :func:`privcode.pac.mechanism.assign_worlds`
+Worlds (seed 004, docs/methods.md, PAC-private generation). :func:`privcode.pac.mechanism.assign_worlds`
 puts every record in exactly ``m/2`` worlds, so a record's membership prior
 in the realised world is exactly 1/2. World ``s`` is a LoRA adapter over the
 frozen public base, fine-tuned on its members with the mean token

@@ -27,7 +27,7 @@ Routes (``Authorization: Bearer`` on all but ``/healthz`` when a key is set):
 * ``GET /v1/privacy``: the deployment's public accounting and the attacker
   bounds an auditor needs; ``GET /v1/models[/<id>]``, ``GET /healthz``.
 
-Privacy assumptions (METHODS.md section 5):
+Privacy assumptions (docs/methods.md, PAC-private generation):
 
 * ONE replica. The curator (the secret realised world, the posterior(s)
   and the budgets) lives in the replica's memory and in ``state_dir``; a

@@ -1,4 +1,4 @@
-"""Stage II prompt extraction M_ext(code) -> instruction (METHODS.md section 3, step 2).
+"""Stage II prompt extraction M_ext(code) -> instruction (docs/methods.md, Stage II).
 
 Each generated snippet c_i becomes an ``(instruction, code)`` pair. Two
 extractors sit in the :data:`EXTRACTORS` registry; both are classes built

@@ -33,12 +33,16 @@ PrivCode++ Table 6) are written.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
+import os
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -355,19 +359,47 @@ def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
     ``generator`` replaces :class:`~privcode.synth.operators.Generate` (same
     constructor and batch contract), e.g. a cheap stand-in for benchmarks.
     """
-    import ray
-
-    from privcode.cluster.local import connect
-
     if cfg.generators_max < cfg.generators_min:
         raise SynthesisError(f"synth.generators_max={cfg.generators_max} is below "
                              f"generators_min={cfg.generators_min}")
     release = Path(release).resolve()
     meta = check_release_path(release)
     privacy = release_privacy(release, meta, allow_non_dp=cfg.allow_non_dp_release)
-    release_sha = sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode())
     work = Path(work_root).resolve() / work_key(cfg, meta)
     (work / "shards").mkdir(parents=True, exist_ok=True)
+    with _single_writer(work):
+        return _synthesise(cfg, release, meta, privacy, work, out_dir, progress, generator)
+
+
+@contextlib.contextmanager
+def _single_writer(work: Path) -> Iterator[None]:
+    """Hold ``work/.lock`` (one synthesis per work directory) and clear stale temporaries.
+
+    A run killed mid-write leaves ``shards/.shard-*.tmp``; under the lock no
+    other writer exists, so every temporary there is stale and is removed.
+    """
+    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SynthesisError(f"another synthesis is writing {work} (its lock is held): wait "
+                                 "for it, or stop it, then rerun") from None
+        for stale in (work / "shards").glob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _synthesise(cfg: SynthConfig, release: Path, meta: dict[str, Any], privacy: dict[str, Any],
+                work: Path, out_dir: str | Path, progress: bool,
+                generator: type | None) -> dict[str, Any]:
+    import ray
+
+    from privcode.cluster.local import connect
+
+    release_sha = sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode())
     atomic_write_json(work / "settings.json", {"release": str(release),
                                                 "config": section_to_dict(cfg)})
     out_dir = Path(out_dir)

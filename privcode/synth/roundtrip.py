@@ -1,4 +1,4 @@
-"""Stage II round-trip filter (METHODS.md section 3, step 4).
+"""Stage II round-trip filter (docs/methods.md, Stage II).
 
 A public summariser M_r describes each generated snippet c_i; the pair
 ``(p_i, c_i)`` is kept when ``sim(summary_i, p_i) >= tau_sim``. It removes
