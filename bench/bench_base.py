@@ -1,6 +1,6 @@
 """Training throughput of each base-model preset, and the training time it predicts.
 
-Run: ``.venv/bin/python bench/bench_base.py [--presets ci demo small] [--steps 20]``
+Run: ``.venv/bin/python bench/bench_base.py [--presets ci demo small] [--steps 20] [--threads N]``
 
 For each preset, builds the preset's Qwen2 shape with random weights, times
 ``--steps`` optimizer steps (forward, backward, clip, AdamW) on random token
@@ -64,13 +64,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["ci", "demo"], choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=20, help="Timed steps per preset.")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Torch threads (default: the CPUs available).")
     args = parser.parse_args()
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    torch.set_num_threads(cores)
-    print(f"torch {torch.__version__}, {cores} threads")
+    threads = args.threads or cores
+    torch.set_num_threads(threads)
+    print(f"torch {torch.__version__}, {threads} threads")
     for name in args.presets:
         print(json.dumps(bench_preset(name, PRESETS[name], args.steps)), flush=True)
 

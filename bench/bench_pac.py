@@ -1,9 +1,13 @@
 """PAC ensemble decoding: one batched pass of m+1 rows vs m+1 separate passes per token.
 
-Run: ``.venv/bin/python bench/bench_pac.py [--worlds 8 32] [--tokens 32] [--preset demo]``
+Run::
+
+    .venv/bin/python bench/bench_pac.py [--worlds 8 32] [--tokens 32] [--preset demo]
+                                         [--cache-dir DIR] [--threads N]
 
 For each m, builds a worlds artifact of m random LoRA adapters (r=8) over
-the preset's public base model, then decodes ``--tokens`` tokens after a
+the preset's public base model (built, or found, in ``--cache-dir``:
+default ``base.cache_dir``), then decodes ``--tokens`` tokens after a
 fixed prompt two ways, in the same process, each with a KV cache:
 
 * batched: :meth:`privcode.pac.ensemble.PacEnsemble.step_logprobs`, one
@@ -85,15 +89,21 @@ def separate(ens, ids: list[int], tokens: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[8, 32], help="Values of m (>= 2).")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--preset", default="demo")
+    ap.add_argument("--cache-dir", help="Base-model cache (default: base.cache_dir's default).")
+    ap.add_argument("--threads", type=int, help="Torch threads (default: torch's default).")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from privcode.config import BaseConfig
     from privcode.models.base import build_base
     from privcode.pac.ensemble import PacEnsemble
 
-    base = build_base(BaseConfig(preset=args.preset), progress=False)["path"]
+    cfg = (BaseConfig(preset=args.preset) if args.cache_dir is None
+           else BaseConfig(preset=args.preset, cache_dir=args.cache_dir))
+    base = build_base(cfg, progress=False)["path"]
     print(f"base {args.preset}; {args.tokens} tokens; torch threads {torch.get_num_threads()}")
     print(f"{'m':>4} {'batched ms/token':>17} {'separate ms/token':>18} {'separate/batched':>17}")
     for m in args.worlds:

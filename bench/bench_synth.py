@@ -1,8 +1,8 @@
 """Stage II benchmarks: Ray Data vs an in-process loop, and peak memory vs run size.
 
-Run (not part of CI; on an idle machine):
+Run (on an idle machine; the test suite runs it only at its smallest setting):
 
-    .venv/bin/python bench/bench_synth.py [--release runs/demo/train/release] [--samples 256]
+    .venv/bin/python bench/bench_synth.py [--release runs/demo/train/release] [--samples 512]
         [--big 50000] [--small 5000]
         [--skip-throughput | --skip-memory]
 
@@ -15,12 +15,17 @@ Run (not part of CI; on an idle machine):
    through the full pipeline (sandbox, round trip, dedup) at ``--big`` and
    ``--small`` samples; prints the peak total RSS of every process of the
    Ray session plus this driver, and the ratio (goal <= 1.2x).
+
+Starts a local Ray cluster in this process with every CPU, or joins the one
+``RAY_ADDRESS`` names (then the memory numbers cover this driver's process
+tree only, not the cluster's workers).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import tempfile
 import threading
 import time
@@ -123,11 +128,12 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=5_000)
     args = ap.parse_args()
 
-    import ray
-
+    from privcode.cluster.local import connect
     from privcode.synth.pipeline import run_synthesis
 
-    ray.init(num_cpus=psutil.cpu_count(), include_dashboard=False, log_to_driver=False)
+    # A new local cluster with every CPU; joining RAY_ADDRESS's, Ray refuses num_cpus.
+    connect(None, log_to_driver=False,
+            **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": psutil.cpu_count()}))
     release = Path(args.release).resolve()
     cfg = SynthConfig(num_samples=args.samples, shard_size=64, batch_size=16,
                       max_new_tokens=128, temperature=0.3, start_text="def",

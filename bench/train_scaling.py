@@ -1,20 +1,24 @@
 """DP-SGD throughput on Ray Train: samples/s with 2 workers vs 1, same run otherwise.
 
     .venv/bin/python bench/train_scaling.py [--model demo] [--steps 24] [--batch 32]
-                                             [--length 96] [--rounds 2]
+                                             [--length 96] [--rounds 2] [--size 400]
+                                             [--configs 1x1 1x2 2x1]
 
-Starts an in-process local Ray cluster (127.0.0.1, stopped at the end),
-builds a small demo corpus in a temporary directory, and trains the same
-DP-SGD run (real ledger, fixed sigma, large budget) with
+Starts an in-process local Ray cluster (127.0.0.1, stopped at the end), or
+joins the one ``RAY_ADDRESS`` names (2 CPUs free needed), builds a small
+demo corpus in a temporary directory, and trains the same DP-SGD run (real
+ledger, fixed sigma, large budget) with
 
-* 1 worker x 1 CPU,
-* 1 worker x 2 CPUs (2 torch threads), and
-* 2 workers x 1 CPU (gloo all-reduce),
+* 1 worker x 1 CPU (``1x1``),
+* 1 worker x 2 CPUs (``1x2``: 2 torch threads), and
+* 2 workers x 1 CPU (``2x1``: gloo all-reduce),
 
-``--rounds`` times each, interleaved. Throughput is measured from the audit
-log of applied steps (rank 0's time stamps): (steps - 1) * expected batch
-size / (time of the last step - time of the first), so worker start-up and
-model loading are excluded. Ratios are against 1 worker x 1 CPU.
+``--rounds`` times each, interleaved (``--configs`` runs a subset of the
+three). Throughput is measured from the audit log of applied steps (rank 0's
+time stamps): (steps - 1) * expected batch size / (time of the last step -
+time of the first), so worker start-up and model loading are excluded.
+Ratios are against 1 worker x 1 CPU (against the first configuration run
+when ``--configs`` leaves that one out).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 CONFIGS = (("1 worker x 1 CPU", 1, 1), ("1 worker x 2 CPUs", 1, 2), ("2 workers x 1 CPU", 2, 1))
+SHORT = [f"{workers}x{threads}" for _, workers, threads in CONFIGS]  # --configs names
 
 
 def _samples_per_second(audit_log: Path, expected_batch: float) -> float:
@@ -47,7 +52,10 @@ def main() -> int:
     p.add_argument("--length", type=int, default=96, help="max tokens per record")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--size", type=int, default=400, help="ordinary records of the corpus")
+    p.add_argument("--configs", nargs="+", default=list(SHORT), choices=list(SHORT),
+                   help="workers x CPUs each to run (default: all three)")
     args = p.parse_args()
+    configs = tuple(c for c, short in zip(CONFIGS, SHORT, strict=True) if short in args.configs)
 
     import ray
 
@@ -59,8 +67,9 @@ def main() -> int:
 
     model = str(resolve_model_path(args.model))
     cpus = os.cpu_count() or 2
-    connect(None, num_cpus=max(2, cpus))
-    results: dict[str, list[float]] = {name: [] for name, _, _ in CONFIGS}
+    # A new local cluster gets max(2, CPUs); joining RAY_ADDRESS's, Ray refuses num_cpus.
+    connect(None, **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": max(2, cpus)}))
+    results: dict[str, list[float]] = {name: [] for name, _, _ in configs}
     with tempfile.TemporaryDirectory(prefix="privcode-scaling-") as tmp:
         work = Path(tmp)
         build_demo_corpus(work / "data", DataConfig(size=args.size, canary_repetitions=(1,)),
@@ -70,7 +79,7 @@ def main() -> int:
                            eval_tokens=0, checkpoint_every=10**6)
         n = None
         for r in range(args.rounds):
-            order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
+            order = configs if r % 2 == 0 else tuple(reversed(configs))
             for name, workers, threads in order:
                 cfg = dataclasses.replace(base, num_workers=workers, cpus_per_worker=threads)
                 run = work / f"{workers}x{threads}-{r}"
@@ -83,11 +92,12 @@ def main() -> int:
                     Path(summary["audit_log"]), summary["sample_rate"] * n))
                 print(f"  round {r + 1}: {name}: {results[name][-1]:.1f} samples/s", flush=True)
     ray.shutdown()
-    ref = statistics.median(results[CONFIGS[0][0]])
+    ref_name, ref_workers, ref_threads = configs[0]
+    ref = statistics.median(results[ref_name])
     print(f"model {model}; {n} records; expected batch {args.batch}; max {args.length} tokens; "
           f"{args.steps} steps; {cpus} CPUs on this machine; median of {args.rounds} rounds")
-    print(f"{'configuration':20} {'samples/s':>10} {'x 1x1':>7}")
-    for name, _, _ in CONFIGS:
+    print(f"{'configuration':20} {'samples/s':>10} {f'x {ref_workers}x{ref_threads}':>7}")
+    for name, _, _ in configs:
         v = statistics.median(results[name])
         print(f"{name:20} {v:10.1f} {v / ref:7.2f}")
     return 0

@@ -42,10 +42,13 @@ from typing import Any
 
 import pytest
 
-# Ray's usage telemetry off for the whole session, as privcode's drivers do: Ray Data's
-# driver-side poller would otherwise log a formatted traceback every 10 s from a thread.
-for _key, _value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_DATA_USAGE_DISABLED", "1")):
-    os.environ.setdefault(_key, _value)
+# The privcode process environment for the whole session, as its drivers set it (before
+# torch loads): Ray telemetry off (Ray Data's driver-side poller would otherwise log a
+# formatted traceback every 10 s from a thread) and passive OpenMP waits (fast beside a busy
+# process). privcode.cluster.local imports neither torch nor ray.
+from privcode.cluster.local import apply_process_env  # noqa: E402
+
+apply_process_env()
 
 RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
 MODEL_FIXTURES = frozenset({"ci_base_cache"})

@@ -1,36 +1,178 @@
 """The bench/ scripts run at their smallest setting, so a refactor cannot break one unnoticed.
 
-The numbers they print are not asserted here (timings belong to the
+Every script in bench/ runs here once, as a subprocess (as on the command
+line), on the ci base model where it needs one and on the session Ray head
+where it needs Ray (the subprocess inherits ``RAY_ADDRESS`` and the token
+settings). The numbers they print are not asserted (timings belong to the
 benchmarks, run side by side on a quiet machine); only that each script
-runs to the end and prints its summary line.
+runs to the end and prints its summary and ratio lines.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = {"bench_base.py", "bench_pac.py", "bench_records.py", "bench_sandbox.py",
+           "bench_synth.py", "dp_overhead.py", "train_scaling.py"}
+NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
 
 def _run(script: str, *args: str, timeout: int = 600) -> str:
     proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
                           text=True, timeout=timeout, cwd=BENCH.parent)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc.stdout
 
 
-def test_dp_overhead_smallest(ci_base_cache):
+def _line(out: str, pattern: str) -> re.Match:
+    """The first line of ``out`` that ``pattern`` matches from its start (fails the test if none)."""
+    for line in out.splitlines():
+        match = re.match(pattern, line.strip())
+        if match:
+            return match
+    raise AssertionError(f"no line matching {pattern!r} in:\n{out}")
+
+
+@contextlib.contextmanager
+def _one_core():
+    """This process (and what it starts) on one of its cores, restored after."""
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+@pytest.fixture(scope="module")
+def ci_cache(request: pytest.FixtureRequest) -> str:
+    """``ci_base_cache``, built on one core when this module is the first to need it.
+
+    build_base trains on every core it may use; on a busy 2-core machine two torch threads
+    at low priority stall each other (~25x slower than one thread). Tests using this fixture
+    carry the ``model`` mark by hand: conftest cannot see a ``getfixturevalue`` dependency.
+    """
+    with _one_core():
+        return request.getfixturevalue("ci_base_cache")
+
+
+@pytest.fixture(scope="module")
+def ci_model(ci_cache: str) -> str:
+    """The ci base model's directory."""
     from privcode.config import BaseConfig
     from privcode.models.base import build_base
 
-    model = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+    return build_base(BaseConfig(preset="ci", cache_dir=ci_cache), progress=False)["path"]
+
+
+@pytest.fixture(scope="module")
+def release(ci_model, tmp_path_factory) -> Path:
+    """A small privcode++ release of the ci base (LoRA r=2, prefix decoder dz 8, K 2), as in
+    tests/test_synth.py: what bench_synth.py's throughput half generates from."""
+    import torch
+
+    from privcode.models.loading import attach_lora, load_causal_lm
+    from privcode.release import write_release
+
+    work = tmp_path_factory.mktemp("bench-release")
+    torch.manual_seed(0)
+    lm = attach_lora(load_causal_lm(ci_model), r=2, alpha=4)
+    lm.save_pretrained(str(work / "adapter"))
+    hidden = lm.get_input_embeddings().weight.shape[1]
+    decoder = {"weight": torch.randn(2 * hidden, 8) * 0.02, "bias": torch.zeros(2 * hidden)}
+    out = work / "release"
+    write_release(out, adapter_dir=work / "adapter", prefix_decoder=decoder,
+                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
+                        "base_model": ci_model, "alignment": "public bank",
+                        "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
+                  privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
+    return out
+
+
+def test_every_bench_script_has_a_test():
+    """A new bench script needs its smallest-setting test here (and a line in bench/README.md)."""
+    scripts = {p.name for p in BENCH.glob("*.py")}
+    assert scripts == SCRIPTS, "update SCRIPTS and add a test for: " + ", ".join(
+        sorted(scripts ^ SCRIPTS))
+    tested = set(re.findall(r'_run\("([a-z_]+\.py)"', Path(__file__).read_text()))
+    assert tested == SCRIPTS
+    readme = (BENCH / "README.md").read_text()
+    assert all(f"bench/{name}" in readme for name in SCRIPTS)
+
+
+def test_bench_records_smallest():
+    out = _run("bench_records.py", "--records", "20")
+    assert {"jsonl", "parquet"} <= {line.split()[0] for line in out.splitlines() if line.strip()}
+    _line(out, rf"parquet/jsonl: write x{NUMBER}, read x{NUMBER}, size x{NUMBER}$")
+
+
+def test_bench_sandbox_smallest():
+    out = _run("bench_sandbox.py", "--snippets", "2", "--workers", "1")
+    _line(out, r"isolation: \S+; CPUs: [0-9]+")
+    _line(out, rf"run_code, sequential +: +{NUMBER} snippets/s")
+    _line(out, rf"SandboxPool\(1 workers\) +: +{NUMBER} snippets/s")
+    _line(out, rf"pool / sequential +: +{NUMBER}x$")
+
+
+def test_bench_base_smallest():
+    out = _run("bench_base.py", "--presets", "ci", "--steps", "1", "--threads", "1")
+    _line(out, r"torch \S+, 1 threads$")
+    row = json.loads(_line(out, r"\{.*\}$").group(0))
+    assert row["preset"] == "ci" and row["tokens_per_second_median"] > 0
+    assert row["predicted_train_seconds"] > 0
+
+
+@pytest.mark.model
+def test_bench_pac_smallest(ci_cache):
+    # m = 2 is the smallest ensemble a worlds artifact may hold.
+    out = _run("bench_pac.py", "--preset", "ci", "--cache-dir", ci_cache, "--worlds", "2",
+               "--tokens", "2", "--threads", "1")
+    _line(out, r"base ci; 2 tokens; torch threads [0-9]+$")
+    _line(out, r"m +batched ms/token +separate ms/token +separate/batched$")
+    _line(out, rf"2 +{NUMBER} +{NUMBER} +{NUMBER}x$")
+
+
+@pytest.mark.model
+def test_dp_overhead_smallest(ci_model):
     # Two of its modes (a subprocess each): the DP step and the secure mode's extra draws;
     # nondp, functorch and ghost differ from hooks by one argument.
-    out = _run("dp_overhead.py", "--model", model, "--batch", "2", "--length", "8",
+    out = _run("dp_overhead.py", "--model", ci_model, "--batch", "2", "--length", "8",
                "--steps", "1", "--rounds", "1", "--records", "64", "--threads", "1",
                "--modes", "hooks", "secure")
     rows = {line.split()[0] for line in out.splitlines() if line.strip()}
     assert {"hooks", "secure"} <= rows
     assert "secure mode" in out and "/ standard hooks: step time" in out
+
+
+@pytest.mark.model
+def test_train_scaling_smallest(ray_cluster, ci_model):
+    # One configuration (1 worker x 1 CPU) of 3 steps, the fewest it can time; the other two
+    # differ by Ray Train's worker count and CPUs per worker.
+    out = _run("train_scaling.py", "--model", ci_model, "--configs", "1x1", "--steps", "3",
+               "--batch", "4", "--length", "16", "--rounds", "1", "--size", "40")
+    _line(out, rf"round 1: 1 worker x 1 CPU: {NUMBER} samples/s$")
+    _line(out, r"model .*; [0-9]+ records; expected batch 4; max 16 tokens; 3 steps; ")
+    _line(out, r"configuration +samples/s +x 1x1$")
+    _line(out, rf"1 worker x 1 CPU +{NUMBER} +1\.00$")
+
+
+@pytest.mark.model
+def test_bench_synth_smallest(ray_cluster, release):
+    # Both halves: the release through Ray Data and in process, then the canned generator
+    # at two sizes for the peak-memory ratio.
+    out = _run("bench_synth.py", "--release", str(release), "--samples", "2",
+               "--small", "2", "--big", "4")
+    _line(out, rf"throughput: ray data {NUMBER} samples/s, in-process loop {NUMBER} samples/s, "
+               rf"ratio {NUMBER}x")
+    for n in (2, 4):
+        _line(out, rf"{n} samples \(canned generator\): .* peak RSS {NUMBER} MiB")
+    _line(out, rf"peak RSS 4 vs 2: {NUMBER}x")

@@ -298,18 +298,19 @@ def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
     assert len(token.read_text().strip()) == 64  # created where RAY_AUTH_TOKEN_PATH says
 
 
-def test_ray_telemetry_is_off_in_drivers_and_the_head_unless_the_environment_chose(monkeypatch):
-    for key in local.NO_TELEMETRY_ENV:
+def test_process_env_telemetry_off_passive_omp_in_drivers_and_head_unless_chosen(monkeypatch):
+    for key in local.PROCESS_ENV:
         monkeypatch.delenv(key, raising=False)
     env = local.head_env()
-    assert {k: env[k] for k in local.NO_TELEMETRY_ENV} == {"RAY_USAGE_STATS_ENABLED": "0",
-                                                             "RAY_DATA_USAGE_DISABLED": "1"}
-    local.disable_telemetry()
+    assert {k: env[k] for k in local.PROCESS_ENV} == {"RAY_USAGE_STATS_ENABLED": "0",
+                                                        "RAY_DATA_USAGE_DISABLED": "1",
+                                                        "OMP_WAIT_POLICY": "PASSIVE"}
+    local.apply_process_env()
     assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
     assert os.environ["RAY_DATA_USAGE_DISABLED"] == "1"
     from ray._common.usage.usage_lib import usage_stats_enabled
 
     assert not usage_stats_enabled()
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")  # an explicit choice is kept
-    local.disable_telemetry()
+    local.apply_process_env()
     assert local.head_env()["RAY_USAGE_STATS_ENABLED"] == "1"

@@ -17,10 +17,13 @@ MANIFESTS = {
         "junior": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.0}}}}},
     "audit": {"summary": {"models": {
         "junior": {"non_private": False, "canaries": {"leaked": 0, "total": 45},
-                   "mia": {"attacks": {"loss": {"tpr_at_1pct_fpr": 0.01},
-                                       "reference_calibrated": {"tpr_at_1pct_fpr": 0.02}}}},
+                   "exposure": {"mean_bits": 1.21},
+                   "mia": {"attacks": {"loss": {"auc": 0.508, "tpr_at_1pct_fpr": 0.01},
+                                       "reference_calibrated": {"auc": 0.512,
+                                                                "tpr_at_1pct_fpr": 0.02}}}},
         "nondpft": {"non_private": True, "canaries": {"leaked": 8, "total": 45},
-                    "mia": {"attacks": {"loss": {"tpr_at_1pct_fpr": 0.315}}}}}}},
+                    "exposure": {"mean_bits": 4.46},
+                    "mia": {"attacks": {"loss": {"auc": 0.724, "tpr_at_1pct_fpr": 0.315}}}}}}},
     "pac": {"summary": {"m": 8, "utility": {"accuracy": {"pac": 0.1875, "world": 0.2305,
                                                          "public": 0.2148}},
                         "leakage": {"charged_nats": 0.000419}}},
@@ -39,8 +42,9 @@ def test_summary_lines_hold_the_numbers_of_every_stage():
     assert "kept 312/1000 (31%); removed: exec 435, round-trip 59, dup 194" in text
     assert "trained on 312 synthetic records, eval loss 0.859 (DP by post-processing)" in text
     assert "base 2.5%, junior 0.0% (humaneval, 40 problems)" in text
-    assert "canaries leaked: junior 0/45, non-DP 8/45" in text
-    assert "TPR at 1% FPR: junior 0.02, non-DP 0.32" in text  # the stronger attack
+    assert "leakage    canaries leaked: junior 0/45, non-DP 8/45" in text
+    assert "exposure   mean canary exposure (bits): junior 1.2, non-DP 4.5" in text
+    assert "AUC (TPR at 1% FPR): junior 0.51 (2%), non-DP 0.72 (32%)" in text  # the strongest
     assert "accuracy 18.8% (one world 23.1%, public 21.5%), m=8; 0.00042 nats/session" in text
     assert "time       train 1m15s, synth 3m31s" in text
     assert "reports/demo/report.md (aggregates only, shareable)" in text

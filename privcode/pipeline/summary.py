@@ -52,7 +52,8 @@ def run_summary(run: str, stages: dict[str, dict[str, Any]],
     s = {name: (m.get("summary") or {}) for name, m in manifests.items()}
     lines: list[tuple[str, str]] = []
     for label, make in (("privacy", _privacy), ("synthesis", _synthesis), ("premium", _premium),
-                        ("pass@1", _pass_at_1), ("leakage", _leakage), ("MIA", _mia),
+                        ("pass@1", _pass_at_1), ("leakage", _leakage),
+                        ("exposure", _exposure), ("MIA", _mia),
                         ("PAC", _pac)):
         text = make(s)
         if text:
@@ -122,14 +123,21 @@ def _leakage(s: dict[str, dict[str, Any]]) -> str | None:
     return ("canaries leaked: " + ", ".join(cells)) if cells else None
 
 
+def _exposure(s: dict[str, dict[str, Any]]) -> str | None:
+    cells = [f"{label} {_f(r['exposure']['mean_bits'], 1)}" for label, r in _models(s)
+             if (r.get("exposure") or {}).get("mean_bits") is not None]
+    return ("mean canary exposure (bits): " + ", ".join(cells)) if cells else None
+
+
 def _mia(s: dict[str, dict[str, Any]]) -> str | None:
     cells = []
     for label, r in _models(s):
         attacks = (r.get("mia") or {}).get("attacks") or {}
-        if attacks:
+        if attacks:  # the strongest attack of each model
+            auc = max(x.get("auc") or 0.0 for x in attacks.values())
             tpr = max(x.get("tpr_at_1pct_fpr") or 0.0 for x in attacks.values())
-            cells.append(f"{label} {_f(tpr, 2)}")
-    return ("TPR at 1% FPR: " + ", ".join(cells)) if cells else None
+            cells.append(f"{label} {auc:.2f} ({tpr:.0%})")
+    return ("AUC (TPR at 1% FPR): " + ", ".join(cells)) if cells else None
 
 
 def _pac(s: dict[str, dict[str, Any]]) -> str | None:

@@ -205,6 +205,10 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
   value: {{ printf "%s/cache/huggingface" $m | quote }}
 - name: RAY_USAGE_STATS_ENABLED
   value: "0"
+- name: RAY_DATA_USAGE_DISABLED
+  value: "1"
+- name: OMP_WAIT_POLICY
+  value: PASSIVE
 {{- if $root.Values.storage.objectStore.uri }}
 - name: PRIVCODE_OBJECT_STORE_URI
   value: {{ $root.Values.storage.objectStore.uri | quote }}
