@@ -171,6 +171,38 @@ def ci_base_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(cache)
 
 
+@pytest.fixture(scope="session")
+def ci_model(ci_base_cache: str) -> str:
+    """The ci base model's directory (from ``ci_base_cache``)."""
+    from privcode.config import BaseConfig
+    from privcode.models.base import build_base
+
+    return build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+
+
+@pytest.fixture(scope="session")
+def ci_release(ci_model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A privcode++-format release of the ci base: LoRA r=2 + a prefix decoder (dz 8, K 2)."""
+    import torch
+
+    from privcode.models.loading import attach_lora, load_causal_lm
+    from privcode.release import write_release
+
+    work = tmp_path_factory.mktemp("release")
+    torch.manual_seed(0)
+    lm = attach_lora(load_causal_lm(ci_model), r=2, alpha=4)
+    lm.save_pretrained(str(work / "adapter"))
+    hidden = lm.get_input_embeddings().weight.shape[1]
+    decoder = {"weight": torch.randn(2 * hidden, 8) * 0.02, "bias": torch.zeros(2 * hidden)}
+    out = work / "release"
+    write_release(out, adapter_dir=work / "adapter", prefix_decoder=decoder,
+                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
+                        "base_model": ci_model, "alignment": "public bank",
+                        "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
+                  privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op torch thread for the module: the ci model is tiny, so one thread is

@@ -10,9 +10,7 @@ runs to the end and prints its summary and ratio lines.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -42,62 +40,6 @@ def _line(out: str, pattern: str) -> re.Match:
     raise AssertionError(f"no line matching {pattern!r} in:\n{out}")
 
 
-@contextlib.contextmanager
-def _one_core():
-    """This process (and what it starts) on one of its cores, restored after."""
-    cores = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(cores)})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, cores)
-
-
-@pytest.fixture(scope="module")
-def ci_cache(request: pytest.FixtureRequest) -> str:
-    """``ci_base_cache``, built on one core when this module is the first to need it.
-
-    build_base trains on every core it may use; on a busy 2-core machine two torch threads
-    at low priority stall each other (~25x slower than one thread). Tests using this fixture
-    carry the ``model`` mark by hand: conftest cannot see a ``getfixturevalue`` dependency.
-    """
-    with _one_core():
-        return request.getfixturevalue("ci_base_cache")
-
-
-@pytest.fixture(scope="module")
-def ci_model(ci_cache: str) -> str:
-    """The ci base model's directory."""
-    from privcode.config import BaseConfig
-    from privcode.models.base import build_base
-
-    return build_base(BaseConfig(preset="ci", cache_dir=ci_cache), progress=False)["path"]
-
-
-@pytest.fixture(scope="module")
-def release(ci_model, tmp_path_factory) -> Path:
-    """A small privcode++ release of the ci base (LoRA r=2, prefix decoder dz 8, K 2), as in
-    tests/test_synth.py: what bench_synth.py's throughput half generates from."""
-    import torch
-
-    from privcode.models.loading import attach_lora, load_causal_lm
-    from privcode.release import write_release
-
-    work = tmp_path_factory.mktemp("bench-release")
-    torch.manual_seed(0)
-    lm = attach_lora(load_causal_lm(ci_model), r=2, alpha=4)
-    lm.save_pretrained(str(work / "adapter"))
-    hidden = lm.get_input_embeddings().weight.shape[1]
-    decoder = {"weight": torch.randn(2 * hidden, 8) * 0.02, "bias": torch.zeros(2 * hidden)}
-    out = work / "release"
-    write_release(out, adapter_dir=work / "adapter", prefix_decoder=decoder,
-                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
-                        "base_model": ci_model, "alignment": "public bank",
-                        "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
-                  privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
-    return out
-
-
 def test_every_bench_script_has_a_test():
     """A new bench script needs its smallest-setting test here (and a line in bench/README.md)."""
     scripts = {p.name for p in BENCH.glob("*.py")}
@@ -123,6 +65,7 @@ def test_bench_sandbox_smallest():
     _line(out, rf"pool / sequential +: +{NUMBER}x$")
 
 
+@pytest.mark.model  # trains a base model's first step
 def test_bench_base_smallest():
     out = _run("bench_base.py", "--presets", "ci", "--steps", "1", "--threads", "1")
     _line(out, r"torch \S+, 1 threads$")
@@ -131,17 +74,15 @@ def test_bench_base_smallest():
     assert row["predicted_train_seconds"] > 0
 
 
-@pytest.mark.model
-def test_bench_pac_smallest(ci_cache):
+def test_bench_pac_smallest(ci_base_cache):
     # m = 2 is the smallest ensemble a worlds artifact may hold.
-    out = _run("bench_pac.py", "--preset", "ci", "--cache-dir", ci_cache, "--worlds", "2",
+    out = _run("bench_pac.py", "--preset", "ci", "--cache-dir", ci_base_cache, "--worlds", "2",
                "--tokens", "2", "--threads", "1")
     _line(out, r"base ci; 2 tokens; torch threads [0-9]+$")
     _line(out, r"m +batched ms/token +separate ms/token +separate/batched$")
     _line(out, rf"2 +{NUMBER} +{NUMBER} +{NUMBER}x$")
 
 
-@pytest.mark.model
 def test_dp_overhead_smallest(ci_model):
     # Two of its modes (a subprocess each): the DP step and the secure mode's extra draws;
     # nondp, functorch and ghost differ from hooks by one argument.
@@ -153,7 +94,6 @@ def test_dp_overhead_smallest(ci_model):
     assert "secure mode" in out and "/ standard hooks: step time" in out
 
 
-@pytest.mark.model
 def test_train_scaling_smallest(ray_cluster, ci_model):
     # One configuration (1 worker x 1 CPU) of 3 steps, the fewest it can time; the other two
     # differ by Ray Train's worker count and CPUs per worker.
@@ -165,11 +105,10 @@ def test_train_scaling_smallest(ray_cluster, ci_model):
     _line(out, rf"1 worker x 1 CPU +{NUMBER} +1\.00$")
 
 
-@pytest.mark.model
-def test_bench_synth_smallest(ray_cluster, release):
+def test_bench_synth_smallest(ray_cluster, ci_release):
     # Both halves: the release through Ray Data and in process, then the canned generator
     # at two sizes for the peak-memory ratio.
-    out = _run("bench_synth.py", "--release", str(release), "--samples", "2",
+    out = _run("bench_synth.py", "--release", str(ci_release), "--samples", "2",
                "--small", "2", "--big", "4")
     _line(out, rf"throughput: ray data {NUMBER} samples/s, in-process loop {NUMBER} samples/s, "
                rf"ratio {NUMBER}x")

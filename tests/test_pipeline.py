@@ -116,3 +116,27 @@ def test_pipeline_as_a_ray_job(ray_cluster, tmp_path, overrides):
     manifest = read_manifest(tmp_path / "runs" / "t" / "report")
     assert manifest["summary"]["report"] == str(tmp_path / "reports" / "t" / "report.md")
     assert (tmp_path / "reports" / "t" / "report.md").is_file()
+
+
+def test_a_stage_runs_with_the_threads_of_its_cpus_and_restores_them():
+    """Ray reuses worker processes across stages: a stage must not inherit the previous one's
+    torch thread count (the audit's single thread once slowed the next stage's training)."""
+    import os
+
+    import torch
+
+    from privcode.pipeline.runner import _stage_threads
+    from privcode.pipeline.stages import STAGES
+
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seen = {}
+        for name in ("audit", "data", "synth"):
+            with _stage_threads(STAGES[name]):
+                seen[name] = torch.get_num_threads()
+            assert torch.get_num_threads() == 1
+        assert seen == {"audit": cores, "data": 1, "synth": 1}  # synth holds no CPU: untouched
+    finally:
+        torch.set_num_threads(before)

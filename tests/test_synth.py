@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from privcode.config import BaseConfig, SynthConfig, load_config
+from privcode.config import SynthConfig, load_config
 from privcode.errors import ConfigError
 from privcode.synth.pipeline import SynthesisError, check_release_path, run_synthesis, work_key
 
@@ -24,26 +24,9 @@ TINY = SynthConfig(num_samples=24, shard_size=8, batch_size=4, max_new_tokens=24
 
 
 @pytest.fixture(scope="module")
-def release(ci_base_cache, tmp_path_factory) -> Path:
-    """A privcode++-format release of the ci base: LoRA + a prefix decoder (dz 8, K 2)."""
-    from privcode.models.base import build_base
-    from privcode.models.loading import attach_lora, load_causal_lm
-    from privcode.release import write_release
-
-    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
-    work = tmp_path_factory.mktemp("release")
-    torch.manual_seed(0)
-    lm = attach_lora(load_causal_lm(base), r=2, alpha=4)
-    lm.save_pretrained(str(work / "adapter"))
-    hidden = lm.get_input_embeddings().weight.shape[1]
-    decoder = {"weight": torch.randn(2 * hidden, 8) * 0.02, "bias": torch.zeros(2 * hidden)}
-    out = work / "release"
-    write_release(out, adapter_dir=work / "adapter", prefix_decoder=decoder,
-                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
-                        "base_model": base, "alignment": "public bank",
-                        "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
-                  privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
-    return out
+def release(ci_release) -> Path:
+    """A privcode++-format release of the ci base (conftest's ``ci_release``)."""
+    return ci_release
 
 
 def _light_release(root: Path, *, dp: bool) -> Path:

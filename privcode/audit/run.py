@@ -22,8 +22,10 @@ leak probing by test generation. Outputs:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,18 @@ from privcode.utils import atomic_write_json
 log = logging.getLogger("privcode.audit")
 
 __all__ = ["run_audits"]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
@@ -48,9 +62,10 @@ def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Pat
     private = out_dir / "private" / name  # not inside a model dir: releases list their files
     private.mkdir(parents=True, exist_ok=True)
     if "canaries" in a.audits:
-        leak = canary_leakage(model, run["canaries"], samples_per_context=a.canary_samples,
-                              max_new_tokens=a.canary_max_new_tokens, seed=a.seed,
-                              details_path=private / "canaries_private.json")
+        with _one_thread():  # generation-bound small batches: threads only contend
+            leak = canary_leakage(model, run["canaries"], samples_per_context=a.canary_samples,
+                                  max_new_tokens=a.canary_max_new_tokens, seed=a.seed,
+                                  details_path=private / "canaries_private.json")
         table = []
         for placement, by_reps in sorted(leak["rates"]["by_placement_repetitions"].items()):
             for reps, rate in sorted(by_reps.items(), key=lambda kv: int(kv[0])):
@@ -91,13 +106,11 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     privacy record gives the ceiling), ``synthetic`` (optional). Returns the
     aggregate summary (also written to ``audit.json``).
     """
-    import torch
 
     from privcode.audit.mia import plot_roc, read_dp_params
     from privcode.audit.scoring import load_scored_model
 
     started = time.time()
-    torch.set_num_threads(1)  # generation-bound small batches: threads only contend
     a = cfg.audit
     out_dir = Path(out_dir)
     dp = read_dp_params(run["release"]) if run.get("release") else None

@@ -21,11 +21,13 @@ Job (``jobs/pipeline.py``) and on a KubeRay cluster.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,29 @@ def _hash_outputs(directory: Path) -> dict[str, str]:
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
+@contextlib.contextmanager
+def _stage_threads(stage: type[Stage]) -> Iterator[None]:
+    """torch threads = the CPUs this stage holds (every core for a stage that runs alone).
+
+    A Ray worker process is reused across stages and torch's thread count is
+    process state: without this a stage inherits whatever the previous one set
+    (the audit's single thread made the next stage's training 2x slower).
+    """
+    if stage.num_cpus == 0:
+        yield  # a stage that holds no CPU drives others (Ray Train, Ray Data, sandboxes)
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    want = cores if stage.num_cpus is None else max(1, min(cores, int(stage.num_cpus)))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
                   inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Run one stage into a temporary directory, then swap it in. Returns its manifest.
@@ -100,7 +125,8 @@ def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     started = time.time()
     try:
-        summary = STAGES[name]().run(cfg, work, inputs)
+        with _stage_threads(STAGES[name]):
+            summary = STAGES[name]().run(cfg, work, inputs)
         stage = STAGES[name]
         manifest = {
             "stage": name,
