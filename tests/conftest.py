@@ -10,8 +10,9 @@ fixture start Ray; such tests are marked ``ray`` automatically, so
 Tiers (markers, applied here from the fixtures a test uses, or by hand):
 ``ray`` (the session Ray head), ``model`` (builds or trains a model: the
 ci base and everything built on it), ``chart`` (renders the Helm chart with
-the helm binary). ``make test-fast`` runs what is none of these (nor
-``slow``/``gpu``): pure unit tests, under a minute.
+the helm binary), and ``heavy`` (pure but seconds long; set by hand).
+``make test-fast`` runs what is none of these (nor ``slow``/``gpu``): pure
+unit tests, about a minute.
 
 While the head is up the test process has, in its environment:
 
@@ -51,7 +52,7 @@ from privcode.cluster.local import apply_process_env  # noqa: E402
 apply_process_env()
 
 RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
-MODEL_FIXTURES = frozenset({"ci_base_cache"})
+MODEL_FIXTURES = frozenset({"ci_base_cache", "embedding", "minilm"})  # + the embedding model
 CHART_FIXTURES = frozenset({"helm"})
 _ENV_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
              "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_API_SERVER_ADDRESS")

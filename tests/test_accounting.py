@@ -182,12 +182,14 @@ def test_calibrate_reference_point():
     assert sigma == pytest.approx(0.7583, abs=1e-3)  # the paper's 0.76 spends ~3.97
 
 
+@pytest.mark.heavy
 def test_calibrate_prv_never_overshoots():
     sigma = calibrate(4.0, DELTA, 0.0131, 400, accountant="prv")
     assert epsilon([DPEvent(sigma, 0.0131, 400)], DELTA, "prv") <= 4.0
     assert sigma < calibrate(4.0, DELTA, 0.0131, 400)  # PRV is tighter: less noise needed
 
 
+@pytest.mark.heavy
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(target=st.floats(0.3, 16.0), q=st.floats(1e-3, 0.1), steps=st.integers(1, 5000),
        delta=st.sampled_from([1e-5, 1e-6, 1e-3]))
@@ -205,6 +207,7 @@ def _cli(*args: str) -> dict:
     return json.loads(lines[0])
 
 
+@pytest.mark.heavy
 def test_cli_epsilon():
     out = _cli("dp", "epsilon", "--sample-rate", "0.0131", "--noise-multiplier", "0.76",
                "--steps", "400", "--delta", "1e-5", "--json")

@@ -203,6 +203,7 @@ def _cli_demo(out: Path) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.heavy
 def test_cli_demo_twice_same_manifest(tmp_path):
     runs = [_cli_demo(tmp_path / f"run{i}") for i in range(2)]
     for res in runs:

@@ -50,6 +50,7 @@ def test_files_and_modules_are_disjoint():
     assert set(private) | set(public) == {p for _, p in iter_stdlib_files()}
 
 
+@pytest.mark.heavy
 def test_no_private_function_appears_in_public_code(public_text):
     candidates = collect_candidates(DataConfig().max_record_bytes, include_humaneval=True)
     assert len(candidates) >= 1000

@@ -61,6 +61,7 @@ def test_large_budget_reveals_the_world_small_budget_hides_it():
     assert np.allclose(tiny.posterior, prior, atol=1e-4)
 
 
+@pytest.mark.heavy
 def test_posterior_is_bayes_consistent():
     """With S drawn from the prior, the expected posterior after a step is the prior."""
     rng = np.random.default_rng(2)
@@ -72,6 +73,7 @@ def test_posterior_is_bayes_consistent():
     assert np.allclose(mean / trials, prior, atol=0.01)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("b", [0.05, 0.3])
 def test_released_token_carries_at_most_b_nats(b):
     """I(S; Y_t) <= I(S; R_t) <= b, estimated exactly enough by simulation (uniform S)."""

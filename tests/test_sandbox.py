@@ -100,6 +100,7 @@ EXPECTED = {"daemon": "ok", "env_secrets": "ok", "fork_storm": "timeout", "huge_
             "write_outside": "ok"}
 
 
+@pytest.mark.heavy
 def test_hostile_corpus_verdicts(hostile):
     assert set(hostile.v) == set(EXPECTED), "a hostile file without an expected verdict"
     got = {name: v.status for name, v in hostile.v.items()}
