@@ -160,7 +160,9 @@ def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_c
                      f"base.cache_dir={ci_base_cache}", *TINY]:
         args += ["--set", override]
     assert main(args) == 0
-    assert f"report: {root / 'reports/t/report.md'}" in capsys.readouterr().out
+    out = capsys.readouterr().out  # the end-of-run summary
+    assert f"report     {root / 'reports/t/report.md'} (aggregates only, shareable)" in out
+    assert f"private    {root / 'runs/t/private_report/report.md'} (owner only" in out
     manifest = json.loads((root / "runs/t/report/manifest.json").read_text())
     assert manifest["timings"]["started"] > before
     assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit",
