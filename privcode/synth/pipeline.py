@@ -33,16 +33,12 @@ PrivCode++ Table 6) are written.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import math
-import os
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -367,29 +363,24 @@ def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
     privacy = release_privacy(release, meta, allow_non_dp=cfg.allow_non_dp_release)
     work = Path(work_root).resolve() / work_key(cfg, meta)
     (work / "shards").mkdir(parents=True, exist_ok=True)
-    with _single_writer(work):
-        return _synthesise(cfg, release, meta, privacy, work, out_dir, progress, generator)
+    _clear_stale_temporaries(work)
+    summary = _synthesise(cfg, release, meta, privacy, work, out_dir, progress, generator)
+    _clear_stale_temporaries(work)
+    return summary
 
 
-@contextlib.contextmanager
-def _single_writer(work: Path) -> Iterator[None]:
-    """Hold ``work/.lock`` (one synthesis per work directory) and clear stale temporaries.
+def _clear_stale_temporaries(work: Path) -> int:
+    """Remove ``shards/.*.tmp``: half-written shards of a killed run. Returns how many.
 
-    A run killed mid-write leaves ``shards/.shard-*.tmp``; under the lock no
-    other writer exists, so every temporary there is stale and is removed.
+    Called before generating and again after finishing: this run's own
+    temporaries are renamed into place as each shard completes, so what is
+    left is stale (a killed run's stage task may outlive its driver for a
+    while and leave one more).
     """
-    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SynthesisError(f"another synthesis is writing {work} (its lock is held): wait "
-                                 "for it, or stop it, then rerun") from None
-        for stale in (work / "shards").glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    stale = list((work / "shards").glob(".*.tmp"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def _synthesise(cfg: SynthConfig, release: Path, meta: dict[str, Any], privacy: dict[str, Any],
