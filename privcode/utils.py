@@ -99,3 +99,20 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def stable_hash(obj: Any, length: int = 16) -> str:
     """Short sha256 of the canonical JSON of ``obj`` (config/cache keys)."""
     return sha256_bytes(canonical_json(obj).encode("utf-8"))[:length]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[int]:
+    """Run the block with ``n`` (at least 1) torch threads; restore the previous count after.
+
+    torch's thread count is process state, and Ray reuses worker processes
+    across tasks: set it for a block, never for good.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(n)))
+    try:
+        yield max(1, int(n))
+    finally:
+        torch.set_num_threads(previous)

@@ -22,31 +22,17 @@ leak probing by test generation. Outputs:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from privcode.config import PipelineConfig
-from privcode.utils import atomic_write_json
+from privcode.utils import atomic_write_json, torch_threads
 
 log = logging.getLogger("privcode.audit")
 
 __all__ = ["run_audits"]
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
@@ -62,7 +48,7 @@ def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Pat
     private = out_dir / "private" / name  # not inside a model dir: releases list their files
     private.mkdir(parents=True, exist_ok=True)
     if "canaries" in a.audits:
-        with _one_thread():  # generation-bound small batches: threads only contend
+        with torch_threads(1):  # generation-bound small batches: threads only contend
             leak = canary_leakage(model, run["canaries"], samples_per_context=a.canary_samples,
                                   max_new_tokens=a.canary_max_new_tokens, seed=a.seed,
                                   details_path=private / "canaries_private.json")

@@ -36,7 +36,7 @@ from privcode.config import PipelineConfig, section_to_dict
 from privcode.errors import PrivcodeError
 from privcode.pipeline.stages import STAGES, Stage
 from privcode.pipeline.summary import run_summary
-from privcode.utils import atomic_write_json, sha256_file, stable_hash
+from privcode.utils import atomic_write_json, sha256_file, stable_hash, torch_threads
 
 log = logging.getLogger("privcode.pipeline")
 
@@ -102,16 +102,9 @@ def _stage_threads(stage: type[Stage]) -> Iterator[None]:
     if stage.num_cpus == 0:
         yield  # a stage that holds no CPU drives others (Ray Train, Ray Data, sandboxes)
         return
-    import torch
-
     cores = len(os.sched_getaffinity(0))
-    want = cores if stage.num_cpus is None else max(1, min(cores, int(stage.num_cpus)))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(want)
-    try:
+    with torch_threads(cores if stage.num_cpus is None else min(cores, int(stage.num_cpus))):
         yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
