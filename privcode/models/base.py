@@ -52,6 +52,7 @@ from privcode.models import corpus as C
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
 from privcode.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
 from privcode.utils import atomic_write_json, stable_hash
+from privcode.utils import torch_threads as _torch_threads
 
 __all__ = ["BUILD_VERSION", "PRESETS", "Preset", "build_base", "check_complete", "config_hash",
            "BUILD_INFO"]
@@ -261,12 +262,8 @@ def torch_threads() -> Iterator[int]:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    previous = torch.get_num_threads()
-    torch.set_num_threads(max(1, cores))
-    try:
-        yield max(1, cores)
-    finally:
-        torch.set_num_threads(previous)
+    with _torch_threads(cores) as n:
+        yield n
 
 
 @contextlib.contextmanager
