@@ -346,6 +346,8 @@ class AuditConfig:
     probe_questions: int = opt(12, "Leak-probing questions per round.", min=1)
     probe_rounds: int = opt(2, "Leak-probing rounds (the feature library updates between).",
                             min=1)
+    probe_max_tokens: int = opt(256, "Tokens of each probe answer (code; its tests get 1.5x).",
+                                min=8)
     compare_nondp: bool = opt(False, "UNSAFE comparison: also fine-tune the junior WITHOUT DP "
                                      "(nondpft) on the same data and audit it side by side. "
                                      "That model is NOT PRIVATE and never leaves the audit "

@@ -317,6 +317,22 @@ def test_record_losses_members_below_unseen(planted, base_path):
     assert isinstance(res["violated"], bool) and res["mean_loss"]["members"] < 0.2
     assert all(c not in json.dumps(res) for c in _TRAIN)
 
+    # One audit run scores the reference once per format and record set.
+    import privcode.audit.scoring as scoring
+
+    calls = []
+    real = scoring.record_losses
+    counting = lambda sm, *a, **k: calls.append(sm) or real(sm, *a, **k)  # noqa: E731
+    cache: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scoring, "record_losses", counting)
+        first = run_mia(planted, reference, members, unseen, reference_cache=cache)
+        second = run_mia(planted, reference, members, unseen, reference_cache=cache)
+        other = run_mia(planted, reference, members[:4], unseen, reference_cache=cache)
+    assert sum(sm is reference for sm in calls) == 4  # 2 for the first set, 2 for members[:4]
+    assert first["attacks"] == second["attacks"] == res["attacks"]
+    assert other["attacks"]["loss"]["n_members"] == 4
+
 
 def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_path):
     from privcode.models.loading import attach_lora, load_causal_lm

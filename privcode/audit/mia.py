@@ -295,7 +295,9 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
             history: Sequence[Any] | None = None, max_per_side: int | None = None,
             seed: int = 0, batch_size: int = 16, max_length: int = 256,
             base_model: str | None = None, device: str = "cpu",
-            drop_canary_records: bool = True, confidence: float = 0.95) -> dict[str, Any]:
+            drop_canary_records: bool = True, confidence: float = 0.95,
+            reference_cache: dict[Any, tuple[np.ndarray, np.ndarray]] | None = None
+            ) -> dict[str, Any]:
     """Loss and reference-calibrated attacks of ``model`` on members vs non-members.
 
     ``model`` / ``reference``: a :class:`~privcode.audit.scoring.ScoredModel`
@@ -306,7 +308,10 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
     planted duplicates, not exchangeable with the held-out records).
     ``max_per_side`` subsamples each side (seeded). The DP check runs when
     ``epsilon`` is given or the model is a DP junior release (its privacy
-    record is used). Returns aggregates only (see the keys below).
+    record is used). ``reference_cache``: a dict the caller keeps across
+    calls with the same reference (one audit run's models): the reference's
+    losses per scoring format and record set are computed once. Returns
+    aggregates only (see the keys below).
     """
     from privcode.audit.scoring import ScoredModel, describe, load_scored_model, record_losses
 
@@ -324,7 +329,15 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
     if ref is not None:
         fmt = "code" if target.conditioning in ("latent", "none") else "prompt+code"
         rk = dict(kw, fmt=fmt, loss_on_prompt=target.loss_on_prompt)
-        ref_m, ref_n = record_losses(ref, None, mem, **rk), record_losses(ref, None, non, **rk)
+        key = (id(ref), fmt, target.loss_on_prompt, batch_size, max_length,  # in memory only
+               hash(tuple((r.prompt, r.code) for r in mem)),
+               hash(tuple((r.prompt, r.code) for r in non)))
+        cached = reference_cache.get(key) if reference_cache is not None else None
+        if cached is None:
+            cached = (record_losses(ref, None, mem, **rk), record_losses(ref, None, non, **rk))
+            if reference_cache is not None:
+                reference_cache[key] = cached
+        ref_m, ref_n = cached
         attacks["reference_calibrated"] = (-(loss_m - ref_m), -(loss_n - ref_n))
     result: dict[str, Any] = {"model": describe(target),
                               "reference": describe(ref) if ref is not None else None,

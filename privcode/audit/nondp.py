@@ -16,9 +16,10 @@ normalisation of DP-SGD without clipping and noise. Two modes
 
 * ``lora``: the junior's LoRA adapter (rank ``train.lora_r``): the same
   trainable parameters as the DP run;
-* ``full``: every weight of the base (embeddings included). A tiny base
-  model with a LoRA adapter learns random strings far too slowly to
-  memorise a canary in minutes; full fine-tuning does (the demo uses it).
+* ``full``: every weight of the bare base (embeddings included, no LoRA
+  wrappers). A tiny base model with a LoRA adapter learns random strings
+  far too slowly to memorise a canary in minutes; full fine-tuning does
+  (the demo uses it).
 
 The output is a plain Hugging Face model directory (LoRA merged into the
 weights) plus the tokenizer and :data:`MARKER`, which
@@ -78,9 +79,10 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
     use_gpu = cfg.train.use_gpu and torch.cuda.is_available()
     device = torch.device("cuda" if use_gpu else "cpu")
     started = time.time()
+    full = a.nondp_finetune == "full"
     objective, tokenizer, _ = build_objective(get_method("nondpft"), tcfg, base, device,
-                                              will_restore=False)
-    if a.nondp_finetune == "full":
+                                              will_restore=False, lora=not full)
+    if full:  # the bare base, no LoRA wrappers: about 1.5x faster per step than through them
         for p in objective.lm.parameters():
             p.requires_grad_(True)
     params = [p for p in objective.parameters() if p.requires_grad]
@@ -103,7 +105,7 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     objective.eval()
-    model = objective.lm.merge_and_unload()
+    model = objective.lm if full else objective.lm.merge_and_unload()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))

@@ -36,7 +36,8 @@ __all__ = ["run_audits"]
 
 
 def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
-                  out_dir: Path, reference: Any, dp: dict[str, Any] | None) -> dict[str, Any]:
+                  out_dir: Path, reference: Any, dp: dict[str, Any] | None,
+                  reference_cache: dict[Any, Any]) -> dict[str, Any]:
     from privcode.audit.canaries import canary_leakage
     from privcode.audit.exposure import canary_exposure
     from privcode.audit.mia import run_mia
@@ -78,7 +79,8 @@ def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Pat
         extra = ({"epsilon": dp["epsilon"], "delta": dp["delta"], "history": dp["history"]}
                  if dp and name != "nondpft" else {})
         mia = run_mia(model, reference, run["train"], run["heldout"],
-                      max_per_side=a.mia_records or None, seed=a.seed, **extra)
+                      max_per_side=a.mia_records or None, seed=a.seed,
+                      reference_cache=reference_cache, **extra)
         result["mia"] = mia
     return result
 
@@ -102,9 +104,11 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     dp = read_dp_params(run["release"]) if run.get("release") else None
     reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
     summary: dict[str, Any] = {"models": {}, "audits": list(a.audits)}
+    reference_cache: dict[Any, Any] = {}  # the base's MIA losses, scored once per format
     for name, path in models.items():
         log.info("auditing %s", name)
-        summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference, dp)
+        summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference, dp,
+                                                reference_cache)
     mia = {n: m["mia"] for n, m in summary["models"].items() if "mia" in m}
     if mia:
         curves = {f"{model} / {attack}": r for model, res in mia.items()
@@ -164,7 +168,9 @@ def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig)
     try:
         summary = run_probe(backend, read_records(run["train"]), out_dir=out_dir,
                             n_questions=cfg.audit.probe_questions, rounds=cfg.audit.probe_rounds,
-                            seed=cfg.audit.seed, public_model=str(run["base"]))
+                            seed=cfg.audit.seed, public_model=str(run["base"]),
+                            code_max_tokens=cfg.audit.probe_max_tokens,
+                            test_max_tokens=cfg.audit.probe_max_tokens * 3 // 2)
     finally:
         backend.close()
     per_category = {}

@@ -101,15 +101,13 @@ class _Pair:
 
 
 def _code_loss(model: Any, batch: dict[str, Any]) -> Any:
-    import torch
-
     from privcode.train.data import CODE
+    from privcode.train.methods import token_ce
 
     ids = batch["input_ids"]
     logits = model(input_ids=ids, attention_mask=batch["attention_mask"]).logits[:, :-1]
     mask = (batch["segments"][:, 1:] == CODE).float()
-    ce = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:],
-                                           reduction="none")
+    ce = token_ce(logits, ids[:, 1:])
     return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
 

@@ -61,14 +61,19 @@ def _pretrain(objective: Objective, tokenizer: Any, cfg: Any, device: Any) -> li
 
 
 def build_objective(method: Method, cfg: Any, base_path: str, device: Any,
-                    will_restore: bool) -> tuple[Objective, Any, list[float]]:
-    """(objective on ``device``, tokenizer, public pretraining losses) for ``method``."""
+                    will_restore: bool, lora: bool = True) -> tuple[Objective, Any, list[float]]:
+    """(objective on ``device``, tokenizer, public pretraining losses) for ``method``.
+
+    ``lora=False`` (the non-DP comparison's full fine-tune only) leaves the
+    base model bare: every weight is then the caller's to train.
+    """
     from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(base_path)
     torch.manual_seed(cfg.seed)  # same LoRA and PrivLC init on every rank (then broadcast)
-    lm = attach_lora(load_causal_lm(base_path), r=cfg.lora_r, alpha=cfg.lora_alpha,
-                     dropout=cfg.lora_dropout)
+    lm = load_causal_lm(base_path)
+    if lora:
+        lm = attach_lora(lm, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     bank = (_public_bank(tokenizer, cfg)

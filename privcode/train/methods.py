@@ -55,7 +55,8 @@ from torch import nn
 
 from privcode.train.data import CODE, PAD, PROMPT, segment_rows
 
-__all__ = ["METHODS", "Method", "MethodContext", "Objective", "get_method", "pretrain_public"]
+__all__ = ["METHODS", "Method", "MethodContext", "Objective", "get_method", "pretrain_public",
+           "token_ce"]
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,20 @@ class MethodContext:
     public_bank: Sequence[Sequence[int]] = field(default_factory=tuple)
 
 
+def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` token cross-entropies of ``[B, T, V]`` logits (fp32).
+
+    Computed on the flat ``[B*T, V]`` layout: cross_entropy over the
+    transposed ``[B, V, T]`` view (the class dim strided) is about 2x slower
+    on CPU (forward + backward, V = 6144).
+    """
+    flat = logits.float().reshape(-1, logits.shape[-1])
+    return nn.functional.cross_entropy(flat, targets.reshape(-1),
+                                       reduction="none").view(targets.shape)
+
+
 def _masked_mean_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    ce = nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    ce = token_ce(logits, targets)
     m = mask.to(ce.dtype)
     return (ce * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
 
