@@ -116,7 +116,17 @@ def test_spans_empty_and_no_trailing_newline():
 ])
 def test_untokenizable_code_gives_none(code):
     assert structural_spans(code) is None
-    assert structural_flags(code, [(0, 1)]) is None
+    assert structural_flags(code, [(0, 1), (len(code) - 1, len(code))]) is None
+
+
+def test_only_the_covered_prefix_must_tokenize():
+    """A record cut to its first tokens: what lies after the last offset is never read."""
+    code = "x = f(a)\ny = 'abc\n"  # the second line does not tokenize
+    assert structural_spans(code) is None
+    assert structural_spans(code, limit=8) == [(2, 3), (5, 6), (7, 8)]
+    assert structural_flags(code, [(0, 1), (1, 3), (3, 5), (5, 6), (6, 7), (7, 8)]) == [
+        False, True, False, True, False, True]
+    assert structural_flags(code, [(0, 1), (13, 17)]) is None  # the bad string is covered
 
 
 # -- structural_flags ---------------------------------------------------------

@@ -67,8 +67,8 @@ def encode_records(records: Sequence[Any], tokenizer: Any, max_length: int,
     """Tokenise records (objects with ``prompt`` and ``code``) in order; see the module docstring.
 
     ``stats`` (optional) gets ``"untokenizable"`` incremented for every
-    record whose code Python's tokenizer rejects (it still trains, with no
-    structural positions). That count describes private data: keep it out
+    record whose kept code (the part within ``max_length``) Python's
+    tokenizer rejects (it still trains, with no structural positions). That count describes private data: keep it out
     of anything released.
     """
     from privcode.train.syntax import structural_flags
@@ -83,7 +83,8 @@ def encode_records(records: Sequence[Any], tokenizer: Any, max_length: int,
     bad = 0
     for code, p, (c, offsets) in zip(codes, prompt_ids, _ids_offsets(tokenizer, codes),
                                      strict=True):
-        flags = structural_flags(code, offsets)
+        kept = max(0, max_length - len(p))  # code tokens that survive the cut
+        flags = structural_flags(code, offsets[:kept])
         if flags is None:
             bad += 1
             flags = [False] * len(c)

@@ -71,12 +71,15 @@ def _is_bad_token(tok: tokenize.TokenInfo) -> bool:
     )
 
 
-def structural_spans(code: str) -> list[tuple[int, int]] | None:
+def structural_spans(code: str, limit: int | None = None) -> list[tuple[int, int]] | None:
     """Sorted, non-overlapping ``[start, end)`` character spans of the
     structural source tokens of ``code`` (rules in the module docstring).
 
     Returns ``None`` when ``code`` does not tokenize (unterminated string or
     bracket, inconsistent dedent, a character Python does not know).
+    ``limit``: only source tokens starting before character ``limit`` are
+    read (tokenize stops there: a training record cut to its first tokens
+    costs its prefix, not its whole text), so only that part must tokenize.
     """
     # Line starts must follow the same line splitting as the readline that
     # tokenize consumes (only "\n" ends a line here), not str.splitlines,
@@ -96,8 +99,12 @@ def structural_spans(code: str) -> list[tuple[int, int]] | None:
                 # Rows are 1-based; columns are character (not byte) offsets
                 # because tokenize reads str lines.
                 start = starts[tok.start[0] - 1] + tok.start[1]
+                if limit is not None and start >= limit:
+                    break
                 end = starts[tok.end[0] - 1] + tok.end[1]
                 spans.append((start, end))
+            elif limit is not None and starts[tok.start[0] - 1] + tok.start[1] >= limit:
+                break
     except (tokenize.TokenError, IndentationError, SyntaxError, ValueError):
         return None
     spans.sort()
@@ -111,11 +118,13 @@ def structural_flags(code: str, offsets: Sequence[tuple[int, int]]) -> list[bool
     ``code`` (a fast tokenizer's ``return_offsets_mapping``). A token is
     structural iff its span, stripped of whitespace at both ends, is
     non-empty and every character of it lies in a structural source span.
-    Returns ``None`` when :func:`structural_spans` does.
+    Returns ``None`` when :func:`structural_spans` does for the part of
+    ``code`` the offsets cover (up to the end of the last one).
 
     Raises ``ValueError`` for a span outside ``code`` or with ``start > end``.
     """
-    spans = structural_spans(code)
+    limit = max((int(end) for _, end in offsets), default=0)
+    spans = structural_spans(code, limit)
     if spans is None:
         return None
     n = len(code)
