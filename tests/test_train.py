@@ -324,16 +324,17 @@ def _code_loss(model, tokenizer, codes, prefix=None) -> float:
     return total / count
 
 
-@pytest.mark.slow  # about 100 s on 2 CPUs: `make test-all`
+@pytest.mark.slow  # about 150 s on 2 CPUs: `make test-all`
 def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(ray_connected, base_path,
                                                                 tmp_path_factory, tmp_path):
     """A DP-trained privcode++ junior: z steers generation; held-out private code gets likelier.
 
     DP-SGD's noise has norm ~ sigma C sqrt(d) / B against a signal of norm <= C,
-    so learning in 20 steps needs a batch that is large against sqrt(d): a
+    so learning in 30 steps needs a batch that is large against sqrt(d): a
     400-record corpus, B = 128, a small trainable part (LoRA r 2, 16-wide
     encoders, d ~ 25k) and a generous epsilon (30); a weak KL weight lets the
-    adapter move within so few steps.
+    adapter move within so few steps (20 steps at lr 3e-3 stopped beating the base
+    once it was trained on function units: 5.48 vs 5.44 nats).
     """
     from privcode.data.demo import build_demo_corpus
     from privcode.data.records import read_records
@@ -343,11 +344,11 @@ def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(ray_connected, ba
     corpus = tmp_path_factory.mktemp("corpus400")
     build_demo_corpus(corpus, DataConfig(size=400, canary_repetitions=(1,),
                                          canary_kinds=("email",)), progress=False)
-    cfg = dataclasses.replace(SMALL, steps=20, expected_batch_size=128, epsilon=30.0, lr=3e-3,
+    cfg = dataclasses.replace(SMALL, steps=30, expected_batch_size=128, epsilon=30.0, lr=5e-3,
                               lora_r=2, lora_alpha=4, encoder_hidden=16, max_length=96,
                               ast_lambda_max=1.0, checkpoint_every=100)
     summary = _train(cfg, corpus, base_path, tmp_path)
-    assert summary["dp"] is True and summary["steps_taken"] == 20
+    assert summary["dp"] is True and summary["steps_taken"] == 30
     assert summary["epsilon"] <= 30.0 and summary["noise_calibrated"] is True
     release = load_release(tmp_path / "release")
     assert release.conditioning == "latent" and release.dz == 16
