@@ -33,6 +33,7 @@ REFERENCE = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("params", "expected"), REFERENCE)
 def test_reference_values_rdp(params, expected):
     q, sigma, steps = params

@@ -177,6 +177,7 @@ def _rows(seed: int, n: int) -> list[Encoded]:
     return rows
 
 
+@pytest.mark.heavy
 def test_dpft_loss_of_a_record_does_not_depend_on_its_batch():
     model = _dpft(_tiny_lora_model())
     rows = _rows(1, 4)

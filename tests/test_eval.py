@@ -177,6 +177,7 @@ def test_all_canonical_humaneval_solutions_pass_in_the_sandbox(humaneval, sandbo
     assert result["missing_tasks"] == [] and result["notes"] == []
 
 
+@pytest.mark.heavy
 def test_known_wrong_completions_fail_with_the_right_status(humaneval, sandbox_ok):
     wrong = ["    return None\n",                                      # error: AssertionError
              "    return undefined_name\n",                            # error: NameError

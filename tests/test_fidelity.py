@@ -156,6 +156,7 @@ def test_centroid_cosine():
 # --------------------------------------------------------------------------- the report
 
 
+@pytest.mark.heavy
 def test_report_identical_vs_half_vs_disjoint(tmp_path):
     priv = formatting(12)
     ident = report(tmp_path, priv, priv, "ident")

@@ -171,6 +171,7 @@ def test_privlc_modules_and_release_shapes(base_path):
     assert METHODS["pc-uncond"].conditioning == "none"
 
 
+@pytest.mark.heavy
 def test_public_alignment_negatives_are_public_prompts():
     from privcode.data.demo import collect_candidates
     from privcode.data.public import public_pairs, public_prompts

@@ -393,6 +393,7 @@ def test_openai_backend_request_shape(monkeypatch):
         assert "k-secret-1" not in json.dumps(b.describe())
 
 
+@pytest.mark.heavy
 def test_openai_backend_retries_and_errors(monkeypatch):
     monkeypatch.delenv("PROBE_TEST_KEY", raising=False)
     with _Server(status=(503, 200)) as srv:

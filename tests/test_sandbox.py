@@ -113,6 +113,7 @@ def test_hostile_corpus_verdicts(hostile):
                       "memory_bomb": "MemoryError"}
 
 
+@pytest.mark.heavy
 def test_no_network(hostile):
     with pytest.raises(BlockingIOError):
         hostile.listener.accept()  # nobody ever connected
@@ -174,6 +175,7 @@ def test_resource_limits(hostile):
         assert v[name].returncode is None
 
 
+@pytest.mark.heavy
 def test_no_process_survives_daemon_included(hostile):
     assert hostile.leftovers == []
     time.sleep(max(0.0, hostile.done + 2.5 - time.monotonic()))  # the daemon's marker delay
@@ -183,6 +185,7 @@ def test_no_process_survives_daemon_included(hostile):
     assert hostile.v["daemon"].stdout == "parent done\n"
 
 
+@pytest.mark.heavy
 def test_statuses_and_error_names():
     require_namespaces()
     with SandboxPool(workers=2, limits=SandboxLimits(wall_seconds=2, cpu_seconds=2)) as pool:
@@ -299,6 +302,7 @@ def test_cli_check_json_table_and_missing_file(tmp_path, capsys):
     assert exc.value.code == 2
 
 
+@pytest.mark.heavy
 def test_cli_main_in_a_subprocess(tmp_path):
     require_namespaces()
     f = tmp_path / "loop.py"
