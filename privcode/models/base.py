@@ -124,13 +124,10 @@ PRESETS: dict[str, Preset] = {
     "ci": Preset(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                  intermediate_size=384, seq_len=128, batch_size=4, steps=560, lr=2e-3,
                  warmup_steps=20, eval_tokens=16_384, tokenizer_train_bytes=2_000_000),
-    # ~2.5M parameters, 440 x 1024 = 451k tokens: ~2.4 minutes in all. Against the former
-    # width 256 (MLP 768) x 520 steps at lr 2e-3 (3.9M): 0.61x the training time and the
-    # same share of "def"-prefixed samples that compile (187/256 vs 190/256), held-out loss
-    # 5.55 vs 5.32 nats. Higher peak rates or fewer steps at width 256 lose compiling code.
-    "demo": Preset(vocab_size=6144, hidden_size=192, num_layers=3, num_heads=4, num_kv_heads=2,
-                   intermediate_size=576, seq_len=256, batch_size=4, steps=440, lr=1.5e-3,
-                   warmup_steps=15, eval_tokens=32_768, min_lr_ratio=0.0),
+    # ~3.9M parameters, 520 x 1024 = 532k tokens: ~2.3 minutes of training, ~2.6 in all.
+    "demo": Preset(vocab_size=6144, hidden_size=256, num_layers=3, num_heads=4, num_kv_heads=2,
+                   intermediate_size=768, seq_len=256, batch_size=4, steps=520, lr=2e-3,
+                   warmup_steps=30, eval_tokens=32_768),
     # ~19M parameters, 800 x 2048 = 1.6M tokens (about one pass over the corpus): ~27 minutes.
     "small": Preset(vocab_size=16384, hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=2,
                     intermediate_size=1024, seq_len=512, batch_size=4, steps=800, lr=1e-3,
