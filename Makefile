@@ -69,8 +69,8 @@ test: ## Run the test suite (what CI runs): everything but slow and GPU tests
 	$(VENV)/bin/pytest -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-gpu
 
-test-fast: ## Pure unit tests (no Ray, no model, no helm, nothing heavy): about a minute
-	$(VENV)/bin/pytest -m "not slow and not gpu and not ray and not model and not chart and not heavy" -q --durations=5 $(PYTEST_ARGS)
+test-fast: ## Pure unit tests (no Ray, no model, no helm, nothing heavy) on 2 pytest workers: about a minute
+	$(VENV)/bin/pytest -n 2 -m "not slow and not gpu and not ray and not model and not chart and not heavy" -q --durations=5 $(PYTEST_ARGS)
 
 test-all: ## Run every test, slow ones included
 	$(VENV)/bin/pytest -m "not gpu" $(PYTEST_ARGS)
