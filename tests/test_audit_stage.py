@@ -141,7 +141,7 @@ def test_demo_scale_replication(ray_connected, tmp_path):
     overrides = [f"run.out_dir={tmp_path / 'runs'}", f"run.reports_dir={tmp_path / 'reports'}",
                  "run.name=replication", "run.stages=[data, base, train, audit, report]",
                  "audit.audits=[canaries, mia]", "audit.nondp_steps=800",
-                 "audit.nondp_batch_size=16", "audit.canary_samples=8"]
+                 "audit.nondp_lr=0.003", "audit.nondp_batch_size=16", "audit.canary_samples=8"]
     run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
     audit = json.loads((tmp_path / "runs/replication/audit/audit.json").read_text())
     dp, nondp = audit["models"]["junior"], audit["models"]["nondpft"]
