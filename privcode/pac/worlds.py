@@ -86,14 +86,12 @@ def _torch_seed(seed: int, s: int) -> int:
 
 def _row_losses(model: Any, rows: dict[str, Any], names: list[str]) -> Any:
     """Mean next-token cross-entropy of each row (padding excluded), through its adapter."""
-    import torch.nn.functional as F
+    from privcode.train.methods import token_ce
 
     ids, mask = rows["input_ids"], rows["attention_mask"]
     logits = model(input_ids=ids, attention_mask=mask, adapter_names=names).logits[:, :-1]
-    target, tmask = ids[:, 1:], mask[:, 1:].to(logits.dtype)
-    tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                          reduction="none").view_as(tmask)
-    return (tok * tmask).sum(1) / tmask.sum(1).clamp_min(1.0)
+    tmask = mask[:, 1:].float()
+    return (token_ce(logits, ids[:, 1:]) * tmask).sum(1) / tmask.sum(1).clamp_min(1.0)
 
 
 def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,

@@ -68,8 +68,8 @@ def encode_records(records: Sequence[Any], tokenizer: Any, max_length: int,
 
     ``stats`` (optional) gets ``"untokenizable"`` incremented for every
     record whose kept code (the part within ``max_length``) Python's
-    tokenizer rejects (it still trains, with no structural positions). That count describes private data: keep it out
-    of anything released.
+    tokenizer rejects (it still trains, with no structural positions).
+    That count describes private data: keep it out of anything released.
     """
     from privcode.train.syntax import structural_flags
 

@@ -91,20 +91,17 @@ def structural_spans(code: str, limit: int | None = None) -> list[tuple[int, int
     spans: list[tuple[int, int]] = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            # Rows are 1-based; columns are character (not byte) offsets
+            # because tokenize reads str lines.
+            start = starts[tok.start[0] - 1] + tok.start[1]
+            if limit is not None and start >= limit:
+                break
             if _is_bad_token(tok):
                 return None
             if tok.type == tokenize.OP or (
                 tok.type == tokenize.NAME and tok.string in STRUCTURAL_NAMES
             ):
-                # Rows are 1-based; columns are character (not byte) offsets
-                # because tokenize reads str lines.
-                start = starts[tok.start[0] - 1] + tok.start[1]
-                if limit is not None and start >= limit:
-                    break
-                end = starts[tok.end[0] - 1] + tok.end[1]
-                spans.append((start, end))
-            elif limit is not None and starts[tok.start[0] - 1] + tok.start[1] >= limit:
-                break
+                spans.append((start, starts[tok.end[0] - 1] + tok.end[1]))
     except (tokenize.TokenError, IndentationError, SyntaxError, ValueError):
         return None
     spans.sort()
