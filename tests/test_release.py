@@ -118,7 +118,7 @@ def test_round_trip_in_a_fresh_process(env, latent_rel):
         "import hashlib, json, sys, warnings\n"
         "warnings.simplefilter('ignore')\n"
         "from privcode.release import load_release\n"
-        "rel = load_release(sys.argv[1])\n"
+        "rel = load_release(sys.argv[1], merge=False)\n"
         "h = hashlib.sha256()\n"
         "for name, p in sorted(rel.model.named_parameters()):\n"
         "    if 'lora_' in name:\n"
@@ -156,8 +156,19 @@ def test_base_model_override(env, tmp_path):
                                 "base_model": str(tmp_path / "elsewhere" / "base")})
     with pytest.raises(ModelLoadError, match="elsewhere"):
         load_release(moved)
-    rel = load_release(moved, base_model=env["base"])
+    rel = load_release(moved, base_model=env["base"], merge=False)
     assert _lora_checksum(rel.model) == env["lora"]
+
+
+def test_merged_release_computes_what_the_adapter_does(env, prompt_rel):
+    """The default load folds W + (alpha/r) B A into the base: same logits, no LoRA layers."""
+    unmerged = load_release(env["prompt"], merge=False)
+    assert not any("lora_" in n for n, _ in prompt_rel.model.named_parameters())
+    assert any("lora_" in n for n, _ in unmerged.model.named_parameters())
+    ids = torch.tensor([prompt_rel.tokenizer(PROMPTS[1], add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        a, b = prompt_rel.model(input_ids=ids).logits, unmerged.model(input_ids=ids).logits
+    assert (a - b).abs().max() < 1e-4 * b.abs().max()
 
 
 # --------------------------------------------------------------------------- generation

@@ -184,7 +184,7 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
     # The release loads in a fresh process with peft (privcode.release) and generates.
     code = ("import json, sys, torch\n"
             "from privcode.release import load_release\n"
-            "r = load_release(sys.argv[1])\n"
+            "r = load_release(sys.argv[1], merge=False)\n"
             "out = r.generate(z=r.sample_z(2, seed=0), max_new_tokens=8, temperature=0.0)\n"
             "print(json.dumps({'n': len(out), 'dz': r.dz, 'k': r.num_virtual_tokens,\n"
             "    'lora': sum(p.numel() for n, p in r.model.named_parameters() if 'lora_' in n),\n"

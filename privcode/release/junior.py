@@ -467,8 +467,13 @@ class JuniorRelease:
 
 
 def load_release(path: str | os.PathLike, *, device: str = "cpu",
-                 base_model: str | None = None) -> JuniorRelease:
+                 base_model: str | None = None, merge: bool = True) -> JuniorRelease:
     """Verify and load a release; ``base_model`` overrides the recorded base path.
+
+    ``merge`` folds the LoRA update into the base weights (``W + (alpha/r) B A``,
+    peft's ``merge_and_unload``): the same function, one matmul per layer
+    instead of three, for every consumer (generation, scoring, serving) that
+    only runs the model forward. ``merge=False`` keeps the PeftModel.
 
     A release with ``dp: false`` loads with a loud RuntimeWarning (and an
     error log): it is NOT PRIVATE and only fit for audits.
@@ -500,6 +505,8 @@ def load_release(path: str | os.PathLike, *, device: str = "cpu",
                                               eos_token_id=tokenizer.eos_token_id,
                                               pad_token_id=tokenizer.pad_token_id)
     model = PeftModel.from_pretrained(base, str(root / ADAPTER), is_trainable=False)
+    if merge:
+        model = model.merge_and_unload()
     model.to(device).eval()
     decoder = None
     if prefix:
