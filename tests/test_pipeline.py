@@ -125,6 +125,7 @@ def test_a_stage_runs_with_the_threads_of_its_cpus_and_restores_them():
 
     import torch
 
+    from privcode.config import load_config
     from privcode.pipeline.runner import _stage_threads
     from privcode.pipeline.stages import STAGES
 
@@ -133,10 +134,47 @@ def test_a_stage_runs_with_the_threads_of_its_cpus_and_restores_them():
     torch.set_num_threads(1)
     try:
         seen = {}
-        for name in ("audit", "data", "synth"):
-            with _stage_threads(STAGES[name]):
+        cfg = load_config(None, ["pac.num_cpus=1"])
+        for name in ("audit", "data", "synth", "pac", "nondp"):
+            with _stage_threads(STAGES[name], cfg):
                 seen[name] = torch.get_num_threads()
             assert torch.get_num_threads() == 1
-        assert seen == {"audit": cores, "data": 1, "synth": 1}  # synth holds no CPU: untouched
+        # synth holds no CPU: untouched; pac asks for one CPU, nondp for all (nondp_cpus 0)
+        assert seen == {"audit": cores, "data": 1, "synth": 1, "pac": 1, "nondp": cores}
     finally:
         torch.set_num_threads(before)
+
+
+def test_independent_stages_run_side_by_side_and_one_at_a_time_when_asked(
+        ray_connected, tmp_path, overrides):
+    """pac and nondp read only data and base: with run.parallel they overlap, one CPU each;
+    with run.parallel=false the same stages run one after the other."""
+    tiny = [o for o in overrides if not o.startswith("run.stages")] + [
+        "run.stages=[data, base, pac, nondp, report]",
+        "pac.worlds=2", "pac.steps=2", "pac.batch_size=1", "pac.max_length=32",
+        "pac.eval_sessions=1", "pac.eval_tokens=2", "pac.eval_positions=4",
+        "pac.eval_canaries=1", "pac.num_cpus=1",
+        "audit.nondp_steps=2", "audit.nondp_batch_size=2", "audit.nondp_cpus=1",
+        "train.max_length=32"]
+
+    def intervals():
+        runs = tmp_path / "runs" / "t"
+        out = {}
+        for name in ("pac", "nondp"):
+            t = read_manifest(runs / name)["timings"]
+            out[name] = (t["started"], t["started"] + t["seconds"])
+        return out
+
+    first = run_pipeline(load_config("jobs/configs/demo.yaml", tiny))
+    assert statuses(first) == {s: "ran" for s in ("data", "base", "pac", "nondp", "report")}
+    (a0, a1), (b0, b1) = intervals().values()
+    assert max(a0, b0) < min(a1, b1), "pac and nondp did not overlap"
+    nondp = read_manifest(tmp_path / "runs" / "t" / "nondp")
+    assert nondp["private"] is True and nondp["summary"]["steps"] == 2
+
+    serial = run_pipeline(load_config("jobs/configs/demo.yaml", tiny + [
+        "run.parallel=false", "run.force=true"]), stages=["pac", "nondp"])
+    assert statuses(serial) == {"data": "skipped", "base": "skipped", "pac": "ran",
+                                "nondp": "ran"}
+    (a0, a1), (b0, b1) = intervals().values()
+    assert a1 <= b0 or b1 <= a0, "run.parallel=false ran two stages at once"

@@ -92,18 +92,19 @@ def _hash_outputs(directory: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _stage_threads(stage: type[Stage]) -> Iterator[None]:
+def _stage_threads(stage: type[Stage], cfg: PipelineConfig) -> Iterator[None]:
     """torch threads = the CPUs this stage holds (every core for a stage that runs alone).
 
     A Ray worker process is reused across stages and torch's thread count is
     process state: without this a stage inherits whatever the previous one set
     (the audit's single thread made the next stage's training 2x slower).
     """
-    if stage.num_cpus == 0:
+    cpus = stage.cpus(cfg)
+    if cpus == 0:
         yield  # a stage that holds no CPU drives others (Ray Train, Ray Data, sandboxes)
         return
     cores = len(os.sched_getaffinity(0))
-    with torch_threads(cores if stage.num_cpus is None else min(cores, int(stage.num_cpus))):
+    with torch_threads(cores if cpus is None else max(1, min(cores, int(cpus)))):
         yield
 
 
@@ -118,7 +119,7 @@ def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     started = time.time()
     try:
-        with _stage_threads(STAGES[name]):
+        with _stage_threads(STAGES[name], cfg):
             summary = STAGES[name]().run(cfg, work, inputs)
         stage = STAGES[name]
         manifest = {
@@ -147,21 +148,26 @@ def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
         raise
 
 
-def _ray_resources(stage: type[Stage]) -> dict[str, float]:
+def _ray_resources(stage: type[Stage], cfg: PipelineConfig) -> dict[str, float]:
     import ray
 
-    if stage.num_cpus is not None:
-        return {"num_cpus": stage.num_cpus}
+    cpus = stage.cpus(cfg)
+    if cpus is not None:
+        return {"num_cpus": cpus}
     total = ray.cluster_resources().get("CPU", 1.0)
     return {"num_cpus": max(1.0, min(total, float(os.cpu_count() or 1)))}
 
 
 def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
                  use_ray: bool = True) -> dict[str, Any]:
-    """Run ``stages`` (default ``cfg.run.stages``) in order; returns a summary per stage.
+    """Run ``stages`` (default ``cfg.run.stages``); returns a summary per stage.
 
     Stages not selected but needed by a selected one must already have a
-    current artifact (their manifest is read); otherwise they run too.
+    current artifact (their manifest is read); otherwise they run too. On
+    Ray, a stage starts as soon as every stage it reads has finished
+    (``needs``, and ``after`` when selected), so independent stages (the PAC
+    worlds and the non-DP comparison beside Stage I and II) run side by side
+    on the CPUs they ask for; ``run.parallel: false`` runs one at a time.
     """
     started = time.time()
     selected = list(stages or cfg.run.stages)
@@ -176,40 +182,85 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
         log.info("running on Ray cluster %s", cluster.get("address"))
     results: dict[str, dict[str, Any]] = {}
     manifests: dict[str, dict[str, Any]] = {}
-    for name in order:
-        stage = STAGES[name]
-        fp = fingerprint(cfg, stage, manifests)
-        directory = stage_dir(cfg, name)
-        if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
-            manifests[name] = read_manifest(directory)
-            results[name] = {"status": "skipped", "dir": str(directory), "fingerprint": fp}
-            _say(f"[{name}] unchanged, skipped ({directory})")
-            continue
-        _say(f"[{name}] running ...")
-        inputs = {n: manifests[n] for n in _input_names(stage, manifests)}
-        t0 = time.time()
-        if use_ray:
+    pending = list(order)
+    running: dict[Any, tuple[str, str, float]] = {}  # ray ref -> (stage, fingerprint, start)
+    parallel = use_ray and cfg.run.parallel
+    try:
+        while pending or running:
+            for name in [n for n in pending if _ready(n, order, manifests)]:
+                if running and not parallel:
+                    break
+                pending.remove(name)
+                stage = STAGES[name]
+                fp = fingerprint(cfg, stage, manifests)
+                directory = stage_dir(cfg, name)
+                if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
+                    manifests[name] = read_manifest(directory)
+                    results[name] = {"status": "skipped", "dir": str(directory),
+                                     "fingerprint": fp}
+                    _say(f"[{name}] unchanged, skipped ({directory})")
+                    continue
+                _say(f"[{name}] running ...")
+                inputs = {n: manifests[n] for n in _input_names(stage, manifests)}
+                if not use_ray:
+                    t0 = time.time()
+                    manifests[name] = execute_stage(name, cfg, str(directory), fp, inputs)
+                    _done(results, name, directory, fp, t0)
+                    continue
+                import ray
+
+                task = ray.remote(execute_stage).options(name=f"privcode:{name}",
+                                                         **_ray_resources(stage, cfg))
+                running[task.remote(name, cfg, str(directory), fp, inputs)] = (name, fp,
+                                                                               time.time())
+            if not running:
+                if pending and not any(_ready(n, order, manifests) for n in pending):
+                    # cannot happen for a valid stage table; never spin
+                    raise PrivcodeError(f"stages {pending} wait on stages that never run")
+                continue
             import ray
 
-            task = ray.remote(execute_stage).options(name=f"privcode:{name}", **_ray_resources(stage))
-            try:
-                manifest = ray.get(task.remote(name, cfg, str(directory), fp, inputs))
-            except ray.exceptions.RayTaskError as exc:
-                # A user-facing error (bad config, bad row) reads as itself,
-                # not as a remote traceback.
-                if isinstance(exc.cause, PrivcodeError):
-                    raise exc.cause from None
-                raise
-        else:
-            manifest = execute_stage(name, cfg, str(directory), fp, inputs)
-        manifests[name] = manifest
-        results[name] = {"status": "ran", "dir": str(directory), "fingerprint": fp,
-                         "seconds": round(time.time() - t0, 2)}
-        _say(f"[{name}] done in {time.time() - t0:.1f}s ({directory})")
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            name, fp, t0 = running.pop(ref)
+            manifests[name] = _get(ref)
+            _done(results, name, stage_dir(cfg, name), fp, t0)
+    except BaseException:
+        if running:
+            import ray
+
+            for ref in running:  # a failed stage stops its siblings: no half-run pipeline
+                ray.cancel(ref, force=True)
+        raise
     report = manifests.get("report", {}).get("summary", {})
     summary = run_summary(cfg.run.name, results, manifests, time.time() - started)
-    return {"run": cfg.run.name, "stages": results, "report": report.get("report"),
-            "private_report": report.get("private_report"), "summary": summary.format()}
+    return {"run": cfg.run.name, "stages": {n: results[n] for n in order if n in results},
+            "report": report.get("report"), "private_report": report.get("private_report"),
+            "summary": summary.format()}
+
+
+def _ready(name: str, order: list[str], done: dict[str, Any]) -> bool:
+    """Every stage that ``name`` reads and that is part of this run has finished."""
+    stage = STAGES[name]
+    return all(dep in done for dep in (*stage.needs, *(a for a in stage.after if a in order)))
+
+
+def _get(ref: Any) -> dict[str, Any]:
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        # A user-facing error (bad config, bad row) reads as itself, not as a remote traceback.
+        if isinstance(exc.cause, PrivcodeError):
+            raise exc.cause from None
+        raise
+
+
+def _done(results: dict[str, dict[str, Any]], name: str, directory: Path, fp: str,
+          t0: float) -> None:
+    results[name] = {"status": "ran", "dir": str(directory), "fingerprint": fp,
+                     "seconds": round(time.time() - t0, 2)}
+    _say(f"[{name}] done in {time.time() - t0:.1f}s ({directory})")
 
 
 def _with_dependencies(selected: list[str]) -> list[str]:

@@ -54,6 +54,11 @@ class Stage:
         """Extra check before skipping: do things outside the stage dir still exist?"""
         return True
 
+    @classmethod
+    def cpus(cls, cfg: PipelineConfig) -> float | None:
+        """CPUs for this run's Ray task (and its torch threads); default ``num_cpus``."""
+        return cls.num_cpus
+
 
 class DataStage(Stage):
     """Build the private demo corpus (``privcode data demo``)."""
@@ -283,9 +288,9 @@ class AuditStage(Stage):
     version = 1
     sections = ("audit", "train")
     needs = ("data", "base", "train")
-    after = ("synth", "premium")
+    after = ("synth", "premium", "nondp")
     private = True
-    num_cpus = None  # runs alone: the non-DP comparison and scoring use every CPU
+    num_cpus = None  # scoring and generation on every CPU
 
     def run(self, cfg, out_dir, inputs):
         from privcode.audit.nondp import train_nondp_comparison
@@ -303,7 +308,10 @@ class AuditStage(Stage):
         if "premium" in inputs:
             models["premium"] = stage_dir(cfg, "premium")
         comparison = None
-        if cfg.audit.compare_nondp:
+        if "nondp" in inputs:  # trained beside Stage I and II by the nondp stage
+            comparison = inputs["nondp"]["summary"]
+            models["nondpft"] = stage_dir(cfg, "nondp") / "nondpft"
+        elif cfg.audit.compare_nondp:
             comparison = train_nondp_comparison(cfg, data=train_data, base=str(run["base"]),
                                                 out_dir=Path(out_dir) / "nondpft")
             models["nondpft"] = Path(out_dir) / "nondpft"
@@ -329,8 +337,11 @@ class PacStage(Stage):
     private = True
     num_cpus = None  # all worlds train in one process's batched passes
 
+    @classmethod
+    def cpus(cls, cfg):
+        return cfg.pac.num_cpus or None
+
     def run(self, cfg, out_dir, inputs):
-        from privcode.models.base import torch_threads
         from privcode.pac.evaluate import evaluate_pac
         from privcode.pac.worlds import train_worlds
         from privcode.pipeline.runner import stage_dir
@@ -339,15 +350,42 @@ class PacStage(Stage):
         data = stage_dir(cfg, "data")
         train_data = Path(cfg.train.data) if cfg.train.data else data / "train.parquet"
         worlds = Path(out_dir) / "worlds"
-        with torch_threads():
-            trained = train_worlds(cfg.pac, data=train_data,
-                                   base=base_path(inputs), out_dir=worlds,
-                                   progress=False)
-            canaries = data / "canaries.json"
-            result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"),
-                                  canaries=str(canaries) if canaries.is_file() else None)
+        trained = train_worlds(cfg.pac, data=train_data, base=base_path(inputs), out_dir=worlds,
+                               progress=False)
+        canaries = data / "canaries.json"
+        result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"),
+                              canaries=str(canaries) if canaries.is_file() else None)
         atomic_write_json(Path(out_dir) / "pac_eval.json", result)
         return {**result, "worlds": trained, "worlds_dir": str(worlds)}
+
+
+class NondpStage(Stage):
+    """The audits' non-DP comparison, trained as soon as the data and base exist.
+
+    NOT PRIVATE: the base fine-tuned WITHOUT differential privacy on the same
+    private records (:mod:`privcode.audit.nondp`), for the audit stage to show
+    what its attacks find when nothing protects the data; never released.
+    Its own stage so that it trains beside Stage I and II rather than after
+    them; without it in ``run.stages`` the audit stage trains it itself.
+    """
+
+    name = "nondp"
+    sections = ("audit", "train")
+    needs = ("data", "base")
+    private = True
+    num_cpus = None
+
+    @classmethod
+    def cpus(cls, cfg):
+        return cfg.audit.nondp_cpus or None
+
+    def run(self, cfg, out_dir, inputs):
+        from privcode.audit.nondp import train_nondp_comparison
+        from privcode.pipeline.runner import stage_dir
+
+        data = Path(cfg.train.data) if cfg.train.data else stage_dir(cfg, "data") / "train.parquet"
+        return train_nondp_comparison(cfg, data=data, base=base_path(inputs),
+                                      out_dir=Path(out_dir) / "nondpft")
 
 
 class ReportStage(Stage):
@@ -372,5 +410,5 @@ class ReportStage(Stage):
 #: serve) register here; ``run.stages`` picks from these names.
 STAGES: dict[str, type[Stage]] = {
     cls.name: cls for cls in (DataStage, BaseStage, TrainStage, SynthStage, PremiumStage,
-                              EvalStage, AuditStage, PacStage, ReportStage)
+                              EvalStage, NondpStage, AuditStage, PacStage, ReportStage)
 }
