@@ -364,9 +364,10 @@ class AuditConfig:
                           min=0.0)
     nondp_batch_size: int = opt(0, "Expected (Poisson) batch size of the non-DP comparison "
                                    "(0 = train.expected_batch_size).", min=0)
-    nondp_cpus: int = opt(0, "CPUs (and torch threads) of the nondp stage's task (0 = every "
-                             "CPU of the cluster, up to this node's): fewer lets it train "
-                             "beside Stage I and II.", min=0)
+    nondp_cpus: float = opt(0.0, "CPUs Ray reserves for the nondp stage's task (0 = every CPU "
+                                 "of the cluster, up to this node's); its torch threads are "
+                                 "the whole CPUs, at least one. Fewer lets it train beside "
+                                 "Stage I and II.", min=0.0)
     probe_models: tuple[str, ...] = opt(("premium",), "Audited models that leak probing "
                                                       "examines (the slowest audit); absent "
                                                       "ones are skipped.",
@@ -388,9 +389,10 @@ class PacConfig:
                           min=1)
     lr: float = opt(2e-3, "AdamW learning rate of the worlds.", min=0.0, max=10.0)
     max_length: int = opt(128, "Records are cut to this many tokens.", min=8)
-    num_cpus: int = opt(0, "CPUs (and torch threads) of the pac stage's task (0 = every CPU "
-                           "of the cluster, up to this node's): fewer lets the worlds train "
-                           "beside Stage I and II.", min=0)
+    num_cpus: float = opt(0.0, "CPUs Ray reserves for the pac stage's task (0 = every CPU of "
+                               "the cluster, up to this node's); its torch threads are the "
+                               "whole CPUs, at least one. Fewer lets the worlds train beside "
+                               "Stage I and II.", min=0.0)
     world_groups: int = opt(1, "Parallel Ray tasks training disjoint groups of worlds "
                                "(1 = one process trains every world in batched passes).",
                             min=1, max=4096)

@@ -188,8 +188,8 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
     try:
         while pending or running:
             for name in [n for n in pending if _ready(n, order, manifests)]:
-                if running and not parallel:
-                    break
+                if running and not (parallel and _fits(STAGES[name], cfg, running)):
+                    continue  # a later ready stage may still fit beside the running ones
                 pending.remove(name)
                 stage = STAGES[name]
                 fp = fingerprint(cfg, stage, manifests)
@@ -242,6 +242,24 @@ def _ready(name: str, order: list[str], done: dict[str, Any]) -> bool:
     """Every stage that ``name`` reads and that is part of this run has finished."""
     stage = STAGES[name]
     return all(dep in done for dep in (*stage.needs, *(a for a in stage.after if a in order)))
+
+
+def _fits(stage: type[Stage], cfg: PipelineConfig, running: dict[Any, tuple[str, str, float]]
+          ) -> bool:
+    """Whether ``stage``'s CPU footprint fits beside the running stages' on this cluster.
+
+    Footprints count the workers a stage starts later (Ray Train's), so a
+    stage launched beside others never waits on CPUs they took first.
+    """
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 1.0)
+    used = 0.0
+    for other, _, _ in running.values():
+        fp = STAGES[other].footprint(cfg)
+        used += total if fp is None else fp
+    own = stage.footprint(cfg)
+    return used + (total if own is None else own) <= total + 1e-9
 
 
 def _get(ref: Any) -> dict[str, Any]:

@@ -59,6 +59,16 @@ class Stage:
         """CPUs for this run's Ray task (and its torch threads); default ``num_cpus``."""
         return cls.num_cpus
 
+    @classmethod
+    def footprint(cls, cfg: PipelineConfig) -> float | None:
+        """CPUs the stage keeps busy: its task's plus those of the workers it starts.
+
+        The runner starts a stage beside others only while the footprints fit
+        the cluster, so a stage that starts workers later (Ray Train) finds
+        them free. None: the whole cluster (the stage runs alone).
+        """
+        return cls.cpus(cfg)
+
 
 class DataStage(Stage):
     """Build the private demo corpus (``privcode data demo``)."""
@@ -128,6 +138,10 @@ class TrainStage(Stage):
     # The stage task only orchestrates; the Ray Train workers hold the CPUs.
     num_cpus = 0
 
+    @classmethod
+    def footprint(cls, cfg):
+        return cfg.train.num_workers * cfg.train.cpus_per_worker
+
     def run(self, cfg, out_dir, inputs):
         from privcode.dp.store import resolve_store
         from privcode.pipeline.runner import stage_dir
@@ -175,6 +189,12 @@ class SynthStage(Stage):
     # The stage task only drives Ray Data; the operators' actors hold the CPUs.
     num_cpus = 0
 
+    @classmethod
+    def footprint(cls, cfg):
+        from privcode.synth.pipeline import FILTER_CPUS
+
+        return cfg.synth.generators_min * cfg.synth.cpus_per_generator + FILTER_CPUS
+
     def run(self, cfg, out_dir, inputs):
         from privcode.pipeline.runner import stage_dir
         from privcode.synth.pipeline import run_synthesis
@@ -212,6 +232,10 @@ class PremiumStage(Stage):
     needs = ("base",)
     after = ("synth",)
     num_cpus = 0  # the Ray Train workers hold the CPUs
+
+    @classmethod
+    def footprint(cls, cfg):
+        return cfg.premium.num_workers * cfg.premium.cpus_per_worker
 
     def run(self, cfg, out_dir, inputs):
         from privcode.models.loading import resolve_model_path

@@ -176,6 +176,11 @@ def _public_prompts(n: int, seed: int) -> list[str]:
     return public_prompts(max(1, min(n, 2000)), seed=seed)
 
 
+#: CPUs Ray reserves for the filter actors (extract, execution, round trip), one each.
+EXTRACT_CPUS, EXECUTION_CPUS, ROUNDTRIP_CPUS = 0.1, 0.2, 0.2
+FILTER_CPUS = EXTRACT_CPUS + EXECUTION_CPUS + ROUNDTRIP_CPUS
+
+
 def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: str,
              generator: type | None = None):
     import ray.data
@@ -203,12 +208,13 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
     fbatch = max(cfg.batch_size, 16)
     ds = ds.map_batches(Extract, fn_constructor_args=(cfg.extractor, ext_opts),
                         batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.1)
+                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=EXTRACT_CPUS)
     limits = {"cpu_seconds": cfg.sandbox_cpu_seconds, "wall_seconds": cfg.sandbox_wall_seconds,
               "memory_mb": cfg.sandbox_memory_mb}
     ds = ds.map_batches(ExecutionFilter, fn_constructor_args=(limits, cfg.sandbox_workers),
                         batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.25)
+                        compute=ActorPoolStrategy(min_size=1, max_size=1),
+                        num_cpus=EXECUTION_CPUS)
     rt_opts: dict[str, Any] = {}
     if cfg.summarizer_model:
         rt_opts["summarizer_model"] = cfg.summarizer_model
@@ -218,7 +224,8 @@ def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: 
                         fn_constructor_args=(cfg.summarizer, cfg.scorer,
                                              cfg.roundtrip_threshold, rt_opts),
                         batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=0.25)
+                        compute=ActorPoolStrategy(min_size=1, max_size=1),
+                        num_cpus=ROUNDTRIP_CPUS)
     return ds
 
 

@@ -1,0 +1,49 @@
+"""The runner's admission rule: a stage starts beside others only while CPU footprints fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from privcode.config import load_config
+from privcode.pipeline import runner
+from privcode.pipeline.stages import STAGES
+
+
+@pytest.fixture()
+def two_cpus(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+
+
+def _running(*names):
+    return {object(): (n, "fp", 0.0) for n in names}
+
+
+def test_footprints_count_the_workers_a_stage_starts():
+    cfg = load_config("jobs/configs/demo.yaml", ["train.num_workers=3", "train.cpus_per_worker=2",
+                                                 "premium.num_workers=2"])
+    assert STAGES["train"].cpus(cfg) == 0  # the stage task only drives Ray Train ...
+    assert STAGES["train"].footprint(cfg) == 6  # ... whose workers hold the CPUs
+    assert STAGES["premium"].footprint(cfg) == 2 * cfg.premium.cpus_per_worker
+    from privcode.synth.pipeline import FILTER_CPUS
+
+    assert STAGES["synth"].footprint(cfg) == pytest.approx(
+        cfg.synth.generators_min * cfg.synth.cpus_per_generator + FILTER_CPUS)
+    assert STAGES["audit"].footprint(cfg) is None  # the whole cluster: runs alone
+    assert STAGES["pac"].footprint(cfg) == cfg.pac.num_cpus == 0.5
+    assert STAGES["pac"].footprint(load_config("jobs/configs/demo.yaml", ["pac.num_cpus=0"])) \
+        is None
+
+
+def test_demo_side_stages_fit_beside_stage_one_and_two_on_two_cpus(two_cpus):
+    cfg = load_config("jobs/configs/demo.yaml")
+    assert runner._fits(STAGES["nondp"], cfg, _running("train", "pac"))
+    assert runner._fits(STAGES["synth"], cfg, _running("pac", "nondp"))
+    # A stage asking for the whole cluster waits for everything, and blocks everything.
+    assert not runner._fits(STAGES["audit"], cfg, _running("pac"))
+    assert not runner._fits(STAGES["pac"], cfg, _running("audit"))
+    # Ray Train's workers are counted before they exist: no third 1-CPU stage beside train.
+    big = load_config("jobs/configs/demo.yaml", ["pac.num_cpus=1", "audit.nondp_cpus=1"])
+    assert runner._fits(STAGES["pac"], big, _running("train"))
+    assert not runner._fits(STAGES["nondp"], big, _running("train", "pac"))
