@@ -333,6 +333,21 @@ def test_record_losses_members_below_unseen(planted, base_path):
     assert first["attacks"] == second["attacks"] == res["attacks"]
     assert other["attacks"]["loss"]["n_members"] == 4
 
+    # A model trained without the prompt in its loss (premium) after one with it (nondpft):
+    # other loss masks, the same reference token log-probs, not rescored.
+    import dataclasses
+
+    scored, real_rows = [], scoring._row_logprobs
+    flipped = dataclasses.replace(planted, loss_on_prompt=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scoring, "_row_logprobs",
+                   lambda sm, *a, **k: scored.append(sm) or real_rows(sm, *a, **k))
+        run_mia(flipped, reference, members, unseen, reference_cache=cache)
+        fresh = run_mia(flipped, reference, members, unseen)
+    assert sum(sm is reference for sm in scored) == 2  # only the run without the cache
+    assert cache and fresh["attacks"] == run_mia(flipped, reference, members, unseen,
+                                                 reference_cache=cache)["attacks"]
+
 
 def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_path):
     from privcode.models.loading import attach_lora, load_causal_lm

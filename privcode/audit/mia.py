@@ -334,6 +334,7 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
                hash(tuple((r.prompt, r.code) for r in non)))
         cached = reference_cache.get(key) if reference_cache is not None else None
         if cached is None:
+            rk["cache"] = reference_cache  # token log-probs shared across loss masks
             cached = (record_losses(ref, None, mem, **rk), record_losses(ref, None, non, **rk))
             if reference_cache is not None:
                 reference_cache[key] = cached

@@ -277,10 +277,19 @@ def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: in
 
 
 def _masked_sums(sm: ScoredModel, rows: list[list[int]], masks: list[np.ndarray],
-                 batch_size: int) -> np.ndarray:
-    """``log p`` summed over each row's masked targets; logmeanexp over latent draws."""
+                 batch_size: int, cache: dict[Any, Any] | None = None) -> np.ndarray:
+    """``log p`` summed over each row's masked targets; logmeanexp over latent draws.
+
+    ``cache`` (no latent): per-token log-probs kept by model and rows, so the
+    same rows under another mask (loss on the prompt or not) are not rescored.
+    """
     if sm.conditioning != "latent":
-        lps = _row_logprobs(sm, rows, batch_size)
+        key = ("row_logprobs", id(sm), batch_size, tuple(map(tuple, rows)))  # in memory only
+        lps = cache.get(key) if cache is not None else None
+        if lps is None:
+            lps = _row_logprobs(sm, rows, batch_size)
+            if cache is not None:
+                cache[key] = lps
         return np.array([float(np.sum(lp[m])) for lp, m in zip(lps, masks, strict=True)])
     zs = sm.latents()
     per_z = np.stack([
@@ -342,7 +351,7 @@ def sequence_logprobs(model: Any, tokenizer: Any, prefixes: Sequence[str],
 
 def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_size: int = 16,
                   max_length: int = 256, loss_on_prompt: bool | None = None,
-                  fmt: str | None = None) -> np.ndarray:
+                  fmt: str | None = None, cache: dict[Any, Any] | None = None) -> np.ndarray:
     """Mean token NLL of each record (objects with ``prompt`` and ``code``), as in training.
 
     The format follows the model's conditioning (module docstring), or
@@ -350,7 +359,8 @@ def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_s
     reference model like a target. Loss tokens: code + EOS, plus the prompt
     when ``loss_on_prompt`` (default: the model's training objective). With
     ``latent_samples > 0``: ``-logmeanexp_z(sum_t log p) / n_tokens``. A
-    record with no loss token left after truncation gets NaN.
+    record with no loss token left after truncation gets NaN. ``cache``: see
+    :func:`_masked_sums` (one audit run's dict, in memory only).
     """
     from privcode.train.data import CODE, PAD, encode_records
 
@@ -377,7 +387,7 @@ def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_s
                 mask[0] = False
         rows.append(row)
         masks.append(np.asarray(mask, dtype=bool))
-    sums = _masked_sums(sm, rows, masks, batch_size)
+    sums = _masked_sums(sm, rows, masks, batch_size, cache)
     counts = np.array([m.sum() for m in masks], dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         losses = np.where(counts > 0, -sums / np.maximum(counts, 1), np.nan)
