@@ -31,19 +31,19 @@ def test_footprints_count_the_workers_a_stage_starts():
     assert STAGES["synth"].footprint(cfg) == pytest.approx(
         cfg.synth.generators_min * cfg.synth.cpus_per_generator + FILTER_CPUS)
     assert STAGES["audit"].footprint(cfg) is None  # the whole cluster: runs alone
-    assert STAGES["pac"].footprint(cfg) == cfg.pac.num_cpus == 0.5
+    assert STAGES["pac"].footprint(cfg) == cfg.pac.num_cpus == 1
     assert STAGES["pac"].footprint(load_config("jobs/configs/demo.yaml", ["pac.num_cpus=0"])) \
         is None
 
 
-def test_demo_side_stages_fit_beside_stage_one_and_two_on_two_cpus(two_cpus):
+def test_demo_runs_two_lanes_on_two_cpus(two_cpus):
+    """Stage I and II on one core, pac then nondp on the other; nothing oversubscribes."""
     cfg = load_config("jobs/configs/demo.yaml")
-    assert runner._fits(STAGES["nondp"], cfg, _running("train", "pac"))
-    assert runner._fits(STAGES["synth"], cfg, _running("pac", "nondp"))
+    assert runner._fits(STAGES["pac"], cfg, _running("train"))
+    # Ray Train's workers are counted before they exist: no third 1-CPU stage beside train.
+    assert not runner._fits(STAGES["nondp"], cfg, _running("train", "pac"))
+    assert runner._fits(STAGES["synth"], cfg, _running("pac"))
+    assert runner._fits(STAGES["nondp"], cfg, _running("synth"))
     # A stage asking for the whole cluster waits for everything, and blocks everything.
     assert not runner._fits(STAGES["audit"], cfg, _running("pac"))
     assert not runner._fits(STAGES["pac"], cfg, _running("audit"))
-    # Ray Train's workers are counted before they exist: no third 1-CPU stage beside train.
-    big = load_config("jobs/configs/demo.yaml", ["pac.num_cpus=1", "audit.nondp_cpus=1"])
-    assert runner._fits(STAGES["pac"], big, _running("train"))
-    assert not runner._fits(STAGES["nondp"], big, _running("train", "pac"))
