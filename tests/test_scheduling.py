@@ -44,6 +44,7 @@ def test_demo_runs_two_lanes_on_two_cpus(two_cpus):
     assert not runner._fits(STAGES["nondp"], cfg, _running("train", "pac"))
     assert runner._fits(STAGES["synth"], cfg, _running("pac"))
     assert runner._fits(STAGES["nondp"], cfg, _running("synth"))
+    assert runner._fits(STAGES["premium"], cfg, _running("nondp"))
     # A stage asking for the whole cluster waits for everything, and blocks everything.
     assert not runner._fits(STAGES["audit"], cfg, _running("pac"))
     assert not runner._fits(STAGES["pac"], cfg, _running("audit"))
