@@ -23,7 +23,13 @@ While the head is up the test process has, in its environment:
 
 so ``ray.init()``, ``ray.init(address=cluster.address)``,
 ``privcode.cluster.local.connect()`` and ``privcode.cluster.jobs`` calls
-without an address all reach this head.  ``ray_connected`` calls ``connect``
+without an address all reach this head.  It also has
+``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.5`` (unless set; the head's tasks and
+the bench/ subprocesses inherit it): Ray Train's controller polls its workers
+every 0.5 s instead of 2 s, so the end of a run, and a checkpoint report
+(which waits until the previous one is collected), is noticed sooner: a few
+seconds less per Ray Train run.  A late answer is no failure (Ray Train waits
+10 minutes for a hanging poll).  ``ray_connected`` calls ``connect``
 once per session and yields its result.
 
 At session end the driver is shut down, the head's processes are stopped
@@ -54,8 +60,9 @@ apply_process_env()
 RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
 MODEL_FIXTURES = frozenset({"ci_base_cache", "embedding", "minilm"})  # + the embedding model
 CHART_FIXTURES = frozenset({"helm"})
+_TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 _ENV_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
-             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_API_SERVER_ADDRESS")
+             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_API_SERVER_ADDRESS", _TRAIN_POLL_ENV)
 # Ports a developer's own head uses by default; the session head avoids them.
 _RESERVED_PORTS = frozenset({6379, 8265, 10001, 52365})
 
@@ -108,6 +115,9 @@ def ray_cluster() -> RayCluster:
         if not os.environ.get(local.TOKEN_ENV):
             os.environ[local.TOKEN_PATH_ENV] = os.path.join(base, "auth_token")
         os.environ[local.AUTH_MODE_ENV] = "token"
+        # Before the head starts: its stage tasks inherit it, as do bench/ subprocesses;
+        # Ray Train passes it from a driver to its controller and workers.
+        os.environ.setdefault(_TRAIN_POLL_ENV, "0.5")
         for key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             os.environ.pop(key, None)
         local.ensure_token()
@@ -158,6 +168,21 @@ def ray_connected(ray_cluster: RayCluster) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def serve_http(ray_connected: dict[str, Any]) -> str:
+    """Ray Serve on the session head, once per session: its HTTP proxy's base URL
+    (``http://127.0.0.1:PORT``). Tests ``serve.run`` their app under their own name and
+    route prefix and ``serve.delete`` it when done; Serve is shut down at session end."""
+    from ray import serve
+
+    from privcode.cluster.local import free_port
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+@pytest.fixture(scope="session")
 def ci_base_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A base-model cache dir holding the ``ci`` preset, built once per session.
 
@@ -202,6 +227,49 @@ def ci_release(ci_model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
                         "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
                   privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
     return out
+
+
+# The tiny run of the whole pipeline: 60 records, the ci base, 4 DP steps (with the public
+# held-out loss curve), then eval, audit (with the non-DP comparison), pac (4 worlds) and
+# report. tests/test_audit_stage.py checks its eval, audit, pac and report stages,
+# tests/test_train.py its train stage's release: one run (about a minute on 2 CPUs) for both.
+TINY_PIPELINE = [
+    "run.name=t", "run.stages=[data, base, train, eval, audit, pac, report]",
+    "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
+    "base.preset=ci",
+    "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
+    "train.checkpoint_every=2", "train.eval_tokens=256",
+    "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
+    "eval.limit=3", "eval.max_new_tokens=32", "eval.models=[base, junior]",
+    # leak probing has its own end-to-end tests (tests/test_probe.py); left out for CI time
+    "audit.audits=[canaries, exposure, mia]", "audit.compare_nondp=true",
+    "audit.nondp_steps=6", "audit.canary_samples=2", "audit.canary_max_new_tokens=12",
+    "audit.exposure_candidates=20", "audit.mia_records=20",
+    "pac.worlds=4", "pac.steps=4", "pac.batch_size=2", "pac.max_length=32",
+    "pac.eval_sessions=3", "pac.eval_tokens=8", "pac.eval_positions=24",
+    "pac.eval_canaries=2", "pac.eval_canary_tokens=8",
+]
+
+
+def tiny_pipeline_overrides(root: os.PathLike, ci_base_cache: str) -> list[str]:
+    """The ``--set`` overrides of the ``tiny_pipeline`` run (on jobs/configs/demo.yaml)."""
+    return [f"run.out_dir={os.path.join(root, 'runs')}",
+            f"run.reports_dir={os.path.join(root, 'reports')}",
+            f"base.cache_dir={ci_base_cache}", *TINY_PIPELINE]
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(ray_connected: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
+                  ci_base_cache: str) -> tuple[Any, dict[str, Any]]:
+    """``(root, result)``: ``run_pipeline``'s result of the ``TINY_PIPELINE`` run, once per
+    session; its runs are under ``root/runs/t``, its reports under ``root/reports/t``."""
+    from privcode.config import load_config
+    from privcode.pipeline.runner import run_pipeline
+
+    root = tmp_path_factory.mktemp("tiny-run")
+    result = run_pipeline(load_config("jobs/configs/demo.yaml",
+                                      tiny_pipeline_overrides(root, ci_base_cache)))
+    return root, result
 
 
 @pytest.fixture(scope="module")

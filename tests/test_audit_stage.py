@@ -2,10 +2,11 @@
 
 A tiny run (60 records, the ``ci`` base, 4 DP steps) goes through data, base,
 train, eval, audit (with the non-DP comparison), pac (4 worlds) and report on the session's
-Ray cluster. The assertions are about what crosses the privacy boundary:
-the audit summary, the report and its HTML hold aggregates only (no canary
-value, no record text), the detail files holding private values stay in the
-audit directory with mode 0600, and the numbers are in their ranges.
+Ray cluster (conftest's ``tiny_pipeline``: the same run serves tests/test_train.py).
+The assertions are about what crosses the privacy boundary: the audit summary,
+the report and its HTML hold aggregates only (no canary value, no record text),
+the detail files holding private values stay in the audit directory with mode
+0600, and the numbers are in their ranges.
 
 The demo-scale replication (``nondpft`` at 100 repetitions leaks, PrivCode++
 at epsilon 4 does not; the DP run's MIA TPR is lower) is the slow test at
@@ -19,36 +20,16 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import tiny_pipeline_overrides
 
 from privcode.config import load_config
 
-TINY = [
-    "run.name=t", "run.stages=[data, base, train, eval, audit, pac, report]",
-    "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
-    "base.preset=ci",
-    "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
-    "train.checkpoint_every=2", "train.eval_tokens=0",
-    "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
-    "eval.limit=3", "eval.max_new_tokens=32", "eval.models=[base, junior]",
-    # leak probing has its own end-to-end tests (tests/test_probe.py); left out for CI time
-    "audit.audits=[canaries, exposure, mia]", "audit.compare_nondp=true",
-    "audit.nondp_steps=6", "audit.canary_samples=2", "audit.canary_max_new_tokens=12",
-    "audit.exposure_candidates=20", "audit.mia_records=20",
-    "pac.worlds=4", "pac.steps=4", "pac.batch_size=2", "pac.max_length=32",
-    "pac.eval_sessions=3", "pac.eval_tokens=8", "pac.eval_positions=24",
-    "pac.eval_canaries=2", "pac.eval_canary_tokens=8",
-]
-
 
 @pytest.fixture(scope="module")
-def tiny_run(ray_connected, tmp_path_factory, ci_base_cache):
-    from privcode.pipeline.runner import run_pipeline
-
-    root = tmp_path_factory.mktemp("audit-run")
-    overrides = [f"run.out_dir={root / 'runs'}", f"run.reports_dir={root / 'reports'}",
-                 f"base.cache_dir={ci_base_cache}", *TINY]
-    result = run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
-    return root, result
+def tiny_run(tiny_pipeline):
+    """The session's tiny pipeline run (conftest ``tiny_pipeline``, shared with
+    tests/test_train.py): ``(root, result)``."""
+    return tiny_pipeline
 
 
 def _secrets(root: Path) -> list[str]:
@@ -152,15 +133,21 @@ def test_demo_scale_replication(ray_connected, tmp_path):
             < nondp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"])
 
 
-def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_cache, capsys):
+def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_cache, capsys,
+                                                            tmp_path):
     """`privcode report` runs the report stage alone (forced) and still shows every stage."""
+    import shutil
+
     from privcode.cli import main
 
-    root, _ = tiny_run
+    # On a copy of the run: the shared run keeps the report its pipeline run wrote (a report
+    # rendered alone records other inputs, so a rerun of the pipeline would redo it).
+    for name in ("runs", "reports", "privacy-store"):
+        shutil.copytree(tiny_run[0] / name, tmp_path / name, symlinks=True)
+    root = tmp_path
     before = json.loads((root / "runs/t/report/manifest.json").read_text())["timings"]["started"]
     args = ["report", "--config", "jobs/configs/demo.yaml"]
-    for override in [f"run.out_dir={root / 'runs'}", f"run.reports_dir={root / 'reports'}",
-                     f"base.cache_dir={ci_base_cache}", *TINY]:
+    for override in tiny_pipeline_overrides(root, ci_base_cache):
         args += ["--set", override]
     assert main(args) == 0
     out = capsys.readouterr().out  # the end-of-run summary

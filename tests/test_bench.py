@@ -107,11 +107,12 @@ def test_train_scaling_smallest(ray_cluster, ci_model):
 
 def test_bench_synth_smallest(ray_cluster, ci_release):
     # Both halves: the release through Ray Data and in process, then the canned generator
-    # at two sizes for the peak-memory ratio.
+    # for the peak-memory ratio, at one size (equal --small and --big run once: each Ray
+    # Data run costs ~20 s of actor start-up on 2 CPUs, whatever its size).
     out = _run("bench_synth.py", "--release", str(ci_release), "--samples", "2",
-               "--small", "2", "--big", "4")
+               "--small", "2", "--big", "2")
     _line(out, rf"throughput: ray data {NUMBER} samples/s, in-process loop {NUMBER} samples/s, "
                rf"ratio {NUMBER}x")
-    for n in (2, 4):
-        _line(out, rf"{n} samples \(canned generator\): .* peak RSS {NUMBER} MiB")
-    _line(out, rf"peak RSS 4 vs 2: {NUMBER}x")
+    _line(out, rf"2 samples \(canned generator\): .* peak RSS {NUMBER} MiB")
+    assert out.count("samples (canned generator)") == 1  # equal sizes: one run
+    _line(out, rf"peak RSS 2 vs 2: {NUMBER}x")

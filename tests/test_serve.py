@@ -370,14 +370,11 @@ def test_api_key_is_required_except_on_healthz(premium, caplog, monkeypatch):
 # --------------------------------------------------------------------------- Ray Serve
 
 
-def test_serve_app_overhttp_json(ray_connected, release, premium):
+def test_serve_app_overhttp_json(serve_http, release, premium):
     from ray import serve
 
-    from privcode.cluster.local import free_port
-
-    port, key = free_port(), "test-key-0123"
+    key = "test-key-0123"
     expected = [premium.complete(_req(p, max_tokens=12)).text for p in PROMPTS]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         application = build_app(
             {"premium": str(release), "device": "cpu", "max_tokens_limit": 64,
@@ -385,7 +382,7 @@ def test_serve_app_overhttp_json(ray_connected, release, premium):
             ray_actor_options={"num_cpus": 1, "runtime_env": {
                 "env_vars": {"PRIVCODE_TEST_SERVE_KEY": key, "OMP_NUM_THREADS": "1"}}})
         serve.run(application, name="premium-test", route_prefix="/premium")
-        url = f"http://127.0.0.1:{port}/premium"
+        url = f"{serve_http}/premium"
         assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
         completion = {"prompt": PROMPTS[0], "max_tokens": 12}
         for bad_key in (None, "wrong-key"):
@@ -405,8 +402,5 @@ def test_serve_app_overhttp_json(ray_connected, release, premium):
         assert http_json(f"{url}/v1/completions", key=key)[0] == 405
         assert http_json(f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10), key=key)[0] == 400
     finally:
-        try:
-            serve.delete("premium-test")
-        finally:
-            serve.shutdown()
+        serve.delete("premium-test")
     assert os.environ.get("PRIVCODE_TEST_SERVE_KEY") is None  # the key stayed on the replica

@@ -361,13 +361,9 @@ def test_state_is_locked_and_survives_a_restart(worlds, tmp_path):
 # --------------------------------------------------------------------------- Ray Serve
 
 
-def test_ensemble_app_overhttp_json(ray_connected, worlds, tmp_path):
+def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
     from ray import serve
 
-    from privcode.cluster.local import free_port
-
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     answers = []
     try:
         application = build_app(
@@ -376,7 +372,7 @@ def test_ensemble_app_overhttp_json(ray_connected, worlds, tmp_path):
             ray_actor_options={"num_cpus": 1, "runtime_env": {
                 "env_vars": {"PRIVCODE_TEST_PAC_KEY": KEY, "OMP_NUM_THREADS": "1"}}})
         serve.run(application, name="pac-test", route_prefix="/pac-test")
-        url = f"http://127.0.0.1:{port}/pac-test"
+        url = f"{serve_http}/pac-test"
         assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
         assert http_json(f"{url}/v1/privacy")[0] == 401
         status, session = http_json(f"{url}/v1/sessions", b"", key=KEY, method="POST")
@@ -414,10 +410,7 @@ def test_ensemble_app_overhttp_json(ray_connected, worlds, tmp_path):
         assert status == 200 and body["deleted"] is True
         assert http_json(f"{url}/v1/sessions/{sid}", key=KEY)[0] == 404
     finally:
-        try:
-            serve.delete("pac-test")
-        finally:
-            serve.shutdown()
+        serve.delete("pac-test")
     for answer in answers:  # the secret and the posterior never leave the server
         assert not HIDDEN & set(_keys(answer))
     state = json.loads((tmp_path / "state" / "curator.json").read_text())

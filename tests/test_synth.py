@@ -185,6 +185,7 @@ def _wait_until_no_process_titled(title: str, timeout: float) -> None:
     raise AssertionError(f"processes {alive} titled {title!r} still alive after {timeout}s")
 
 
+@pytest.mark.slow  # about 70 s on 2 CPUs (two Stage II runs, a CLI subprocess): `make test-all`
 def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, release, tmp_path):
     """SIGKILL the synthesis driver once a shard is on disk; the rerun finishes the rest."""
     import pyarrow.parquet as pq

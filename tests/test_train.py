@@ -61,16 +61,27 @@ def _adapter(work: Path) -> dict[str, torch.Tensor]:
 
 def test_two_workers_equal_one_worker_without_noise(ray_connected, corpus, base_path, tmp_path):
     """Same sampled records, noise off: the update does not depend on the number of workers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray
+
     unsafe = UnsafeTestOptions(noise_off=True, fixed_seed=1234)
-    results = {}
+    # SGD: the update is linear in the gradient. (Adam's first step is about
+    # lr * sign(g), which turns float summation-order noise in near-zero
+    # entries into visible differences.)
+    cfgs = {workers: dataclasses.replace(SMALL, steps=2, num_workers=workers, optimizer="sgd",
+                                         lr=0.5) for workers in (1, 2)}
+    # Both runs at once when the head has the 3 CPUs they take (the session head has 4;
+    # Ray Train runs fit() from threads): their start-ups (process spawns and imports, most
+    # of a run) overlap. One after the other on a smaller head.
+    threads = 2 if ray.cluster_resources().get("CPU", 0) >= 3 else 1
+    with pytest.warns(RuntimeWarning, match="NOT differentially private") as warned, \
+            ThreadPoolExecutor(threads) as pool:
+        runs = {workers: pool.submit(_train, cfg, corpus, base_path, tmp_path / f"w{workers}",
+                                     unsafe=unsafe) for workers, cfg in cfgs.items()}
+        results = {workers: run.result() for workers, run in runs.items()}
+    assert sum("NOT differentially private" in str(w.message) for w in warned) >= 2  # each run
     for workers in (1, 2):
-        # SGD: the update is linear in the gradient. (Adam's first step is about
-        # lr * sign(g), which turns float summation-order noise in near-zero
-        # entries into visible differences.)
-        cfg = dataclasses.replace(SMALL, steps=2, num_workers=workers, optimizer="sgd", lr=0.5)
-        with pytest.warns(RuntimeWarning, match="NOT differentially private"):
-            results[workers] = _train(cfg, corpus, base_path, tmp_path / f"w{workers}",
-                                      unsafe=unsafe)
         assert results[workers]["steps_taken"] == 2
     one, two = _adapter(tmp_path / "w1"), _adapter(tmp_path / "w2")
     assert set(one) == set(two) and one
@@ -146,24 +157,19 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
         _train(cfg, corpus, base_path, tmp_path)
 
 
-def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, base_path,
-                                                         tmp_path, ci_base_cache):
+def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_cache):
+    """The train stage of the session's tiny pipeline run (conftest ``tiny_pipeline``: 60
+    records, 4 DP steps at epsilon 4, evaluated on public held-out code every 2 steps; the
+    same run's later stages are tests/test_audit_stage.py's): release, privacy.json, report."""
+    from conftest import tiny_pipeline_overrides
+
     from privcode.pipeline.runner import read_manifest, run_pipeline
 
-    overrides = [
-        f"run.out_dir={tmp_path / 'runs'}", f"run.reports_dir={tmp_path / 'reports'}",
-        "run.name=t", "run.stages=[data, base, train, report]",
-        "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
-        "base.preset=ci", f"base.cache_dir={ci_base_cache}",
-        "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
-        "train.checkpoint_every=2", "train.eval_tokens=256",
-        "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
-    ]
-    cfg = load_config("jobs/configs/demo.yaml", overrides)
-    first = run_pipeline(cfg)
-    assert {k: v["status"] for k, v in first["stages"].items()} == {
-        "data": "ran", "base": "ran", "train": "ran", "report": "ran"}
-    train_dir = tmp_path / "runs" / "t" / "train"
+    root, first = tiny_pipeline
+    cfg = load_config("jobs/configs/demo.yaml", tiny_pipeline_overrides(root, ci_base_cache))
+    stages = ("data", "base", "train", "eval", "audit", "pac", "report")
+    assert {k: v["status"] for k, v in first["stages"].items()} == dict.fromkeys(stages, "ran")
+    train_dir = root / "runs" / "t" / "train"
     manifest = read_manifest(train_dir)
     assert manifest["private"] is False
     assert {"release/privacy.json", "release/release.json", "release/prefix_decoder.safetensors",
@@ -207,13 +213,13 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
     assert not any("encoder" in k for _, k in keys)
 
     # Nothing private in the released directory: no canary value, no record text.
-    canaries = json.loads((tmp_path / "runs" / "t" / "data" / "canaries.json").read_text())
+    canaries = json.loads((root / "runs" / "t" / "data" / "canaries.json").read_text())
     secrets = [c["value"] for c in canaries["canaries"]]
     # ... nor any record's code or prompt line (long enough not to occur by chance).
     from privcode.data.records import read_records
     from privcode.release import scan_release
 
-    records = read_records(tmp_path / "runs" / "t" / "data" / "train.parquet")
+    records = read_records(root / "runs" / "t" / "data" / "train.parquet")
     secrets += [r.code[:200] for r in records if len(r.code) >= 80]
     secrets += [line.strip() for r in records for line in r.code.splitlines()
                 if len(line.strip()) >= 40]
@@ -229,8 +235,8 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
     # neither its digest nor any 8+ character prefix of it.
     from privcode.utils import sha256_file
 
-    digest = sha256_file(tmp_path / "runs" / "t" / "data" / "train.parquet")
-    shared = [p for d in (release, tmp_path / "reports" / "t") for p in d.rglob("*")
+    digest = sha256_file(root / "runs" / "t" / "data" / "train.parquet")
+    shared = [p for d in (release, root / "reports" / "t") for p in d.rglob("*")
               if p.is_file()]
     assert len(shared) > 5
     for path in shared:
@@ -240,21 +246,22 @@ def test_train_stage_releases_adapter_and_privacy_report(ray_connected, corpus, 
     assert all(set(e) == {"noise_multiplier", "sample_rate", "steps"} for e in privacy["history"])
     assert privacy["rng"] == "standard" and summary["dataset_id"] == privacy["dataset_id"]
     # The dataset id's key lives in the privacy store beside run.out_dir, owner-only.
-    store = tmp_path / "privacy-store"
+    store = root / "privacy-store"
     assert (store / "dataset-id.key").is_file() and (store.stat().st_mode & 0o077) == 0
 
-    report = (tmp_path / "reports" / "t" / "report.md").read_text()
+    report = (root / "reports" / "t" / "report.md").read_text()
     assert "## DP training (Stage I)" in report
     assert f"{summary['epsilon_rdp']:.4g}" in report and f"{summary['epsilon_prv']:.4g}" in report
     assert "PUBLIC held-out code" in report
-    assert (tmp_path / "reports" / "t" / "train_loss.png").stat().st_size > 1000
-    assert first["report"] and read_manifest(tmp_path / "runs" / "t" / "report")["inputs"]["train"]
+    assert (root / "reports" / "t" / "train_loss.png").stat().st_size > 1000
+    assert first["report"] and read_manifest(root / "runs" / "t" / "report")["inputs"]["train"]
 
     second = run_pipeline(cfg)
-    assert {k: v["status"] for k, v in second["stages"].items()} == {
-        "data": "skipped", "base": "skipped", "train": "skipped", "report": "skipped"}
+    assert {k: v["status"] for k, v in second["stages"].items()} == dict.fromkeys(stages,
+                                                                                 "skipped")
 
 
+@pytest.mark.slow  # about 120 s on 2 CPUs (its own 4-node cluster, 40 steps): `make test-all`
 def test_chaos_worker_node_killed_run_resumes_and_ledger_never_undercounts(
         ray_connected, corpus, base_path, tmp_path):
     """Kill a worker node of a multi-node cluster mid-training (in a subprocess: its own cluster)."""
