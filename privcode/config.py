@@ -368,6 +368,11 @@ class AuditConfig:
                                  "of the cluster, up to this node's); its torch threads are "
                                  "the whole CPUs, at least one. Fewer lets it train beside "
                                  "Stage I and II.", min=0.0)
+    cpus_per_model: float = opt(0.0, "CPUs of each audited model's own Ray task: the models "
+                                     "(and their leak probing) are audited side by side, "
+                                     "each on that many torch threads (whole CPUs, at least "
+                                     "one). 0 = one after another in the audit stage's task, "
+                                     "on every CPU.", min=0.0)
     probe_models: tuple[str, ...] = opt(("premium",), "Audited models that leak probing "
                                                       "examines (the slowest audit); absent "
                                                       "ones are skipped.",

@@ -93,6 +93,38 @@ def test_pac_stage_trains_worlds_and_measures_them(tiny_run):
     assert (root / "reports/t/pac.png").stat().st_size > 1000
 
 
+def test_models_audited_in_ray_tasks_side_by_side_match_one_after_another(
+        tiny_run, ci_base_cache, tmp_path, caplog):
+    """``audit.cpus_per_model``: each model in its own Ray task; the same numbers as the
+    stage's in-process audit of the tiny run (one model after another)."""
+    from privcode.audit.run import run_audits
+
+    root, _ = tiny_run
+    cfg = load_config("jobs/configs/demo.yaml", [*tiny_pipeline_overrides(root, ci_base_cache),
+                                                 "audit.cpus_per_model=1"])
+    t = root / "runs/t"
+    run = {"canaries": t / "data/canaries.json", "train": t / "data/train.parquet",
+           "heldout": t / "data/heldout.parquet", "base": Path(
+               json.loads((t / "base/manifest.json").read_text())["summary"]["path"]),
+           "release": t / "train/release"}
+    models = {"junior": t / "train/release", "nondpft": t / "audit/nondpft"}
+    with caplog.at_level("INFO", logger="privcode.audit"):
+        side_by_side = run_audits(cfg, tmp_path, run, models)
+    assert "auditing junior (Ray task)" in caplog.text
+    assert "auditing nondpft (Ray task)" in caplog.text
+    sequential = json.loads((t / "audit/audit.json").read_text())
+    assert list(side_by_side["models"]) == ["junior", "nondpft"]
+    for name, one in sequential["models"].items():
+        other = side_by_side["models"][name]
+        assert other["canaries"]["leaked"] == one["canaries"]["leaked"]
+        assert other["exposure"]["mean_bits"] == pytest.approx(one["exposure"]["mean_bits"],
+                                                              abs=1e-3)
+        for attack, r in one["mia"]["attacks"].items():
+            assert other["mia"]["attacks"][attack]["auc"] == pytest.approx(r["auc"], abs=1e-3)
+    assert (tmp_path / "private/junior/canaries_private.json").is_file()
+    assert (tmp_path / "mia_roc.png").stat().st_size > 1000
+
+
 def test_nothing_private_leaves_the_audit_directory(tiny_run):
     root, _ = tiny_run
     secrets = _secrets(root)

@@ -314,3 +314,15 @@ def test_process_env_telemetry_off_passive_omp_in_drivers_and_head_unless_chosen
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")  # an explicit choice is kept
     local.apply_process_env()
     assert local.head_env()["RAY_USAGE_STATS_ENABLED"] == "1"
+
+
+def test_local_head_workers_share_the_cpu_at_nice_0(monkeypatch, ray_connected):
+    monkeypatch.delenv(local.WORKER_NICENESS_ENV, raising=False)
+    assert local.head_env()[local.WORKER_NICENESS_ENV] == "0"
+    monkeypatch.setenv(local.WORKER_NICENESS_ENV, "10")  # an explicit choice is kept
+    assert local.head_env()[local.WORKER_NICENESS_ENV] == "10"
+    import ray
+
+    # The session head was started with head_env(): its task workers run at nice 0
+    # (Ray's default of 15 would hand every CPU to any other busy process).
+    assert ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()) == 0

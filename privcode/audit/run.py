@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.config import PipelineConfig
+from privcode.errors import PrivcodeError
 from privcode.utils import atomic_write_json, torch_threads
 
 log = logging.getLogger("privcode.audit")
@@ -102,13 +103,23 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     a = cfg.audit
     out_dir = Path(out_dir)
     dp = read_dp_params(run["release"]) if run.get("release") else None
-    reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
     summary: dict[str, Any] = {"models": {}, "audits": list(a.audits)}
-    reference_cache: dict[Any, Any] = {}  # the base's MIA losses, scored once per format
-    for name, path in models.items():
-        log.info("auditing %s", name)
-        summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference, dp,
-                                                reference_cache)
+    probed = [n for n in a.probe_models if n in models] if "probe" in a.audits else []
+    if "probe" in a.audits and not probed:
+        log.warning("leak probing: none of audit.probe_models %s was audited",
+                    list(a.probe_models))
+    if a.cpus_per_model > 0 and _ray_ready():
+        summary["models"] = _audit_in_tasks(cfg, run, out_dir, models, dp, probed)
+    else:
+        reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
+        reference_cache: dict[Any, Any] = {}  # the base's MIA losses, scored once per format
+        for name, path in models.items():
+            log.info("auditing %s", name)
+            summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference,
+                                                    dp, reference_cache)
+        for name in probed:
+            summary["models"][name]["probe"] = _probe(models[name], run,
+                                                      out_dir / "probe" / name, cfg)
     mia = {n: m["mia"] for n, m in summary["models"].items() if "mia" in m}
     if mia:
         curves = {f"{model} / {attack}": r for model, res in mia.items()
@@ -134,17 +145,59 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
         summary["fidelity"] = fidelity_report(
             read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
             out_dir / "fidelity", max_samples=a.fidelity_max_samples, seed=a.seed)
-    if "probe" in a.audits:
-        probed = [n for n in a.probe_models if n in models]
-        if not probed:
-            log.warning("leak probing: none of audit.probe_models %s was audited",
-                        list(a.probe_models))
-        for name in probed:
-            summary["models"][name]["probe"] = _probe(models[name], run, out_dir / "probe" / name,
-                                                      cfg)
     summary["seconds"] = round(time.time() - started, 1)
     atomic_write_json(out_dir / "audit.json", summary)
     return summary
+
+
+def _ray_ready() -> bool:
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return False
+    return ray.is_initialized()
+
+
+def _audit_one(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
+               out_dir: Path, dp: dict[str, Any] | None, probe: bool) -> dict[str, Any]:
+    """One model's audits, and its leak probing when ``probe``: the body of one Ray task."""
+    from privcode.audit.scoring import load_scored_model
+
+    with torch_threads(int(cfg.audit.cpus_per_model)):
+        reference = load_scored_model(str(run["base"])) if "mia" in cfg.audit.audits else None
+        result = _model_audits(name, path, cfg, run, out_dir, reference, dp, {})
+        if probe:
+            result["probe"] = _probe(path, run, out_dir / "probe" / name, cfg)
+    return result
+
+
+def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
+                    models: dict[str, Path], dp: dict[str, Any] | None,
+                    probed: list[str]) -> dict[str, dict[str, Any]]:
+    """Every model audited in its own Ray task of ``audit.cpus_per_model`` CPUs, side by side.
+
+    The probed models (the slowest) are submitted first. Each task scores the
+    public base for its MIA itself (the in-process path shares those scores:
+    a few seconds more CPU, for models audited on every free core at once).
+    """
+    import ray
+
+    task = ray.remote(_audit_one)
+    refs = {}
+    for name in sorted(models, key=lambda n: n not in probed):
+        log.info("auditing %s (Ray task)", name)
+        options = {"name": f"privcode:audit:{name}", "num_cpus": cfg.audit.cpus_per_model}
+        refs[name] = task.options(**options).remote(name, models[name], cfg, run, out_dir, dp,
+                                                    name in probed)
+    try:
+        done = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    except ray.exceptions.RayTaskError as exc:
+        for ref in refs.values():
+            ray.cancel(ref, force=True)
+        if isinstance(exc.cause, PrivcodeError):
+            raise exc.cause from None  # a user-facing error reads as itself
+        raise
+    return {name: done[name] for name in models}
 
 
 def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:

@@ -316,6 +316,20 @@ class AuditStage(Stage):
     private = True
     num_cpus = None  # scoring and generation on every CPU
 
+    @classmethod
+    def cpus(cls, cfg):
+        # With audit.cpus_per_model the models are audited in their own Ray tasks; the
+        # stage's task only drives them (unless it trains the non-DP comparison itself).
+        inline_nondp = cfg.audit.compare_nondp and "nondp" not in cfg.run.stages
+        return 0 if cfg.audit.cpus_per_model > 0 and not inline_nondp else None
+
+    @classmethod
+    def footprint(cls, cfg):
+        if cls.cpus(cfg) != 0:
+            return None
+        models = 1 + ("premium" in cfg.run.stages) + cfg.audit.compare_nondp
+        return models * cfg.audit.cpus_per_model
+
     def run(self, cfg, out_dir, inputs):
         from privcode.audit.nondp import train_nondp_comparison
         from privcode.audit.run import run_audits
