@@ -30,7 +30,13 @@ def test_footprints_count_the_workers_a_stage_starts():
 
     assert STAGES["synth"].footprint(cfg) == pytest.approx(
         cfg.synth.generators_min * cfg.synth.cpus_per_generator + FILTER_CPUS)
-    assert STAGES["audit"].footprint(cfg) is None  # the whole cluster: runs alone
+    # Audits in 1-CPU model tasks that queue for CPUs: starts once one of them fits.
+    assert STAGES["audit"].cpus(cfg) == 0 and STAGES["audit"].footprint(cfg) == 1
+    one_after_another = load_config("jobs/configs/demo.yaml", ["audit.cpus_per_model=0"])
+    assert STAGES["audit"].footprint(one_after_another) is None  # the whole cluster
+    inline_nondp = load_config("jobs/configs/demo.yaml", [
+        "run.stages=[data, base, train, audit]", "audit.compare_nondp=true"])
+    assert STAGES["audit"].cpus(inline_nondp) is None  # trains the comparison in its task
     assert STAGES["pac"].footprint(cfg) == cfg.pac.num_cpus == 1
     assert STAGES["pac"].footprint(load_config("jobs/configs/demo.yaml", ["pac.num_cpus=0"])) \
         is None
@@ -45,6 +51,8 @@ def test_demo_runs_two_lanes_on_two_cpus(two_cpus):
     assert runner._fits(STAGES["synth"], cfg, _running("pac"))
     assert runner._fits(STAGES["nondp"], cfg, _running("synth"))
     assert runner._fits(STAGES["premium"], cfg, _running("nondp"))
+    assert runner._fits(STAGES["audit"], cfg, _running("eval"))  # the audits start beside eval
     # A stage asking for the whole cluster waits for everything, and blocks everything.
+    cfg = load_config("jobs/configs/demo.yaml", ["audit.cpus_per_model=0"])
     assert not runner._fits(STAGES["audit"], cfg, _running("pac"))
     assert not runner._fits(STAGES["pac"], cfg, _running("audit"))

@@ -325,10 +325,10 @@ class AuditStage(Stage):
 
     @classmethod
     def footprint(cls, cfg):
-        if cls.cpus(cfg) != 0:
-            return None
-        models = 1 + ("premium" in cfg.run.stages) + cfg.audit.compare_nondp
-        return models * cfg.audit.cpus_per_model
+        # Its model tasks queue in Ray for CPUs as they free up, and every Ray Train or
+        # Ray Data stage it could starve (train, synth, premium, nondp) finishes before it
+        # starts: it may start beside other stages once one model's task fits.
+        return cfg.audit.cpus_per_model if cls.cpus(cfg) == 0 else None
 
     def run(self, cfg, out_dir, inputs):
         from privcode.audit.nondp import train_nondp_comparison
