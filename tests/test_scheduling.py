@@ -29,7 +29,7 @@ def test_footprints_count_the_workers_a_stage_starts():
     from privcode.synth.pipeline import FILTER_CPUS
 
     assert STAGES["synth"].footprint(cfg) == pytest.approx(
-        cfg.synth.generators_min * cfg.synth.cpus_per_generator + FILTER_CPUS)
+        cfg.synth.generators_max * cfg.synth.cpus_per_generator + FILTER_CPUS)  # may grow to max
     # Audits in 1-CPU model tasks that queue for CPUs: starts once one of them fits.
     assert STAGES["audit"].cpus(cfg) == 0 and STAGES["audit"].footprint(cfg) == 1
     one_after_another = load_config("jobs/configs/demo.yaml", ["audit.cpus_per_model=0"])

@@ -193,7 +193,10 @@ class SynthStage(Stage):
     def footprint(cls, cfg):
         from privcode.synth.pipeline import FILTER_CPUS
 
-        return cfg.synth.generators_min * cfg.synth.cpus_per_generator + FILTER_CPUS
+        # Ray Data's autoscaler grows the generator pool into any CPU that frees up: a
+        # stage admitted beside on generators_min waited 88 s for the CPU it was counted on.
+        generators = max(cfg.synth.generators_min, cfg.synth.generators_max)
+        return generators * cfg.synth.cpus_per_generator + FILTER_CPUS
 
     def run(self, cfg, out_dir, inputs):
         from privcode.pipeline.runner import stage_dir
