@@ -26,6 +26,7 @@ from privcode.data.stdlib import PRIVATE_MODULES, private_source_files
 from privcode.models import base as B
 from privcode.models import corpus as C
 from privcode.models.loading import ModelLoadError, load_tokenizer
+from privcode.utils import ThreadTuner
 
 SOURCE = (
     "# -*- coding: utf-8 -*-\n"
@@ -100,6 +101,7 @@ def test_build_info_numbers(ci):
     # Every build trains all its steps, however busy the machine (no wall-clock guard).
     assert info["steps"] == preset.steps and info["stopped_early"] is False
     assert B.check_complete(info) is info
+    assert sum(info["steps_by_threads"].values()) == preset.steps  # ThreadTuner's choices
     assert info["tokens_seen"] == info["steps"] * preset.batch_size * preset.seq_len
     assert info["tokens_per_second"] == pytest.approx(info["tokens_seen"] / info["train_seconds"])
     assert 0 < info["train_units_tokenized"] <= info["train_units"]
@@ -342,3 +344,28 @@ def test_function_units_are_whole_functions_without_literal_tables():
     assert [u.relpath for u in units] == ["m.py::3", "m.py::8"]
     for u in units:
         compile(u.text, u.relpath, "exec")
+
+
+def _tune(threads: int, seconds_at: dict[int, float], steps: int = 256) -> tuple[ThreadTuner, list]:
+    applied = []
+    tuner = ThreadTuner(threads, probe_every=32, probe_steps=4, set_threads=applied.append)
+    for step in range(steps):
+        n = tuner.threads_for(step)
+        tuner.observe(step, seconds_at[n])
+    return tuner, applied
+
+
+def test_thread_tuner_moves_to_one_thread_when_it_is_faster_and_stays_when_not():
+    busy, _ = _tune(2, {2: 0.84, 1: 0.56})  # beside a busy process: one thread wins
+    assert busy.current == 1  # after the first probe (steps 28-31); later probes keep it
+    assert busy.steps == {2: 28 + 7 * 4, 1: 256 - 28 - 7 * 4}
+    idle, applied = _tune(2, {2: 0.44, 1: 0.56})  # idle: both threads win
+    assert idle.current == 2
+    assert idle.steps[1] == 4 * (256 // 32)  # only the probes ran on one thread
+    assert applied[0] == 2 and set(applied) == {1, 2}
+    within_noise, _ = _tune(2, {2: 0.50, 1: 0.49})  # less than 5% faster: no switch
+    assert within_noise.current == 2
+    single, applied = _tune(1, {1: 0.5})  # one core: nothing to probe
+    assert single.options == [1] and applied == [1] and single.steps == {1: 256}
+    with pytest.raises(ValueError):
+        ThreadTuner(2, probe_every=4, probe_steps=4)

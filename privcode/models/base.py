@@ -51,7 +51,7 @@ from privcode.config import BaseConfig
 from privcode.models import corpus as C
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
 from privcode.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
-from privcode.utils import atomic_write_json, stable_hash
+from privcode.utils import ThreadTuner, atomic_write_json, stable_hash
 from privcode.utils import torch_threads as _torch_threads
 
 __all__ = ["BUILD_VERSION", "PRESETS", "Preset", "build_base", "check_complete", "config_hash",
@@ -423,8 +423,11 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
                    disable=not progress, dynamic_ncols=True,
                    mininterval=0.5 if sys.stderr.isatty() else 15.0)
         t_train = time.monotonic()
+        tuner = ThreadTuner(threads)  # 1 thread when the machine is busy: faster there
         try:
             for step in range(preset.steps):
+                tuner.threads_for(step)
+                t_step = time.perf_counter()
                 lr = lr_at(step, preset)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -436,6 +439,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
                 optimizer.zero_grad(set_to_none=True)
                 steps_done = step + 1
                 last_loss = loss.detach().item()
+                tuner.observe(step, time.perf_counter() - t_step)
                 if step % every == 0 or steps_done == preset.steps:
                     history.append((steps_done, round(last_loss, 4)))
                 elapsed = time.monotonic() - t_train
@@ -445,6 +449,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
                                 refresh=False)
         finally:
             bar.close()
+            torch.set_num_threads(threads)
         train_seconds = time.monotonic() - t_train
         tokens_seen = steps_done * preset.tokens_per_step
         after = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len, preset.eval_tokens)
@@ -480,6 +485,7 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         "tokenizer_seconds": tokenizer_seconds,
         "build_seconds": time.monotonic() - started,
         "num_threads": threads,
+        "steps_by_threads": {str(n): k for n, k in tuner.steps.items()},
         "public_modules": C.modules(files),
         "train_files": len(train_files),
         "train_units": len(order),
