@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,9 +127,9 @@ class ThreadTuner:
     waits for its descheduled thread: the demo base took 440 s instead of an
     estimated 290 on one thread). Every ``probe_every`` steps the other
     setting runs ``probe_steps`` steps; the loop keeps whichever has the lower
-    median step time. The choice changes timing only, never what is computed.
-    ``set_threads`` is called whenever the count changes (default
-    ``torch.set_num_threads``).
+    median step time (by more than 5%). The choice changes timing only, never
+    what is computed. ``set_threads`` is called whenever the count changes
+    (default ``torch.set_num_threads``).
     """
 
     def __init__(self, threads: int, *, probe_every: int = 64, probe_steps: int = 4,
@@ -140,40 +141,37 @@ class ThreadTuner:
         self.probe_every, self.probe_steps = probe_every, probe_steps
         self.steps = {n: 0 for n in self.options}  # steps run at each setting
         self._times: dict[int, list[float]] = {n: [] for n in self.options}
-        self._set = set_threads
-        self._active: int | None = None
+        self._set = set_threads or _set_torch_threads
+        self._active = 0  # no count applied yet
+
+    def _other(self) -> int | None:
+        return next((o for o in self.options if o != self.current), None)
 
     def threads_for(self, step: int) -> int:
         """The thread count for ``step`` (applied before it returns)."""
-        n = self.current
-        if len(self.options) > 1 and step % self.probe_every >= self.probe_every - self.probe_steps:
-            n = next(o for o in self.options if o != self.current)  # probe the other one
+        probing = step % self.probe_every >= self.probe_every - self.probe_steps
+        n = (self._other() if probing else None) or self.current
         if n != self._active:
-            if self._set is not None:
-                self._set(n)
-            else:
-                import torch
-
-                torch.set_num_threads(n)
+            self._set(n)
             self._active = n
         return n
 
     def observe(self, step: int, seconds: float) -> None:
-        """Record ``step``'s wall time; at the end of a probe, keep the faster setting."""
-        n = self._active if self._active is not None else self.current
-        self.steps[n] += 1
-        recent = self._times[n]
+        """Record ``step``'s wall time (run at the count last applied); at the end of a
+        probe, keep the faster setting."""
+        self.steps[self._active] += 1
+        recent = self._times[self._active]
         recent.append(seconds)
-        del recent[:-self.probe_steps * 2]
-        if len(self.options) > 1 and step % self.probe_every == self.probe_every - 1:
-            other = next(o for o in self.options if o != self.current)
+        del recent[:-self.probe_steps]
+        other = self._other()
+        if other is not None and step % self.probe_every == self.probe_every - 1:
             mine, theirs = self._times[self.current], self._times[other]
-            if len(mine) >= 2 and len(theirs) >= 2 and _median(theirs[-self.probe_steps:]) < (
-                    0.95 * _median(mine[-self.probe_steps:])):
+            if len(mine) >= 2 and len(theirs) >= 2 and \
+                    statistics.median(theirs) < 0.95 * statistics.median(mine):
                 self.current = other
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def _set_torch_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)

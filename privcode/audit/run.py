@@ -151,10 +151,8 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
 
 
 def _ray_ready() -> bool:
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return False
+    import ray
+
     return ray.is_initialized()
 
 
