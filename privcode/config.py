@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from privcode.audit.probe.taxonomy import SCENARIOS
 from privcode.errors import ConfigError
 
 __all__ = ["ConfigError", "PipelineConfig", "SECTIONS", "load_config", "describe"]
@@ -345,7 +346,11 @@ class AuditConfig:
     mia_records: int = opt(500, "Members and non-members scored, each (0 = all).", min=0)
     fidelity_max_samples: int = opt(2000, "Synthetic and private samples compared, each.",
                                     min=2)
-    probe_questions: int = opt(12, "Leak-probing questions per round.", min=1)
+    probe_questions: int = opt(12, "Leak-probing questions per (scenario, attribute) pair "
+                                   "and round.", min=1)
+    probe_scenarios: tuple[str, ...] = opt((), "Scenarios the leak probe asks about, each "
+                                               "with its attributes (empty = all six: 32 "
+                                               "pairs).", choices=tuple(SCENARIOS))
     probe_rounds: int = opt(2, "Leak-probing rounds (the feature library updates between).",
                             min=1)
     probe_max_tokens: int = opt(256, "Tokens of each probe answer (code; its tests get 1.5x).",

@@ -100,18 +100,32 @@ def test_models_audited_in_ray_tasks_side_by_side_match_one_after_another(
     from privcode.audit.run import run_audits
 
     root, _ = tiny_run
-    cfg = load_config("jobs/configs/demo.yaml", [*tiny_pipeline_overrides(root, ci_base_cache),
-                                                 "audit.cpus_per_model=1"])
+    cfg = load_config("jobs/configs/demo.yaml", [
+        *tiny_pipeline_overrides(root, ci_base_cache), "audit.cpus_per_model=1",
+        "audit.audits=[canaries,exposure,mia,probe]", "audit.probe_models=[nondpft]",
+        "audit.probe_scenarios=[game]", "audit.probe_max_tokens=8"])
     t = root / "runs/t"
     run = {"canaries": t / "data/canaries.json", "train": t / "data/train.parquet",
            "heldout": t / "data/heldout.parquet", "base": Path(
                json.loads((t / "base/manifest.json").read_text())["summary"]["path"]),
            "release": t / "train/release"}
     models = {"junior": t / "train/release", "nondpft": t / "audit/nondpft"}
+    checks = []  # a model still being written: the others first, one task at a time
+
+    def junior_ready(timeout):
+        checks.append((timeout, caplog.text.count("(Ray task)")))
+        return len(checks) > 2  # "written" at the third check
+
     with caplog.at_level("INFO", logger="privcode.audit"):
-        side_by_side = run_audits(cfg, tmp_path, run, models)
-    assert "auditing junior (Ray task)" in caplog.text
-    assert "auditing nondpft (Ray task)" in caplog.text
+        side_by_side = run_audits(cfg, tmp_path, run, models, pending={"junior": junior_ready})
+    assert checks[0] == (0, 0)  # never blocks while another model can be audited
+    assert checks[1][1] == 1  # nondpft's task alone while junior is pending
+    assert caplog.text.index("auditing nondpft (Ray task)") < caplog.text.index(
+        "auditing junior (Ray task)")
+    assert "auditing nondpft (Ray task: leak probing)" in caplog.text
+    probe = side_by_side["models"]["nondpft"]["probe"]  # its own task, merged into the model's
+    assert probe["per_category"]["all"]["responses"] == 2 * 2  # game: 2 questions x 2 tests
+    assert "probe" not in side_by_side["models"]["junior"]
     sequential = json.loads((t / "audit/audit.json").read_text())
     assert list(side_by_side["models"]) == ["junior", "nondpft"]
     for name, one in sequential["models"].items():

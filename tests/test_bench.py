@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-SCRIPTS = {"bench_base.py", "bench_pac.py", "bench_records.py", "bench_sandbox.py",
-           "bench_synth.py", "dp_overhead.py", "train_scaling.py"}
+SCRIPTS = {"bench_base.py", "bench_pac.py", "bench_records.py", "bench_sampling.py",
+           "bench_sandbox.py", "bench_synth.py", "dp_overhead.py", "train_scaling.py"}
 NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
 
@@ -55,6 +55,12 @@ def test_bench_records_smallest():
     out = _run("bench_records.py", "--records", "20")
     assert {"jsonl", "parquet"} <= {line.split()[0] for line in out.splitlines() if line.strip()}
     _line(out, rf"parquet/jsonl: write x{NUMBER}, read x{NUMBER}, size x{NUMBER}$")
+
+
+def test_bench_sampling_smallest():
+    out = _run("bench_sampling.py", "--batch", "2", "--vocab", "64", "--calls", "2")
+    assert _line(out, r"rows that differ: (0\.000)$")
+    _line(out, rf"NucleusFilter/TopPLogitsWarper speed: x{NUMBER}$")
 
 
 def test_bench_sandbox_smallest():

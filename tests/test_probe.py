@@ -32,7 +32,8 @@ from privcode.audit.probe import (
     leakage_metrics,
     run_probe,
 )
-from privcode.audit.probe.taxonomy import attributes_for_scenario
+from privcode.audit.probe.questions import build_questions
+from privcode.audit.probe.taxonomy import attributes_for_scenario, resolve_scenarios
 from privcode.audit.probe.update import Leak, SpanScorer, cluster_strings, update_library
 from privcode.data.canaries import CANARY_KINDS, sample_canary_value
 from privcode.data.pii import make_faker, sample_entities
@@ -478,3 +479,28 @@ def test_code_is_not_mistaken_for_biometric_data():
     assert not VALIDATORS["biometric"]("return 1")
     assert not VALIDATORS["biometric"]("if dir is None")
     assert VALIDATORS["biometric"]("blood type O negative")
+
+
+def test_audit_stage_probes_the_configured_scenarios(monkeypatch, tmp_path):
+    """audit.probe_scenarios reaches run_probe (empty: all six scenarios, 32 pairs)."""
+    import privcode.audit.probe.backends as backends
+    import privcode.audit.probe.run as probe_run
+    import privcode.data.records as records
+    from privcode.audit.run import _probe
+    from privcode.config import load_config
+
+    seen = {}
+
+    def fake_probe(backend, refs, **kw):
+        seen.update(kw)
+        return {"metrics": {}, "confirmed": {}}
+
+    monkeypatch.setattr(probe_run, "run_probe", fake_probe)
+    monkeypatch.setattr(backends, "HFBackend", lambda path: ScriptedBackend([]))
+    monkeypatch.setattr(records, "read_records", lambda path: [])
+    run = {"train": tmp_path / "t.parquet", "base": tmp_path / "base"}
+    for scenarios, expected in (([], None), (["game", "web"], ("game", "web"))):
+        cfg = load_config(None, overrides=[f"audit.probe_scenarios=[{','.join(scenarios)}]"])
+        _probe(tmp_path / "m", run, tmp_path / "probe", cfg)
+        assert seen["scenarios"] == expected
+    assert len(build_questions(resolve_scenarios(None), ATTRIBUTES, 1, random.Random(0))) == 32

@@ -56,3 +56,43 @@ def test_demo_runs_two_lanes_on_two_cpus(two_cpus):
     cfg = load_config("jobs/configs/demo.yaml", ["audit.cpus_per_model=0"])
     assert not runner._fits(STAGES["audit"], cfg, _running("pac"))
     assert not runner._fits(STAGES["pac"], cfg, _running("audit"))
+
+
+def test_audit_starts_beside_the_premium_training_and_waits_for_it_inside():
+    """Stage.late: the audit is ready while premium runs, and gets premium as a pending input."""
+    order = ["data", "base", "train", "synth", "premium", "nondp", "audit"]
+    done = {n: {"fingerprint": n} for n in ("data", "base", "train", "synth", "nondp")}
+    ref = object()
+    running = {ref: ("premium", "fp-premium", 0.0)}
+    assert runner._ready("audit", order, done, running)
+    assert not runner._ready("audit", order, done)  # premium neither done nor running
+    assert not runner._ready("eval", order, done, running)  # eval is not late for premium
+    late = runner._late_inputs(STAGES["audit"], running)
+    assert late == {"premium": {"fingerprint": "fp-premium", "pending": [ref]}}
+    # The fingerprint is the same whether premium is still running or done.
+    cfg = load_config("jobs/configs/demo.yaml")
+    finished = {**done, "premium": {"fingerprint": "fp-premium"}}
+    assert runner.fingerprint(cfg, STAGES["audit"], {**done, **late}) == \
+        runner.fingerprint(cfg, STAGES["audit"], finished)
+    assert set(STAGES["audit"].late) <= set(STAGES["audit"].after)
+    assert all(set(s.late) <= set(s.after) for s in STAGES.values())
+
+
+def test_wait_input_returns_the_upstream_manifest_or_its_error(ray_connected):
+    import ray
+
+    from privcode.errors import PrivcodeError
+    from privcode.pipeline.stages import wait_input
+
+    inputs = {"premium": {"fingerprint": "f", "pending": [ray.put({"fingerprint": "f", "x": 1})]},
+              "data": {"fingerprint": "d"}}
+    assert wait_input(inputs, "premium") == {"fingerprint": "f", "x": 1}
+    assert inputs["premium"] == {"fingerprint": "f", "x": 1}  # resolved once
+    assert wait_input(inputs, "data") == {"fingerprint": "d"} and wait_input(inputs, "x") is None
+
+    @ray.remote
+    def fails():
+        raise PrivcodeError("premium: too few kept samples")
+
+    with pytest.raises(PrivcodeError, match="too few kept samples"):
+        wait_input({"premium": {"fingerprint": "f", "pending": [fails.remote()]}}, "premium")

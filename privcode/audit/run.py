@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,15 @@ def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Pat
 
 
 def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
-               models: dict[str, Path]) -> dict[str, Any]:
+               models: dict[str, Path],
+               pending: dict[str, Callable[[float | None], bool]] | None = None
+               ) -> dict[str, Any]:
     """Run ``cfg.audit.audits`` on ``models``; ``run`` names the run's files.
+
+    ``pending``: models still being written (the audit stage starts while the
+    premium model trains: :func:`privcode.pipeline.stages.wait_input`), each
+    with ``ready(timeout) -> bool`` (``timeout`` None: block until written);
+    they are audited once ready, the others first.
 
     ``run``: ``canaries``, ``train``, ``heldout`` (data stage), ``base`` (the
     public base model directory), ``release`` (the DP junior release; its
@@ -108,12 +116,15 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     if "probe" in a.audits and not probed:
         log.warning("leak probing: none of audit.probe_models %s was audited",
                     list(a.probe_models))
+    pending = pending or {}
     if a.cpus_per_model > 0 and _ray_ready():
-        summary["models"] = _audit_in_tasks(cfg, run, out_dir, models, dp, probed)
+        summary["models"] = _audit_in_tasks(cfg, run, out_dir, models, dp, probed, pending)
     else:
         reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
         reference_cache: dict[Any, Any] = {}  # the base's MIA losses, scored once per format
-        for name, path in models.items():
+        for name, path in sorted(models.items(), key=lambda kv: kv[0] in pending):
+            if name in pending:
+                pending[name](None)
             log.info("auditing %s", name)
             summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference,
                                                     dp, reference_cache)
@@ -157,42 +168,69 @@ def _ray_ready() -> bool:
 
 
 def _audit_one(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
-               out_dir: Path, dp: dict[str, Any] | None, probe: bool) -> dict[str, Any]:
-    """One model's audits, and its leak probing when ``probe``: the body of one Ray task."""
+               out_dir: Path, dp: dict[str, Any] | None, part: str) -> dict[str, Any]:
+    """One model's audits (``part`` "audits") or its leak probing ("probe"): one Ray task."""
     from privcode.audit.scoring import load_scored_model
 
     with torch_threads(int(cfg.audit.cpus_per_model)):
+        if part == "probe":
+            return {"probe": _probe(path, run, out_dir / "probe" / name, cfg)}
         reference = load_scored_model(str(run["base"])) if "mia" in cfg.audit.audits else None
-        result = _model_audits(name, path, cfg, run, out_dir, reference, dp, {})
-        if probe:
-            result["probe"] = _probe(path, run, out_dir / "probe" / name, cfg)
-    return result
+        return _model_audits(name, path, cfg, run, out_dir, reference, dp, {})
 
 
 def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
                     models: dict[str, Path], dp: dict[str, Any] | None,
-                    probed: list[str]) -> dict[str, dict[str, Any]]:
+                    probed: list[str], pending: dict[str, Callable[[float | None], bool]]
+                    ) -> dict[str, dict[str, Any]]:
     """Every model audited in its own Ray task of ``audit.cpus_per_model`` CPUs, side by side.
 
-    The probed models (the slowest) are submitted first. Each task scores the
-    public base for its MIA itself (the in-process path shares those scores:
-    a few seconds more CPU, for models audited on every free core at once).
+    A probed model's leak probing is a task of its own beside its audits.
+    The probed models (the slowest) are submitted first, ``pending`` ones
+    once ready. While a model is pending, its stage is still training beside
+    this one, so only one task runs at a time (the audit stage's footprint:
+    more would take the CPUs that stage's workers were counted on); then
+    all remaining tasks are submitted. Each task scores the public base for
+    its MIA itself (the in-process path shares those scores: a few seconds
+    more CPU, for models audited on every free core at once).
     """
     import ray
 
     task = ray.remote(_audit_one)
-    refs = {}
-    for name in sorted(models, key=lambda n: n not in probed):
-        log.info("auditing %s (Ray task)", name)
-        options = {"name": f"privcode:audit:{name}", "num_cpus": cfg.audit.cpus_per_model}
-        refs[name] = task.options(**options).remote(name, models[name], cfg, run, out_dir, dp,
-                                                    name in probed)
+
+    def jobs(name: str) -> list[tuple[str, str]]:
+        return [(name, "audits"), *([(name, "probe")] if name in probed else [])]
+
+    queue = [j for n in sorted((n for n in models if n not in pending),
+                               key=lambda n: n not in probed) for j in jobs(n)]
+    waiting = [n for n in models if n in pending]
+    refs: dict[tuple[str, str], Any] = {}
+    in_flight: list[Any] = []
     try:
-        done = dict(zip(refs, ray.get(list(refs.values())), strict=True))
-    except ray.exceptions.RayTaskError as exc:
+        while queue or waiting:
+            block = not (in_flight or queue)  # nothing else to do: wait for the model
+            for name in [n for n in waiting if pending[n](None if block else 0)]:
+                waiting.remove(name)
+                queue[:0] = jobs(name)
+            limit = 1 if waiting else len(models) * 2
+            while queue and len(in_flight) < limit:
+                name, part = job = queue.pop(0)
+                log.info("auditing %s (Ray task%s)", name, ": leak probing" if part == "probe"
+                         else "")
+                options = {"name": f"privcode:audit:{name}:{part}",
+                           "num_cpus": cfg.audit.cpus_per_model}
+                refs[job] = task.options(**options).remote(name, models[name], cfg, run,
+                                                           out_dir, dp, part)
+                in_flight.append(refs[job])
+            if waiting and in_flight:
+                _, in_flight = ray.wait(in_flight, num_returns=1, timeout=1.0)
+        done: dict[str, dict[str, Any]] = {}
+        for (name, _), result in zip(refs, ray.get(list(refs.values())), strict=True):
+            done.setdefault(name, {}).update(result)
+    except BaseException as exc:
         for ref in refs.values():
             ray.cancel(ref, force=True)
-        if isinstance(exc.cause, PrivcodeError):
+        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, PrivcodeError):
             raise exc.cause from None  # a user-facing error reads as itself
         raise
     return {name: done[name] for name in models}
@@ -218,6 +256,7 @@ def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig)
     backend = HFBackend(str(path))
     try:
         summary = run_probe(backend, read_records(run["train"]), out_dir=out_dir,
+                            scenarios=cfg.audit.probe_scenarios or None,
                             n_questions=cfg.audit.probe_questions, rounds=cfg.audit.probe_rounds,
                             seed=cfg.audit.seed, public_model=str(run["base"]),
                             code_max_tokens=cfg.audit.probe_max_tokens,

@@ -187,34 +187,43 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
     parallel = use_ray and cfg.run.parallel
     try:
         while pending or running:
-            for name in [n for n in pending if _ready(n, order, manifests)]:
-                if running and not (parallel and _fits(STAGES[name], cfg, running)):
-                    continue  # a later ready stage may still fit beside the running ones
-                pending.remove(name)
-                stage = STAGES[name]
-                fp = fingerprint(cfg, stage, manifests)
-                directory = stage_dir(cfg, name)
-                if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
-                    manifests[name] = read_manifest(directory)
-                    results[name] = {"status": "skipped", "dir": str(directory),
-                                     "fingerprint": fp}
-                    _say(f"[{name}] unchanged, skipped ({directory})")
-                    continue
-                _say(f"[{name}] running ...")
-                inputs = {n: manifests[n] for n in _input_names(stage, manifests)}
-                if not use_ray:
-                    t0 = time.time()
-                    manifests[name] = execute_stage(name, cfg, str(directory), fp, inputs)
-                    _done(results, name, directory, fp, t0)
-                    continue
-                import ray
+            # Rescan after every start or skip: it may make another stage ready (a late
+            # input now running, a skipped dependency now done).
+            scan = True
+            while scan:
+                scan = False
+                for name in [n for n in pending if _ready(n, order, manifests, running)]:
+                    if running and not (parallel and _fits(STAGES[name], cfg, running)):
+                        continue  # a later ready stage may still fit beside the running ones
+                    pending.remove(name)
+                    stage = STAGES[name]
+                    upstream = {**manifests, **_late_inputs(stage, running)}
+                    fp = fingerprint(cfg, stage, upstream)
+                    directory = stage_dir(cfg, name)
+                    if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
+                        manifests[name] = read_manifest(directory)
+                        results[name] = {"status": "skipped", "dir": str(directory),
+                                         "fingerprint": fp}
+                        _say(f"[{name}] unchanged, skipped ({directory})")
+                        scan = True
+                        continue
+                    _say(f"[{name}] running ...")
+                    inputs = {n: upstream[n] for n in _input_names(stage, upstream)}
+                    if not use_ray:
+                        t0 = time.time()
+                        manifests[name] = execute_stage(name, cfg, str(directory), fp, inputs)
+                        _done(results, name, directory, fp, t0)
+                        scan = True
+                        continue
+                    import ray
 
-                task = ray.remote(execute_stage).options(name=f"privcode:{name}",
-                                                         **_ray_resources(stage, cfg))
-                running[task.remote(name, cfg, str(directory), fp, inputs)] = (name, fp,
-                                                                               time.time())
+                    task = ray.remote(execute_stage).options(name=f"privcode:{name}",
+                                                             **_ray_resources(stage, cfg))
+                    ref = task.remote(name, cfg, str(directory), fp, inputs)
+                    running[ref] = (name, fp, time.time())
+                    scan = True
             if not running:
-                if pending and not any(_ready(n, order, manifests) for n in pending):
+                if pending and not any(_ready(n, order, manifests, running) for n in pending):
                     # cannot happen for a valid stage table; never spin
                     raise PrivcodeError(f"stages {pending} wait on stages that never run")
                 continue
@@ -238,10 +247,23 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
             "summary": summary.format()}
 
 
-def _ready(name: str, order: list[str], done: dict[str, Any]) -> bool:
-    """Every stage that ``name`` reads and that is part of this run has finished."""
+def _ready(name: str, order: list[str], done: dict[str, Any],
+           running: dict[Any, tuple[str, str, float]] | None = None) -> bool:
+    """Every stage that ``name`` reads and that is part of this run has finished.
+
+    A ``late`` input (:attr:`Stage.late`) may still be running instead.
+    """
     stage = STAGES[name]
-    return all(dep in done for dep in (*stage.needs, *(a for a in stage.after if a in order)))
+    started = {n for n, _, _ in (running or {}).values()} & set(stage.late)
+    return all(dep in done or dep in started
+               for dep in (*stage.needs, *(a for a in stage.after if a in order)))
+
+
+def _late_inputs(stage: type[Stage], running: dict[Any, tuple[str, str, float]]
+                 ) -> dict[str, dict[str, Any]]:
+    """The running ``late`` inputs of ``stage``: fingerprint and pending Ray result each."""
+    return {name: {"fingerprint": fp, "pending": [ref]}
+            for ref, (name, fp, _) in running.items() if name in stage.late}
 
 
 def _fits(stage: type[Stage], cfg: PipelineConfig, running: dict[Any, tuple[str, str, float]]

@@ -20,6 +20,32 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from privcode.config import PipelineConfig
+from privcode.errors import PrivcodeError
+
+
+def wait_input(inputs: dict[str, dict[str, Any]], name: str,
+               timeout: float | None = None) -> dict[str, Any] | None:
+    """The manifest of upstream stage ``name`` (None if not an input or, after ``timeout``
+    seconds, still running), waiting while it runs (``timeout`` None: until it is done).
+
+    A ``late`` input (see :attr:`Stage.late`) arrives as ``{"fingerprint", "pending":
+    [ref]}``: the Ray result of the upstream stage's task, nested in a list so Ray
+    does not wait for it before this stage starts. Its failure raises here.
+    """
+    entry = inputs.get(name)
+    if entry is not None and "pending" in entry:
+        import ray
+
+        ref = entry["pending"][0]
+        if timeout is not None and not ray.wait([ref], timeout=timeout)[0]:
+            return None
+        try:
+            inputs[name] = entry = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, PrivcodeError):
+                raise exc.cause from None
+            raise
+    return entry
 
 
 def base_path(inputs: dict[str, dict[str, Any]]) -> str:
@@ -40,6 +66,11 @@ class Stage:
     #: Optional upstream stages: read (and run first, entering the fingerprint)
     #: only when they are part of the same run; never pulled in on their own.
     after: ClassVar[tuple[str, ...]] = ()
+    #: Of ``after``, the stages this one may start beside: when one of them is
+    #: running (on Ray, ``run.parallel``), this stage starts anyway and gets
+    #: ``inputs[name]`` = its fingerprint and a pending result, which ``run``
+    #: waits on where it needs the artifact (:func:`wait_input`).
+    late: ClassVar[tuple[str, ...]] = ()
     #: CPUs requested for the Ray task; None means every CPU of the cluster.
     num_cpus: ClassVar[float | None] = 1
     #: Bump when the stage's code changes what it writes: forces a re-run.
@@ -316,6 +347,7 @@ class AuditStage(Stage):
     sections = ("audit", "train")
     needs = ("data", "base", "train")
     after = ("synth", "premium", "nondp")
+    late = ("premium",)  # the junior and nondpft are audited while the premium model trains
     private = True
     num_cpus = None  # scoring and generation on every CPU
 
@@ -356,7 +388,9 @@ class AuditStage(Stage):
             comparison = train_nondp_comparison(cfg, data=train_data, base=str(run["base"]),
                                                 out_dir=Path(out_dir) / "nondpft")
             models["nondpft"] = Path(out_dir) / "nondpft"
-        summary = run_audits(cfg, Path(out_dir), run, models)
+        pending = {"premium": lambda timeout: wait_input(inputs, "premium", timeout) is not None
+                   } if "premium" in models else {}
+        summary = run_audits(cfg, Path(out_dir), run, models, pending)
         if comparison:
             summary["nondpft_training"] = comparison
         return summary

@@ -453,10 +453,10 @@ class JuniorRelease:
     def _sample(self, kwargs: dict, max_new: int, temperature: float, top_p: float,
                 seed: int) -> torch.Tensor:
         eos = self.tokenizer.eos_token_id
+        from privcode.models.sampling import sampling_kwargs
+
         options: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self._pad_id(),
-                                   "eos_token_id": eos, "do_sample": temperature > 0}
-        if temperature > 0:
-            options.update(temperature=temperature, top_p=top_p, top_k=0)
+                                   "eos_token_id": eos, **sampling_kwargs(temperature, top_p)}
         cuda = self.model.get_input_embeddings().weight.device.type == "cuda"
         devices = list(range(torch.cuda.device_count())) if cuda else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():

@@ -261,6 +261,8 @@ class PremiumModel:
         import torch
         from transformers import StoppingCriteriaList
 
+        from privcode.models.sampling import sampling_kwargs
+
         first = items[0].request
         width = max(len(it.ids) for it in items)
         input_ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
@@ -269,10 +271,7 @@ class PremiumModel:
             input_ids[row, width - len(it.ids):] = torch.tensor(it.ids, dtype=torch.long)
             mask[row, width - len(it.ids):] = 1
         stopper = _RowStop(self.tokenizer, [it.request for it in items], width)
-        kwargs: dict[str, Any] = {"do_sample": False}
-        if not first.greedy:
-            kwargs = {"do_sample": True, "temperature": first.temperature,
-                      "top_p": first.top_p, "top_k": 0}
+        kwargs = sampling_kwargs(0.0 if first.greedy else first.temperature, first.top_p)
         with self._lock, torch.inference_mode():
             if not first.greedy:
                 if first.seed is not None:

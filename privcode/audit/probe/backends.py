@@ -191,6 +191,8 @@ class HFBackend(Backend):
     def complete(self, prompts, *, max_tokens=256, temperature=0.7, n=1, seed=0):
         import torch
 
+        from privcode.models.sampling import sampling_kwargs
+
         _check_args(prompts, max_tokens, temperature, n)
         # Keep room for the prompt: at most 3/4 of the context is generated.
         max_new = max(1, min(max_tokens, (3 * self.context) // 4))
@@ -205,10 +207,9 @@ class HFBackend(Backend):
                 input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                 mask[row, width - len(ids):] = 1
             greedy = float(temperature) == 0.0
-            kwargs: dict[str, Any] = {"max_new_tokens": max_new, "do_sample": not greedy,
-                                      "num_return_sequences": 1 if greedy else n}
-            if not greedy:
-                kwargs.update(temperature=float(temperature), top_p=0.95, top_k=0)
+            kwargs: dict[str, Any] = {"max_new_tokens": max_new,
+                                      "num_return_sequences": 1 if greedy else n,
+                                      **sampling_kwargs(temperature, 0.95)}
             devices = [self.device.index or 0] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.inference_mode():
                 torch.manual_seed(int(seed) + start)
