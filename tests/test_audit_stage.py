@@ -97,35 +97,39 @@ def test_models_audited_in_ray_tasks_side_by_side_match_one_after_another(
         tiny_run, ci_base_cache, tmp_path, caplog):
     """``audit.cpus_per_model``: each model in its own Ray task; the same numbers as the
     stage's in-process audit of the tiny run (one model after another)."""
-    from privcode.audit.run import run_audits
+    from privcode.audit.run import _fidelity, run_audits
 
     root, _ = tiny_run
     cfg = load_config("jobs/configs/demo.yaml", [
         *tiny_pipeline_overrides(root, ci_base_cache), "audit.cpus_per_model=1",
-        "audit.audits=[canaries,exposure,mia,probe]", "audit.probe_models=[nondpft]",
+        "audit.audits=[canaries,exposure,mia,fidelity,probe]", "audit.probe_models=[nondpft]",
         "audit.probe_scenarios=[game]", "audit.probe_max_tokens=8"])
     t = root / "runs/t"
     run = {"canaries": t / "data/canaries.json", "train": t / "data/train.parquet",
            "heldout": t / "data/heldout.parquet", "base": Path(
                json.loads((t / "base/manifest.json").read_text())["summary"]["path"]),
-           "release": t / "train/release"}
+           "release": t / "train/release", "synthetic": t / "data/heldout.parquet"}
     models = {"junior": t / "train/release", "nondpft": t / "audit/nondpft"}
     checks = []  # a model still being written: the others first, one task at a time
 
     def junior_ready(timeout):
         checks.append((timeout, caplog.text.count("(Ray task)")))
-        return len(checks) > 2  # "written" at the third check
+        return "auditing nondpft (Ray task)" in caplog.text  # "written" once nondpft started
 
     with caplog.at_level("INFO", logger="privcode.audit"):
         side_by_side = run_audits(cfg, tmp_path, run, models, pending={"junior": junior_ready})
     assert checks[0] == (0, 0)  # never blocks while another model can be audited
-    assert checks[1][1] == 1  # nondpft's task alone while junior is pending
-    assert caplog.text.index("auditing nondpft (Ray task)") < caplog.text.index(
-        "auditing junior (Ray task)")
-    assert "auditing nondpft (Ray task: leak probing)" in caplog.text
+    log = caplog.text
+    assert log.index("auditing <fidelity> (Ray task: fidelity)") < log.index(
+        "auditing nondpft (Ray task)") < log.index("auditing junior (Ray task)")
+    assert "auditing nondpft (Ray task: probe)" in log
     probe = side_by_side["models"]["nondpft"]["probe"]  # its own task, merged into the model's
     assert probe["per_category"]["all"]["responses"] == 2 * 2  # game: 2 questions x 2 tests
     assert "probe" not in side_by_side["models"]["junior"]
+    # Fidelity in a task of its own (the held-out records stand in for synthetic code).
+    in_process = _fidelity(cfg, run, tmp_path / "in_process")
+    for key in ("n_synthetic", "n_private", "bleu4", "centroid_cosine"):
+        assert side_by_side["fidelity"][key] == pytest.approx(in_process[key], abs=1e-6)
     sequential = json.loads((t / "audit/audit.json").read_text())
     assert list(side_by_side["models"]) == ["junior", "nondpft"]
     for name, one in sequential["models"].items():

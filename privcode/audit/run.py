@@ -119,6 +119,8 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     pending = pending or {}
     if a.cpus_per_model > 0 and _ray_ready():
         summary["models"] = _audit_in_tasks(cfg, run, out_dir, models, dp, probed, pending)
+        if FIDELITY in summary["models"]:  # computed in a task of its own, first
+            summary["fidelity"] = summary["models"].pop(FIDELITY)["fidelity"]
     else:
         reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
         reference_cache: dict[Any, Any] = {}  # the base's MIA losses, scored once per format
@@ -146,16 +148,8 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
         summary["dp_bound"] = {"epsilon": dp["epsilon"], "delta": dp["delta"],
                                "tpr_at_1pct_fpr": float(dp_tpr_ceiling(0.01, dp["epsilon"],
                                                                        dp["delta"]))}
-    if "fidelity" in a.audits and run.get("synthetic"):
-        from privcode.audit.fidelity import (
-            fidelity_report,
-            read_private_codes,
-            read_synthetic_codes,
-        )
-
-        summary["fidelity"] = fidelity_report(
-            read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
-            out_dir / "fidelity", max_samples=a.fidelity_max_samples, seed=a.seed)
+    if "fidelity" in a.audits and run.get("synthetic") and "fidelity" not in summary:
+        summary["fidelity"] = _fidelity(cfg, run, out_dir)
     summary["seconds"] = round(time.time() - started, 1)
     atomic_write_json(out_dir / "audit.json", summary)
     return summary
@@ -167,12 +161,27 @@ def _ray_ready() -> bool:
     return ray.is_initialized()
 
 
-def _audit_one(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
+def _fidelity(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path) -> dict[str, Any]:
+    from privcode.audit.fidelity import fidelity_report, read_private_codes, read_synthetic_codes
+
+    return fidelity_report(
+        read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
+        out_dir / "fidelity", max_samples=cfg.audit.fidelity_max_samples, seed=cfg.audit.seed)
+
+
+#: The job name of the fidelity audit among the model tasks (it audits no model).
+FIDELITY = "<fidelity>"
+
+
+def _audit_one(name: str, path: Path | None, cfg: PipelineConfig, run: dict[str, Path],
                out_dir: Path, dp: dict[str, Any] | None, part: str) -> dict[str, Any]:
-    """One model's audits (``part`` "audits") or its leak probing ("probe"): one Ray task."""
+    """One model's audits (``part`` "audits"), its leak probing ("probe"), or the
+    synthetic data's fidelity ("fidelity"): the body of one Ray task."""
     from privcode.audit.scoring import load_scored_model
 
     with torch_threads(int(cfg.audit.cpus_per_model)):
+        if part == "fidelity":
+            return {"fidelity": _fidelity(cfg, run, out_dir)}
         if part == "probe":
             return {"probe": _probe(path, run, out_dir / "probe" / name, cfg)}
         reference = load_scored_model(str(run["base"])) if "mia" in cfg.audit.audits else None
@@ -185,7 +194,8 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
                     ) -> dict[str, dict[str, Any]]:
     """Every model audited in its own Ray task of ``audit.cpus_per_model`` CPUs, side by side.
 
-    A probed model's leak probing is a task of its own beside its audits.
+    A probed model's leak probing is a task of its own beside its audits; the
+    fidelity of the synthetic data is the first task (under ``FIDELITY``).
     The probed models (the slowest) are submitted first, ``pending`` ones
     once ready. While a model is pending, its stage is still training beside
     this one, so only one task runs at a time (the audit stage's footprint:
@@ -203,6 +213,8 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
 
     queue = [j for n in sorted((n for n in models if n not in pending),
                                key=lambda n: n not in probed) for j in jobs(n)]
+    if "fidelity" in cfg.audit.audits and run.get("synthetic"):
+        queue.insert(0, (FIDELITY, "fidelity"))  # short, and needs no model: first
     waiting = [n for n in models if n in pending]
     refs: dict[tuple[str, str], Any] = {}
     in_flight: list[Any] = []
@@ -215,11 +227,10 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
             limit = 1 if waiting else len(models) * 2
             while queue and len(in_flight) < limit:
                 name, part = job = queue.pop(0)
-                log.info("auditing %s (Ray task%s)", name, ": leak probing" if part == "probe"
-                         else "")
+                log.info("auditing %s (Ray task%s)", name, "" if part == "audits" else f": {part}")
                 options = {"name": f"privcode:audit:{name}:{part}",
                            "num_cpus": cfg.audit.cpus_per_model}
-                refs[job] = task.options(**options).remote(name, models[name], cfg, run,
+                refs[job] = task.options(**options).remote(name, models.get(name), cfg, run,
                                                            out_dir, dp, part)
                 in_flight.append(refs[job])
             if waiting and in_flight:
@@ -233,7 +244,7 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
         if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, PrivcodeError):
             raise exc.cause from None  # a user-facing error reads as itself
         raise
-    return {name: done[name] for name in models}
+    return {name: done[name] for name in (*models, *([FIDELITY] if FIDELITY in done else []))}
 
 
 def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:
