@@ -224,8 +224,7 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
             for name in [n for n in waiting if pending[n](None if block else 0)]:
                 waiting.remove(name)
                 queue[:0] = jobs(name)
-            limit = 1 if waiting else len(models) * 2
-            while queue and len(in_flight) < limit:
+            while queue and not (waiting and in_flight):  # one at a time while one is pending
                 name, part = job = queue.pop(0)
                 log.info("auditing %s (Ray task%s)", name, "" if part == "audits" else f": {part}")
                 options = {"name": f"privcode:audit:{name}:{part}",

@@ -187,41 +187,39 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
     parallel = use_ray and cfg.run.parallel
     try:
         while pending or running:
-            # Rescan after every start or skip: it may make another stage ready (a late
-            # input now running, a skipped dependency now done).
-            scan = True
-            while scan:
-                scan = False
-                for name in [n for n in pending if _ready(n, order, manifests, running)]:
-                    if running and not (parallel and _fits(STAGES[name], cfg, running)):
-                        continue  # a later ready stage may still fit beside the running ones
-                    pending.remove(name)
-                    stage = STAGES[name]
-                    upstream = {**manifests, **_late_inputs(stage, running)}
-                    fp = fingerprint(cfg, stage, upstream)
-                    directory = stage_dir(cfg, name)
-                    if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
-                        manifests[name] = read_manifest(directory)
-                        results[name] = {"status": "skipped", "dir": str(directory),
-                                         "fingerprint": fp}
-                        _say(f"[{name}] unchanged, skipped ({directory})")
-                        scan = True
-                        continue
-                    _say(f"[{name}] running ...")
-                    inputs = {n: upstream[n] for n in _input_names(stage, upstream)}
-                    if not use_ray:
-                        t0 = time.time()
-                        manifests[name] = execute_stage(name, cfg, str(directory), fp, inputs)
-                        _done(results, name, directory, fp, t0)
-                        scan = True
-                        continue
-                    import ray
+            progressed = False  # a start or skip may make another stage ready: rescan
+            for name in [n for n in pending if _ready(n, order, manifests, running)]:
+                if running and not (parallel and _fits(STAGES[name], cfg, running)):
+                    continue  # a later ready stage may still fit beside the running ones
+                pending.remove(name)
+                stage = STAGES[name]
+                upstream = {**manifests, **_late_inputs(stage, running)}
+                fp = fingerprint(cfg, stage, upstream)
+                directory = stage_dir(cfg, name)
+                if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
+                    manifests[name] = read_manifest(directory)
+                    results[name] = {"status": "skipped", "dir": str(directory),
+                                     "fingerprint": fp}
+                    _say(f"[{name}] unchanged, skipped ({directory})")
+                    progressed = True
+                    continue
+                _say(f"[{name}] running ...")
+                inputs = {n: upstream[n] for n in _input_names(stage, upstream)}
+                if not use_ray:
+                    t0 = time.time()
+                    manifests[name] = execute_stage(name, cfg, str(directory), fp, inputs)
+                    _done(results, name, directory, fp, t0)
+                    progressed = True
+                    continue
+                import ray
 
-                    task = ray.remote(execute_stage).options(name=f"privcode:{name}",
-                                                             **_ray_resources(stage, cfg))
-                    ref = task.remote(name, cfg, str(directory), fp, inputs)
-                    running[ref] = (name, fp, time.time())
-                    scan = True
+                task = ray.remote(execute_stage).options(name=f"privcode:{name}",
+                                                         **_ray_resources(stage, cfg))
+                ref = task.remote(name, cfg, str(directory), fp, inputs)
+                running[ref] = (name, fp, time.time())
+                progressed = True
+            if progressed:
+                continue
             if not running:
                 if pending and not any(_ready(n, order, manifests, running) for n in pending):
                     # cannot happen for a valid stage table; never spin

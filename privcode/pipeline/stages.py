@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from privcode.config import PipelineConfig
-from privcode.errors import PrivcodeError
 
 
 def wait_input(inputs: dict[str, dict[str, Any]], name: str,
@@ -36,15 +35,12 @@ def wait_input(inputs: dict[str, dict[str, Any]], name: str,
     if entry is not None and "pending" in entry:
         import ray
 
+        from privcode.pipeline.runner import _get
+
         ref = entry["pending"][0]
         if timeout is not None and not ray.wait([ref], timeout=timeout)[0]:
             return None
-        try:
-            inputs[name] = entry = ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, PrivcodeError):
-                raise exc.cause from None
-            raise
+        inputs[name] = entry = _get(ref)  # a user-facing error reads as itself
     return entry
 
 
