@@ -65,8 +65,10 @@ sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs 
 	done
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) report --config $(CONFIG)
 
-test: ## Run the test suite (what CI runs): everything but slow and GPU tests
-	$(VENV)/bin/pytest -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)
+# Two pytest workers, a test file at a time (its module fixtures are built once); each worker
+# starts its own session Ray head and ci models when its files need them (tests/conftest.py).
+test: ## Run the test suite (what CI runs): everything but slow and GPU tests, on 2 pytest workers
+	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not slow and not gpu" --durations=15 $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-gpu
 
 test-fast: ## Pure unit tests (no Ray, no model, no helm, nothing heavy) on 2 pytest workers: about a minute

@@ -141,7 +141,10 @@ class TrainConfig:
     lora_alpha: int = opt(16, "LoRA alpha (scaling = alpha / r).", min=1)
     lora_dropout: float = opt(0.0, "Dropout on the LoRA branch.", min=0.0, max=0.9)
     max_length: int = opt(256, "Records are truncated to this many tokens.", min=8)
-    num_workers: int = opt(1, "Ray Train workers (data-parallel DP-SGD).", min=1, max=4096)
+    num_workers: int = opt(1, "Ray Train workers (data-parallel DP-SGD); 0 = Ray Train's local "
+                              "mode: the loop runs in the train stage's own task on "
+                              "cpus_per_worker CPUs (no worker group to start; no restarts).",
+                           min=0, max=4096)
     use_gpu: bool = opt(False, "One GPU per worker (NCCL); CPU workers use gloo.")
     accountant: str = opt("rdp", "Accountant of the budget ledger.", choices=("rdp", "prv"))
     grad_sample_mode: str = opt("hooks", "Opacus per-sample-gradient mode.",
@@ -207,7 +210,14 @@ class TrainConfig:
         if self.ast_lambda_min > self.ast_lambda_max:
             return ("ast_lambda_min", f"{self.ast_lambda_min} is above ast_lambda_max "
                                       f"{self.ast_lambda_max}")
-        return None
+        return _local_mode_check(self.num_workers, self.use_gpu)
+
+
+def _local_mode_check(num_workers: int, use_gpu: bool) -> tuple[str, str] | None:
+    if num_workers == 0 and use_gpu:
+        return ("use_gpu", "needs num_workers >= 1 (num_workers 0, Ray Train's local mode, "
+                           "runs on the stage task's CPUs)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -289,7 +299,10 @@ class PremiumConfig:
     max_length: int = opt(256, "Records are truncated to this many tokens.", min=8)
     eval_fraction: float = opt(0.05, "Synthetic records held out for the eval loss.",
                                min=0.0, max=0.5)
-    num_workers: int = opt(1, "Ray Train workers (data parallel).", min=1, max=4096)
+    num_workers: int = opt(1, "Ray Train workers (data parallel); 0 = Ray Train's local mode: "
+                              "the loop runs in the premium stage's own task on "
+                              "cpus_per_worker CPUs (no worker group to start; no restarts).",
+                           min=0, max=4096)
     cpus_per_worker: int = opt(1, "CPUs (and torch threads) per worker.", min=1)
     use_gpu: bool = opt(False, "One GPU per worker (NCCL); CPU workers use gloo.")
     deepspeed: str = opt("", "DeepSpeed ZeRO stage for GPU clusters: '' (plain DDP), zero1, "
@@ -302,6 +315,12 @@ class PremiumConfig:
                                            "release is NOT differentially private. Refused "
                                            "otherwise; when set, the premium artifact says "
                                            "that no DP guarantee holds.")
+
+    def cross_check(self) -> tuple[str, str] | None:
+        if self.num_workers == 0 and self.deepspeed:
+            return ("deepspeed", "needs num_workers >= 1 (Ray Train's local mode, num_workers "
+                                 "0, trains without a process group)")
+        return _local_mode_check(self.num_workers, self.use_gpu)
 
 
 @dataclass(frozen=True)

@@ -120,37 +120,54 @@ def torch_threads(n: int) -> Iterator[int]:
 
 
 class ThreadTuner:
-    """Picks, every few steps, the faster of ``threads`` and 1 torch thread for a training loop.
+    """Picks the faster of ``threads`` and 1 torch thread for a training loop, and re-checks.
 
-    On an idle 2-core machine two threads make the demo base's step 1.27x
-    faster than one; beside one busy process they make it slower (a step
-    waits for its descheduled thread: the demo base took 440 s instead of an
-    estimated 290 on one thread). Every ``probe_every`` steps the other
-    setting runs ``probe_steps`` steps; the loop keeps whichever has the lower
-    median step time (by more than 5%). The choice changes timing only, never
-    what is computed. ``set_threads`` is called whenever the count changes
-    (default ``torch.set_num_threads``).
+    On an idle 2-core machine two threads make the demo base's step about 1.9x
+    faster than one; beside one busy process they make it about 9x *slower*
+    (libgomp spin-waits for its descheduled thread: 4.8 s instead of 0.55 s a
+    step, measured). So the loop starts on 1 thread (the cheap mistake), and
+    from step ``first_probe`` on runs up to ``probe_steps`` steps on the other
+    setting every ``probe_every`` steps; it keeps whichever has the lower
+    median step time (by more than 5%). A probe step slower than 1.5x the
+    current median ends its probe at once, and a probe that loses doubles the
+    wait before the next (up to 8x ``probe_every``): a busy machine pays for
+    one slow step now and then, not for four every 64. The choice changes
+    timing only, never what is computed. ``set_threads`` is called whenever
+    the count changes (default ``torch.set_num_threads``).
     """
 
+    #: A probe step this much slower than the current median ends the probe.
+    ABORT_RATIO = 1.5
+    #: Longest wait between probes, in multiples of ``probe_every``.
+    MAX_BACKOFF = 8
+
     def __init__(self, threads: int, *, probe_every: int = 64, probe_steps: int = 4,
-                 set_threads: Any = None):
-        if probe_every <= probe_steps or probe_steps < 2:
-            raise ValueError("need probe_every > probe_steps >= 2")
-        self.options = sorted({max(1, int(threads)), 1}, reverse=True)
+                 first_probe: int = 4, set_threads: Any = None):
+        if probe_every <= probe_steps or probe_steps < 2 or first_probe < 2:
+            raise ValueError("need probe_every > probe_steps >= 2 and first_probe >= 2")
+        self.options = sorted({max(1, int(threads)), 1})
         self.current = self.options[0]
         self.probe_every, self.probe_steps = probe_every, probe_steps
         self.steps = {n: 0 for n in self.options}  # steps run at each setting
+        self.probes = 0  # probes started
         self._times: dict[int, list[float]] = {n: [] for n in self.options}
         self._set = set_threads or _set_torch_threads
         self._active = 0  # no count applied yet
+        self._wait = probe_every  # steps from the end of one probe to the next
+        self._next_probe = first_probe
+        self._probe_left = 0
 
     def _other(self) -> int | None:
         return next((o for o in self.options if o != self.current), None)
 
     def threads_for(self, step: int) -> int:
         """The thread count for ``step`` (applied before it returns)."""
-        probing = step % self.probe_every >= self.probe_every - self.probe_steps
-        n = (self._other() if probing else None) or self.current
+        other = self._other()
+        if other is not None and not self._probe_left and step >= self._next_probe:
+            self._probe_left = self.probe_steps
+            self._times[other].clear()
+            self.probes += 1
+        n = other if self._probe_left else self.current
         if n != self._active:
             self._set(n)
             self._active = n
@@ -160,15 +177,23 @@ class ThreadTuner:
         """Record ``step``'s wall time (run at the count last applied); at the end of a
         probe, keep the faster setting."""
         self.steps[self._active] += 1
-        recent = self._times[self._active]
-        recent.append(seconds)
-        del recent[:-self.probe_steps]
-        other = self._other()
-        if other is not None and step % self.probe_every == self.probe_every - 1:
-            mine, theirs = self._times[self.current], self._times[other]
-            if len(mine) >= 2 and len(theirs) >= 2 and \
-                    statistics.median(theirs) < 0.95 * statistics.median(mine):
-                self.current = other
+        times = self._times[self._active]
+        times.append(seconds)
+        if self._active == self.current:
+            del times[:-self.probe_steps]
+            return
+        self._probe_left -= 1
+        mine = self._times[self.current]
+        clearly_slower = bool(mine) and seconds > self.ABORT_RATIO * statistics.median(mine)
+        if self._probe_left and not clearly_slower:
+            return
+        self._probe_left = 0
+        if len(times) >= 2 and len(mine) >= 2 and \
+                statistics.median(times) < 0.95 * statistics.median(mine):
+            self.current, self._wait = self._active, self.probe_every
+        else:
+            self._wait = min(2 * self._wait, self.MAX_BACKOFF * self.probe_every)
+        self._next_probe = step + 1 + self._wait
 
 
 def _set_torch_threads(n: int) -> None:

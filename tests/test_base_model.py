@@ -346,25 +346,35 @@ def test_function_units_are_whole_functions_without_literal_tables():
         compile(u.text, u.relpath, "exec")
 
 
-def _tune(threads: int, seconds_at: dict[int, float], steps: int = 256) -> tuple[ThreadTuner, list]:
+def _tune(threads: int, seconds_at, steps: int = 256) -> tuple[ThreadTuner, list]:
+    """Drive a tuner with step times ``seconds_at[threads]`` (or ``seconds_at(step, threads)``)."""
     applied = []
     tuner = ThreadTuner(threads, probe_every=32, probe_steps=4, set_threads=applied.append)
+    timing = seconds_at if callable(seconds_at) else (lambda step, n: seconds_at[n])
     for step in range(steps):
         n = tuner.threads_for(step)
-        tuner.observe(step, seconds_at[n])
+        tuner.observe(step, timing(step, n))
     return tuner, applied
 
 
 def test_thread_tuner_moves_to_one_thread_when_it_is_faster_and_stays_when_not():
-    busy, _ = _tune(2, {2: 0.84, 1: 0.56})  # beside a busy process: one thread wins
-    assert busy.current == 1  # after the first probe (steps 28-31); later probes keep it
-    assert busy.steps == {2: 28 + 7 * 4, 1: 256 - 28 - 7 * 4}
-    idle, applied = _tune(2, {2: 0.44, 1: 0.56})  # idle: both threads win
-    assert idle.current == 2
-    assert idle.steps[1] == 4 * (256 // 32)  # only the probes ran on one thread
-    assert applied[0] == 2 and set(applied) == {1, 2}
-    within_noise, _ = _tune(2, {2: 0.50, 1: 0.49})  # less than 5% faster: no switch
-    assert within_noise.current == 2
+    # Idle (step times measured for the demo base: 0.29 s on 2 threads, 0.57 on 1): steps
+    # 0-3 on one thread, the probe at 4-7 switches; later probes of one thread end after
+    # one step (over 1.5x slower) and back off: 8 + 32, then waits of 64 and 128 steps.
+    idle, applied = _tune(2, {2: 0.29, 1: 0.57})
+    assert idle.current == 2 and idle.probes == 4
+    assert idle.steps == {1: 4 + 3, 2: 256 - 7}
+    assert applied[:2] == [1, 2] and set(applied) == {1, 2}
+    # Beside a busy process (4.8 s vs 0.55 s, measured): every probe of two threads costs
+    # one step, at steps 4, 69 and 198.
+    busy, _ = _tune(2, {2: 4.8, 1: 0.55})
+    assert busy.current == 1 and busy.steps == {1: 253, 2: 3} and busy.probes == 3
+    within_noise, _ = _tune(2, {2: 0.50, 1: 0.51})  # less than 5% faster: no switch
+    assert within_noise.current == 1 and within_noise.steps[2] == 3 * 4
+    # The machine turns busy at step 100: the probe at step 105 moves back to one thread
+    # (two threads ran 4-7, 8-39, 41-104, then one step each in the probes at 141 and 206).
+    turns, _ = _tune(2, lambda step, n: (4.8 if step >= 100 else 0.29) if n == 2 else 0.55)
+    assert turns.current == 1 and turns.steps[2] == 4 + 32 + 64 + 2
     single, applied = _tune(1, {1: 0.5})  # one core: nothing to probe
     assert single.options == [1] and applied == [1] and single.steps == {1: 256}
     with pytest.raises(ValueError):

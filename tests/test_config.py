@@ -59,6 +59,10 @@ def test_int_is_accepted_for_float(tmp_path):
         ("data: 5\n", ["section 'data' must be a mapping"]),
         ("- a\n- b\n", ["top level must be a mapping"]),
         ("data: [\n", ["invalid YAML"]),
+        ("train:\n  num_workers: 0\n  use_gpu: true\n",
+         ["train.use_gpu", "needs num_workers >= 1", "local mode"]),
+        ("premium:\n  num_workers: 0\n  deepspeed: zero2\n",
+         ["premium.deepspeed", "needs num_workers >= 1"]),
     ],
 )
 def test_errors_name_key_and_file(tmp_path, text, needles):

@@ -38,6 +38,11 @@ def test_footprints_count_the_workers_a_stage_starts():
         "run.stages=[data, base, train, audit]", "audit.compare_nondp=true"])
     assert STAGES["audit"].cpus(inline_nondp) is None  # trains the comparison in its task
     assert STAGES["pac"].footprint(cfg) == cfg.pac.num_cpus == 1
+    # Ray Train's local mode (the demo's num_workers 0): the stage task itself trains.
+    demo = load_config("jobs/configs/demo.yaml")
+    for stage, section in (("train", demo.train), ("premium", demo.premium)):
+        assert section.num_workers == 0
+        assert STAGES[stage].cpus(demo) == STAGES[stage].footprint(demo) == 1
     assert STAGES["pac"].footprint(load_config("jobs/configs/demo.yaml", ["pac.num_cpus=0"])) \
         is None
 

@@ -59,36 +59,38 @@ def _adapter(work: Path) -> dict[str, torch.Tensor]:
     return load_file(str(work / "release" / "adapter" / "adapter_model.safetensors"))
 
 
-def test_two_workers_equal_one_worker_without_noise(ray_connected, corpus, base_path, tmp_path):
-    """Same sampled records, noise off: the update does not depend on the number of workers."""
+def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_path, tmp_path):
+    """Same sampled records, noise off: the update does not depend on the number of workers,
+    and Ray Train's local mode (num_workers 0: one rank in this process) computes it too."""
     from concurrent.futures import ThreadPoolExecutor
-
-    import ray
 
     unsafe = UnsafeTestOptions(noise_off=True, fixed_seed=1234)
     # SGD: the update is linear in the gradient. (Adam's first step is about
     # lr * sign(g), which turns float summation-order noise in near-zero
     # entries into visible differences.)
     cfgs = {workers: dataclasses.replace(SMALL, steps=2, num_workers=workers, optimizer="sgd",
-                                         lr=0.5) for workers in (1, 2)}
-    # Both runs at once when the head has the 3 CPUs they take (the session head has 4;
-    # Ray Train runs fit() from threads): their start-ups (process spawns and imports, most
-    # of a run) overlap. One after the other on a smaller head.
-    threads = 2 if ray.cluster_resources().get("CPU", 0) >= 3 else 1
+                                         lr=0.5) for workers in (0, 2)}
+    # Both runs at once (Ray Train runs fit() from threads; the local run trains in this
+    # process, on no Ray CPU): the worker group's start-up (process spawns and imports, most
+    # of its run) overlaps the local run.
+    torch_threads = torch.get_num_threads()
     with pytest.warns(RuntimeWarning, match="NOT differentially private") as warned, \
-            ThreadPoolExecutor(threads) as pool:
+            ThreadPoolExecutor(2) as pool:
         runs = {workers: pool.submit(_train, cfg, corpus, base_path, tmp_path / f"w{workers}",
                                      unsafe=unsafe) for workers, cfg in cfgs.items()}
         results = {workers: run.result() for workers, run in runs.items()}
     assert sum("NOT differentially private" in str(w.message) for w in warned) >= 2  # each run
-    for workers in (1, 2):
+    assert torch.get_num_threads() == torch_threads  # local mode restores this process's
+    for workers in (0, 2):
         assert results[workers]["steps_taken"] == 2
-    one, two = _adapter(tmp_path / "w1"), _adapter(tmp_path / "w2")
+    # Local mode's checkpoints were written under the run's storage, removed on success.
+    assert not [p for p in (tmp_path / "w0" / "storage").glob("train-*") if p.is_dir()]
+    one, two = _adapter(tmp_path / "w0"), _adapter(tmp_path / "w2")
     assert set(one) == set(two) and one
     for name in one:
         assert torch.allclose(one[name], two[name], atol=1e-6, rtol=1e-4), name
     # ... and so does the released prefix decoder D (trained in the same DP-SGD step).
-    d1, d2 = _decoder(tmp_path / "w1"), _decoder(tmp_path / "w2")
+    d1, d2 = _decoder(tmp_path / "w0"), _decoder(tmp_path / "w2")
     assert set(d1) == {"weight", "bias"}
     for name in d1:
         assert torch.allclose(d1[name], d2[name], atol=1e-6, rtol=1e-4), name

@@ -68,6 +68,10 @@ BUILD_INFO = "build_info.json"
 #: Fraction of public files held out for evaluation (chosen by path hash).
 HELDOUT_FRACTION = 0.03
 
+#: Held-out tokens scored before training: an untrained model's loss is about
+#: log(vocab) everywhere, so a few windows give it (the trained one gets ``eval_tokens``).
+UNTRAINED_EVAL_TOKENS = 4096
+
 #: Held-out evaluation of an existing model (``base.model``): a few sequences,
 #: enough for a sanity number, cheap even for a 7B model on a CPU.
 EXTERNAL_EVAL_SEQ_LEN = 256
@@ -410,7 +414,8 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         torch.manual_seed(cfg.seed)
         model = Qwen2ForCausalLM(_model_config(preset, tokenizer))
         n_params = sum(p.numel() for p in model.parameters())
-        before = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len, preset.eval_tokens)
+        before = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len,
+                                 min(preset.eval_tokens, UNTRAINED_EVAL_TOKENS))
 
         optimizer = _optimizer(model, preset)
         batches = C.batches(stream, preset.seq_len, preset.batch_size, cfg.seed)

@@ -162,12 +162,17 @@ class TrainStage(Stage):
     version = 3
     sections = ("train",)
     needs = ("data", "base")
-    # The stage task only orchestrates; the Ray Train workers hold the CPUs.
+    # The stage task only orchestrates; the Ray Train workers hold the CPUs (in Ray
+    # Train's local mode, num_workers 0, the task itself trains on cpus_per_worker).
     num_cpus = 0
 
     @classmethod
+    def cpus(cls, cfg):
+        return cfg.train.cpus_per_worker if cfg.train.num_workers == 0 else 0
+
+    @classmethod
     def footprint(cls, cfg):
-        return cfg.train.num_workers * cfg.train.cpus_per_worker
+        return max(1, cfg.train.num_workers) * cfg.train.cpus_per_worker
 
     def run(self, cfg, out_dir, inputs):
         from privcode.dp.store import resolve_store
@@ -261,11 +266,15 @@ class PremiumStage(Stage):
     sections = ("premium",)
     needs = ("base",)
     after = ("synth",)
-    num_cpus = 0  # the Ray Train workers hold the CPUs
+    num_cpus = 0  # the Ray Train workers hold the CPUs (local mode: the task itself)
+
+    @classmethod
+    def cpus(cls, cfg):
+        return cfg.premium.cpus_per_worker if cfg.premium.num_workers == 0 else 0
 
     @classmethod
     def footprint(cls, cfg):
-        return cfg.premium.num_workers * cfg.premium.cpus_per_worker
+        return max(1, cfg.premium.num_workers) * cfg.premium.cpus_per_worker
 
     def run(self, cfg, out_dir, inputs):
         from privcode.models.loading import resolve_model_path

@@ -28,11 +28,11 @@ Stage II provenance) and ``statement``; for a non-DP source ``dp`` false,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import random
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -41,7 +41,7 @@ from typing import Any
 
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError
-from privcode.utils import atomic_write_json, sha256_file
+from privcode.utils import atomic_write_json, sha256_file, torch_threads
 
 log = logging.getLogger("privcode.premium")
 
@@ -62,6 +62,7 @@ class PremiumJob:
     data_path: str
     model_path: str
     num_records: int
+    local_checkpoints: str = ""  # Ray Train local mode: where checkpoints are written
 
 
 def deepspeed_config(cfg: PremiumConfig, use_bf16: bool) -> dict[str, Any]:
@@ -117,6 +118,7 @@ def premium_loop(config: dict[str, Any]) -> None:
     import torch
 
     from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+    from privcode.train.checkpoints import report_checkpoint
     from privcode.train.data import collate, encode_records
 
     job: PremiumJob = config["job"]
@@ -190,13 +192,13 @@ def premium_loop(config: dict[str, Any]) -> None:
             import deepspeed
 
             gather = deepspeed.zero.GatheredParameters(params)
-        with gather, tempfile.TemporaryDirectory(prefix="privcode-premium-") as tmp:
-            checkpoint = None
-            if rank == 0:
-                model.save_pretrained(str(Path(tmp) / "adapter"))
-                atomic_write_json(Path(tmp) / "curve.json", curve)
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(point, checkpoint=checkpoint)
+        def write(d: Path) -> None:
+            model.save_pretrained(str(d / "adapter"))
+            atomic_write_json(d / "curve.json", curve)
+
+        with gather:
+            report_checkpoint(point, write if rank == 0 else None, job.local_checkpoints or None,
+                              epoch + 1)
 
 
 def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | Path,
@@ -246,6 +248,8 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
         connect()
     storage.mkdir(parents=True, exist_ok=True)
     name = f"premium-{time.strftime('%Y%m%d-%H%M%S')}"
+    if cfg.num_workers == 0:  # Ray Train local mode: premium_loop runs in this process
+        job = dataclasses.replace(job, local_checkpoints=str(storage / name))
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     trainer = TorchTrainer(
         premium_loop, train_loop_config={"job": job},
@@ -256,7 +260,10 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
                              failure_config=FailureConfig(max_failures=1)))
     started = time.time()
     try:
-        result = trainer.fit()
+        # Local mode trains in this process: its torch threads are restored after.
+        with torch_threads(cfg.cpus_per_worker) if cfg.num_workers == 0 \
+                else contextlib.nullcontext():
+            result = trainer.fit()
     except Exception as exc:
         raise PremiumError(f"premium fine-tune failed: {type(exc).__name__}: {exc}") from exc
     if result.checkpoint is None:

@@ -5,7 +5,10 @@ the records, fixes the sample rate ``q = B / N`` and the noise multiplier
 (``cfg.noise_multiplier``, or :func:`privcode.dp.accounting.calibrate` for
 ``cfg.epsilon`` over ``cfg.steps`` steps when it is 0), opens the run's
 privacy ledger and starts a ``TorchTrainer`` of ``cfg.num_workers`` workers
-(gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`.
+(gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`; with
+``num_workers`` 0 Ray Train's local mode runs that loop in the calling process
+(one rank, no worker group to start, no restarts:
+:mod:`privcode.train.checkpoints`).
 
 Every worker builds the method's objective (:mod:`privcode.train.methods`:
 the LoRA junior plus, for PrivCode++-style methods, the PrivLC encoders and
@@ -73,7 +76,7 @@ from typing import Any
 
 from privcode.config import TrainConfig
 from privcode.errors import PrivcodeError
-from privcode.utils import atomic_write_json, sha256_file
+from privcode.utils import atomic_write_json, sha256_file, torch_threads
 
 log = logging.getLogger("privcode.train")
 
@@ -120,6 +123,7 @@ class TrainJob:
     run_id: str            # ledger name ('' = no ledger: unsafe noise-off only)
     audit_log: str
     unsafe: UnsafeTestOptions = UnsafeTestOptions()
+    local_checkpoints: str = ""  # Ray Train local mode: where checkpoints are written
 
 
 # --------------------------------------------------------------------------- worker helpers
@@ -243,24 +247,23 @@ def _evaluate(model: Any, tokenizer: Any, stream: Any, cfg: TrainConfig) -> floa
     return round(float(out["loss"]), 5)
 
 
-def _report(objective: Any, optimizer: Any, state: dict[str, Any], rank: int) -> None:
+def _report(job: TrainJob, objective: Any, optimizer: Any, state: dict[str, Any],
+            rank: int) -> None:
     """Every rank calls this (a barrier); rank 0 attaches the checkpoint."""
-    import ray.train
-
     from privcode.train.build import save_checkpoint_files
+    from privcode.train.checkpoints import report_checkpoint
 
     # What Ray Train logs and shows: public values only. The ledger position (a grant
     # id) and the attempt (a restart count) stay in the checkpoint's private state.
     metrics = {k: state[k] for k in ("step", "stop_reason")}
     metrics["public_heldout_loss"] = state["curve"][-1][1] if state["curve"] else None
-    if rank != 0:
-        ray.train.report(metrics, checkpoint=None)
-        return
-    with tempfile.TemporaryDirectory(prefix="privcode-ckpt-") as tmp:
-        d = Path(tmp)
+
+    def write(d: Path) -> None:
         save_checkpoint_files(d, objective, optimizer)
         atomic_write_json(d / "state.json", state)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(d)))
+
+    report_checkpoint(metrics, write if rank == 0 else None, job.local_checkpoints or None,
+                      state["step"])
 
 
 def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, int],
@@ -417,12 +420,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             if rank == 0 and stream is not None:
                 state["curve"].append([step + 1, _evaluate(model, tokenizer, stream, cfg)])
-            _report(objective, optimizer, state, rank)
+            _report(job, objective, optimizer, state, rank)
     else:
         state["stop_reason"] = "steps"
     if rank == 0 and stream is not None and (not state["curve"] or state["curve"][-1][0] != state["step"]):
         state["curve"].append([state["step"], _evaluate(model, tokenizer, stream, cfg)])
-    _report(objective, optimizer, state, rank)
+    _report(job, objective, optimizer, state, rank)
 
 
 def _split(seed: int) -> list[int]:
@@ -571,9 +574,11 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     storage_root.mkdir(parents=True, exist_ok=True)
     name = f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     audit_log = storage_root / f"{name}.applied_steps.jsonl"
+    local = cfg.num_workers == 0  # Ray Train local mode: the loop runs in this process
     job = TrainJob(cfg=cfg, data_path=str(data_path), corpus_sha256=corpus_sha,
                    base_path=str(base_path), num_records=n, sample_rate=q, noise_multiplier=sigma,
-                   run_id=run_id, audit_log=str(audit_log), unsafe=unsafe)
+                   run_id=run_id, audit_log=str(audit_log), unsafe=unsafe,
+                   local_checkpoints=str(storage_root / name) if local else "")
     resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config={"job": job},
@@ -588,9 +593,13 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     history: list[dict] = []
     try:
         try:
-            result = trainer.fit()
+            # Local mode trains in this process: its torch threads are restored after.
+            with torch_threads(cfg.cpus_per_worker) if local else contextlib.nullcontext():
+                result = trainer.fit()
         except Exception as exc:
-            raise TrainingError(f"DP training failed (after up to {cfg.max_failures} restarts): "
+            restarts = ("Ray Train local mode: no restarts" if local
+                        else f"after up to {cfg.max_failures} restarts")
+            raise TrainingError(f"DP training failed ({restarts}): "
                                 f"{type(exc).__name__}: {exc}") from exc
         if result.checkpoint is None:
             raise TrainingError("DP training ended without a checkpoint")
