@@ -36,6 +36,35 @@ def scrape_metrics(tag: str, names: set[str], timeout_s: float = 60.0,
     raise AssertionError(f"metrics {sorted(names - set(found))} not exported within {timeout_s}s")
 
 
+def http_status_of_refused_body(url, data, key=None, attempts=5):
+    """The status a server answers to a POST of ``data`` that it refuses before reading all of it.
+
+    Such a server answers and closes while the client is still sending, so the rest of the
+    send fails (EPIPE or a reset), and a reset can also drop the answer: the answer is read
+    after a failed send, and a request whose answer was lost is sent again.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    for _ in range(attempts):
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        try:
+            try:
+                conn.request("POST", parts.path, body=data, headers=headers)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # answered before the body was read: the answer may still be there
+            return conn.getresponse().status
+        except (ConnectionResetError, http.client.RemoteDisconnected):
+            continue  # the answer was lost with the connection
+        finally:
+            conn.close()
+    raise AssertionError(f"no answer to a refused body of {len(data)} bytes in {attempts} tries")
+
+
 def http_json(url, body=None, key=None, method=None):
     """(status, decoded JSON) of one request; ``body`` a dict (sent as JSON) or raw bytes."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body

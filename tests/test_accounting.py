@@ -40,6 +40,7 @@ def test_reference_values_rdp(params, expected):
     assert epsilon([DPEvent(sigma, q, steps)], DELTA, "rdp") == pytest.approx(expected[0], abs=5e-4)
 
 
+@pytest.mark.heavy  # the PRV accountant, 3.5 s per case
 @pytest.mark.parametrize(("params", "expected"), REFERENCE)
 def test_reference_values_prv(params, expected):
     q, sigma, steps = params

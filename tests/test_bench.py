@@ -51,12 +51,14 @@ def test_every_bench_script_has_a_test():
     assert all(f"bench/{name}" in readme for name in SCRIPTS)
 
 
+@pytest.mark.heavy  # a bench script in a subprocess
 def test_bench_records_smallest():
     out = _run("bench_records.py", "--records", "20")
     assert {"jsonl", "parquet"} <= {line.split()[0] for line in out.splitlines() if line.strip()}
     _line(out, rf"parquet/jsonl: write x{NUMBER}, read x{NUMBER}, size x{NUMBER}$")
 
 
+@pytest.mark.heavy  # a bench script in a subprocess (7 s)
 def test_bench_sampling_smallest():
     out = _run("bench_sampling.py", "--batch", "2", "--vocab", "64", "--calls", "2")
     assert _line(out, r"rows that differ: (0\.000)$")

@@ -35,6 +35,7 @@ from privcode.train.methods import get_method
 # --------------------------------------------------------------------------- 1. history
 
 
+@pytest.mark.heavy  # the RDP accountant over 31 grants: 4 s
 def test_released_history_holds_exactly_the_dp_events():
     """Grants carry times, sequence numbers and request ids; the release carries none."""
     grants = [{"type": "event", "seq": i + 1, "noise_multiplier": 1.1, "sample_rate": 0.02,

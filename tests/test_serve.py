@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from serve_support import http_json
+from serve_support import http_json, http_status_of_refused_body
 
 from privcode.config import BaseConfig
 from privcode.serve.http import (
@@ -400,7 +400,8 @@ def test_serve_app_overhttp_json(serve_http, release, premium):
         assert status == 200 and body["data"][0]["id"] == "privcode-premium"
         assert http_json(f"{url}/v1/nope", key=key)[0] == 404
         assert http_json(f"{url}/v1/completions", key=key)[0] == 405
-        assert http_json(f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10), key=key)[0] == 400
+        assert http_status_of_refused_body(f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10),
+                                           key=key) == 400
     finally:
         serve.delete("premium-test")
     assert os.environ.get("PRIVCODE_TEST_SERVE_KEY") is None  # the key stayed on the replica

@@ -15,8 +15,10 @@ Training: instruction tuning on ``prompt + "\\n" + code + EOS`` with the
 loss on the code tokens (mean token cross-entropy), LoRA on every linear
 layer of the premium base, AdamW, data parallel over Ray Train workers:
 plain DDP (gloo on CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2/3
-(``jobs/configs/deepspeed/zero{1,2,3}.json``) for large models on GPUs. A
-held-out fraction of the synthetic data gives an eval loss per epoch.
+(``jobs/configs/deepspeed/zero{1,2,3}.json``) for large models on GPUs; with
+``num_workers`` 0, Ray Train's local mode (one rank in the calling process,
+:mod:`privcode.train.checkpoints`). A held-out fraction of the synthetic data
+gives an eval loss per epoch.
 
 Release (``out_dir``): ``adapter/`` (peft) and ``premium.json`` (base model,
 data hash, settings, loss curves, and the privacy block: ``dp``, the
