@@ -43,7 +43,7 @@ from typing import Any
 
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError
-from privcode.utils import atomic_write_json, sha256_file, torch_threads
+from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.premium")
 
@@ -244,6 +244,7 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from privcode.cluster.local import connect
+    from privcode.train.checkpoints import fit
 
     cfg = job.cfg
     if not ray.is_initialized():
@@ -262,10 +263,7 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
                              failure_config=FailureConfig(max_failures=1)))
     started = time.time()
     try:
-        # Local mode trains in this process: its torch threads are restored after.
-        with torch_threads(cfg.cpus_per_worker) if cfg.num_workers == 0 \
-                else contextlib.nullcontext():
-            result = trainer.fit()
+        result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)
     except Exception as exc:
         raise PremiumError(f"premium fine-tune failed: {type(exc).__name__}: {exc}") from exc
     if result.checkpoint is None:

@@ -14,13 +14,14 @@ apply).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["report_checkpoint"]
+__all__ = ["fit", "report_checkpoint"]
 
 
 def report_checkpoint(metrics: dict[str, Any], write: Callable[[Path], None] | None,
@@ -55,3 +56,12 @@ def report_checkpoint(metrics: dict[str, Any], write: Callable[[Path], None] | N
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(final)))
     for old in sorted(root.glob("checkpoint_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def fit(trainer: Any, num_workers: int, cpus_per_worker: int) -> Any:
+    """``trainer.fit()``; in local mode (``num_workers`` 0) it trains in this process, so
+    under ``cpus_per_worker`` torch threads, the caller's count restored after."""
+    from privcode.utils import torch_threads
+
+    with torch_threads(cpus_per_worker) if num_workers == 0 else contextlib.nullcontext():
+        return trainer.fit()

@@ -76,7 +76,7 @@ from typing import Any
 
 from privcode.config import TrainConfig
 from privcode.errors import PrivcodeError
-from privcode.utils import atomic_write_json, sha256_file, torch_threads
+from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.train")
 
@@ -512,6 +512,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     from privcode.cluster.local import connect
     from privcode.data.records import read_records
     from privcode.train.artifact import privacy_record, write_junior_release
+    from privcode.train.checkpoints import fit
     from privcode.train.methods import get_method
 
     unsafe = unsafe or UnsafeTestOptions()
@@ -593,9 +594,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     history: list[dict] = []
     try:
         try:
-            # Local mode trains in this process: its torch threads are restored after.
-            with torch_threads(cfg.cpus_per_worker) if local else contextlib.nullcontext():
-                result = trainer.fit()
+            result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)
         except Exception as exc:
             restarts = ("Ray Train local mode: no restarts" if local
                         else f"after up to {cfg.max_failures} restarts")
