@@ -436,7 +436,8 @@ class PacStage(Stage):
         result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"),
                               canaries=str(canaries) if canaries.is_file() else None)
         atomic_write_json(Path(out_dir) / "pac_eval.json", result)
-        return {**result, "worlds": trained, "worlds_dir": str(worlds)}
+        # The runner renames this stage's temporary directory to its own: name the final one.
+        return {**result, "worlds": trained, "worlds_dir": str(stage_dir(cfg, "pac") / "worlds")}
 
 
 class NondpStage(Stage):
