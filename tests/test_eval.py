@@ -167,6 +167,7 @@ def test_local_humaneval_format_gz_and_script_tests(tmp_path, sandbox_ok):
 # --------------------------------------------------------------------------- sandboxed scoring
 
 
+@pytest.mark.heavy
 def test_all_canonical_humaneval_solutions_pass_in_the_sandbox(humaneval, sandbox_ok):
     result = score_samples(canonical_samples(humaneval), humaneval, workers=WORKERS)
     failed = [t for t in result["per_task"] if t["passed"] != 1]

@@ -250,3 +250,18 @@ def test_report_with_minilm_embedder(tmp_path, minilm):
     assert ident["frechet"] < half["frechet"] < far["frechet"]
     assert ident["centroid_cosine"] > half["centroid_cosine"] > far["centroid_cosine"]
     assert far["bleu4"] < 0.1 and (tmp_path / "far" / PLOT_NAME).exists()
+
+
+def test_minilm_embedder_reads_its_training_window_of_128_word_pieces(minilm):
+    from privcode.audit.fidelity import FIDELITY_WINDOW
+
+    head = "def f(x):\n" + "".join(f"    x = x + {i}\n" for i in range(60))  # > 128 pieces
+    a, b, short = minilm([head + "    return x\n", head + "    raise ValueError(x)\n",
+                          "def f(x):\n    return x\n"])
+    assert FIDELITY_WINDOW == 128
+    assert np.allclose(a, b, atol=1e-6)  # they differ only after the window
+    assert float(a @ short) < 0.99
+    with pytest.raises(ValueError, match="max_seq_length"):
+        from privcode.synth.roundtrip import EmbeddingScorer
+
+        EmbeddingScorer(max_seq_length=0)

@@ -218,6 +218,7 @@ def test_invalid_settings():
     assert ledger_name("demo") == "privcode-ledger:demo"
 
 
+@pytest.mark.heavy
 def test_open_ledger_without_ray_is_refused(tmp_path):
     # In a fresh interpreter: this test session has Ray initialised already.
     code = (

@@ -121,6 +121,7 @@ def test_no_network(hostile):
     assert "CONNECTED" not in v.stdout and "Network is unreachable" in v.stderr
 
 
+@pytest.mark.heavy
 def test_no_writes_outside_the_work_dir(hostile):
     out = hostile.v["write_outside"].stdout
     wrote = {line.split()[1] for line in out.splitlines() if line.startswith("WROTE")}
@@ -131,6 +132,7 @@ def test_no_writes_outside_the_work_dir(hostile):
         assert not os.path.exists(path), f"{path} was written from the sandbox"
 
 
+@pytest.mark.heavy
 def test_secrets_and_private_files_do_not_leak(hostile):
     for name in ("env_secrets", "proc_environ_scan", "read_private", "write_outside"):
         v = hostile.v[name]
@@ -143,6 +145,7 @@ def test_secrets_and_private_files_do_not_leak(hostile):
     assert "READ []" in private and private.count("DENIED FileNotFoundError") == 4
 
 
+@pytest.mark.heavy
 def test_host_survives_kill_attempts(hostile):
     out = hostile.v["kill_host"].stdout
     assert "snippet still alive" in out
@@ -151,11 +154,13 @@ def test_host_survives_kill_attempts(hostile):
     os.kill(os.getpid(), 0)  # and we are obviously alive
 
 
+@pytest.mark.heavy
 def test_no_user_namespace_mount_or_chroot(hostile):
     out = hostile.v["namespace_escape"].stdout
     assert "WORKED" not in out and out.count("Operation not permitted") == 6, out
 
 
+@pytest.mark.heavy
 def test_setuid_and_shadow_fail(hostile):
     v = hostile.v["setuid_root"]
     assert "setuid(0) -> -1" in v.stdout and "euid 0" not in v.stdout
@@ -163,6 +168,7 @@ def test_setuid_and_shadow_fail(hostile):
     assert "Permission denied: '/etc/shadow'" in hostile.v["read_shadow"].stderr
 
 
+@pytest.mark.heavy
 def test_resource_limits(hostile):
     v = hostile.v
     assert len(v["huge_output"].stdout) == LIMITS.output_bytes

@@ -307,6 +307,7 @@ def test_dedup_order_within_batch_and_state_round_trip():
         d.add(["a"], [])
 
 
+@pytest.mark.heavy
 def test_dedup_scales_linearly():
     rng = random.Random(0)
     ops = ["+", "-", "*", "//", "%"]

@@ -238,13 +238,21 @@ def _check_pairs(a: Sequence[str], b: Sequence[str]) -> None:
 
 
 class EmbeddingScorer:
-    """Cosine similarity of normalised sentence-transformers embeddings (default: MiniLM)."""
+    """Cosine similarity of normalised sentence-transformers embeddings (default: MiniLM).
+
+    ``max_seq_length`` truncates every text to that many word pieces (None: the
+    model's own setting, 256 for MiniLM, which was trained on 128).
+    """
 
     name = "embedding"
 
-    def __init__(self, model: str | None = None, batch_size: int = 64, device: str | None = None) -> None:
+    def __init__(self, model: str | None = None, batch_size: int = 64, device: str | None = None,
+                 max_seq_length: int | None = None) -> None:
+        if max_seq_length is not None and int(max_seq_length) < 1:
+            raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length!r}")
         self.model_path = model or default_embedding_model()
         self.batch_size, self.device = int(batch_size), device
+        self.max_seq_length = None if max_seq_length is None else int(max_seq_length)
         self._model: Any = None
 
     def _load(self) -> Any:
@@ -253,6 +261,8 @@ class EmbeddingScorer:
             from sentence_transformers import SentenceTransformer
 
             self._model = SentenceTransformer(self.model_path, device=self.device)
+            if self.max_seq_length is not None:
+                self._model.max_seq_length = self.max_seq_length
         return self._model
 
     def embed(self, texts: Sequence[str]) -> Any:
