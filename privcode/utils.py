@@ -141,10 +141,9 @@ class ThreadTuner:
 
     #: A probe step this much slower than the current median ends the probe.
     ABORT_RATIO = 1.5
-    #: More threads are kept only at this fraction of fewer threads' median step time or less.
+    #: More threads are kept only at this fraction of fewer threads' median step time or less
+    #: (fewer threads, then, at its inverse of more threads' median or less: one boundary).
     MORE_THREADS_RATIO = 0.90
-    #: Fewer threads are kept at this fraction of more threads' median or less.
-    FEWER_THREADS_RATIO = 1 / MORE_THREADS_RATIO
     #: Longest wait between probes, in multiples of ``probe_every``.
     MAX_BACKOFF = 8
 
@@ -196,7 +195,7 @@ class ThreadTuner:
             return
         self._probe_left = 0
         ratio = self.MORE_THREADS_RATIO if self._active > self.current else \
-            self.FEWER_THREADS_RATIO
+            1 / self.MORE_THREADS_RATIO
         if len(times) >= 2 and len(mine) >= 2 and \
                 statistics.median(times) < ratio * statistics.median(mine):
             self.current, self._wait = self._active, self.probe_every
