@@ -52,6 +52,16 @@ def test_summary_lines_hold_the_numbers_of_every_stage():
     assert all(len(line) <= 90 for line in lines), max(lines, key=len)
 
 
+def test_summary_lists_private_models_first_whatever_the_manifest_order():
+    audit = MANIFESTS["audit"]["summary"]["models"]
+    premium = {"non_private": False, "canaries": {"leaked": 0, "total": 45}}
+    both = {**audit, "premium": premium}
+    for models in (both, dict(sorted(both.items()))):
+        manifests = {**MANIFESTS, "audit": {"summary": {"models": models}}}
+        text = run_summary("demo", {}, manifests).format()
+        assert "canaries leaked: junior 0/45, premium 0/45, non-DP 8/45" in text
+
+
 def test_summary_leaves_out_stages_that_are_absent_and_flags_no_dp():
     manifests = {"train": {"summary": {"dp": False, "method": "nondpft"}}}
     s = run_summary("x", {"train": {"status": "ran", "seconds": 3}}, manifests, 3)

@@ -112,9 +112,12 @@ def _pass_at_1(s: dict[str, dict[str, Any]]) -> str | None:
 
 
 def _models(s: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The audited models, private ones first, in one order whether the run audited them
+    now or read a manifest back (whose keys are sorted)."""
     a = s.get("audit") or {}
-    return [("non-DP" if r.get("non_private") else name, r)
-            for name, r in (a.get("models") or {}).items()]
+    models = sorted((a.get("models") or {}).items(),
+                    key=lambda kv: (bool(kv[1].get("non_private")), kv[0]))
+    return [("non-DP" if r.get("non_private") else name, r) for name, r in models]
 
 
 def _leakage(s: dict[str, dict[str, Any]]) -> str | None:
