@@ -187,3 +187,66 @@ def test_lora_adapter_save_load_round_trip(ci_path, batch, tmp_path):
         assert torch.allclose(reloaded(**batch).logits, expected, atol=1e-6)
         base_logits = load_causal_lm(ci_path)(**{k: v for k, v in batch.items() if k != "labels"}).logits
     assert not torch.allclose(base_logits, expected, atol=1e-4)
+
+
+def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch, tmp_path,
+                                                                  caplog):
+    """One loader: a plain model, a base stage dir, a peft adapter, a premium release and
+    the non-DP comparison, each by its marker file; merged logits equal the PeftModel's."""
+    import json
+    import shutil
+
+    from privcode.models import load_model, model_kind
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    model = attach_lora(load_causal_lm(ci_path), r=4, alpha=8)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        expected = model.eval()(**inputs).logits  # the unmerged adapter: the reference
+    model.save_pretrained(tmp_path / "adapter")
+    shutil.copytree(tmp_path / "adapter", tmp_path / "premium" / "adapter")
+    (tmp_path / "premium" / "premium.json").write_text(json.dumps(
+        {"model": ci_path, "privacy": {"dp": True, "post_processing_of": "x"}}))
+    (tmp_path / "stage").mkdir()
+    (tmp_path / "stage" / "base.json").write_text(json.dumps({"path": ci_path}))
+    shutil.copytree(ci_path, tmp_path / "nondp")
+    (tmp_path / "nondp" / "nondp.json").write_text(json.dumps({"dp": False,
+                                                               "base_model": ci_path}))
+    kinds = {d: model_kind(tmp_path / d) for d in ("adapter", "premium", "stage", "nondp")}
+    assert kinds == {"adapter": "adapter", "premium": "premium", "stage": "base-stage",
+                     "nondp": "nondpft"} and model_kind(ci_path) == "model"
+
+    for path, kind, base, dp in ((tmp_path / "adapter", "adapter", ci_path, False),
+                                 (tmp_path / "premium", "premium", ci_path, True)):
+        loaded = load_model(path)
+        assert (loaded.kind, loaded.base_model, loaded.dp) == (kind, base, dp)
+        assert not any(p.requires_grad for p in loaded.model.parameters())
+        assert not hasattr(loaded.model, "peft_config")  # merged into the base weights
+        with torch.no_grad():
+            assert torch.allclose(loaded.model(**inputs).logits, expected, atol=1e-5)
+    plain = load_causal_lm(ci_path)
+    with torch.no_grad():
+        reference = plain(**inputs).logits
+    for path, kind in ((ci_path, "model"), (tmp_path / "stage", "model"),
+                       (tmp_path / "nondp", "nondpft")):
+        with caplog.at_level("WARNING", logger="privcode.models.artifacts"):
+            loaded = load_model(path)
+        assert loaded.kind == kind and loaded.dp is False
+        with torch.no_grad():
+            assert torch.allclose(loaded.model(**inputs).logits, reference, atol=1e-6)
+    assert "NOT PRIVATE" in caplog.text
+    assert load_model(tmp_path / "adapter").eos_ids == (load_tokenizer(ci_path).eos_token_id,)
+
+    (tmp_path / "premium" / "premium.json").write_text(json.dumps({"model": "/nowhere"}))
+    with pytest.raises(ModelLoadError, match="nowhere.*does not exist"):
+        load_model(tmp_path / "premium")
+    assert load_model(tmp_path / "premium", base_model=ci_path).base_model == ci_path
+    (tmp_path / "premium" / "premium.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="premium.json: no base model path"):
+        load_model(tmp_path / "premium")
+    (tmp_path / "premium" / "premium.json").write_text("[1]")
+    with pytest.raises(ModelLoadError, match="premium.json: expected a JSON object"):
+        load_model(tmp_path / "premium")

@@ -51,7 +51,6 @@ import torch
 
 from privcode.errors import PrivcodeError
 from privcode.train.data import _ids_offsets
-from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.audit")
 
@@ -135,94 +134,51 @@ def as_scored(model: Any, tokenizer: Any = None) -> ScoredModel:
     return ScoredModel(model=model, tokenizer=tokenizer, info={"kind": "model"})
 
 
-def _with_adapter(base_path: str, adapter_dir: Path, device: str) -> tuple[Any, Any]:
-    from peft import PeftModel
-
-    from privcode.models.loading import load_causal_lm, load_tokenizer
-
-    tokenizer = load_tokenizer(base_path)
-    base = load_causal_lm(base_path, device=device)
-    try:
-        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise AuditError(f"{adapter_dir}: cannot apply the adapter to base model {base_path}: "
-                         f"{exc}") from exc
-    model = model.merge_and_unload().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, tokenizer
-
-
 def load_scored_model(path: str | Path, *, base_model: str | None = None, device: str = "cpu",
                       latent_samples: int = 0, latent_seed: int = 0) -> ScoredModel:
-    """Load what ``path`` holds, detected by its files, in this order:
-
-    ``release.json`` -> a Stage I junior release (:func:`privcode.release.load_release`;
-    its privacy record goes into ``info``); ``premium.json`` -> a premium release
-    (``adapter/`` on the base named in it); ``adapter_config.json`` -> a peft
-    adapter on ``base_model`` (default: the adapter's recorded base);
-    ``config.json`` or a preset name -> a plain HF model; ``base.json`` (the
-    base stage's directory) -> the base model it names. ``base_model``
-    overrides the recorded base path of a release.
+    """Load what ``path`` holds through :func:`privcode.models.artifacts.load_model` (a junior
+    or premium release, a peft adapter, the non-DP comparison, a base stage directory, a HF
+    model or a preset name) and wrap it for scoring. A junior's privacy record goes into
+    ``info``; ``base_model`` overrides the recorded base path of a release or adapter.
     """
-    from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+    from privcode.models.artifacts import load_model
+    from privcode.models.loading import ModelLoadError
+    from privcode.train.methods import METHODS
 
     root = Path(path).expanduser()
     info: dict[str, Any] = {"path": str(root)}
     try:
-        if (root / "release.json").is_file():
-            from privcode.release import load_release
-            from privcode.train.methods import METHODS
-
-            rel = load_release(root, device=device, base_model=base_model)
-            method = rel.meta["method"]
-            privacy = rel.privacy
-            info.update(kind="junior", method=method, dp=rel.dp,
-                        epsilon=privacy.get("epsilon"), delta=privacy.get("delta"),
-                        history=[{k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
-                                 for h in privacy.get("history") or []
-                                 if isinstance(h, dict) and "noise_multiplier" in h])
-            m = METHODS.get(method)
-            return ScoredModel(model=rel.model, tokenizer=rel.tokenizer,
-                               conditioning=rel.conditioning,
-                               loss_on_prompt=bool(m and m.loss_on_prompt),
-                               prefix_decoder=rel.prefix_decoder,
-                               num_virtual_tokens=rel.num_virtual_tokens,
-                               latent_samples=latent_samples, latent_seed=latent_seed, info=info)
-        if (root / "premium.json").is_file():
-            meta = read_json_object(root / "premium.json", AuditError)
-            base = base_model or meta.get("model")
-            if not isinstance(base, str) or not base:
-                raise AuditError(f"{root / 'premium.json'}: no 'model'; pass base_model")
-            model, tokenizer = _with_adapter(base, root / "adapter", device)
-            info.update(kind="premium", dp=False, base_model=base,
-                        post_processing_of=(meta.get("privacy") or {}).get("post_processing_of"))
-            return ScoredModel(model=model, tokenizer=tokenizer, info=info)
-        if (root / "adapter_config.json").is_file():
-            base = base_model or read_json_object(root / "adapter_config.json", AuditError).get(
-                "base_model_name_or_path")
-            if not isinstance(base, str) or not base:
-                raise AuditError(f"{root}: an adapter needs base_model (none recorded)")
-            model, tokenizer = _with_adapter(base, root, device)
-            info.update(kind="adapter", base_model=base)
-            return ScoredModel(model=model, tokenizer=tokenizer, info=info)
-        if (root / "nondp.json").is_file():  # privcode.audit.nondp.MARKER: NOT PRIVATE
-            meta = read_json_object(root / "nondp.json", AuditError)
-            log.warning("auditing %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
-            info.update(kind="nondpft", method="nondpft", dp=False,
-                        finetune=meta.get("finetune"), base_model=meta.get("base_model"))
-            return ScoredModel(model=load_causal_lm(root, device=device),
-                               tokenizer=load_tokenizer(root), loss_on_prompt=True, info=info)
-        if (root / "base.json").is_file() and not (root / "config.json").is_file():
-            # a base stage directory
-            path = read_json_object(root / "base.json", AuditError).get("path") or ""
-            if not isinstance(path, str) or not path:
-                raise AuditError(f"{root / 'base.json'}: no 'path' to the base model")
-        model = load_causal_lm(path, device=device)
-        info.update(kind="model", model_path=str(path))
-        return ScoredModel(model=model, tokenizer=load_tokenizer(path), info=info)
+        loaded = load_model(path, base_model=base_model, device=device)
     except ModelLoadError as exc:
         raise AuditError(f"cannot load a model to audit from {root}: {exc}") from exc
+    if loaded.kind == "junior":
+        rel, privacy = loaded.release, loaded.release.privacy
+        method = rel.meta["method"]
+        info.update(kind="junior", method=method, dp=rel.dp,
+                    epsilon=privacy.get("epsilon"), delta=privacy.get("delta"),
+                    history=[{k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
+                             for h in privacy.get("history") or []
+                             if isinstance(h, dict) and "noise_multiplier" in h])
+        m = METHODS.get(method)
+        return ScoredModel(model=rel.model, tokenizer=rel.tokenizer,
+                           conditioning=rel.conditioning,
+                           loss_on_prompt=bool(m and m.loss_on_prompt),
+                           prefix_decoder=rel.prefix_decoder,
+                           num_virtual_tokens=rel.num_virtual_tokens,
+                           latent_samples=latent_samples, latent_seed=latent_seed, info=info)
+    if loaded.kind == "premium":
+        info.update(kind="premium", dp=False, base_model=loaded.base_model,
+                    post_processing_of=(loaded.meta.get("privacy") or {}).get(
+                        "post_processing_of"))
+    elif loaded.kind == "adapter":
+        info.update(kind="adapter", base_model=loaded.base_model)
+    elif loaded.kind == "nondpft":
+        info.update(kind="nondpft", method="nondpft", dp=False,
+                    finetune=loaded.meta.get("finetune"), base_model=loaded.base_model)
+    else:
+        info.update(kind="model", model_path=str(loaded.meta.get("path") or path))
+    return ScoredModel(model=loaded.model, tokenizer=loaded.tokenizer,
+                       loss_on_prompt=loaded.kind == "nondpft", info=info)
 
 
 # --------------------------------------------------------------------------- core forward

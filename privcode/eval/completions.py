@@ -114,26 +114,11 @@ class Generator:
 
 
 def _kind(path: str | Path) -> str:
-    p = Path(path)
-    if (p / "release.json").is_file():
-        return "junior"
-    if (p / "premium.json").is_file():
-        return "premium"
-    if (p / "adapter_config.json").is_file():
-        return "adapter"
-    return "model"
+    """``junior``, ``premium``, ``adapter`` or ``model`` (any other artifact loads as one)."""
+    from privcode.models.artifacts import model_kind
 
-
-def _premium_base(release: Path) -> str:
-    try:
-        info = json.loads((release / "premium.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EvalError(f"{release / 'premium.json'}: unreadable: {exc}") from None
-    base = info.get("model") if isinstance(info, dict) else None
-    if not isinstance(base, str) or not base:
-        raise EvalError(f"{release / 'premium.json'}: field 'model' (the base model path) is "
-                        "missing; pass --model BASE --adapter RELEASE")
-    return base
+    kind = model_kind(path)
+    return kind if kind in ("junior", "premium", "adapter") else "model"
 
 
 def _resolve_device(device: str) -> str:
@@ -149,9 +134,8 @@ def _resolve_device(device: str) -> str:
 def load_generator(model: str | Path | None, adapter: str | Path | None = None, *,
                    device: str = "cpu", dtype: Any = None) -> Generator:
     """Load a model (and adapter) for completion; see the module doc for what is accepted."""
-    from transformers import GenerationConfig
-
-    from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+    from privcode.models.artifacts import load_model
+    from privcode.models.loading import ModelLoadError
 
     if model is None and adapter is None:
         raise EvalError("no model: pass --model PATH (and optionally --adapter PATH)")
@@ -172,43 +156,23 @@ def load_generator(model: str | Path | None, adapter: str | Path | None = None, 
     info = {"model": None if model is None else str(model),
             "adapter": None if adapter is None else str(adapter),
             "adapter_kind": adapter_kind, "device": device}
-    notes: list[str] = []
     try:
-        if adapter_kind == "junior":
-            from privcode.release import load_release
-
-            rel = load_release(adapter, device=device,
-                               base_model=None if model is None else str(model))
-            info.update(base=str(model or rel.meta["base_model"]), dp=rel.dp,
-                        method=rel.meta["method"], conditioning=rel.conditioning)
-            if rel.conditioning == "latent":
-                notes.append("a latent junior release is evaluated as a plain LM on the prompt "
-                             "(no prefix D(z))")
-            return Generator(rel.model, rel.tokenizer, device, info, notes)
-        if model is None:
-            if adapter_kind != "premium":
-                raise EvalError(f"--adapter {adapter} is a peft adapter: pass its base model "
-                                "with --model")
-            model = _premium_base(Path(adapter))
-        info["base"] = str(model)
-        tokenizer = load_tokenizer(model)
-        lm = load_causal_lm(model, dtype=dtype)
+        if adapter is None:
+            loaded = load_model(str(model), device=device, dtype=dtype)
+        else:
+            loaded = load_model(adapter, base_model=None if model is None else str(model),
+                                device=device, dtype=dtype)
     except ModelLoadError as exc:
         raise EvalError(str(exc)) from None
-    lm.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
-                                            eos_token_id=tokenizer.eos_token_id,
-                                            pad_token_id=tokenizer.pad_token_id)
-    if adapter_kind is not None:
-        from peft import PeftModel
-
-        adapter_dir = Path(adapter) / "adapter" if adapter_kind == "premium" else Path(adapter)
-        try:
-            lm = PeftModel.from_pretrained(lm, str(adapter_dir), is_trainable=False)
-        except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            raise EvalError(f"{adapter_dir}: cannot apply the adapter to {model}: {exc}") from None
-        lm = lm.merge_and_unload()
-    lm.to(device).eval()
-    return Generator(lm, tokenizer, device, info, notes)
+    info["base"] = str(model if adapter is None else loaded.base_model)
+    notes: list[str] = []
+    if loaded.kind == "junior":
+        rel = loaded.release
+        info.update(dp=rel.dp, method=rel.meta["method"], conditioning=rel.conditioning)
+        if rel.conditioning == "latent":
+            notes.append("a latent junior release is evaluated as a plain LM on the prompt "
+                         "(no prefix D(z))")
+    return Generator(loaded.model, loaded.tokenizer, device, info, notes)
 
 
 # --------------------------------------------------------------------------- decoding

@@ -1,4 +1,5 @@
-"""Models: the offline public base model, loading of any local HF causal LM, LoRA.
+"""Models: the offline public base model, loading of any local HF causal LM, LoRA, and
+:func:`load_model`, the one loader of every model artifact (releases, adapters, models).
 
 ``build_base`` (in :mod:`privcode.models.base`) imports torch and transformers;
 this package's attributes are loaded lazily so that importing
@@ -12,19 +13,25 @@ from typing import Any
 
 __all__ = [
     "PRESETS",
+    "LoadedModel",
     "ModelLoadError",
     "attach_lora",
     "build_base",
     "count_parameters",
     "load_causal_lm",
+    "load_model",
     "load_tokenizer",
     "lora_target_modules",
+    "model_kind",
     "resolve_model_path",
 ]
 
 _WHERE = {
     "PRESETS": "privcode.models.base",
     "build_base": "privcode.models.base",
+    "LoadedModel": "privcode.models.artifacts",
+    "load_model": "privcode.models.artifacts",
+    "model_kind": "privcode.models.artifacts",
     "ModelLoadError": "privcode.models.loading",
     "attach_lora": "privcode.models.loading",
     "count_parameters": "privcode.models.loading",

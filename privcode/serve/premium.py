@@ -153,43 +153,27 @@ class PremiumModel:
     def __init__(self, premium: str | Path, *, model: str | None = None, device: str = "auto",
                  max_tokens_limit: int = 512, name: str = DEFAULT_MODEL_NAME):
         import torch
-        from peft import PeftModel
         from transformers import GenerationConfig
 
-        from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+        from privcode.models.artifacts import load_model
+        from privcode.models.loading import ModelLoadError
 
         release = Path(premium).expanduser()
         info = _read_release(release)
-        base = model or info.get("model")
-        if not isinstance(base, str) or not base:
-            raise ServeError(f"{release / 'premium.json'}: no 'model' (base model path); pass "
-                             "the 'model' arg")
         self.device = _resolve_device(device)
         dtype = torch.float32
         if self.device.type == "cuda":
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         start = time.perf_counter()
         try:
-            self.tokenizer = load_tokenizer(base)
-            lm = load_causal_lm(base, dtype=dtype, device=self.device)
+            loaded = load_model(release, base_model=model, device=self.device, dtype=dtype)
         except ModelLoadError as exc:
             how = ("" if model else "; if the base model lives elsewhere on this machine, "
                    "pass its path as the 'model' arg")
-            raise ServeError(f"premium release {release}: cannot load the base model: "
-                             f"{exc}{how}") from exc
-        try:
-            lm = PeftModel.from_pretrained(lm, str(release / "adapter"), is_trainable=False)
-        except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            raise ServeError(f"{release / 'adapter'}: cannot apply the adapter to base model "
-                             f"{base}: {exc}") from exc
-        self.model = lm.merge_and_unload().eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+            raise ServeError(f"premium release {release}: cannot load it: {exc}{how}") from exc
+        self.model, self.tokenizer, base = loaded.model, loaded.tokenizer, loaded.base_model
         tok = self.tokenizer
-        eos = self.model.generation_config.eos_token_id
-        eos = eos if eos is not None else tok.eos_token_id
-        self.eos_ids = tuple(eos if isinstance(eos, list | tuple) else
-                             ([] if eos is None else [eos]))
+        self.eos_ids = loaded.eos_ids  # the checkpoint's end-of-sequence ids
         self.pad_id = next(i for i in (tok.pad_token_id, *self.eos_ids, 0) if i is not None)
         self.start_id = next(i for i in (tok.bos_token_id, *self.eos_ids, self.pad_id)
                              if i is not None)

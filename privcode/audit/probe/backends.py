@@ -4,9 +4,9 @@
 for each prompt, ``n`` completions (the generated text only, not the
 prompt). Implementations:
 
-* :class:`HFBackend`: any local Hugging Face causal LM directory or preset
-  name, a premium release (``adapter/`` + ``premium.json``: the adapter is
-  merged into its base) or a junior release (``release.json``: the LoRA
+* :class:`HFBackend`: any artifact :func:`privcode.models.artifacts.load_model`
+  reads: a Hugging Face causal LM directory or preset name, a premium
+  release (its adapter merged into its base) or a junior release (the LoRA
   junior, prompted with plain text; a latent release's prefix decoder is
   not used). Sampling is reproducible for a given ``seed``; ``temperature``
   0 is greedy. A prompt longer than the context keeps its *last* tokens.
@@ -129,47 +129,28 @@ class HFBackend(Backend):
                  base_model: str | None = None, batch_size: int = 4,
                  chat_template: str = "auto", cache_dir: str | None = None):
         import torch
-        from transformers import GenerationConfig
 
-        from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+        from privcode.models.artifacts import load_model
+        from privcode.models.loading import ModelLoadError
 
         if chat_template not in ("auto", "never"):
             raise BackendError(f"chat_template must be 'auto' or 'never', got {chat_template!r}")
         if device == "cuda" and not torch.cuda.is_available():
             raise BackendError("HFBackend: device 'cuda' requested but no CUDA device is visible")
-        root = Path(str(path)).expanduser()
-        self.path, self.kind, self.device = str(path), "model", torch.device(device)
+        self.path, self.device = str(path), torch.device(device)
         self.batch_size, self.chat_template = max(1, int(batch_size)), chat_template
         try:
-            if (root / "release.json").is_file():
-                from privcode.release.junior import load_release
-
-                release = load_release(root, device=device, base_model=base_model)
-                self.tokenizer, self.model, self.kind = release.tokenizer, release.model, "junior"
-            elif (root / "premium.json").is_file():
-                from peft import PeftModel
-
-                info = json.loads((root / "premium.json").read_text(encoding="utf-8"))
-                base = base_model or (info.get("model") if isinstance(info, dict) else None)
-                if not isinstance(base, str) or not base:
-                    raise BackendError(f"{root / 'premium.json'}: no base model path ('model'); "
-                                       "pass base_model")
-                self.tokenizer = load_tokenizer(base, cache_dir=cache_dir)
-                lm = load_causal_lm(base, dtype=dtype, device=device, cache_dir=cache_dir)
-                lm = PeftModel.from_pretrained(lm, str(root / "adapter"), is_trainable=False)
-                self.model, self.kind = lm.merge_and_unload().eval(), "premium"
-            else:
-                self.tokenizer = load_tokenizer(path, cache_dir=cache_dir)
-                self.model = load_causal_lm(path, dtype=dtype, device=device, cache_dir=cache_dir)
+            loaded = load_model(path, base_model=base_model, device=device, dtype=dtype,
+                                cache_dir=cache_dir)
         except (ModelLoadError, OSError, ValueError, KeyError, RuntimeError) as exc:
             if isinstance(exc, PrivcodeError) and not isinstance(exc, ModelLoadError):
                 raise
             raise BackendError(f"cannot load the audited model {path}: {exc}") from exc
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.kind = loaded.kind if loaded.kind in ("junior", "premium") else "model"
         tok = self.tokenizer
         self.eos_id = tok.eos_token_id
         self.pad_id = next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
-        self.model.generation_config = GenerationConfig(
-            bos_token_id=tok.bos_token_id, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
         config = getattr(self.model, "config", None)
         self.context = getattr(config, "max_position_embeddings", None) or 2048
 

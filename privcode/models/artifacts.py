@@ -1,0 +1,182 @@
+"""One loader for every model artifact privcode writes or reads: :func:`load_model`.
+
+Every consumer that runs a model forward (pass@k eval, the audits' scorer,
+leak probing, premium serving) loads it here, so a release is verified, its
+adapter merged and its privacy status recorded in one way. What a directory
+holds is told by its marker file, checked in this order:
+
+=================  ===============================================================
+``release.json``   a Stage I junior release (:func:`privcode.release.load_release`:
+                   checksums verified, prefix decoder D loaded)
+``premium.json``   a premium release: ``adapter/`` on the base model it names
+``adapter_config`` a peft adapter on ``base_model`` (default: its recorded base)
+``nondp.json``     the audits' non-DP comparison: a full model, NOT PRIVATE
+``base.json``      a base stage directory: the base model it names
+otherwise          a Hugging Face model directory or a preset name (``demo``)
+=================  ===============================================================
+
+LoRA adapters are merged (``W + (alpha/r) B A``, peft's ``merge_and_unload``):
+every consumer here only runs the model forward. The returned model is in
+eval mode with ``requires_grad`` off, and its generation defaults are the
+tokenizer's special tokens only: sampling follows the caller's arguments,
+never a checkpoint's ``generation_config`` (the checkpoint's end-of-sequence
+ids are kept in :attr:`LoadedModel.eos_ids`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+
+__all__ = ["MODEL_KINDS", "LoadedModel", "load_model", "model_kind"]
+
+log = logging.getLogger(__name__)
+
+#: What :func:`model_kind` can return, in the order the markers are checked.
+MODEL_KINDS = ("junior", "premium", "adapter", "nondpft", "base-stage", "model")
+_MARKERS = (("junior", "release.json"), ("premium", "premium.json"),
+            ("adapter", "adapter_config.json"), ("nondpft", "nondp.json"))
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for forward passes, with what its directory says about it.
+
+    ``kind`` is one of :data:`MODEL_KINDS` (``base-stage`` loads as ``model``);
+    ``base_model`` the base it was built on (None for a plain model); ``meta``
+    the marker file's JSON; ``release`` the :class:`~privcode.release.JuniorRelease`
+    of a junior (its privacy record, prefix decoder and conditioning).
+    """
+
+    kind: str
+    path: Path
+    model: Any
+    tokenizer: Any
+    base_model: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    release: Any = None
+    eos_ids: tuple[int, ...] = ()
+
+    @property
+    def dp(self) -> bool:
+        """True only for a DP junior release and a premium model trained from one."""
+        if self.kind == "junior":
+            return bool(self.release.dp)
+        if self.kind == "premium":
+            return bool((self.meta.get("privacy") or {}).get("dp"))
+        return False
+
+
+def model_kind(path: str | Path) -> str:
+    """The kind of artifact at ``path`` by its marker file (see the module docstring)."""
+    root = Path(str(path)).expanduser()
+    for kind, marker in _MARKERS:
+        if (root / marker).is_file():
+            return kind
+    if (root / "base.json").is_file() and not (root / "config.json").is_file():
+        return "base-stage"
+    return "model"
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return meta
+
+
+def _recorded_base(meta_path: Path, key: str, base_model: str | None, hint: str) -> str:
+    base = base_model or _read_meta(meta_path).get(key)
+    if not isinstance(base, str) or not base:
+        raise ModelLoadError(f"{meta_path}: no base model path ({key!r}); {hint}")
+    return base
+
+
+def _checkpoint_eos(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = tokenizer.eos_token_id if eos is None else eos
+    return tuple(eos if isinstance(eos, list | tuple) else ([] if eos is None else [eos]))
+
+
+def _ready(model: Any, tokenizer: Any, device: Any) -> tuple[Any, tuple[int, ...]]:
+    """Neutral generation defaults, ``device``, eval mode, no gradients."""
+    from transformers import GenerationConfig
+
+    eos_ids = _checkpoint_eos(model, tokenizer)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, eos_ids
+
+
+def _base_and_adapter(base: str, adapter_dir: Path, *, device: Any, dtype: Any,
+                      cache_dir: str | None) -> tuple[Any, Any, tuple[int, ...]]:
+    from peft import PeftModel
+
+    tokenizer = load_tokenizer(base, cache_dir=cache_dir)
+    lm = load_causal_lm(base, dtype=dtype, device=device, cache_dir=cache_dir)
+    eos_ids = _checkpoint_eos(lm, tokenizer)
+    try:
+        lm = PeftModel.from_pretrained(lm, str(adapter_dir), is_trainable=False)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ModelLoadError(f"{adapter_dir}: cannot apply the adapter to base model {base}: "
+                             f"{exc}") from exc
+    model, _ = _ready(lm.merge_and_unload(), tokenizer, device)
+    return model, tokenizer, eos_ids
+
+
+def load_model(path: str | Path, *, base_model: str | None = None, device: Any = "cpu",
+               dtype: Any = None, cache_dir: str | None = None) -> LoadedModel:
+    """Load the artifact at ``path`` (any of the module docstring's kinds) on ``device``.
+
+    ``base_model`` overrides the base path a release or adapter records (for a
+    release moved from the machine it was trained on); ``dtype`` as in
+    :func:`~privcode.models.loading.load_causal_lm` (a junior release loads in
+    float32, the precision its DP update was made in). Raises
+    :class:`ModelLoadError` naming the file at fault; a junior release that
+    fails verification raises :class:`~privcode.release.ReleaseError`.
+    """
+    root = Path(str(path)).expanduser()
+    kind = model_kind(root)
+    if kind == "junior":
+        from privcode.release.junior import load_release
+
+        rel = load_release(root, device=str(device), base_model=base_model)
+        return LoadedModel(kind, root, rel.model, rel.tokenizer,
+                           base_model=base_model or rel.meta["base_model"], meta=rel.meta,
+                           release=rel, eos_ids=_checkpoint_eos(rel.model, rel.tokenizer))
+    if kind in ("premium", "adapter"):
+        marker = root / ("premium.json" if kind == "premium" else "adapter_config.json")
+        key = "model" if kind == "premium" else "base_model_name_or_path"
+        base = _recorded_base(marker, key, base_model,
+                              "if the base model lives elsewhere on this machine, pass its path")
+        adapter_dir = root / "adapter" if kind == "premium" else root
+        model, tokenizer, eos_ids = _base_and_adapter(base, adapter_dir, device=device,
+                                                      dtype=dtype, cache_dir=cache_dir)
+        return LoadedModel(kind, root, model, tokenizer, base_model=base,
+                           meta=_read_meta(marker), eos_ids=eos_ids)
+    meta: dict[str, Any] = {}
+    target: str | Path = root if root.exists() else str(path)  # a preset name
+    if kind == "nondpft":
+        meta = _read_meta(root / "nondp.json")
+        log.warning("loading %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
+    elif kind == "base-stage":
+        target = _recorded_base(root / "base.json", "path", None, "rebuild the base stage")
+        meta, kind = _read_meta(root / "base.json"), "model"
+    tokenizer = load_tokenizer(target, cache_dir=cache_dir)
+    lm = load_causal_lm(target, dtype=dtype, device=device, cache_dir=cache_dir)
+    model, eos_ids = _ready(lm, tokenizer, device)
+    return LoadedModel(kind, root, model, tokenizer,
+                       base_model=meta.get("base_model") if kind == "nondpft" else None,
+                       meta=meta, eos_ids=eos_ids)
