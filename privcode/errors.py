@@ -1,5 +1,8 @@
 """Error types shown to users: each message names what is wrong and where."""
 
+import importlib
+from types import ModuleType
+
 
 class PrivcodeError(Exception):
     """Base of the errors the CLI reports as one clear line (exit code 2)."""
@@ -23,3 +26,16 @@ class LedgerUnavailableError(PrivcodeError):
 
 class LedgerConflictError(LedgerUnavailableError):
     """A run's ledger exists with another budget, delta, accountant or write-ahead log."""
+
+
+class MissingExtraError(PrivcodeError, ImportError):
+    """An optional dependency is not installed; names the pip extra that brings it."""
+
+
+def import_extra(module: str, extra: str, purpose: str) -> ModuleType:
+    """``import module``, or :class:`MissingExtraError` saying ``pip install 'privcode[extra]'``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(f"{purpose} needs {module.split('.')[0]}, which is not installed: "
+                                f"pip install 'privcode[{extra}]' ({exc})") from exc

@@ -47,7 +47,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from privcode.errors import PrivcodeError
+from privcode.errors import PrivcodeError, import_extra
 
 __all__ = [
     "KubeError", "ManifestError", "chart_dir", "crd_schema", "custom_resource_problems",
@@ -182,8 +182,7 @@ def crd_schema(kind: str, crds: str | os.PathLike | None = None,
         raise ManifestError(f"no CRD {crd_name} in {path}")
     import json
 
-    from kubernetes import client
-
+    client = import_extra("kubernetes.client", "k8s", "reading a CRD from the cluster")
     try:  # raw JSON: the typed model would rename x-kubernetes-* keys
         raw = client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
             crd_name, _preload_content=False)
@@ -234,7 +233,7 @@ def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str
 
 def custom_resource_problems(obj: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """Every schema violation and undeclared field of ``obj``, one ``path: problem`` each."""
-    import jsonschema
+    jsonschema = import_extra("jsonschema", "k8s", "checking a manifest against its CRD")
 
     problems = [f"{'.'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
                 for err in jsonschema.Draft7Validator(schema).iter_errors(obj)]
@@ -253,7 +252,8 @@ def validate_custom_resource(obj: dict[str, Any], schema: dict[str, Any]) -> Non
 
 
 def _load_api_client(context: str | None = None) -> Any:
-    from kubernetes import client, config
+    client = import_extra("kubernetes.client", "k8s", "submitting to Kubernetes")
+    config = import_extra("kubernetes.config", "k8s", "submitting to Kubernetes")
 
     try:  # KUBECONFIG read now: the client reads it once, at import time
         config.load_kube_config(config_file=_kubeconfig(), context=context)
@@ -267,7 +267,7 @@ def _load_api_client(context: str | None = None) -> Any:
 
 
 def _core(api_client: Any, kind: str) -> tuple[Any, str, str]:
-    from kubernetes import client
+    client = import_extra("kubernetes.client", "k8s", "submitting to Kubernetes")
 
     api_name, suffix, on_conflict = CORE_KINDS[kind]
     return getattr(client, api_name)(api_client), suffix, on_conflict

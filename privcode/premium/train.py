@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.config import PremiumConfig, section_to_dict
-from privcode.errors import PrivcodeError
+from privcode.errors import PrivcodeError, import_extra
 from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.premium")
@@ -148,8 +148,7 @@ def premium_loop(config: dict[str, Any]) -> None:
     steps = len(train_idx) // (world * batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.deepspeed:
-        import deepspeed
-
+        deepspeed = import_extra("deepspeed", "train", f"premium.deepspeed: {cfg.deepspeed}")
         engine, optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=params,
             config=deepspeed_config(cfg, use_bf16=cfg.use_gpu))
@@ -191,8 +190,6 @@ def premium_loop(config: dict[str, Any]) -> None:
             continue
         gather = contextlib.nullcontext()
         if cfg.deepspeed == "zero3":  # partitioned weights: every rank joins the gather
-            import deepspeed
-
             gather = deepspeed.zero.GatheredParameters(params)
         def write(d: Path) -> None:
             model.save_pretrained(str(d / "adapter"))
@@ -222,6 +219,8 @@ def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | 
             "stages), round-trip = its code does not match its prompts, duplicates = it "
             "repeats itself (raise synth.temperature). More samples: synth.num_samples.")
     privacy = source_privacy(data_path, allow_non_dp=cfg.allow_non_dp_source)
+    if cfg.deepspeed:  # here, before Ray Train starts its workers
+        import_extra("deepspeed", "train", f"premium.deepspeed: {cfg.deepspeed}")
     job = PremiumJob(cfg=cfg, data_path=str(data_path), model_path=str(model_path),
                      num_records=len(pairs))
     out_dir = Path(out_dir)
