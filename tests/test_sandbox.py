@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from privcode.cli import main as cli_main
 from privcode.synth import sandbox as sb
 from privcode.synth.sandbox import (
     NAMESPACES,
@@ -35,7 +36,6 @@ from privcode.synth.sandbox import (
     isolation_level,
     run_code,
 )
-from privcode.synth.sandbox_cli import main as cli_main
 
 HOSTILE = Path(__file__).parent / "hostile"
 SECRET = "privcode-test-secret-7f3a9c41"
@@ -316,7 +316,7 @@ def test_cli_main_in_a_subprocess(tmp_path):
     require_namespaces()
     f = tmp_path / "loop.py"
     f.write_text("while True:\n    pass\n")
-    code = ("import sys\nfrom privcode.synth.sandbox_cli import main\n"
+    code = ("import sys\nfrom privcode.cli import main\n"
             f"raise SystemExit(main(['sandbox', 'check', {str(f)!r}, '--json', "
             "'--cpu-seconds', '1', '--wall-seconds', '1.5']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

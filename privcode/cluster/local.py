@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import ipaddress
 import json
 import logging
@@ -338,6 +339,13 @@ def start_head(port: int = DEFAULT_PORT, dashboard_port: int = DEFAULT_DASHBOARD
     gcs_up = _port_open(port)
     status, _ = _http_get(f"{dashboard_url}/api/version")
     if gcs_up and status == 200:
+        other = head_installation(port)
+        if other is not None and other != _ray_package_dir():
+            raise PrivcodeError(
+                f"the Ray head on port {port} runs another installation's Ray ({other}): its "
+                "workers would run that checkout's privcode, not this one's. Stop it there "
+                "(make ray-down in that checkout) or pick other ports (RAY_PORT=6390 "
+                "DASHBOARD_PORT=8275)")
         log.info("Ray head already running at %s (dashboard %s)", address, dashboard_url)
         mode = _http_get(f"{dashboard_url}/api/authentication_mode", auth=False)[1]
         if isinstance(mode, dict):  # report the running head's mode, not ours
@@ -392,6 +400,37 @@ def start_head(port: int = DEFAULT_PORT, dashboard_port: int = DEFAULT_DASHBOARD
     raise PrivcodeError(
         f"Ray head on port {port} did not answer within {wait_s:.0f}s (dashboard {dashboard_url}); "
         f"see {log_file} and {temp_root}/session_latest/logs/dashboard.log")
+
+
+def _ray_package_dir() -> str:
+    """The ``ray`` package directory of this interpreter (found without importing ray)."""
+    spec = importlib.util.find_spec("ray")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return str(Path(locations[0]).resolve()) if locations else ""
+
+
+def installation_of(gcs_executable: str) -> str | None:
+    """The ``ray`` package directory a GCS server binary belongs to
+    (``<site-packages>/ray/core/src/ray/gcs/gcs_server`` -> ``<site-packages>/ray``)."""
+    path = Path(gcs_executable).resolve()
+    for parent in path.parents:
+        if parent.name == "ray" and (parent / "core").is_dir() and path.is_relative_to(
+                parent / "core"):
+            return str(parent)
+    return None
+
+
+def head_installation(port: int) -> str | None:
+    """The ``ray`` package directory of the local head whose GCS listens on ``port``
+    (None when no such process is found here, e.g. a head in a container)."""
+    import psutil
+
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            args = p.cmdline()
+            if args and f"--gcs_server_port={port}" in args:
+                return installation_of(args[0])
+    return None
 
 
 def _tail(path: Path, lines: int = 20) -> str:

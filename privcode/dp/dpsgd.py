@@ -59,6 +59,8 @@ from typing import Any
 
 import torch
 
+from privcode.registry import GRAD_SAMPLE_MODES  # Opacus' ``ew`` fails on HF's keyword inputs
+
 __all__ = [
     "GRAD_SAMPLE_MODES",
     "PerSampleClipper",
@@ -72,8 +74,6 @@ __all__ = [
     "trainable_parameters",
 ]
 
-#: Opacus modes supported here (``ew`` fails on keyword inputs such as HF's).
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
 
 # torch warns when a full backward hook fires on a module whose inputs need no
 # grad (the first layer of a model whose embeddings are frozen): expected here.

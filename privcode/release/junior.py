@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from privcode.errors import PrivcodeError
+from privcode.registry import METHODS
 from privcode.utils import atomic_write_text, canonical_json, fsync_dir, sha256_file
 
 log = logging.getLogger("privcode.release")
@@ -63,12 +64,7 @@ ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.j
 _ADAPTER_FILES = frozenset({ADAPTER_WEIGHTS, ADAPTER_CONFIG, "README.md"})
 _TOP_LEVEL = frozenset({RELEASE_JSON, PRIVACY_JSON, PREFIX_FILE, ADAPTER})
 #: Known methods -> their conditioning (other names are accepted with any conditioning).
-METHOD_CONDITIONING = {
-    **dict.fromkeys(("privcode", "privcode-nonast", "privcode-stableast", "dpft", "nondpft"),
-                    "prompt"),
-    **dict.fromkeys(("privcode++", "privcode++-noalign", "pc-promptemb", "pc-preemb"), "latent"),
-    "pc-uncond": "none",
-}
+METHOD_CONDITIONING = {name: m.conditioning for name, m in METHODS.items()}
 _META_KEYS = {"format", "method", "conditioning", "dp", "base_model", "prefix", "alignment"}
 _PREFIX_KEYS = ("dz", "num_virtual_tokens", "hidden_size")
 

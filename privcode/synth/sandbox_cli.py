@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from privcode.errors import PrivcodeError
@@ -73,14 +72,3 @@ def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--workers", type=_positive(int), help="Concurrent sandboxes (default 4).")
     c.set_defaults(func=cmd_sandbox_check)
     return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: ``main(["sandbox", "check", "f.py"])`` as ``privcode`` would."""
-    from privcode.cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,8 @@
-"""Stage I training methods: a registry table of per-record objectives.
+"""Stage I training methods: the per-record objectives of the registry's methods.
+
+The registry entries (:class:`~privcode.registry.Method`, :data:`METHODS`)
+live in the torch-free :mod:`privcode.registry`; this module builds their
+objectives.
 
 The DP machinery (:mod:`privcode.dp.dpsgd`, :mod:`privcode.train.loop`) is
 method-agnostic. A method builds an :class:`Objective`, an ``nn.Module``
@@ -53,63 +57,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from privcode.registry import METHODS, Method, get_method
 from privcode.train.data import CODE, PAD, PROMPT, segment_rows
 
 __all__ = ["METHODS", "Method", "MethodContext", "Objective", "get_method", "pretrain_public",
            "token_ce"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A registry entry: what the objective computes and what the release conditions on."""
-
-    name: str
-    description: str
-    dp: bool = True
-    #: "prompt+code" (one row p ++ c), "code" (EOS ++ c), "prefix" (D(z) ++ c).
-    inputs: str = "prompt+code"
-    loss_on_prompt: bool = False
-    #: PrivSA weight: "decay" (lambda(t)), "constant", or None (no KL term).
-    ast: str | None = "decay"
-    #: Which latent feeds D: "code" (E_c, a VAE) or "prompt" (E_p); None = no PrivLC.
-    latent: str | None = None
-    align: bool = False
-    #: PrivLC pretrained on public pairs, then frozen during DP training.
-    pretrain_public: bool = False
-
-    @property
-    def conditioning(self) -> str:
-        """How Stage II conditions generation: "latent", "prompt" or "none"."""
-        return {"prefix": "latent", "code": "none"}.get(self.inputs, "prompt")
-
-
-#: Method name -> entry. ``TrainConfig.method`` picks from these names.
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("privcode", "PrivCode: CE(code | public prompt) + decaying syntax-aware KL"),
-    Method("privcode-nonast", "PrivCode without the syntax-aware KL (ablation)", ast=None),
-    Method("privcode-stableast", "PrivCode with a constant KL weight (ablation)", ast="constant"),
-    Method("privcode++", "PrivCode++: latent-conditioned (PrivLC), prompts private",
-           inputs="prefix", latent="code", align=True),
-    Method("privcode++-noalign", "PrivCode++ without latent alignment (ablation)",
-           inputs="prefix", latent="code"),
-    Method("pc-promptemb", "prefix from the prompt latent z_p only (baseline)",
-           inputs="prefix", latent="prompt"),
-    Method("pc-preemb", "PrivLC pretrained on public pairs, frozen; DP on the LoRA (baseline)",
-           inputs="prefix", latent="code", align=True, pretrain_public=True),
-    Method("pc-uncond", "unconditional: CE(code) + syntax-aware KL, no PrivLC (baseline)",
-           inputs="code"),
-    Method("dpft", "DP fine-tuning: mean token CE over prompt + code tokens (baseline)",
-           loss_on_prompt=True, ast=None),
-    Method("nondpft", "NOT PRIVATE: fine-tuning on prompt + code without DP (audits only)",
-           dp=False, loss_on_prompt=True, ast=None),
-)}
-
-
-def get_method(name: str) -> Method:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown training method {name!r} (known: {', '.join(METHODS)})") from None
 
 
 @dataclass(frozen=True)
