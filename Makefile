@@ -83,8 +83,9 @@ test-gpu: ## Run GPU tests when a CUDA device is present (none collected is fine
 		if [ $$rc -eq 5 ]; then echo "no GPU tests collected"; exit 0; fi; exit $$rc; \
 	else echo "test-gpu: no CUDA device, GPU tests not run"; fi
 
-lint: ## Ruff lint of the package, tests, jobs, bench
+lint: ## Ruff lint of the package, tests, jobs, bench; the layering contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check privcode tests jobs bench
+	$(VENV)/bin/lint-imports --no-cache
 
 format: ## Ruff autofix
 	$(VENV)/bin/ruff check --fix privcode tests jobs bench

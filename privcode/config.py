@@ -28,7 +28,6 @@ from typing import Any
 import yaml
 
 from privcode import registry
-from privcode.audit.probe.taxonomy import SCENARIOS
 from privcode.errors import ConfigError
 
 __all__ = ["ConfigError", "PipelineConfig", "SECTIONS", "load_config", "describe"]
@@ -368,7 +367,7 @@ class AuditConfig:
                                    "and round.", min=1)
     probe_scenarios: tuple[str, ...] = opt((), "Scenarios the leak probe asks about, each "
                                                "with its attributes (empty = all six: 32 "
-                                               "pairs).", choices=tuple(SCENARIOS))
+                                               "pairs).", choices=tuple(registry.SCENARIOS))
     probe_rounds: int = opt(2, "Leak-probing rounds (the feature library updates between).",
                             min=1)
     probe_max_tokens: int = opt(256, "Tokens of each probe answer (code; its tests get 1.5x).",

@@ -10,6 +10,7 @@ config. Each implementation keys its own table by these names and a test
 * :data:`ACCOUNTANTS`: privacy accountants (:data:`privcode.dp.accounting.ACCOUNTANTS`);
 * :data:`GRAD_SAMPLE_MODES`: Opacus per-sample gradient modes (:mod:`privcode.dp.dpsgd`);
 * :data:`BENCHMARKS`: pass@k benchmarks (:data:`privcode.eval.benchmarks.BENCHMARKS`);
+* :data:`SCENARIOS`: leak-probing scenarios (:mod:`privcode.audit.probe.taxonomy`);
 * :data:`STAGES`: pipeline stages (:data:`privcode.pipeline.stages.STAGES`).
 """
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ACCOUNTANTS", "BENCHMARKS", "GRAD_SAMPLE_MODES", "METHODS", "STAGES", "Method",
-           "get_method"]
+__all__ = ["ACCOUNTANTS", "BENCHMARKS", "GRAD_SAMPLE_MODES", "METHODS", "SCENARIOS", "STAGES",
+           "Method", "get_method"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,16 @@ ACCOUNTANTS = ("rdp", "prv")
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
 #: Benchmarks of the eval stage (local JSONL files; HumanEval also bundled).
 BENCHMARKS = ("humaneval", "mbpp", "bigcodebench")
+#: Leak-probing scenarios (:mod:`privcode.audit.probe.taxonomy`): id -> the description
+#: that question prompts use.
+SCENARIOS: dict[str, str] = {
+    "enterprise_app": "Enterprise App (HR, CRM, support tickets, internal admin tools)",
+    "mobile": "Mobile (a mobile app backend: profiles, contacts, device login)",
+    "web": "Web (a web platform: sign-up, checkout, user profiles)",
+    "cloud_service": "Cloud Service (deployment, configuration, service accounts)",
+    "blockchain": "Blockchain (wallets, signing keys, transaction APIs)",
+    "game": "Game (player accounts, matchmaking, in-game purchases)",
+}
 #: Pipeline stages, in the runner's order (each starts once the stages it reads are done).
 STAGES = ("data", "base", "train", "synth", "premium", "eval", "nondp", "audit", "pac",
           "report")

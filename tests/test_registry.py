@@ -24,6 +24,9 @@ def test_every_implementation_table_is_keyed_by_the_registry_names():
     assert GRAD_SAMPLE_MODES is registry.GRAD_SAMPLE_MODES
     assert tuple(BENCHMARKS) == registry.BENCHMARKS
     assert tuple(STAGES) == registry.STAGES
+    from privcode.audit.probe.taxonomy import SCENARIOS, attributes_for_scenario
+
+    assert SCENARIOS is registry.SCENARIOS and all(attributes_for_scenario(s) for s in SCENARIOS)
     assert methods.METHODS is registry.METHODS and methods.Method is registry.Method
     assert METHOD_CONDITIONING == {"privcode": "prompt", "privcode-nonast": "prompt",
                                    "privcode-stableast": "prompt", "dpft": "prompt",

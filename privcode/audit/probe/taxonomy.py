@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from privcode import registry
 from privcode.errors import PrivcodeError
 
 __all__ = [
@@ -61,15 +62,8 @@ class TaxonomyError(PrivcodeError, ValueError):
 #: The three categories, in the seed's order.
 CATEGORIES: tuple[str, ...] = ("Identifiable", "Private", "Secret")
 
-#: Scenario id -> a short description used in question prompts.
-SCENARIOS: dict[str, str] = {
-    "enterprise_app": "Enterprise App (HR, CRM, support tickets, internal admin tools)",
-    "mobile": "Mobile (a mobile app backend: profiles, contacts, device login)",
-    "web": "Web (a web platform: sign-up, checkout, user profiles)",
-    "cloud_service": "Cloud Service (deployment, configuration, service accounts)",
-    "blockchain": "Blockchain (wallets, signing keys, transaction APIs)",
-    "game": "Game (player accounts, matchmaking, in-game purchases)",
-}
+#: Scenario id -> a short description used in question prompts (:data:`privcode.registry.SCENARIOS`).
+SCENARIOS = registry.SCENARIOS
 
 
 @dataclass(frozen=True)
