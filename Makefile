@@ -46,11 +46,12 @@ demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster
 # The run's artifacts dir from CONFIG; the PAC ensemble joins (at /pac) when the pac stage
 # wrote its worlds, and serves alone when there is no premium release to serve.
 serve: ray-up ## After make demo: serve the premium model (and the PAC ensemble at /pac when the pac stage ran) on the local head until Ctrl-C
-	@set -e; out=$$($(PY) -c "from privcode.config import load_config; r = load_config('$(CONFIG)').run; print(f'{r.out_dir}/{r.name}')"); \
+	@set -e; paths=$$($(PY) -c "from privcode.config import load_config; from privcode.layout import RunLayout; l = RunLayout.of(load_config('$(CONFIG)')); print(l.pac_worlds); print(l.premium)"); \
+	worlds=$$(sed -n 1p <<<"$$paths"); premium=$$(sed -n 2p <<<"$$paths"); \
 	flags=(); \
-	if [ -f "$$out/pac/worlds/pac.json" ]; then \
-		flags=(--pac "$$out/pac/worlds"); \
-		if [ ! -f "$$out/premium/premium.json" ]; then flags+=(--pac-only); fi; \
+	if [ -f "$$worlds/pac.json" ]; then \
+		flags=(--pac "$$worlds"); \
+		if [ ! -f "$$premium/premium.json" ]; then flags+=(--pac-only); fi; \
 	fi; \
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) serve --config $(CONFIG) "$${flags[@]}"
 

@@ -150,10 +150,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     apps = []  # (name, route prefix, application, what): all validated before anything starts
     cfg = load_config(args.config, args.overrides)
     if not args.pac_only:
+        from privcode.layout import RunLayout
         from privcode.serve.premium import app
 
-        run = cfg.run
-        release = args.premium or str(Path(run.out_dir) / run.name / "premium")
+        release = args.premium or str(RunLayout.of(cfg).premium)
         options = {"premium": release, "device": args.device,
                    **({"model": args.model} if args.model else {})}
         apps.append(("premium", "/", app(options), f"premium model {release}"))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.config import PipelineConfig
+from privcode.layout import RunLayout
 from privcode.pipeline.report_audit import OWNER_ONLY_PLOTS as AUDIT_OWNER_ONLY_PLOTS
 from privcode.utils import atomic_path, atomic_write_json, atomic_write_text
 
@@ -394,7 +395,7 @@ def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> 
     config would produce (same fingerprint, outputs intact), as the runner
     would have skipped it.
     """
-    from privcode.pipeline.runner import fingerprint, is_current, read_manifest, stage_dir
+    from privcode.pipeline.runner import fingerprint, is_current, read_manifest
     from privcode.pipeline.stages import STAGES
 
     manifests = dict(inputs)
@@ -402,14 +403,12 @@ def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> 
         if name in manifests or name not in cfg.run.stages or name not in STAGES["report"].after \
                 or any(dep not in manifests for dep in stage.needs):
             continue
-        directory = stage_dir(cfg, name)
+        directory = RunLayout.of(cfg).stage(name)
         if is_current(directory, fingerprint(cfg, stage, manifests), stage):
             manifests[name] = read_manifest(directory)
     return {name: manifests[name] for name in STAGES if name in manifests}
 
 
-#: Directory of the owner-only report inside ``<run.out_dir>/<run>/``.
-PRIVATE_REPORT_DIR = "private_report"
 #: Plots that show private data: written to the owner-only report only, and
 #: withdrawn from the published directory when an older version put them there.
 OWNER_ONLY_PLOTS = ("corpus.png", *AUDIT_OWNER_ONLY_PLOTS)
@@ -422,7 +421,7 @@ _OWNER_HEADER = ("> **PRIVATE: owner-only report.** It holds un-noised statistic
 
 def private_report_dir(cfg: PipelineConfig) -> Path:
     """``<run.out_dir>/<run>/private_report``: the owner-only report, in private storage."""
-    return Path(cfg.run.out_dir).resolve() / cfg.run.name / PRIVATE_REPORT_DIR
+    return RunLayout.of(cfg).private_report
 
 
 def _private_dir(cfg: PipelineConfig) -> Path:
@@ -436,7 +435,6 @@ def _private_dir(cfg: PipelineConfig) -> Path:
 def _write_owner_report(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> Path:
     """Write the owner-only report (module docstring); returns its ``report.md``."""
     from privcode.pipeline.report_audit import audit_owner_section
-    from privcode.pipeline.runner import stage_dir
 
     directory = _private_dir(cfg)
     data, audit = inputs.get("data"), inputs.get("audit")
@@ -448,7 +446,7 @@ def _write_owner_report(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) 
                                                  directory / "corpus.png"):
         lines += ["![corpus composition](corpus.png)", ""]
         plots.append("corpus.png")
-    extra, names = audit_owner_section(audit, stage_dir(cfg, "audit") if audit else None,
+    extra, names = audit_owner_section(audit, RunLayout.of(cfg).stage("audit") if audit else None,
                                        directory, cfg.report.plots)
     lines += extra
     plots += names
@@ -511,12 +509,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     lines += extra
     plots += names
     audit = inputs.get("audit")
-    if audit:
-        from privcode.pipeline.runner import stage_dir
-
-        audit_dir = stage_dir(cfg, "audit")
-    else:
-        audit_dir = None
+    audit_dir = RunLayout.of(cfg).stage("audit") if audit else None
     extra, names = audit_section(audit, audit_dir, out_dir, cfg.report.plots)
     lines += extra
     plots += names
@@ -532,7 +525,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     atomic_write_text(out_dir / "report.html", render_html("\n".join(lines), out_dir,
                                                           cfg.report.title))
     summary = {
-        "report": str(Path(cfg.run.reports_dir).resolve() / cfg.run.name / "report.md"),
+        "report": str(RunLayout.of(cfg).public_reports / "report.md"),
         "plots": plots,
         "base_heldout_loss": (base or {}).get("summary", {}).get("heldout_loss"),
         "training_records": _training_records(data, train) if data or train else None,
@@ -546,7 +539,7 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
         "inputs_read_from_disk": [name for name in inputs if name not in given],
     }
     atomic_write_json(out_dir / "report.json", summary)
-    publish = Path(cfg.run.reports_dir).resolve() / cfg.run.name
+    publish = RunLayout.of(cfg).public_reports
     publish.mkdir(parents=True, exist_ok=True)
     for name in ["report.md", "report.html", "report.json", *plots]:
         with atomic_path(publish / name) as tmp:

@@ -41,6 +41,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from privcode.layout import RunLayout
 from privcode.pipeline.report_audit import _grid, _plt, _save
 
 __all__ = ["collect_points", "plot_privacy_utility", "privacy_utility", "sweep_section",
@@ -48,7 +49,6 @@ __all__ = ["collect_points", "plot_privacy_utility", "privacy_utility", "sweep_s
 
 log = logging.getLogger("privcode.pipeline.report")
 
-MANIFEST = "manifest.json"
 MIA_ATTACK = "reference_calibrated"
 
 
@@ -85,31 +85,31 @@ def _pass1(models: dict[str, Any], name: str) -> float | None:
     return _num(((models.get(name) or {}).get("pass_at_k") or {}).get("pass@1"))
 
 
-def _stage_numbers(run_dir: Path, stage: str, train_fp: Any) -> dict[str, Any] | None:
-    """The summary of ``stage`` in ``run_dir`` when it was computed from train ``train_fp``."""
-    manifest = _load(run_dir / stage / MANIFEST)
+def _stage_numbers(run: RunLayout, stage: str, train_fp: Any) -> dict[str, Any] | None:
+    """The summary of ``stage`` of ``run`` when it was computed from train ``train_fp``."""
+    manifest = _load(run.manifest(stage))
     if manifest is None or (manifest.get("inputs") or {}).get("train") != train_fp:
         return None
     return manifest["summary"]
 
 
-def _point(run: str, run_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+def _point(run: RunLayout, manifest: dict[str, Any]) -> dict[str, Any] | None:
     s = manifest["summary"]
     if not s.get("dp") or s.get("epsilon") is None:
         return None
-    point = {"run": run, "epsilon": _num(s["epsilon"]), "delta": _num(s.get("delta")),
+    point = {"run": run.name, "epsilon": _num(s["epsilon"]), "delta": _num(s.get("delta")),
              "accountant": s.get("accountant"), "steps": s.get("steps_taken"),
              "noise_multiplier": _num(s.get("noise_multiplier")),
              "heldout_loss": _final_loss(s.get("public_heldout_loss_curve")),
              "pass1_junior": None, "pass1_premium": None, "mia_tpr_at_1pct_fpr": None}
     fp = manifest.get("fingerprint")
     for stage, fill in (("eval", _fill_eval), ("audit", _fill_audit)):
-        summary = _stage_numbers(run_dir, stage, fp)
+        summary = _stage_numbers(run, stage, fp)
         if summary is not None:
             try:
                 fill(point, summary)
             except (TypeError, ValueError, AttributeError) as exc:
-                log.warning("privacy-utility: ignoring %s (%s)", run_dir / stage / MANIFEST, exc)
+                log.warning("privacy-utility: ignoring %s (%s)", run.manifest(stage), exc)
     return point
 
 
@@ -134,12 +134,9 @@ def collect_points(out_root: Path, current_run: str,
     epsilon, delta, accountant, steps, noise_multiplier, heldout_loss,
     pass1_junior, pass1_premium, mia_tpr_at_1pct_fpr (None when unknown).
     """
-    out_root = Path(out_root)
-    manifests: dict[str, dict[str, Any] | None] = {}
-    for path in sorted(out_root.glob(f"*/train/{MANIFEST}")):
-        run = path.parent.parent.name
-        if not run.startswith("."):
-            manifests[run] = _load(path)
+    layout = RunLayout(Path(out_root), current_run)
+    manifests: dict[str, dict[str, Any] | None] = {
+        run: _load(path) for run, path in layout.manifests_of_every_run("train").items()}
     if reference is not None:
         manifests[current_run] = reference
     ref = (manifests.get(current_run) or {}).get("summary") or {}
@@ -154,10 +151,10 @@ def collect_points(out_root: Path, current_run: str,
             s = manifest["summary"]
             if (s.get("dataset_id"), s.get("method")) != key:
                 continue
-            point = _point(run, out_root / run, manifest)
+            point = _point(RunLayout(layout.out_dir, run), manifest)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             log.warning("privacy-utility: skipping run %s: bad %s (%s)", run,
-                        out_root / run / "train" / MANIFEST, exc)
+                        RunLayout(layout.out_dir, run).manifest("train"), exc)
             continue
         if point is not None:
             points.append({**point, "current": run == current_run})
@@ -190,7 +187,7 @@ def privacy_utility(cfg: Any, train_manifest: dict[str, Any] | None) -> dict[str
     """``{"runs": collect_points(...), "within_run": within_run_curve(...)}``; None without train."""
     if not train_manifest:
         return None
-    return {"runs": collect_points(Path(cfg.run.out_dir).resolve(), cfg.run.name,
+    return {"runs": collect_points(RunLayout.of(cfg).out_dir, cfg.run.name,
                                    reference=train_manifest),
             "within_run": within_run_curve(train_manifest.get("summary") or {})}
 

@@ -34,6 +34,7 @@ from typing import Any
 from privcode import __version__
 from privcode.config import PipelineConfig, section_to_dict
 from privcode.errors import PrivcodeError
+from privcode.layout import RunLayout
 from privcode.pipeline.stages import STAGES, Stage
 from privcode.pipeline.summary import run_summary
 from privcode.utils import atomic_write_json, sha256_file, stable_hash, torch_threads
@@ -41,10 +42,6 @@ from privcode.utils import atomic_write_json, sha256_file, stable_hash, torch_th
 log = logging.getLogger("privcode.pipeline")
 
 MANIFEST = "manifest.json"
-
-
-def stage_dir(cfg: PipelineConfig, stage: str) -> Path:
-    return Path(cfg.run.out_dir).resolve() / cfg.run.name / stage
 
 
 def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dict[str, Any]]) -> str:
@@ -195,7 +192,7 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
                 stage = STAGES[name]
                 upstream = {**manifests, **_late_inputs(stage, running)}
                 fp = fingerprint(cfg, stage, upstream)
-                directory = stage_dir(cfg, name)
+                directory = RunLayout.of(cfg).stage(name)
                 if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
                     manifests[name] = read_manifest(directory)
                     results[name] = {"status": "skipped", "dir": str(directory),
@@ -230,7 +227,7 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
             (ref,), _ = ray.wait(list(running), num_returns=1)
             name, fp, t0 = running.pop(ref)
             manifests[name] = _get(ref)
-            _done(results, name, stage_dir(cfg, name), fp, t0)
+            _done(results, name, RunLayout.of(cfg).stage(name), fp, t0)
     except BaseException:
         if running:
             import ray

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from privcode.config import PipelineConfig
+from privcode.layout import RunLayout
 
 
 def wait_input(inputs: dict[str, dict[str, Any]], name: str,
@@ -176,17 +177,16 @@ class TrainStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.dp.store import resolve_store
-        from privcode.pipeline.runner import stage_dir
         from privcode.train.loop import run_training
         from privcode.utils import sha256_file
 
-        data = Path(cfg.train.data) if cfg.train.data else stage_dir(cfg, "data") / "train.parquet"
-        run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
+        layout = RunLayout.of(cfg)
+        data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         digest = sha256_file(data)  # names a PRIVATE directory only
         summary = run_training(cfg.train, data_path=data, base_path=base_path(inputs),
-                               out_dir=Path(out_dir) / "release",
-                               ledger_dir=run_root / "ledger" / digest[:16],
-                               run_name=cfg.run.name, storage_dir=run_root / ".train",
+                               out_dir=layout.release_in(out_dir),
+                               ledger_dir=layout.root / "ledger" / digest[:16],
+                               run_name=cfg.run.name, storage_dir=layout.work("train"),
                                privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir))
         summary.pop("audit_log", None)  # a path in private storage, removed on success
         return {**summary, "data_path": str(data.resolve())}
@@ -231,14 +231,12 @@ class SynthStage(Stage):
         return generators * cfg.synth.cpus_per_generator + FILTER_CPUS
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.pipeline.runner import stage_dir
         from privcode.synth.pipeline import run_synthesis
 
-        release = (Path(cfg.synth.release) if cfg.synth.release
-                   else stage_dir(cfg, "train") / "release")
-        run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
+        layout = RunLayout.of(cfg)
+        release = Path(cfg.synth.release) if cfg.synth.release else layout.release
         return run_synthesis(cfg.synth, release=release, out_dir=out_dir,
-                             work_root=run_root / ".synth")
+                             work_root=layout.work("synth"))
 
     def still_valid(self, summary):
         from privcode.utils import sha256_bytes
@@ -278,16 +276,14 @@ class PremiumStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.models.loading import resolve_model_path
-        from privcode.pipeline.runner import stage_dir
         from privcode.premium.train import run_premium
 
-        data = (Path(cfg.premium.data) if cfg.premium.data
-                else stage_dir(cfg, "synth") / "synthetic.parquet")
+        layout = RunLayout.of(cfg)
+        data = Path(cfg.premium.data) if cfg.premium.data else layout.synthetic
         model = (resolve_model_path(cfg.premium.model, cache_dir=cfg.base.cache_dir)
                  if cfg.premium.model else Path(base_path(inputs)))
-        run_root = Path(cfg.run.out_dir).resolve() / cfg.run.name
         return run_premium(cfg.premium, data_path=data, model_path=model, out_dir=out_dir,
-                           storage_dir=run_root / ".premium")
+                           storage_dir=layout.work("premium"))
 
 
 class EvalStage(Stage):
@@ -308,14 +304,13 @@ class EvalStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.eval.score import evaluate
-        from privcode.pipeline.runner import stage_dir
         from privcode.utils import atomic_write_json
 
         available = {"base": base_path(inputs)}
         if "train" in inputs:
-            available["junior"] = str(stage_dir(cfg, "train") / "release")
+            available["junior"] = str(RunLayout.of(cfg).release)
         if "premium" in inputs:
-            available["premium"] = str(stage_dir(cfg, "premium"))
+            available["premium"] = str(RunLayout.of(cfg).premium)
         e = cfg.eval
         models: dict[str, Any] = {}
         for name in e.models:
@@ -373,26 +368,25 @@ class AuditStage(Stage):
     def run(self, cfg, out_dir, inputs):
         from privcode.audit.nondp import train_nondp_comparison
         from privcode.audit.run import run_audits
-        from privcode.pipeline.runner import stage_dir
 
-        data = stage_dir(cfg, "data")
-        train_data = Path(cfg.train.data) if cfg.train.data else data / "train.parquet"
-        run = {"canaries": data / "canaries.json", "train": train_data,
-               "heldout": data / "heldout.parquet", "base": Path(base_path(inputs)),
-               "release": stage_dir(cfg, "train") / "release"}
+        layout = RunLayout.of(cfg)
+        train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
+        run = {"canaries": layout.canaries, "train": train_data,
+               "heldout": layout.heldout_data, "base": Path(base_path(inputs)),
+               "release": layout.release}
         if "synth" in inputs:
-            run["synthetic"] = stage_dir(cfg, "synth") / "synthetic.parquet"
+            run["synthetic"] = layout.synthetic
         models = {"junior": run["release"]}
         if "premium" in inputs:
-            models["premium"] = stage_dir(cfg, "premium")
+            models["premium"] = layout.premium
         comparison = None
         if "nondp" in inputs:  # trained beside Stage I and II by the nondp stage
             comparison = inputs["nondp"]["summary"]
-            models["nondpft"] = stage_dir(cfg, "nondp") / "nondpft"
+            models["nondpft"] = layout.nondp_model
         elif cfg.audit.compare_nondp:
             comparison = train_nondp_comparison(cfg, data=train_data, base=str(run["base"]),
-                                                out_dir=Path(out_dir) / "nondpft")
-            models["nondpft"] = Path(out_dir) / "nondpft"
+                                                out_dir=layout.nondp_model_in(out_dir))
+            models["nondpft"] = layout.nondp_model_in(out_dir)
         pending = {"premium": lambda timeout: wait_input(inputs, "premium", timeout) is not None
                    } if "premium" in models else {}
         summary = run_audits(cfg, Path(out_dir), run, models, pending)
@@ -424,20 +418,19 @@ class PacStage(Stage):
     def run(self, cfg, out_dir, inputs):
         from privcode.pac.evaluate import evaluate_pac
         from privcode.pac.worlds import train_worlds
-        from privcode.pipeline.runner import stage_dir
         from privcode.utils import atomic_write_json
 
-        data = stage_dir(cfg, "data")
-        train_data = Path(cfg.train.data) if cfg.train.data else data / "train.parquet"
-        worlds = Path(out_dir) / "worlds"
+        layout = RunLayout.of(cfg)
+        train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
+        worlds = layout.pac_worlds_in(out_dir)
         trained = train_worlds(cfg.pac, data=train_data, base=base_path(inputs), out_dir=worlds,
                                progress=False)
-        canaries = data / "canaries.json"
-        result = evaluate_pac(cfg.pac, str(worlds), heldout=str(data / "heldout.parquet"),
+        canaries = layout.canaries
+        result = evaluate_pac(cfg.pac, str(worlds), heldout=str(layout.heldout_data),
                               canaries=str(canaries) if canaries.is_file() else None)
         atomic_write_json(Path(out_dir) / "pac_eval.json", result)
         # The runner renames this stage's temporary directory to its own: name the final one.
-        return {**result, "worlds": trained, "worlds_dir": str(stage_dir(cfg, "pac") / "worlds")}
+        return {**result, "worlds": trained, "worlds_dir": str(layout.pac_worlds)}
 
 
 class NondpStage(Stage):
@@ -462,11 +455,11 @@ class NondpStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.audit.nondp import train_nondp_comparison
-        from privcode.pipeline.runner import stage_dir
 
-        data = Path(cfg.train.data) if cfg.train.data else stage_dir(cfg, "data") / "train.parquet"
+        layout = RunLayout.of(cfg)
+        data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         return train_nondp_comparison(cfg, data=data, base=base_path(inputs),
-                                      out_dir=Path(out_dir) / "nondpft")
+                                      out_dir=layout.nondp_model_in(out_dir))
 
 
 class ReportStage(Stage):
