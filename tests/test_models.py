@@ -248,5 +248,5 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
     with pytest.raises(ModelLoadError, match="premium.json: no base model path"):
         load_model(tmp_path / "premium")
     (tmp_path / "premium" / "premium.json").write_text("[1]")
-    with pytest.raises(ModelLoadError, match="premium.json: expected a JSON object"):
+    with pytest.raises(ModelLoadError, match="premium.json: not a JSON object"):
         load_model(tmp_path / "premium")

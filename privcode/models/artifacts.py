@@ -25,13 +25,13 @@ ids are kept in :attr:`LoadedModel.eos_ids`).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
+from privcode.utils import read_json_object
 
 __all__ = ["MODEL_KINDS", "LoadedModel", "load_model", "model_kind"]
 
@@ -83,18 +83,9 @@ def model_kind(path: str | Path) -> str:
     return "model"
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: unreadable: {exc}") from None
-    if not isinstance(meta, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return meta
-
-
-def _recorded_base(meta_path: Path, key: str, base_model: str | None, hint: str) -> str:
-    base = base_model or _read_meta(meta_path).get(key)
+def _recorded_base(meta_path: Path, meta: dict[str, Any], key: str, base_model: str | None,
+                   hint: str) -> str:
+    base = base_model or meta.get(key)
     if not isinstance(base, str) or not base:
         raise ModelLoadError(f"{meta_path}: no base model path ({key!r}); {hint}")
     return base
@@ -158,22 +149,23 @@ def load_model(path: str | Path, *, base_model: str | None = None, device: Any =
                            release=rel, eos_ids=_checkpoint_eos(rel.model, rel.tokenizer))
     if kind in ("premium", "adapter"):
         marker = root / ("premium.json" if kind == "premium" else "adapter_config.json")
+        meta = read_json_object(marker, ModelLoadError)
         key = "model" if kind == "premium" else "base_model_name_or_path"
-        base = _recorded_base(marker, key, base_model,
+        base = _recorded_base(marker, meta, key, base_model,
                               "if the base model lives elsewhere on this machine, pass its path")
         adapter_dir = root / "adapter" if kind == "premium" else root
         model, tokenizer, eos_ids = _base_and_adapter(base, adapter_dir, device=device,
                                                       dtype=dtype, cache_dir=cache_dir)
-        return LoadedModel(kind, root, model, tokenizer, base_model=base,
-                           meta=_read_meta(marker), eos_ids=eos_ids)
-    meta: dict[str, Any] = {}
+        return LoadedModel(kind, root, model, tokenizer, base_model=base, meta=meta,
+                           eos_ids=eos_ids)
+    meta = {}
     target: str | Path = root if root.exists() else str(path)  # a preset name
     if kind == "nondpft":
-        meta = _read_meta(root / "nondp.json")
+        meta = read_json_object(root / "nondp.json", ModelLoadError)
         log.warning("loading %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
     elif kind == "base-stage":
-        target = _recorded_base(root / "base.json", "path", None, "rebuild the base stage")
-        meta, kind = _read_meta(root / "base.json"), "model"
+        meta, kind = read_json_object(root / "base.json", ModelLoadError), "model"
+        target = _recorded_base(root / "base.json", meta, "path", None, "rebuild the base stage")
     tokenizer = load_tokenizer(target, cache_dir=cache_dir)
     lm = load_causal_lm(target, dtype=dtype, device=device, cache_dir=cache_dir)
     model, eos_ids = _ready(lm, tokenizer, device)

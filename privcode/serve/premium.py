@@ -45,7 +45,6 @@ from privcode.serve.http import (
     read_body_capped,
     route_path,
 )
-from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.serve")
 
@@ -137,14 +136,12 @@ def _resolve_device(device: str):
     return torch.device(device)
 
 
-def _read_release(release: Path) -> dict[str, Any]:
-    meta = release / "premium.json"
-    if not meta.is_file():
+def _check_release(release: Path) -> None:
+    if not (release / "premium.json").is_file():
         raise ServeError(f"{release}: not a premium release (no premium.json); pass the "
                          "directory `privcode premium` wrote")
     if not (release / "adapter" / "adapter_config.json").is_file():
         raise ServeError(f"{release}: the premium release has no adapter/adapter_config.json")
-    return read_json_object(meta, ServeError)
 
 
 class PremiumModel:
@@ -159,7 +156,7 @@ class PremiumModel:
         from privcode.models.loading import ModelLoadError
 
         release = Path(premium).expanduser()
-        info = _read_release(release)
+        _check_release(release)
         self.device = _resolve_device(device)
         dtype = torch.float32
         if self.device.type == "cuda":
@@ -172,6 +169,7 @@ class PremiumModel:
                    "pass its path as the 'model' arg")
             raise ServeError(f"premium release {release}: cannot load it: {exc}{how}") from exc
         self.model, self.tokenizer, base = loaded.model, loaded.tokenizer, loaded.base_model
+        info = loaded.meta  # premium.json
         tok = self.tokenizer
         self.eos_ids = loaded.eos_ids  # the checkpoint's end-of-sequence ids
         self.pad_id = next(i for i in (tok.pad_token_id, *self.eos_ids, 0) if i is not None)
