@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privcode.checks import check_number
 from privcode.errors import PrivcodeError
 from privcode.train.data import _ids_offsets
 
@@ -87,8 +88,7 @@ class ScoredModel:
         if self.conditioning == "latent" and (self.prefix_decoder is None
                                               or not self.num_virtual_tokens):
             raise AuditError("a latent model needs its prefix decoder and num_virtual_tokens")
-        if type(self.latent_samples) is not int or self.latent_samples < 0:
-            raise AuditError(f"latent_samples must be an int >= 0, got {self.latent_samples!r}")
+        check_number("latent_samples", self.latent_samples, min=0, integer=True, error=AuditError)
         if self.tokenizer.eos_token_id is None:
             raise AuditError("the tokenizer has no EOS token (needed as BOS stand-in and end)")
 

@@ -64,6 +64,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from privcode.checks import check_number
 from privcode.errors import AccountingError
 
 __all__ = ["ACCOUNTANTS", "Accountant", "DPEvent", "PRVAccountant", "RDPAccountant",
@@ -81,10 +82,8 @@ SIGMA_MAX = 1e4
 
 
 def _check_delta(delta: float) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, int | float) \
-            or not math.isfinite(delta) or not 0 < delta < 1:
-        raise AccountingError(f"delta must be a number in (0, 1), got {delta!r}")
-    return float(delta)
+    return float(check_number("delta", delta, min=0, max=1, min_exclusive=True,
+                              max_exclusive=True, error=AccountingError))
 
 
 @dataclass(frozen=True)
@@ -101,15 +100,11 @@ class DPEvent:
     steps: int = 1
 
     def __post_init__(self) -> None:
-        sigma, q, steps = self.noise_multiplier, self.sample_rate, self.steps
-        if isinstance(sigma, bool) or not isinstance(sigma, int | float) \
-                or not math.isfinite(sigma) or sigma <= 0:
-            raise AccountingError(f"noise_multiplier must be a finite number > 0, got {sigma!r}")
-        if isinstance(q, bool) or not isinstance(q, int | float) \
-                or not math.isfinite(q) or not 0 < q <= 1:
-            raise AccountingError(f"sample_rate must be a number in (0, 1], got {q!r}")
-        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-            raise AccountingError(f"steps must be an integer >= 1, got {steps!r}")
+        sigma = check_number("noise_multiplier", self.noise_multiplier, min=0,
+                             min_exclusive=True, error=AccountingError)
+        q = check_number("sample_rate", self.sample_rate, min=0, max=1, min_exclusive=True,
+                         error=AccountingError)
+        steps = check_number("steps", self.steps, min=1, integer=True, error=AccountingError)
         # Plain Python numbers: hashable, JSON-serialisable, equal across numpy/float inputs.
         object.__setattr__(self, "noise_multiplier", float(sigma))
         object.__setattr__(self, "sample_rate", float(q))
@@ -321,11 +316,9 @@ def calibrate(target_epsilon: float, delta: float, sample_rate: float, steps: in
     If even SIGMA_MIN meets the target, SIGMA_MIN is returned (less noise than
     that is not useful DP-SGD).  If SIGMA_MAX does not, AccountingError.
     """
-    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, int | float) \
-            or not math.isfinite(target_epsilon) or target_epsilon <= 0:
-        raise AccountingError(f"target epsilon must be a finite number > 0, got {target_epsilon!r}")
-    if not 0 < tol <= 0.1:
-        raise AccountingError(f"tol must be in (0, 0.1], got {tol!r}")
+    check_number("target epsilon", target_epsilon, min=0, min_exclusive=True,
+                 error=AccountingError)
+    check_number("tol", tol, min=0, max=0.1, min_exclusive=True, error=AccountingError)
     delta = _check_delta(delta)
     DPEvent(1.0, sample_rate, steps)  # validates q and steps
     make_accountant(accountant)  # validates the name

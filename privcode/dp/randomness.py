@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from privcode.checks import check_number
+
 __all__ = ["RNG_MODES", "SecretRandomness", "record_key", "record_seeds", "secure_poisson_mask"]
 
 #: ``train.secure_rng`` false / true.
@@ -109,8 +111,8 @@ class SecretRandomness:
     rank: int = 0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.seed < 1 << 128:
-            raise ValueError("seed must be a non-negative integer below 2**128")
+        check_number("seed", self.seed, min=0, max=1 << 128, max_exclusive=True, integer=True,
+                     secret=True)
         self._noise_gen: Any = None
 
     @property

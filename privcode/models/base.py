@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from privcode.checks import check_number
 from privcode.config import BaseConfig
 from privcode.models import corpus as C
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
@@ -108,6 +109,18 @@ class Preset:
     rope_theta: float = 10_000.0
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "seq_len", "batch_size", "steps",
+                     "max_position_embeddings"):
+            check_number(name, getattr(self, name), min=1, integer=True)
+        for name in ("warmup_steps", "eval_tokens"):
+            check_number(name, getattr(self, name), min=0, integer=True)
+        if self.tokenizer_train_bytes is not None:
+            check_number("tokenizer_train_bytes", self.tokenizer_train_bytes, min=1, integer=True)
+        for name in ("lr", "grad_clip", "rope_theta"):
+            check_number(name, getattr(self, name), min=0, min_exclusive=True)
+        check_number("min_lr_ratio", self.min_lr_ratio, min=0, max=1)
+        check_number("weight_decay", self.weight_decay, min=0)
         if self.hidden_size % self.num_heads:
             raise ValueError("hidden_size must be divisible by num_heads")
         if self.num_heads % self.num_kv_heads:
