@@ -203,6 +203,8 @@ def planted_dir(base_path, tmp_path_factory) -> Path:
     assert summary["finetune"] == "full" and summary["steps"] == 100
     marker = json.loads((root / "nondpft" / MARKER).read_text())
     assert marker["dp"] is False and "WITHOUT differential privacy" in marker["NOT_PRIVATE"]
+    assert marker["training_mode"]["mode"] == "non-private"
+    assert marker["training_mode"]["reason"].startswith("audit.compare_nondp")
     assert all(c not in json.dumps(marker) for c in _TRAIN)
     return root / "nondpft"
 

@@ -139,8 +139,10 @@ def test_the_kv_cache_equals_a_full_recompute(ens):
         lp, past = ens.step_logprobs([extra[-1]], past)
     full, _ = ens.step_logprobs(ids + extra)
     assert lp.candidates.tolist() == full.candidates.tolist()
-    np.testing.assert_allclose(lp.worlds, full.worlds, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(lp.public, full.public, atol=1e-5, rtol=0)
+    # fp32 log-probs near -8: a cached and a full attention sum in another order, which
+    # moves them by up to about 2e-6 relative (1.3e-5 absolute, seen on a busy machine).
+    np.testing.assert_allclose(lp.worlds, full.worlds, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(lp.public, full.public, atol=1e-5, rtol=1e-5)
 
 
 def test_sequence_logprobs_equal_the_step_prefill_at_every_prefix(ens):

@@ -82,6 +82,9 @@ def test_train_worlds_writes_m_adapters_that_learn_their_members(base, corpus, t
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert manifest["format"] == "privcode-pac-worlds/1" and manifest["m"] == 4
     assert manifest["worlds"] == ["w000", "w001", "w002", "w003"] and manifest["dp"] is False
+    # Trained by the DP engine's one off switch, which names itself in the artifact.
+    assert manifest["training_mode"]["mode"] == "non-private"
+    assert "PAC curator" in manifest["training_mode"]["reason"]
     assert summary["records"] == 24 and "Return" not in json.dumps(summary)
     assignment = np.load(tmp_path / "assignment.npy")
     assert assignment.shape == (24, 4) and (assignment.sum(1) == 2).all()

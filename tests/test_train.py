@@ -14,7 +14,8 @@ import torch
 
 from privcode.config import BaseConfig, DataConfig, TrainConfig, load_config
 from privcode.dp.accounting import DPEvent, epsilon
-from privcode.train.loop import TrainingError, UnsafeTestOptions, run_training
+from privcode.dp.engine import Privacy
+from privcode.train.loop import TrainingError, run_training
 
 pytestmark = pytest.mark.ray
 
@@ -64,7 +65,9 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     and Ray Train's local mode (num_workers 0: one rank in this process) computes it too."""
     from concurrent.futures import ThreadPoolExecutor
 
-    unsafe = UnsafeTestOptions(noise_off=True, fixed_seed=1234)
+    # The engine's non-private mode, clipped as DP-SGD is, with a fixed sampling seed.
+    mode = Privacy.non_private("test: 0 vs 2 workers step for step", seed=1234,
+                               max_grad_norm=SMALL.max_grad_norm)
     # SGD: the update is linear in the gradient. (Adam's first step is about
     # lr * sign(g), which turns float summation-order noise in near-zero
     # entries into visible differences.)
@@ -77,7 +80,7 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     with pytest.warns(RuntimeWarning, match="NOT differentially private") as warned, \
             ThreadPoolExecutor(2) as pool:
         runs = {workers: pool.submit(_train, cfg, corpus, base_path, tmp_path / f"w{workers}",
-                                     unsafe=unsafe) for workers, cfg in cfgs.items()}
+                                     non_private=mode) for workers, cfg in cfgs.items()}
         results = {workers: run.result() for workers, run in runs.items()}
     assert sum("NOT differentially private" in str(w.message) for w in warned) >= 2  # each run
     assert torch.get_num_threads() == torch_threads  # local mode restores this process's
@@ -87,18 +90,22 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     assert not [p for p in (tmp_path / "w0" / "storage").glob("train-*") if p.is_dir()]
     one, two = _adapter(tmp_path / "w0"), _adapter(tmp_path / "w2")
     assert set(one) == set(two) and one
+    # Tolerance: fp32 summation order (one sum vs two partial sums all-reduced) after two
+    # SGD steps at lr 0.5 moves entries by up to about 1e-6, while the two steps move the
+    # LoRA B factors (zero at the start) by about 1.6e-3: 1e-5 still tells batches apart.
     for name in one:
-        assert torch.allclose(one[name], two[name], atol=1e-6, rtol=1e-4), name
+        assert torch.allclose(one[name], two[name], atol=1e-5, rtol=1e-4), name
     # ... and so does the released prefix decoder D (trained in the same DP-SGD step).
     d1, d2 = _decoder(tmp_path / "w0"), _decoder(tmp_path / "w2")
     assert set(d1) == {"weight", "bias"}
     for name in d1:
-        assert torch.allclose(d1[name], d2[name], atol=1e-6, rtol=1e-4), name
+        assert torch.allclose(d1[name], d2[name], atol=1e-5, rtol=1e-4), name
     # Training moved both LoRA factors (B starts at zero, A at its seeded init).
     assert any("lora_B" in k and one[k].abs().max() > 0 for k in one)
     privacy = json.loads((tmp_path / "w2" / "release" / "privacy.json").read_text())
     assert privacy["dp"] is False and privacy["epsilon"] is None
-    assert privacy["unsafe_test_options"]["noise_off"] is True
+    assert privacy["training_mode"] == {**mode.record(), "clipped": True, "fixed_seed": True}
+    assert "0 vs 2 workers" in privacy["training_mode"]["reason"]
     assert not (tmp_path / "w2" / "ledger").exists()  # no ledger is even opened
 
 

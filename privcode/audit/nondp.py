@@ -10,8 +10,9 @@ token cross-entropy over prompt and code tokens of ``p ++ c``, the records
 encoded and cut to ``train.max_length`` exactly as Stage I does), on the
 same base model. Optimisation: ``audit.nondp_steps`` AdamW steps; each
 step's batch is a Poisson sample with rate ``q = B / N`` (``B`` =
-``audit.nondp_batch_size``), and the loss is ``sum_i loss_i / B``, the
-normalisation of DP-SGD without clipping and noise. Two modes
+``audit.nondp_batch_size``), and the loss is ``sum_i loss_i / (qN)``, the
+normalisation of DP-SGD without clipping and noise: the DP engine's
+non-private mode (:mod:`privcode.dp.engine`), its record in :data:`MARKER`. Two modes
 (``audit.nondp_finetune``):
 
 * ``lora``: the junior's LoRA adapter (rank ``train.lora_r``): the same
@@ -41,7 +42,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
 from privcode.config import PipelineConfig
+from privcode.data.records import read_records
+from privcode.dp.dpsgd import trainable_parameters
+from privcode.dp.engine import Privacy, make_private
+from privcode.train.build import build_objective
+from privcode.train.data import collate, encode_records
+from privcode.train.methods import get_method
 from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.audit")
@@ -52,20 +62,13 @@ MARKER = "nondp.json"
 NOT_PRIVATE_NOTE = ("trained WITHOUT differential privacy on the private corpus (audits only): "
                     "it may reproduce private records verbatim; never copy it out of the audit "
                     "directory")
+#: Why this training is non-private, as the DP engine records it.
+REASON = "audit.compare_nondp: the audits' NonDP-FT comparison (what leaks without DP)"
 
 
 def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
                            out_dir: str | Path) -> dict[str, Any]:
     """Fine-tune the comparison (NOT PRIVATE) into ``out_dir``; its public summary."""
-    import numpy as np
-    import torch
-    from tqdm.auto import tqdm
-
-    from privcode.data.records import read_records
-    from privcode.train.build import build_objective
-    from privcode.train.data import collate, encode_records
-    from privcode.train.methods import get_method
-
     a = cfg.audit
     msg = ("audit.compare_nondp: fine-tuning a comparison model WITHOUT differential privacy "
            "(NOT PRIVATE, audits only; it stays in the audit directory)")
@@ -85,25 +88,23 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
     if full:  # the bare base, no LoRA wrappers: about 1.5x faster per step than through them
         for p in objective.lm.parameters():
             p.requires_grad_(True)
-    params = [p for p in objective.parameters() if p.requires_grad]
+    params = trainable_parameters(objective)
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.train.weight_decay)
     records = read_records(data)
     encoded = encode_records(records, tokenizer, cfg.train.max_length)
     del records
     n = len(encoded)
-    q = min(1.0, batch / n)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rng = np.random.default_rng(a.seed)
-    objective.train()
+    # The DP engine's one off switch: Poisson batches of rate B/N, sum / (qN), no clip, no noise.
+    mode = Privacy.non_private(REASON, seed=a.seed)
+    engine = make_private(objective, optimizer, mode, num_records=n,
+                          sample_rate=min(1.0, batch / n), device=device)
+
+    def rows(local: list[int], step: int) -> Any:
+        return collate([encoded[i] for i in local], pad, device=device, step=step)
+
     for step in tqdm(range(steps), desc="nondpft (NOT PRIVATE)", mininterval=10.0):
-        chosen = np.flatnonzero(rng.random(n) < q)
-        if chosen.size == 0:
-            continue
-        rows = collate([encoded[i] for i in chosen], pad, device=device, step=step)
-        loss = objective(rows).sum() / batch
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        engine.step(step, rows, lambda module, batch: module(batch))
     objective.eval()
     model = objective.lm if full else objective.lm.merge_and_unload()
     out = Path(out_dir)
@@ -116,7 +117,8 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
                "trainable_parameters": sum(p.numel() for p in params),
                "seconds": round(time.time() - started, 1)}
     atomic_write_json(out / MARKER, {"NOT_PRIVATE": NOT_PRIVATE_NOTE, "method": "nondpft",
-                                     "dp": False, "conditioning": "prompt",
+                                     "dp": False, "training_mode": mode.record(),
+                                     "conditioning": "prompt",
                                      "loss_on_prompt": True, "base_model": str(base),
                                      **summary})
     return summary

@@ -26,7 +26,7 @@ communication once they share the seed. The seed must be SECRET: anyone who
 knows it knows which records were in every batch, which voids the
 amplification by subsampling the accountant relies on. The training loop
 therefore draws it from OS entropy on rank 0 and broadcasts it (never to
-disk); a fixed seed exists only behind the unsafe test switch. In secure
+disk); a fixed seed exists only in the DP engine's non-private mode. In secure
 mode (``train.secure_rng``) the mask of every step is drawn from
 ``os.urandom`` instead (:func:`privcode.dp.randomness.secure_poisson_mask`)
 and broadcast by rank 0: the same distribution, from a CSPRNG.
@@ -38,13 +38,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privcode.checks import check_number
+
 __all__ = ["PoissonSchedule", "shard_of"]
 
 
 def shard_of(num_records: int, rank: int, world_size: int) -> np.ndarray:
     """Global indices owned by ``rank``: ``i`` with ``i mod world_size == rank``."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    check_number("world_size", world_size, min=1, integer=True)
+    check_number("rank", rank, min=0, max=world_size, max_exclusive=True, integer=True)
     return np.arange(rank, num_records, world_size, dtype=np.int64)
 
 
@@ -61,12 +63,10 @@ class PoissonSchedule:
     seed: int
 
     def __post_init__(self) -> None:
-        if self.num_records < 1:
-            raise ValueError(f"need at least one record, got {self.num_records}")
-        if not 0.0 < self.sample_rate <= 1.0:
-            raise ValueError(f"sample rate must be in (0, 1], got {self.sample_rate}")
-        if self.seed < 0 or self.seed >= 1 << 128:
-            raise ValueError("seed must be a non-negative integer below 2**128")
+        check_number("num_records", self.num_records, min=1, integer=True)
+        check_number("sample_rate", self.sample_rate, min=0, max=1, min_exclusive=True)
+        check_number("seed", self.seed, min=0, max=1 << 128, max_exclusive=True, integer=True,
+                     secret=True)
 
     @property
     def expected_batch_size(self) -> float:
@@ -74,8 +74,7 @@ class PoissonSchedule:
         return self.sample_rate * self.num_records
 
     def _uniforms(self, step: int) -> np.ndarray:
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
+        check_number("step", step, min=0, integer=True)
         # Philox with a (seed, step) seed sequence: streams of different steps
         # are independent, and any step can be drawn without the earlier ones.
         seq = np.random.SeedSequence(entropy=self.seed, spawn_key=(step,))

@@ -42,9 +42,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
+import torch
+from peft import get_peft_model
+from tqdm.auto import tqdm
 
 from privcode.config import PacConfig
+from privcode.data.records import read_records
+from privcode.dp.engine import Privacy, make_private
 from privcode.errors import PrivcodeError
+from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
+from privcode.pac.mechanism import assign_worlds
+from privcode.train.data import collate, encode_records
+from privcode.train.methods import token_ce
 from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.pac")
@@ -57,6 +67,8 @@ MANIFEST = "pac.json"
 NOT_PRIVATE_NOTE = ("m LoRA worlds fine-tuned WITHOUT differential privacy on the private "
                     "corpus: serve them only through the PAC curator; never copy them out of "
                     "the private boundary")
+#: Why the worlds train without DP, as the DP engine records it (pac.json ``training_mode``).
+REASON = "pac worlds: protected by the PAC curator's noisy release at serving, not by DP-SGD"
 
 
 class WorldsError(PrivcodeError, ValueError):
@@ -86,8 +98,6 @@ def _torch_seed(seed: int, s: int) -> int:
 
 def _row_losses(model: Any, rows: dict[str, Any], names: list[str]) -> Any:
     """Mean next-token cross-entropy of each row (padding excluded), through its adapter."""
-    from privcode.train.methods import token_ce
-
     ids, mask = rows["input_ids"], rows["attention_mask"]
     logits = model(input_ids=ids, attention_mask=mask, adapter_names=names).logits[:, :-1]
     tmask = mask[:, 1:].float()
@@ -98,13 +108,6 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
                  assignment: np.ndarray, worlds: list[int], out_dir: str,
                  progress: bool) -> dict[str, Any]:
     """Train the adapters of ``worlds`` (world indices) and save them under ``out_dir``."""
-    import torch
-    from peft import get_peft_model
-    from tqdm.auto import tqdm
-
-    from privcode.models.loading import load_causal_lm, lora_config
-    from privcode.train.data import collate
-
     started = time.time()
     device = torch.device("cuda" if cfg.use_gpu and torch.cuda.is_available() else "cpu")
     lm = load_causal_lm(base).to(device)
@@ -124,18 +127,34 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
     if min(len(x) for x in members) == 0:
         raise WorldsError("a world has no member records: the corpus is too small")
     rngs = [np.random.default_rng(_world_seed(cfg.seed, s)) for s in worlds]
+    # The rows a step can draw: (world, record) pairs; a step takes B members of every world.
+    pairs = [(s, int(i)) for s, idx in zip(worlds, members, strict=True) for i in idx]
+    starts = np.cumsum([0] + [len(x) for x in members])
+
+    def sample(step: int) -> list[int]:
+        chosen = _sample_batches([np.arange(len(x)) for x in members], cfg.batch_size, rngs)
+        return [int(starts[k] + j) for k, c in enumerate(chosen) for j in c]
+
+    def rows_of(local: list[int], step: int) -> dict[str, Any]:
+        picked = [pairs[j] for j in local]
+        rows = collate([encoded[i] for _, i in picked], pad_id, device=device)
+        per_world = {s: sum(1 for t, _ in picked if t == s) for s in worlds}
+        rows["adapter_names"] = [names[s] for s, _ in picked]
+        rows["sizes"] = torch.tensor([per_world[s] for s, _ in picked], dtype=torch.float32,
+                                     device=device)
+        return rows
+
+    def loss_fn(module: Any, rows: dict[str, Any]) -> Any:
+        return _row_losses(module, rows, rows["adapter_names"]) / rows["sizes"]
+
     model.eval()  # mixed-adapter batches need eval mode; see the module docstring
-    for _ in tqdm(range(cfg.steps), desc=f"pac worlds {worlds[0]}..{worlds[-1]}",
-                  mininterval=10.0, disable=not progress):
-        chosen = _sample_batches(members, cfg.batch_size, rngs)
-        rows = collate([encoded[i] for c in chosen for i in c], pad_id, device=device)
-        adapter_of = [names[s] for s, c in zip(worlds, chosen, strict=True) for _ in c]
-        sizes = torch.tensor([len(c) for c in chosen for _ in c], dtype=torch.float32,
-                             device=device)
-        loss = (_row_losses(model, rows, adapter_of) / sizes).sum()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    # The DP engine's non-private mode: sum_s (1/B_s) sum_{i in batch_s} loss_i, no noise.
+    engine = make_private(model, optimizer, Privacy.non_private(REASON), num_records=len(pairs),
+                          sample_rate=1.0, sampler=sample, expected_batch_size=1.0,
+                          train_mode=False, device=device)
+    for step in tqdm(range(cfg.steps), desc=f"pac worlds {worlds[0]}..{worlds[-1]}",
+                     mininterval=10.0, disable=not progress):
+        engine.step(step, rows_of, loss_fn)
     out = Path(out_dir) / "adapters"
     for s in worlds:
         tmp = out / f".tmp-{names[s]}"
@@ -157,13 +176,6 @@ def train_worlds(cfg: PacConfig, *, data: str | Path, base: str | Path, out_dir:
     record). The adapters are NOT private on their own (see the module
     docstring).
     """
-    import ray
-
-    from privcode.data.records import read_records
-    from privcode.models.loading import load_tokenizer
-    from privcode.pac.mechanism import assign_worlds
-    from privcode.train.data import encode_records
-
     msg = (f"pac: training {cfg.worlds} worlds WITHOUT DP on the private corpus (NOT PRIVATE "
            "on their own: only the PAC curator's release is private)")
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
@@ -195,6 +207,7 @@ def train_worlds(cfg: PacConfig, *, data: str | Path, base: str | Path, out_dir:
                "groups": [{k: r[k] for k in ("worlds", "seconds", "device")} for r in results],
                "seconds": round(time.time() - started, 1)}
     atomic_write_json(out / MANIFEST, {"format": FORMAT, "m": cfg.worlds,
+                                       "training_mode": Privacy.non_private(REASON).record(),
                                        "base_model": str(Path(base).resolve()),
                                        "worlds": world_names(cfg.worlds),
                                        "NOT_PRIVATE": NOT_PRIVATE_NOTE, "dp": False,

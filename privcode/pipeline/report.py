@@ -176,8 +176,9 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
     ]
     lines = ["## DP training (Stage I)", ""]
     if not info.get("dp", True):
+        reason = (info.get("training_mode") or {}).get("reason", "method nondpft")
         lines += ["**WARNING: NOT PRIVATE. This run trained without differential privacy "
-                  "(method nondpft, or unsafe test options); its release must never be "
+                  f"(the DP engine's non-private mode: {reason}); its release must never be "
                   "treated as a DP artifact.**", ""]
     lines += [
         "The junior model (LoRA adapter, plus the PrivLC encoders and prefix decoder for "

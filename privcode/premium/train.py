@@ -17,7 +17,7 @@ layer of the premium base, AdamW, data parallel over Ray Train workers:
 plain DDP (gloo on CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2/3
 (``jobs/configs/deepspeed/zero{1,2,3}.json``) for large models on GPUs; with
 ``num_workers`` 0, Ray Train's local mode (one rank in the calling process,
-:mod:`privcode.train.checkpoints`). A held-out fraction of the synthetic data
+:mod:`privcode.train.ray_train`). A held-out fraction of the synthetic data
 gives an eval loss per epoch.
 
 Release (``out_dir``): ``adapter/`` (peft) and ``premium.json`` (base model,
@@ -120,8 +120,8 @@ def premium_loop(config: dict[str, Any]) -> None:
     import torch
 
     from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
-    from privcode.train.checkpoints import report_checkpoint
     from privcode.train.data import collate, encode_records
+    from privcode.train.ray_train import report_checkpoint
 
     job: PremiumJob = config["job"]
     cfg = job.cfg
@@ -239,11 +239,9 @@ def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | 
 def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, Any]], float]:
     """Run :func:`premium_loop` on Ray Train, copy the adapter to ``out_dir``; (curve, seconds)."""
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     from privcode.cluster.local import connect
-    from privcode.train.checkpoints import fit
+    from privcode.train.ray_train import fit, torch_trainer
 
     cfg = job.cfg
     if not ray.is_initialized():
@@ -252,14 +250,9 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
     name = f"premium-{time.strftime('%Y%m%d-%H%M%S')}"
     if cfg.num_workers == 0:  # Ray Train local mode: premium_loop runs in this process
         job = dataclasses.replace(job, local_checkpoints=str(storage / name))
-    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    trainer = TorchTrainer(
-        premium_loop, train_loop_config={"job": job},
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                     resources_per_worker=resources),
-        run_config=RunConfig(name=name, storage_path=str(storage),
-                             failure_config=FailureConfig(max_failures=1)))
+    trainer = torch_trainer(premium_loop, {"job": job}, name=name, storage=storage,
+                            num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
+                            use_gpu=cfg.use_gpu, max_failures=1)
     started = time.time()
     try:
         result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)

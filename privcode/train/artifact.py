@@ -54,16 +54,20 @@ def released_history(grants: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def privacy_record(cfg: TrainConfig, method: Any, *, spent: dict[str, Any],
                    grants: list[dict[str, Any]], sigma: float, calibrated: bool,
                    sample_rate: float, num_records: int, state: dict[str, Any],
-                   dataset_id: str, base_path: Path, unsafe: dict[str, Any] | None,
+                   dataset_id: str, base_path: Path, mode: dict[str, Any],
                    dp: bool) -> dict[str, Any]:
-    """``privacy.json``: DP outputs and public settings only (see :data:`NOT_RELEASED`)."""
+    """``privacy.json``: DP outputs and public settings only (see :data:`NOT_RELEASED`).
+
+    ``mode``: the DP engine's :meth:`privcode.dp.engine.Privacy.record` (dp-sgd,
+    or non-private with its reason).
+    """
     by_acc = spent.get("epsilon_by_accountant", {})
     return {
         "dp": dp,
-        "NOT_PRIVATE": None if method.dp else "trained WITHOUT differential privacy (audits only)",
-        "unsafe_test_options": unsafe,
+        "NOT_PRIVATE": None if dp else "trained WITHOUT differential privacy (audits only)",
+        "training_mode": mode,
         "method": cfg.method,
-        # null, not a number, when there is no guarantee (unsafe noise-off runs).
+        # null, not a number, when there is no guarantee (non-private training).
         "epsilon": spent.get("epsilon"),
         "epsilon_rdp": by_acc.get("rdp"),
         "epsilon_prv": by_acc.get("prv"),

@@ -22,7 +22,7 @@ import torch
 
 from privcode.train.methods import Method, MethodContext, Objective, pretrain_public
 
-__all__ = ["NonPrivateSum", "build_objective", "load_checkpoint", "save_checkpoint_files"]
+__all__ = ["build_objective", "load_checkpoint", "save_checkpoint_files"]
 
 PRIVLC_FILE = "privlc.pt"
 
@@ -116,31 +116,3 @@ def load_checkpoint(d: Path, objective: Objective, optimizer: Any) -> dict[str, 
                                          weights_only=True))
     return json.loads((d / "state.json").read_text(encoding="utf-8"))
 
-
-class NonPrivateSum:
-    """The plain (unclipped) gradient sum of a batch: ``nondpft`` only. NOT PRIVATE.
-
-    Same interface as :class:`privcode.dp.dpsgd.PerSampleClipper` so the loop
-    is shared; nothing is clipped and the loop adds no noise.
-    """
-
-    def __init__(self, module: torch.nn.Module):
-        from privcode.dp.dpsgd import trainable_parameters
-
-        self.module = module
-        self.params = trainable_parameters(module)
-        self.numel = sum(p.numel() for p in self.params)
-
-    def clipped_sum(self, loss_fn: Any, batch: Any, batch_size: int) -> torch.Tensor:
-        p0 = self.params[0]
-        if batch_size == 0 or batch is None:
-            return torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
-        for p in self.params:
-            p.grad = None
-        self.module.train()
-        loss_fn(self.module, batch).sum().backward()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.params])
-        for p in self.params:
-            p.grad = None
-        return flat

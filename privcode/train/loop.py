@@ -8,7 +8,7 @@ privacy ledger and starts a ``TorchTrainer`` of ``cfg.num_workers`` workers
 (gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`; with
 ``num_workers`` 0 Ray Train's local mode runs that loop in the calling process
 (one rank, no worker group to start, no restarts:
-:mod:`privcode.train.checkpoints`).
+:mod:`privcode.train.ray_train`).
 
 Every worker builds the method's objective (:mod:`privcode.train.methods`:
 the LoRA junior plus, for PrivCode++-style methods, the PrivLC encoders and
@@ -60,11 +60,9 @@ audit log and the ledger's WAL; the release's history holds the DP events
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
-import secrets
 import shutil
 import tempfile
 import time
@@ -74,39 +72,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+from privcode.cluster.local import connect
 from privcode.config import TrainConfig
+from privcode.data.records import read_records
+from privcode.data.stdlib import stdlib_dir
+from privcode.dp.accounting import DPEvent, calibrate, epsilon
+from privcode.dp.dpsgd import trainable_parameters
+from privcode.dp.engine import BudgetUnavailable, Privacy, Reserve, make_private
+from privcode.dp.ledger import WAL_NAME, close_ledger, get_ledger, open_ledger, read_wal
+from privcode.dp.randomness import record_key
+from privcode.dp.sampler import shard_of
+from privcode.dp.store import PrivacyStore, resolve_store
 from privcode.errors import PrivcodeError
+from privcode.models import corpus as C
+from privcode.models.base import HELDOUT_FRACTION
+from privcode.train.artifact import privacy_record, write_junior_release
+from privcode.train.build import build_objective, load_checkpoint, save_checkpoint_files
+from privcode.train.data import collate, encode_records
+from privcode.train.methods import get_method
+from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
 from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.train")
 
-__all__ = ["TrainingError", "TrainJob", "UnsafeTestOptions", "run_training",
-           "train_loop_per_worker"]
-
-# Ledger decisions broadcast by rank 0 (int64 tensor [code, position]).
-_GRANTED, _DENIED, _LEDGER_ERROR = 1, 0, -1
+__all__ = ["TrainingError", "TrainJob", "run_training", "train_loop_per_worker"]
 
 
 class TrainingError(PrivcodeError):
     """Training could not produce a DP release (budget spent, ledger down, workers failed)."""
-
-
-@dataclass(frozen=True)
-class UnsafeTestOptions:
-    """TEST ONLY switches that void the privacy guarantee. Never set by a config file.
-
-    ``noise_off``: sigma = 0 and no ledger (epsilon is infinite); the release
-    is marked ``dp: false``. ``fixed_seed``: sampling and noise from this
-    seed instead of OS entropy (anyone knowing it can replay batches and
-    noise). Both exist so tests can compare runs step for step.
-    """
-
-    noise_off: bool = False
-    fixed_seed: int | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.noise_off or self.fixed_seed is not None
 
 
 @dataclass(frozen=True)
@@ -119,115 +118,44 @@ class TrainJob:
     base_path: str
     num_records: int
     sample_rate: float
-    noise_multiplier: float
-    run_id: str            # ledger name ('' = no ledger: unsafe noise-off only)
+    privacy: Privacy       # the engine's mode: DP-SGD, or the named non-private one
+    run_id: str            # ledger name ('' = no ledger: non-private only)
     audit_log: str
-    unsafe: UnsafeTestOptions = UnsafeTestOptions()
     local_checkpoints: str = ""  # Ray Train local mode: where checkpoints are written
 
 
-# --------------------------------------------------------------------------- worker helpers
-
-
-def _secret_seed(job: TrainJob) -> int:
-    """The schedule/noise seed: fresh OS entropy (secret), unless the unsafe fixed seed is set.
-
-    Fresh at every (re)start: a step re-run after a failure gets a new,
-    independent batch and noise draw, as its new ledger charge assumes.
-    """
-    if job.unsafe.fixed_seed is not None:
-        return int(job.unsafe.fixed_seed) % (1 << 126)
-    return secrets.randbits(126)
-
-
-def _broadcast_ints(values: list[int], device: Any) -> list[int]:
-    """Rank 0's ``values`` on every rank (int64; no-op with one process)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.int64, device=device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(t, src=0)
-    return [int(v) for v in t.tolist()]
-
-
-def _sample_indices(schedule: Any, randomness: Any, step: int, rank: int, world: int,
-                    device: Any) -> list[int]:
-    """Global indices of ``S_step`` in this rank's shard.
-
-    Standard mode: the seeded schedule (every rank draws the same mask).
-    Secure mode: rank 0 draws the mask from ``os.urandom`` and broadcasts it.
-    """
-    if not randomness.secure:
-        return [int(i) for i in schedule.indices(step, rank, world)]
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-
-    from privcode.dp.randomness import secure_poisson_mask
-    from privcode.dp.sampler import shard_of
-
-    n = schedule.num_records
-    mask = secure_poisson_mask(n, schedule.sample_rate) if rank == 0 else np.zeros(n, bool)
-    if world > 1:
-        t = torch.from_numpy(mask.astype(np.uint8)).to(device)
-        dist.broadcast(t, src=0)
-        mask = t.cpu().numpy().astype(bool)
-    shard = shard_of(n, rank, world)
-    return [int(i) for i in shard[mask[shard]]]
-
-
-def _all_reduce_count(value: int, world: int, device: Any) -> int:
-    if world == 1:
-        return value
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t)
-    return int(t.item())
-
-
-def _reserve(job: TrainJob, ledger: Any, rank: int, device: Any,
-             request_id: str) -> tuple[int, int, str | None]:
-    """Rank 0 reserves one step from the ledger; every rank gets (code, position, reason).
+def _ledger_reserve(job: TrainJob, ledger: Any) -> Reserve:
+    """The engine's budget: one step ``(sigma, q)`` from the ledger actor, fsynced before granted.
 
     ``request_id`` names this release (``"<incarnation>:<step>"``): a call Ray
     re-sends after a ledger actor restart is answered from the WAL instead of
     being charged twice, while a step recomputed by a new worker-group
     incarnation (fresh noise: a second release) carries a new id and is charged.
     """
-    code, position, reason = _GRANTED, -1, None
-    if rank == 0 and job.run_id:
-        import ray
+    def reserve(request_id: str) -> tuple[bool, int, str | None]:
+        d = ray.get(ledger.reserve.remote(job.privacy.noise_multiplier, job.sample_rate, 1,
+                                          request_id=request_id), timeout=120)
+        return bool(d.get("granted")), int(d.get("position", -1)), d.get("reason")
 
-        try:
-            d = ray.get(ledger.reserve.remote(job.noise_multiplier, job.sample_rate, 1,
-                                              request_id=request_id), timeout=120)
-            code = _GRANTED if d.get("granted") else _DENIED
-            position, reason = int(d.get("position", -1)), d.get("reason")
-        except Exception as exc:  # noqa: BLE001 - any ledger failure must stop training
-            code, reason = _LEDGER_ERROR, f"{type(exc).__name__}: {exc}"
-    code, position = _broadcast_ints([code, position], device)
-    return code, position, reason
+    return reserve
+
+
+# --------------------------------------------------------------------------- worker helpers
 
 
 def _public_eval_stream(base_path: str, tokenizer: Any, max_tokens: int):
     """Tokens of the base model's held-out PUBLIC files (never seen in pretraining)."""
-    from privcode.models import corpus as C
 
     files = None
     info = Path(base_path) / "build_info.json"
     with contextlib.suppress(OSError, ValueError):
         names = json.loads(info.read_text(encoding="utf-8")).get("heldout_files")
         if names:
-            from privcode.data.stdlib import stdlib_dir
 
             root = stdlib_dir()
             files = [C.SourceFile(n, n.split("/")[0].removesuffix(".py"),
                                   (root / n).read_text(encoding="utf-8")) for n in names]
     if not files:
-        from privcode.models.base import HELDOUT_FRACTION
 
         files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)[1]
     stream, _ = C.token_stream(tokenizer, files, max_tokens=max_tokens)
@@ -235,9 +163,7 @@ def _public_eval_stream(base_path: str, tokenizer: Any, max_tokens: int):
 
 
 def _evaluate(model: Any, tokenizer: Any, stream: Any, cfg: TrainConfig) -> float | None:
-    import torch
 
-    from privcode.models import corpus as C
 
     if stream is None or stream.numel() < 2:
         return None
@@ -250,8 +176,6 @@ def _evaluate(model: Any, tokenizer: Any, stream: Any, cfg: TrainConfig) -> floa
 def _report(job: TrainJob, objective: Any, optimizer: Any, state: dict[str, Any],
             rank: int) -> None:
     """Every rank calls this (a barrier); rank 0 attaches the checkpoint."""
-    from privcode.train.build import save_checkpoint_files
-    from privcode.train.checkpoints import report_checkpoint
 
     # What Ray Train logs and shows: public values only. The ledger position (a grant
     # id) and the attempt (a restart count) stay in the checkpoint's private state.
@@ -275,8 +199,6 @@ def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, 
     """
     counts = [int(stats.get("untokenizable", 0))]
     if world > 1:
-        import torch
-        import torch.distributed as dist
 
         t = torch.tensor(counts, dtype=torch.int64, device=device)
         dist.all_reduce(t)
@@ -301,17 +223,6 @@ def _append_audit(path: str, step: int, position: int, attempt: int, nonfinite: 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train worker function: DP-SGD over this rank's shard (see the module docstring)."""
-    import ray.train
-    import torch
-
-    from privcode.data.records import read_records
-    from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
-    from privcode.dp.randomness import SecretRandomness, record_key
-    from privcode.dp.sampler import PoissonSchedule, shard_of
-    from privcode.train.build import NonPrivateSum, build_objective, load_checkpoint
-    from privcode.train.data import collate, encode_records
-    from privcode.train.methods import get_method
-
     job: TrainJob = config["job"]
     cfg = job.cfg
     method = get_method(cfg.method)
@@ -324,10 +235,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     objective, tokenizer, _ = build_objective(method, cfg, job.base_path, device,
                                               will_restore=checkpoint is not None)
     model = objective.lm
-    clipper = (PerSampleClipper(objective, mode=cfg.grad_sample_mode,
-                                max_grad_norm=cfg.max_grad_norm)
-               if method.dp else NonPrivateSum(objective))
-    params = clipper.params  # the flat gradient's order
+    params = trainable_parameters(objective)
     optimizer = (torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
                  if cfg.optimizer == "sgd"
                  else torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay))
@@ -339,8 +247,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         "step": 0, "ledger_position": None, "stop_reason": None, "attempt": 0, "curve": []}
     state["attempt"] += 1
     if world > 1:
-        import torch.distributed as dist
-
         for name, p in objective.named_parameters():
             if p.requires_grad or not name.startswith("lm."):  # LoRA and PrivLC
                 dist.broadcast(p.data, src=0)
@@ -360,63 +266,47 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     keys = [record_key(e.input_ids, e.segments) for e in encoded]
     _write_private_stats(job, rank, world, private_stats, device)
 
-    seed = _broadcast_ints(_split(_secret_seed(job)), device)
-    schedule = PoissonSchedule(job.num_records, job.sample_rate, seed[0] << 63 | seed[1])
-    randomness = SecretRandomness(schedule.seed, secure=cfg.secure_rng, rank=rank)
+    ledger = get_ledger(job.run_id) if rank == 0 and job.privacy.private else None
+    engine = make_private(objective, optimizer, job.privacy, num_records=job.num_records,
+                          sample_rate=job.sample_rate, rank=rank, world=world, device=device,
+                          secure_rng=cfg.secure_rng,
+                          reserve=_ledger_reserve(job, ledger) if ledger is not None else None)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def batch_fn(local: list[int], step: int) -> Any:
+        # Per-record randomness (the VAE's eps) is keyed by the record's content
+        # and a per-step secret, so it neither depends on other records nor on
+        # how records fall on workers; dropout masks come from the secret too.
+        return collate([encoded[j] for j in local], pad_id, device=device, step=step,
+                       record_keys=torch.tensor([keys[j] for j in local], dtype=torch.long),
+                       record_secret=engine.randomness.record_secret(step))
 
     def loss_fn(module: Any, batch: Any) -> Any:
         return module(batch)
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    ledger = None
-    if rank == 0 and job.run_id:
-        from privcode.dp.ledger import get_ledger
-
-        ledger = get_ledger(job.run_id)
     stream = (_public_eval_stream(job.base_path, tokenizer, cfg.eval_tokens)
               if rank == 0 and cfg.eval_tokens > 0 else None)
     if rank == 0 and not state["curve"] and stream is not None:
         state["curve"].append([0, _evaluate(model, tokenizer, stream, cfg)])
 
     state["stop_reason"] = None
-    expected_batch = job.sample_rate * job.num_records
     # Unique per worker-group incarnation, never restored from a checkpoint:
     # a counter could repeat if two restarts resume from the same checkpoint.
     incarnation = uuid.uuid4().hex
     for step in range(state["step"], cfg.steps):
-        code, position, reason = _reserve(job, ledger, rank, device, f"{incarnation}:{step}")
-        if code == _LEDGER_ERROR:
-            raise TrainingError(f"privacy ledger unavailable, step {step} not taken"
-                                + (f": {reason}" if reason else ""))
-        if code == _DENIED:
+        try:
+            outcome = engine.step(step, batch_fn, loss_fn, request_id=f"{incarnation}:{step}")
+        except BudgetUnavailable as exc:
+            raise TrainingError(f"privacy ledger unavailable, step {step} not taken: {exc}") from exc
+        if not outcome.taken:
             state["stop_reason"] = "budget"
             if rank == 0:
-                log.warning("ledger denied step %d: %s", step, reason)
+                log.warning("ledger denied step %d: %s", step, outcome.reason)
             break
-        chosen = _sample_indices(schedule, randomness, step, rank, world, device)
-        local = [(i - rank) // world for i in chosen]
-        # Per-record randomness (the VAE's eps) is keyed by the record's content
-        # and a per-step secret, so it neither depends on other records nor on
-        # how records fall on workers; dropout masks come from the secret too.
-        batch = (collate([encoded[j] for j in local], pad_id, device=device, step=step,
-                         record_keys=torch.tensor([keys[j] for j in local], dtype=torch.long),
-                         record_secret=randomness.record_secret(step))
-                 if local else None)
-        randomness.seed_step(step)
-        local_sum = clipper.clipped_sum(loss_fn, batch, len(local))
-        nonfinite = _all_reduce_count(getattr(clipper, "last_nonfinite", 0), world, device)
-        grad = privatize(local_sum, noise_multiplier=job.noise_multiplier,
-                         max_grad_norm=cfg.max_grad_norm, expected_batch_size=expected_batch,
-                         add_noise=rank == 0, secure=randomness.secure,
-                         generator=randomness.noise_generator(device) if rank == 0 else None)
-        apply_flat_gradient(params, grad)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del batch, local_sum, grad
-        state["step"], state["ledger_position"] = step + 1, position
+        state["step"], state["ledger_position"] = step + 1, outcome.position
         if rank == 0:
-            _append_audit(job.audit_log, step, position, state["attempt"], nonfinite)
+            _append_audit(job.audit_log, step, outcome.position, state["attempt"],
+                          outcome.nonfinite)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             if rank == 0 and stream is not None:
                 state["curve"].append([step + 1, _evaluate(model, tokenizer, stream, cfg)])
@@ -426,11 +316,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0 and stream is not None and (not state["curve"] or state["curve"][-1][0] != state["step"]):
         state["curve"].append([state["step"], _evaluate(model, tokenizer, stream, cfg)])
     _report(job, objective, optimizer, state, rank)
-
-
-def _split(seed: int) -> list[int]:
-    """A 126-bit seed as two non-negative int64 words (for a broadcast)."""
-    return [seed >> 63, seed & ((1 << 63) - 1)]
 
 
 # --------------------------------------------------------------------------- the launcher
@@ -445,7 +330,6 @@ def _ledger_id(run_name: str, ledger_dir: Path, store: Any) -> str:
     never a plain hash. A WAL written before this rule keeps the id in its
     header (changing it would lock the ledger with a conflict).
     """
-    from privcode.dp.ledger import WAL_NAME, read_wal
 
     wal = ledger_dir / WAL_NAME
     if wal.is_file():
@@ -462,10 +346,6 @@ def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float, ledger_di
     Only a courtesy: the ledger's reservation inside the loop is what
     enforces the budget.
     """
-    import ray
-
-    from privcode.dp.accounting import DPEvent, epsilon
-
     spent = ray.get(ledger.spent.remote())
     history = [DPEvent.from_dict(e) for e in spent.get("history", [])]
     if epsilon([*history, DPEvent(sigma, q, 1)], cfg.delta, cfg.accountant) > cfg.epsilon:
@@ -480,14 +360,12 @@ def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
     """(sigma, calibrated): the configured multiplier, or the calibrated one when it is 0."""
     if cfg.noise_multiplier > 0:
         return float(cfg.noise_multiplier), False
-    from privcode.dp.accounting import calibrate
-
     return float(calibrate(cfg.epsilon, cfg.delta, sample_rate, cfg.steps, cfg.accountant)), True
 
 
 def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Path,
                  out_dir: str | Path, ledger_dir: str | Path, run_name: str,
-                 storage_dir: str | Path, unsafe: UnsafeTestOptions | None = None,
+                 storage_dir: str | Path, non_private: Privacy | None = None,
                  keep_storage: bool = False, privacy_store: str | Path | None = None
                  ) -> dict[str, Any]:
     """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
@@ -504,33 +382,30 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     ``ledger_dir`` (``privacy-store/``), or ``PRIVCODE_PRIVACY_STORE``) holds the key of
     the opaque dataset id (:mod:`privcode.dp.store`). Raises
     :class:`TrainingError` when no step could be taken.
+
+    ``non_private`` (tests and comparisons; never from a config file): the
+    engine's non-private mode instead of DP-SGD (no noise, no ledger; its
+    reason and settings are written into ``privacy.json``). The method
+    ``nondpft`` (with ``train.allow_non_private``) selects that mode too.
     """
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from privcode.cluster.local import connect
-    from privcode.data.records import read_records
-    from privcode.train.artifact import privacy_record, write_junior_release
-    from privcode.train.checkpoints import fit
-    from privcode.train.methods import get_method
-
-    unsafe = unsafe or UnsafeTestOptions()
     method = get_method(cfg.method)
     if not method.dp:
         if not cfg.allow_non_private:
             raise TrainingError(f"train.method={cfg.method!r} trains WITHOUT differential privacy "
                                 "(NOT PRIVATE); it is refused unless train.allow_non_private "
                                 "is true (audits and comparisons only)")
-        msg = (f"train.method={cfg.method!r}: this run is NOT PRIVATE (no clipping, no noise, "
-               "no privacy ledger). Its release must never be treated as a DP artifact.")
+        non_private = non_private or Privacy.non_private(
+            f"train.method={cfg.method} with train.allow_non_private")
+    if non_private is not None:
+        if non_private.private:
+            raise ValueError("non_private must be Privacy.non_private(...)")
+        msg = (f"train.method={cfg.method!r}: this run is NOT differentially private "
+               f"({non_private.reason}: no noise, no privacy ledger). Its release must never be "
+               "treated as a DP artifact.")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.error(msg)
-    non_private = unsafe.noise_off or not method.dp
     data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
     out_dir, ledger_dir = Path(out_dir), Path(ledger_dir).resolve()
-    from privcode.dp.store import PrivacyStore, resolve_store
-
     store = PrivacyStore(privacy_store if privacy_store is not None
                          else resolve_store("", ledger_dir))
     n = len(read_records(data_path))
@@ -543,31 +418,22 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     if cfg.delta >= 1.0 / n:
         warnings.warn(f"train.delta={cfg.delta} is not below 1/N = {1 / n:.3g}: the guarantee "
                       "is weak", stacklevel=2)
-    if unsafe.active:
-        msg = ("UNSAFE TEST OPTIONS ACTIVE (" + ", ".join(
-            k for k, v in dataclasses.asdict(unsafe).items() if v not in (False, None))
-            + "): this training run is NOT differentially private")
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        log.error(msg)
-    if not cfg.secure_rng and not non_private:
+    if not cfg.secure_rng and non_private is None:
         log.warning("train.secure_rng is off: sampling and noise come from a secret-seeded "
                     "fast PRNG, not a CSPRNG (set train.secure_rng for production releases)")
-    sigma, calibrated = (0.0, False) if non_private else noise_for(cfg, q)
+    sigma, calibrated = (0.0, False) if non_private is not None else noise_for(cfg, q)
+    privacy = non_private or Privacy.dp_sgd(sigma, cfg.max_grad_norm, cfg.grad_sample_mode)
 
     if not ray.is_initialized():
         connect()
     run_id = ""
     ledger = None
-    if not non_private:
-        from privcode.dp.ledger import open_ledger
-
+    if privacy.private:
         run_id = _ledger_id(run_name, ledger_dir, store)
         ledger = open_ledger(run_id, ledger_dir, cfg.epsilon, cfg.delta, cfg.accountant)
         try:
             _check_room(ledger, cfg, sigma, q, ledger_dir)
         except BaseException:
-            from privcode.dp.ledger import close_ledger
-
             close_ledger(run_id)
             raise
 
@@ -577,18 +443,12 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     audit_log = storage_root / f"{name}.applied_steps.jsonl"
     local = cfg.num_workers == 0  # Ray Train local mode: the loop runs in this process
     job = TrainJob(cfg=cfg, data_path=str(data_path), corpus_sha256=corpus_sha,
-                   base_path=str(base_path), num_records=n, sample_rate=q, noise_multiplier=sigma,
-                   run_id=run_id, audit_log=str(audit_log), unsafe=unsafe,
+                   base_path=str(base_path), num_records=n, sample_rate=q, privacy=privacy,
+                   run_id=run_id, audit_log=str(audit_log),
                    local_checkpoints=str(storage_root / name) if local else "")
-    resources = {"CPU": cfg.cpus_per_worker, **({"GPU": 1} if cfg.use_gpu else {})}
-    trainer = TorchTrainer(
-        train_loop_per_worker, train_loop_config={"job": job},
-        torch_config=TorchConfig(backend="nccl" if cfg.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                                     resources_per_worker=resources),
-        run_config=RunConfig(name=name, storage_path=str(storage_root),
-                             failure_config=FailureConfig(max_failures=cfg.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)))
+    trainer = torch_trainer(train_loop_per_worker, {"job": job}, name=name, storage=storage_root,
+                            num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
+                            use_gpu=cfg.use_gpu, max_failures=cfg.max_failures, keep=2)
     started = time.time()
     spent: dict[str, Any] = {}
     history: list[dict] = []
@@ -616,7 +476,6 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             history = ray.get(ledger.history.remote())
     finally:
         if ledger is not None:
-            from privcode.dp.ledger import close_ledger
 
             # The actor is detached: stop it; its WAL keeps the state for the next open.
             close_ledger(run_id)
@@ -624,8 +483,7 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     privacy = privacy_record(
         cfg, method, spent=spent, grants=history, sigma=sigma, calibrated=calibrated,
         sample_rate=q, num_records=n, state=state, dataset_id=dataset_id, base_path=base_path,
-        unsafe=dataclasses.asdict(unsafe) if unsafe.active else None,
-        dp=not (unsafe.active or non_private))
+        mode=privacy.record(), dp=privacy.private)
     try:
         write_junior_release(out_dir, ckpt_dir, cfg, method, privacy, base_path)
     finally:

@@ -1,4 +1,10 @@
-"""Checkpoints reported to Ray Train, from a worker group or from Ray Train's local mode.
+"""The one Ray Train wiring of privcode: trainer, fit and checkpoints (junior, premium).
+
+:func:`torch_trainer` builds the ``TorchTrainer`` (``ScalingConfig``,
+``RunConfig``, ``FailureConfig``, ``CheckpointConfig``, gloo on CPU / NCCL on
+GPU) for the DP junior (:mod:`privcode.train.loop`) and the premium model
+(:mod:`privcode.premium.train`); :func:`fit` runs it; :func:`report_checkpoint`
+reports a checkpoint from either.
 
 In a worker group (``ScalingConfig(num_workers >= 1)``) ``ray.train.report``
 copies a checkpoint directory into the run's storage before it returns, so
@@ -21,7 +27,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fit", "report_checkpoint"]
+__all__ = ["fit", "report_checkpoint", "torch_trainer"]
+
+
+def torch_trainer(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], *,
+                  name: str, storage: str | Path, num_workers: int, cpus_per_worker: int,
+                  use_gpu: bool, max_failures: int, keep: int | None = None) -> Any:
+    """A ``TorchTrainer`` of ``num_workers`` workers (0: Ray Train's local mode) running ``loop``.
+
+    Each worker holds ``cpus_per_worker`` CPUs (and one GPU with ``use_gpu``);
+    the worker group restarts from its last checkpoint up to ``max_failures``
+    times; ``keep`` checkpoints are kept in ``storage/name`` (None: all).
+    """
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    resources = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
+    return TorchTrainer(
+        loop, train_loop_config=loop_config,
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(name=name, storage_path=str(storage),
+                             failure_config=FailureConfig(max_failures=max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=keep)))
 
 
 def report_checkpoint(metrics: dict[str, Any], write: Callable[[Path], None] | None,
