@@ -7,7 +7,8 @@ Artifacts: ``<run.out_dir>/<run.name>/<stage>/`` holds a stage's files and its
      fingerprint}, "outputs": {relative path: sha256}, "summary": {...},
      "timings": {"started", "seconds"}, "privcode_version"}
 
-The fingerprint is a hash of the stage's config sections, its version and
+The fingerprint is a hash of the config the stage declares it reads
+(:attr:`Stage.sections`: whole sections or single fields), its version and
 the fingerprints of the stages it needs. A stage is skipped when its
 manifest carries the same fingerprint and every listed output still has the
 recorded sha256; otherwise it runs. A stage writes into a temporary sibling
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode import __version__
-from privcode.config import PipelineConfig, section_to_dict
+from privcode.config import PipelineConfig
 from privcode.errors import PrivcodeError
 from privcode.layout import RunLayout
 from privcode.pipeline.stages import STAGES, Stage
@@ -48,8 +49,8 @@ def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dic
     return stable_hash({
         "stage": stage.name,
         "version": stage.version,
-        "config": {s: section_to_dict(cfg.section(s)) for s in stage.sections if s != "run"},
-        "run": {"name": cfg.run.name, "reports_dir": cfg.run.reports_dir} if "run" in stage.sections else None,
+        "config": stage.config_read(cfg),
+        "run": None,  # (was run.name/reports_dir, now in "config"): unchanged stages keep their hash
         "inputs": {name: upstream[name]["fingerprint"] for name in _input_names(stage, upstream)},
     })
 
@@ -123,7 +124,7 @@ def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
             "stage": name,
             "fingerprint": fp,
             "private": stage.private,
-            "config": {s: section_to_dict(cfg.section(s)) for s in stage.sections},
+            "config": stage.config_read(cfg),
             "inputs": {n: inputs[n]["fingerprint"] for n in inputs},
             "outputs": _hash_outputs(work),
             "summary": summary,

@@ -19,8 +19,14 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from privcode.config import PipelineConfig
+from privcode.config import PipelineConfig, section_to_dict
 from privcode.layout import RunLayout
+
+#: The train fields the non-DP comparison reads (:func:`privcode.audit.nondp.train_nondp_comparison`
+#: and the ``nondpft`` objective it builds); a test scans that module so none is missed.
+NONDP_TRAIN_FIELDS = ("train.steps", "train.lr", "train.expected_batch_size", "train.max_length",
+                      "train.weight_decay", "train.use_gpu", "train.lora_r", "train.lora_alpha",
+                      "train.lora_dropout")
 
 
 def wait_input(inputs: dict[str, dict[str, Any]], name: str,
@@ -56,7 +62,9 @@ class Stage:
     """One pipeline stage. Subclasses set the class attributes and ``run``."""
 
     name: ClassVar[str]
-    #: Config sections whose values enter this stage's fingerprint.
+    #: The config this stage reads, and so its fingerprint: a whole section
+    #: (``"audit"``), one field (``"train.data"``) or fields by prefix
+    #: (``"audit.nondp_*"``); :meth:`config_read` gives the values.
     sections: ClassVar[tuple[str, ...]] = ()
     #: Upstream stages whose manifests this stage reads (must run earlier).
     needs: ClassVar[tuple[str, ...]] = ()
@@ -77,6 +85,29 @@ class Stage:
 
     def run(self, cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         raise NotImplementedError
+
+    @classmethod
+    def config_read(cls, cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
+        """``{section: {field: value}}`` of what :attr:`sections` declares (see there).
+
+        A whole section gives the same mapping as :func:`section_to_dict`, so a
+        stage that reads whole sections keeps its fingerprint. An entry naming
+        no field of its section is a ValueError (a typo would silently leave
+        the field out of the fingerprint).
+        """
+        out: dict[str, dict[str, Any]] = {}
+        for entry in cls.sections:
+            name, _, pattern = entry.partition(".")
+            values = section_to_dict(cfg.section(name))
+            if not pattern:
+                out[name] = values
+                continue
+            chosen = {k: v for k, v in values.items()
+                      if (k.startswith(pattern[:-1]) if pattern.endswith("*") else k == pattern)}
+            if not chosen:
+                raise ValueError(f"stage {cls.name!r}: {entry!r} names no field of '{name}'")
+            out.setdefault(name, {}).update(chosen)
+        return {name: dict(sorted(fields.items())) for name, fields in out.items()}
 
     def still_valid(self, summary: dict[str, Any]) -> bool:
         """Extra check before skipping: do things outside the stage dir still exist?"""
@@ -344,7 +375,8 @@ class AuditStage(Stage):
 
     name = "audit"
     version = 1
-    sections = ("audit", "train")
+    # train: the data path, and what the comparison reads when it trains inline.
+    sections = ("audit", "train.data", *NONDP_TRAIN_FIELDS)
     needs = ("data", "base", "train")
     after = ("synth", "premium", "nondp")
     late = ("premium",)  # the junior and nondpft are audited while the premium model trains
@@ -406,7 +438,7 @@ class PacStage(Stage):
     """
 
     name = "pac"
-    sections = ("pac", "train")
+    sections = ("pac", "train.data")  # its worlds train with pac.* settings only
     needs = ("data", "base")
     private = True
     num_cpus = None  # all worlds train in one process's batched passes
@@ -444,7 +476,8 @@ class NondpStage(Stage):
     """
 
     name = "nondp"
-    sections = ("audit", "train")
+    sections = ("audit.nondp_finetune", "audit.nondp_steps", "audit.nondp_lr",
+                "audit.nondp_batch_size", "audit.seed", "train.data", *NONDP_TRAIN_FIELDS)
     needs = ("data", "base")
     private = True
     num_cpus = None
@@ -466,7 +499,7 @@ class ReportStage(Stage):
     """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
 
     name = "report"
-    sections = ("report", "run")
+    sections = ("report", "run.name", "run.reports_dir")
     needs = ("data", "base")
     after = ("train", "synth", "premium", "eval", "audit", "pac")
 
