@@ -20,7 +20,7 @@ SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo serve sweep test test-fast test-all test-gpu lint format helm-lint helm-template ray-up ray-down submit-job clean
+.PHONY: help install tools demo serve sweep test test-fast test-all test-gpu lint typecheck format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -87,6 +87,9 @@ test-gpu: ## Run GPU tests when a CUDA device is present (none collected is fine
 lint: ## Ruff lint of the package, tests, jobs, bench; the layering contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check privcode tests jobs bench
 	$(VENV)/bin/lint-imports --no-cache
+
+typecheck: ## basedpyright on the typed boundaries ([tool.basedpyright] in pyproject.toml: bottom layer, config, DP maths and engine)
+	$(VENV)/bin/basedpyright
 
 format: ## Ruff autofix
 	$(VENV)/bin/ruff check --fix privcode tests jobs bench

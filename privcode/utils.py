@@ -173,7 +173,7 @@ class ThreadTuner:
             self._probe_left = self.probe_steps
             self._times[other].clear()
             self.probes += 1
-        n = other if self._probe_left else self.current
+        n = other if self._probe_left and other is not None else self.current
         if n != self._active:
             self._set(n)
             self._active = n

@@ -236,7 +236,9 @@ class RDPAccountant(Accountant):
             # Opacus warns when the optimum sits at the edge of the order grid;
             # the bound is still valid, only possibly loose.
             warnings.simplefilter("ignore")
-            eps, _ = opacus_rdp.get_privacy_spent(orders=list(RDP_ORDERS), rdp=rdp, delta=delta)
+            eps, _ = opacus_rdp.get_privacy_spent(orders=list(RDP_ORDERS),
+                                                  rdp=np.asarray(rdp, dtype=float).tolist(),
+                                                  delta=delta)
         return eps
 
 
@@ -265,6 +267,7 @@ class PRVAccountant(Accountant):
 
     def copy(self) -> Accountant:
         new = super().copy()
+        assert isinstance(new, PRVAccountant)
         new._cache = self._cache  # the key includes the history, so sharing is safe
         return new
 

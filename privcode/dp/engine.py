@@ -239,7 +239,7 @@ class PrivateEngine:
             log.warning("non-private training (%s): no noise, no budget", privacy.reason)
 
     @property
-    def module(self) -> torch.nn.Module:
+    def module(self) -> Any:
         """The module to compute losses through (Opacus' wrapper when clipping)."""
         return self.clipper.module
 
