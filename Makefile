@@ -43,9 +43,9 @@ demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
 	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
 
-# The run's artifacts dir from CONFIG; the PAC ensemble joins (at /pac) when the pac stage
+# The run's artifacts dir from CONFIG; the PAC ensemble joins (at /ensemble) when the pac stage
 # wrote its worlds, and serves alone when there is no premium release to serve.
-serve: ray-up ## After make demo: serve the premium model (and the PAC ensemble at /pac when the pac stage ran) on the local head until Ctrl-C
+serve: ray-up ## After make demo: serve the premium model (and the PAC ensemble at /ensemble when the pac stage ran) on the local head until Ctrl-C
 	@set -e; paths=$$($(PY) -c "from privcode.config import load_config; from privcode.layout import RunLayout; l = RunLayout.of(load_config('$(CONFIG)')); print(l.pac_worlds); print(l.premium)"); \
 	worlds=$$(sed -n 1p <<<"$$paths"); premium=$$(sed -n 2p <<<"$$paths"); \
 	flags=(); \

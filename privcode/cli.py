@@ -138,6 +138,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING", "SUBMITTED") else 1
 
 
+#: Route of the PAC ensemble under `privcode serve --pac`: the chart's serve.ensemble.routePrefix.
+PAC_ROUTE = "/ensemble"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import time
 
@@ -166,9 +170,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # is the app's default (<worlds>/curator-state). The chart sets them on Kubernetes.
         pac = cfg.pac
         options = {"worlds": args.pac, "device": args.device, "top_k": pac.top_k, "b": pac.b,
-                   "decoder": pac.decoder, "session_budget": pac.session_budget,
+                   "decoder": args.pac_decoder, "session_budget": pac.session_budget,
                    "deployment_budget": pac.deployment_budget}
-        apps.append(("pac", "/pac", pac_app(options), f"PAC ensemble {args.pac}"))
+        apps.append(("pac", PAC_ROUTE, pac_app(options), f"PAC ensemble {args.pac}"))
     connect(args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     for name, prefix, application, what in apps:
@@ -336,9 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray cluster (default: RAY_ADDRESS, else a local one).")
     p.add_argument("--pac", default=None, metavar="WORLDS_DIR",
                    help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
-                        "stage's <run.out_dir>/<run.name>/pac/worlds) at /pac, with the "
-                        "config's pac.b, top_k, decoder and budgets; its curator state "
-                        "(secret and charges) persists in WORLDS_DIR/curator-state.")
+                        "stage's <run.out_dir>/<run.name>/pac/worlds) at /ensemble (the "
+                        "chart's route), with the config's pac.b, top_k and budgets; its "
+                        "curator state (secret and charges) persists in "
+                        "WORLDS_DIR/curator-state.")
+    p.add_argument("--pac-decoder", choices=("gumbel", "greedy"), default="gumbel",
+                   help="How the served worlds vote (the chart's default too): gumbel samples "
+                        "requests with temperature > 0 by coupled Gumbel votes and serves "
+                        "temperature 0 greedily; greedy serves every request greedily. "
+                        "(pac.decoder is the pac stage's evaluation decoder.)")
     p.add_argument("--pac-only", action="store_true",
                    help="Serve only the PAC ensemble (with --pac), not the premium model.")
     p.set_defaults(func=cmd_serve)

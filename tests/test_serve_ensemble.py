@@ -182,6 +182,12 @@ def test_the_charts_ensemble_args_are_accepted(helm):
     assert str(cfg.state_path).startswith("/mnt/artifacts/")  # persistent: the artifacts PVC
     assert ens["deployments"][0]["name"] == Ensemble.name
     assert ens["deployments"][0]["num_replicas"] == 1
+    # `privcode serve --pac` serves what the chart serves: the same route and decoder.
+    from privcode.cli import PAC_ROUTE, build_parser
+
+    cli = build_parser().parse_args(["serve", "--pac", "/w"])
+    assert ens["route_prefix"] == PAC_ROUTE == "/ensemble"
+    assert cli.pac_decoder == cfg.decoder == "gumbel"
 
 
 # --------------------------------------------------------------------------- API (no Ray)
