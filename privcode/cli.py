@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from privcode.config import SECTIONS, describe, load_config
-from privcode.errors import PrivcodeError
+from privcode.errors import PrivcodeError, import_extra
 
 
 def _add_config_args(p: argparse.ArgumentParser, default: str | None = "jobs/configs/demo.yaml") -> None:
@@ -145,6 +145,7 @@ PAC_ROUTE = "/ensemble"
 def cmd_serve(args: argparse.Namespace) -> int:
     import time
 
+    import_extra("starlette", "serve", "privcode serve")  # ray[serve] brings it too
     from ray import serve
 
     from privcode.cluster.local import connect

@@ -66,13 +66,16 @@ def _distribution(module: str) -> str:
 def test_every_import_of_the_package_is_declared_and_every_runtime_dependency_used():
     imports = _third_party_imports(sorted((ROOT / "privcode").rglob("*.py")))
     used = {_distribution(m): files for m, files in imports.items()}
-    runtime = _declared("core", "train", "k8s")
+    runtime = _declared("core", "train", "serve", "k8s")
     missing = {d: sorted(f)[:2] for d, f in used.items() if d not in runtime}
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
     unused = _declared("core") - set(used) - NOT_IMPORTED
     assert not unused, f"declared but never imported by privcode: {sorted(unused)}"
     # The extras hold what only their role imports.
     assert {"deepspeed"} == _declared("train")
+    assert {"ray", "starlette"} == _declared("serve")  # ray[serve]: Ray Serve's dependencies
+    assert all(f.startswith("privcode/serve/") or f == "privcode/cli.py"  # its extra check
+               for f in used["starlette"])
     assert {"kubernetes", "jsonschema"} == _declared("k8s")
     assert {d for d, files in used.items()
             if all(f == "privcode/cluster/k8s.py" for f in files)} == _declared("k8s")
@@ -80,10 +83,10 @@ def test_every_import_of_the_package_is_declared_and_every_runtime_dependency_us
 
 def test_dev_installs_every_role_and_the_test_tools():
     dev = PYPROJECT["optional-dependencies"]["dev"]
-    assert any(r.replace(" ", "") == "privcode[train,k8s]" for r in dev)
+    assert any(r.replace(" ", "") == "privcode[train,serve,k8s]" for r in dev)
     files = sorted((ROOT / "tests").rglob("*.py"))
     local = {p.stem for p in files}  # the tests' own helper modules
-    have = _declared("core", "train", "k8s", "dev")
+    have = _declared("core", "train", "serve", "k8s", "dev")
     missing = {m for m in _third_party_imports(files)
                if m not in local and not m.startswith("privcode")
                and _distribution(m) not in have}
