@@ -483,9 +483,7 @@ def test_code_is_not_mistaken_for_biometric_data():
 
 def test_audit_stage_probes_the_configured_scenarios(monkeypatch, tmp_path):
     """audit.probe_scenarios reaches run_probe (empty: all six scenarios, 32 pairs)."""
-    import privcode.audit.probe.backends as backends
-    import privcode.audit.probe.run as probe_run
-    import privcode.data.records as records
+    import privcode.audit.run as audit_run
     from privcode.audit.run import _probe
     from privcode.config import load_config
 
@@ -495,9 +493,9 @@ def test_audit_stage_probes_the_configured_scenarios(monkeypatch, tmp_path):
         seen.update(kw)
         return {"metrics": {}, "confirmed": {}}
 
-    monkeypatch.setattr(probe_run, "run_probe", fake_probe)
-    monkeypatch.setattr(backends, "HFBackend", lambda path: ScriptedBackend([]))
-    monkeypatch.setattr(records, "read_records", lambda path: [])
+    monkeypatch.setattr(audit_run, "run_probe", fake_probe)
+    monkeypatch.setattr(audit_run, "HFBackend", lambda path: ScriptedBackend([]))
+    monkeypatch.setattr(audit_run, "read_records", lambda path: [])
     run = {"train": tmp_path / "t.parquet", "base": tmp_path / "base"}
     for scenarios, expected in (([], None), (["game", "web"], ("game", "web"))):
         cfg = load_config(None, overrides=[f"audit.probe_scenarios=[{','.join(scenarios)}]"])

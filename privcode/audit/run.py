@@ -28,7 +28,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ray
+
+from privcode.audit.canaries import canary_leakage
+from privcode.audit.exposure import canary_exposure
+from privcode.audit.fidelity import fidelity_report, read_private_codes, read_synthetic_codes
+from privcode.audit.mia import dp_tpr_ceiling, plot_roc, read_dp_params, run_mia
+from privcode.audit.probe.backends import HFBackend
+from privcode.audit.probe.run import run_probe
+from privcode.audit.scoring import load_scored_model
 from privcode.config import PipelineConfig
+from privcode.data.records import read_records
 from privcode.errors import PrivcodeError
 from privcode.utils import atomic_write_json, torch_threads
 
@@ -40,11 +50,6 @@ __all__ = ["run_audits"]
 def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
                   out_dir: Path, reference: Any, dp: dict[str, Any] | None,
                   reference_cache: dict[Any, Any]) -> dict[str, Any]:
-    from privcode.audit.canaries import canary_leakage
-    from privcode.audit.exposure import canary_exposure
-    from privcode.audit.mia import run_mia
-    from privcode.audit.scoring import load_scored_model
-
     a = cfg.audit
     model = load_scored_model(str(path))
     result: dict[str, Any] = {"path": str(path), "non_private": name == "nondpft"}
@@ -104,9 +109,6 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     aggregate summary (also written to ``audit.json``).
     """
 
-    from privcode.audit.mia import plot_roc, read_dp_params
-    from privcode.audit.scoring import load_scored_model
-
     started = time.time()
     a = cfg.audit
     out_dir = Path(out_dir)
@@ -143,8 +145,6 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
             if "mia" in m:
                 m["mia"] = _mia_summary(m["mia"])
     if dp:
-        from privcode.audit.mia import dp_tpr_ceiling
-
         summary["dp_bound"] = {"epsilon": dp["epsilon"], "delta": dp["delta"],
                                "tpr_at_1pct_fpr": float(dp_tpr_ceiling(0.01, dp["epsilon"],
                                                                        dp["delta"]))}
@@ -156,14 +156,10 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
 
 
 def _ray_ready() -> bool:
-    import ray
-
     return ray.is_initialized()
 
 
 def _fidelity(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path) -> dict[str, Any]:
-    from privcode.audit.fidelity import fidelity_report, read_private_codes, read_synthetic_codes
-
     return fidelity_report(
         read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
         out_dir / "fidelity", max_samples=cfg.audit.fidelity_max_samples, seed=cfg.audit.seed)
@@ -177,7 +173,6 @@ def _audit_one(name: str, path: Path | None, cfg: PipelineConfig, run: dict[str,
                out_dir: Path, dp: dict[str, Any] | None, part: str) -> dict[str, Any]:
     """One model's audits (``part`` "audits"), its leak probing ("probe"), or the
     synthetic data's fidelity ("fidelity"): the body of one Ray task."""
-    from privcode.audit.scoring import load_scored_model
 
     with torch_threads(int(cfg.audit.cpus_per_model)):
         if part == "fidelity":
@@ -204,7 +199,6 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
     its MIA itself (the in-process path shares those scores: a few seconds
     more CPU, for models audited on every free core at once).
     """
-    import ray
 
     task = ray.remote(_audit_one)
 
@@ -259,10 +253,6 @@ def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig) -> dict:
-    from privcode.audit.probe.backends import HFBackend
-    from privcode.audit.probe.run import run_probe
-    from privcode.data.records import read_records
-
     backend = HFBackend(str(path))
     try:
         summary = run_probe(backend, read_records(run["train"]), out_dir=out_dir,

@@ -41,8 +41,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+import ray
+import ray.train
+import torch
+
+from privcode.cluster.local import connect
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError, import_extra
+from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+from privcode.train.data import CODE, collate, encode_records
+from privcode.train.methods import token_ce
+from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
 from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.premium")
@@ -78,8 +88,6 @@ def deepspeed_config(cfg: PremiumConfig, use_bf16: bool) -> dict[str, Any]:
 
 
 def _read_synthetic(path: Path) -> list[tuple[str, str]]:
-    import pyarrow.parquet as pq
-
     table = pq.read_table(path)
     missing = {"prompt", "code", "provenance"} - set(table.column_names)
     if missing:
@@ -104,9 +112,6 @@ class _Pair:
 
 
 def _code_loss(model: Any, batch: dict[str, Any]) -> Any:
-    from privcode.train.data import CODE
-    from privcode.train.methods import token_ce
-
     ids = batch["input_ids"]
     logits = model(input_ids=ids, attention_mask=batch["attention_mask"]).logits[:, :-1]
     mask = (batch["segments"][:, 1:] == CODE).float()
@@ -116,12 +121,6 @@ def _code_loss(model: Any, batch: dict[str, Any]) -> Any:
 
 def premium_loop(config: dict[str, Any]) -> None:
     """Ray Train worker: data-parallel LoRA fine-tuning (DDP or DeepSpeed)."""
-    import ray.train
-    import torch
-
-    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
-    from privcode.train.data import collate, encode_records
-    from privcode.train.ray_train import report_checkpoint
 
     job: PremiumJob = config["job"]
     cfg = job.cfg
@@ -238,10 +237,6 @@ def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | 
 
 def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, Any]], float]:
     """Run :func:`premium_loop` on Ray Train, copy the adapter to ``out_dir``; (curve, seconds)."""
-    import ray
-
-    from privcode.cluster.local import connect
-    from privcode.train.ray_train import fit, torch_trainer
 
     cfg = job.cfg
     if not ray.is_initialized():
@@ -269,7 +264,6 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
 
 def _provenance(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(the one Stage II provenance of every row, None) or (None or it, what is wrong)."""
-    import pyarrow.parquet as pq
 
     col = pq.read_table(path, columns=["provenance"]).column("provenance")
     if col.null_count:
