@@ -285,7 +285,7 @@ class PrivateEngine:
         batch = batch_fn(local, step) if local else None
         self.randomness.seed_step(step)
         local_sum = self.clipper.clipped_sum(loss_fn, batch, len(local))
-        nonfinite = _all_reduce_count(getattr(self.clipper, "last_nonfinite", 0), self.world,
+        nonfinite = _all_reduce_count(self.clipper.last_nonfinite, self.world,
                                       self.device)
         grad = privatize(
             local_sum, noise_multiplier=self.privacy.noise_multiplier,

@@ -151,12 +151,10 @@ def _public_eval_stream(base_path: str, tokenizer: Any, max_tokens: int):
     with contextlib.suppress(OSError, ValueError):
         names = json.loads(info.read_text(encoding="utf-8")).get("heldout_files")
         if names:
-
             root = stdlib_dir()
             files = [C.SourceFile(n, n.split("/")[0].removesuffix(".py"),
                                   (root / n).read_text(encoding="utf-8")) for n in names]
     if not files:
-
         files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)[1]
     stream, _ = C.token_stream(tokenizer, files, max_tokens=max_tokens)
     return stream
@@ -199,7 +197,6 @@ def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, 
     """
     counts = [int(stats.get("untokenizable", 0))]
     if world > 1:
-
         t = torch.tensor(counts, dtype=torch.int64, device=device)
         dist.all_reduce(t)
         counts = [int(v) for v in t.tolist()]
@@ -476,7 +473,6 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             history = ray.get(ledger.history.remote())
     finally:
         if ledger is not None:
-
             # The actor is detached: stop it; its WAL keeps the state for the next open.
             close_ledger(run_id)
     seconds = time.time() - started
