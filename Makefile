@@ -84,15 +84,17 @@ test-gpu: ## Run GPU tests when a CUDA device is present (none collected is fine
 		if [ $$rc -eq 5 ]; then echo "no GPU tests collected"; exit 0; fi; exit $$rc; \
 	else echo "test-gpu: no CUDA device, GPU tests not run"; fi
 
-lint: ## Ruff lint of the package, tests, jobs, bench; the layering contracts (import-linter, pyproject.toml)
+lint: ## Ruff lint and format check of the package, tests, jobs, bench; the layering contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check privcode tests jobs bench
+	$(VENV)/bin/ruff format --check privcode tests jobs bench
 	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: ## basedpyright on the typed boundaries ([tool.basedpyright] in pyproject.toml: bottom layer, config, DP maths and engine)
 	$(VENV)/bin/basedpyright
 
-format: ## Ruff autofix
+format: ## Format (ruff format) and autofix lint (ruff check --fix): what make lint checks
 	$(VENV)/bin/ruff check --fix privcode tests jobs bench
+	$(VENV)/bin/ruff format privcode tests jobs bench
 
 helm-lint: ## helm lint --strict the chart, with default values and with charts/ci-values.yaml
 	$(HELM) lint --strict $(CHART)

@@ -28,11 +28,16 @@ from privcode.models.base import PRESETS, Preset
 def bench_preset(name: str, preset: Preset, steps: int, warmup: int = 3) -> dict:
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=preset.vocab_size, hidden_size=preset.hidden_size,
-        intermediate_size=preset.intermediate_size, num_hidden_layers=preset.num_layers,
-        num_attention_heads=preset.num_heads, num_key_value_heads=preset.num_kv_heads,
-        max_position_embeddings=preset.max_position_embeddings, tie_word_embeddings=True,
-        use_cache=False)
+        vocab_size=preset.vocab_size,
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        max_position_embeddings=preset.max_position_embeddings,
+        tie_word_embeddings=True,
+        use_cache=False,
+    )
     model = Qwen2ForCausalLM(config)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=preset.lr, betas=(0.9, 0.95))
@@ -64,8 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["ci", "demo"], choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=20, help="Timed steps per preset.")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="Torch threads (default: the CPUs available).")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="Torch threads (default: the CPUs available)."
+    )
     args = parser.parse_args()
     try:
         cores = len(os.sched_getaffinity(0))

@@ -47,9 +47,18 @@ def make_worlds(base: str, m: int, root: Path) -> Path:
                 if "lora_B" in n:
                     p.copy_(0.05 * torch.randn(p.shape, generator=gen))
         model.save_pretrained(str(root / "adapters" / name))
-    (root / MANIFEST).write_text(json.dumps({"format": FORMAT, "m": m, "base_model": base,
-                                             "worlds": names, "lora": {"r": 8, "alpha": 16},
-                                             "NOT_PRIVATE": "benchmark"}))
+    (root / MANIFEST).write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "m": m,
+                "base_model": base,
+                "worlds": names,
+                "lora": {"r": 8, "alpha": 16},
+                "NOT_PRIVATE": "benchmark",
+            }
+        )
+    )
     return root
 
 
@@ -101,15 +110,18 @@ def main() -> None:
     from privcode.models.base import build_base
     from privcode.pac.ensemble import PacEnsemble
 
-    cfg = (BaseConfig(preset=args.preset) if args.cache_dir is None
-           else BaseConfig(preset=args.preset, cache_dir=args.cache_dir))
+    cfg = (
+        BaseConfig(preset=args.preset)
+        if args.cache_dir is None
+        else BaseConfig(preset=args.preset, cache_dir=args.cache_dir)
+    )
     base = build_base(cfg, progress=False)["path"]
     print(f"base {args.preset}; {args.tokens} tokens; torch threads {torch.get_num_threads()}")
     print(f"{'m':>4} {'batched ms/token':>17} {'separate ms/token':>18} {'separate/batched':>17}")
     for m in args.worlds:
         with tempfile.TemporaryDirectory() as tmp:
             ens = PacEnsemble(make_worlds(base, m, Path(tmp)), device="cpu")
-            ids = ens.encode("def parse_config(path):\n    \"\"\"Read a config file.\"\"\"\n")
+            ids = ens.encode('def parse_config(path):\n    """Read a config file."""\n')
             batched(ens, ids, 2)  # warm-up: allocations, kernel selection
             b = statistics.median(batched(ens, ids, args.tokens)) * 1e3
             s = statistics.median(separate(ens, ids, args.tokens)) * 1e3

@@ -22,9 +22,18 @@ def make_records(n: int, seed: int = 0) -> list[Record]:
     words = ["value", "items", "result", "path", "count", "name", "data", "key"]
     out = []
     for i in range(n):
-        body = "\n".join(f"    {rng.choice(words)}_{j} = {rng.randint(0, 999)}" for j in range(rng.randint(3, 30)))
-        out.append(Record(id=f"bench-{i}", prompt=f"Write function f{i} using {rng.choice(words)}.",
-                          code=f"def f{i}(x):\n{body}\n    return x\n", metadata={"i": i}))
+        body = "\n".join(
+            f"    {rng.choice(words)}_{j} = {rng.randint(0, 999)}"
+            for j in range(rng.randint(3, 30))
+        )
+        out.append(
+            Record(
+                id=f"bench-{i}",
+                prompt=f"Write function f{i} using {rng.choice(words)}.",
+                code=f"def f{i}(x):\n{body}\n    return x\n",
+                metadata={"i": i},
+            )
+        )
     return out
 
 

@@ -38,7 +38,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(args.batch, args.vocab, generator=gen) / 0.3  # temperature 0.3
     hf, ours = TopPLogitsWarper(args.top_p), NucleusFilter(args.top_p)
-    differ = (torch.isinf(hf(None, scores.clone())) != torch.isinf(ours(None, scores.clone())))
+    differ = torch.isinf(hf(None, scores.clone())) != torch.isinf(ours(None, scores.clone()))
     t_hf = per_call_ms(hf, scores, args.calls)
     t_ours = per_call_ms(ours, scores, args.calls)
     print(f"{'filter':24} {'ms/call':>8}")

@@ -21,12 +21,17 @@ import time
 from privcode.synth import sandbox
 from privcode.synth.sandbox import SandboxPool, isolation_level, run_code
 
-SNIPPET = "def f(n):\n    return sum(i * i for i in range(n))\n\nassert f(10) == 285\nprint(f(100))\n"
+SNIPPET = (
+    "def f(n):\n    return sum(i * i for i in range(n))\n\nassert f(10) == 285\nprint(f(100))\n"
+)
 
 
 def cpu_seconds() -> float:
     """CPU of this process plus its reaped children (zygotes roll up when they are closed)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
@@ -53,16 +58,24 @@ def bench_pool(n: int, workers: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--snippets", type=int, default=400, help="Snippets per measurement.")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                        help="Pool workers (default: the CPUs available).")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="Pool workers (default: the CPUs available).",
+    )
     args = parser.parse_args()
-    print(f"isolation: {isolation_level()}; CPUs: {len(os.sched_getaffinity(0))}; "
-          f"load average: {os.getloadavg()[0]:.2f}")
+    print(
+        f"isolation: {isolation_level()}; CPUs: {len(os.sched_getaffinity(0))}; "
+        f"load average: {os.getloadavg()[0]:.2f}"
+    )
     seq, seq_cpu = bench_sequential(args.snippets)
     print(f"run_code, sequential   : {seq:7.1f} snippets/s  ({seq_cpu * 1000:.1f} ms CPU each)")
     pool, pool_cpu = bench_pool(args.snippets, args.workers)
-    print(f"SandboxPool({args.workers} workers) : {pool:7.1f} snippets/s  "
-          f"({pool_cpu * 1000:.1f} ms CPU each)")
+    print(
+        f"SandboxPool({args.workers} workers) : {pool:7.1f} snippets/s  "
+        f"({pool_cpu * 1000:.1f} ms CPU each)"
+    )
     print(f"pool / sequential      : {pool / seq:7.2f}x")
 
 

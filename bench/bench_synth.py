@@ -48,8 +48,11 @@ class CannedGenerate:
 
     def __call__(self, batch):
         codes = [self.codes[int(i) % len(self.codes)] for i in batch["index"]]
-        return {**batch, "code": np.array(codes, dtype=object),
-                "cond_prompt": np.array([""] * len(codes), dtype=object)}
+        return {
+            **batch,
+            "code": np.array(codes, dtype=object),
+            "cond_prompt": np.array([""] * len(codes), dtype=object),
+        }
 
 
 class PeakRSS:
@@ -105,13 +108,27 @@ def in_process(cfg: SynthConfig, release: Path) -> float:
     from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
 
     start = time.time()  # construction included, as in the Ray run (model loads etc.)
-    gen = Generate(str(release), {"seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
-                                  "temperature": cfg.temperature, "top_p": cfg.top_p,
-                                  "start_text": cfg.start_text, "trim": cfg.trim}, [])
+    gen = Generate(
+        str(release),
+        {
+            "seed": cfg.seed,
+            "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "start_text": cfg.start_text,
+            "trim": cfg.trim,
+        },
+        [],
+    )
     ext = Extract(cfg.extractor, {})
-    exe = ExecutionFilter({"cpu_seconds": cfg.sandbox_cpu_seconds,
-                           "wall_seconds": cfg.sandbox_wall_seconds,
-                           "memory_mb": cfg.sandbox_memory_mb}, cfg.sandbox_workers)
+    exe = ExecutionFilter(
+        {
+            "cpu_seconds": cfg.sandbox_cpu_seconds,
+            "wall_seconds": cfg.sandbox_wall_seconds,
+            "memory_mb": cfg.sandbox_memory_mb,
+        },
+        cfg.sandbox_workers,
+    )
     rt = RoundTripScore(cfg.summarizer, cfg.scorer, cfg.roundtrip_threshold, {})
     for lo in range(0, cfg.num_samples, cfg.batch_size):
         idx = np.arange(lo, min(lo + cfg.batch_size, cfg.num_samples))
@@ -133,40 +150,69 @@ def main() -> None:
     from privcode.synth.pipeline import run_synthesis
 
     # A new local cluster with every CPU; joining RAY_ADDRESS's, Ray refuses num_cpus.
-    connect(None, log_to_driver=False,
-            **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": psutil.cpu_count()}))
+    connect(
+        None,
+        log_to_driver=False,
+        **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": psutil.cpu_count()}),
+    )
     release = Path(args.release).resolve()
-    cfg = SynthConfig(num_samples=args.samples, shard_size=64, batch_size=16,
-                      max_new_tokens=128, temperature=0.3, start_text="def",
-                      generators_max=2, cpus_per_generator=0.7)
+    cfg = SynthConfig(
+        num_samples=args.samples,
+        shard_size=64,
+        batch_size=16,
+        max_new_tokens=128,
+        temperature=0.3,
+        start_text="def",
+        generators_max=2,
+        cpus_per_generator=0.7,
+    )
     if not args.skip_throughput:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.time()
-            run_synthesis(cfg, release=release, out_dir=Path(tmp) / "o",
-                          work_root=Path(tmp) / "w", progress=False)
+            run_synthesis(
+                cfg,
+                release=release,
+                out_dir=Path(tmp) / "o",
+                work_root=Path(tmp) / "w",
+                progress=False,
+            )
             ray_rate = args.samples / (time.time() - t0)
         loop_rate = in_process(cfg, release)
-        print(f"throughput: ray data {ray_rate:.2f} samples/s, in-process loop {loop_rate:.2f} "
-              f"samples/s, ratio {ray_rate / loop_rate:.2f}x (goal >= 0.9x)", flush=True)
+        print(
+            f"throughput: ray data {ray_rate:.2f} samples/s, in-process loop {loop_rate:.2f} "
+            f"samples/s, ratio {ray_rate / loop_rate:.2f}x (goal >= 0.9x)",
+            flush=True,
+        )
 
     if args.skip_memory:
         return
     peaks = {}
     for n in dict.fromkeys((args.small, args.big)):  # one run when they are equal
-        big = dataclasses.replace(cfg, num_samples=n, shard_size=1000, batch_size=64,
-                                  sandbox_workers=4)
+        big = dataclasses.replace(
+            cfg, num_samples=n, shard_size=1000, batch_size=64, sandbox_workers=4
+        )
         with tempfile.TemporaryDirectory() as tmp, PeakRSS() as rss:
             t0 = time.time()
-            out = run_synthesis(big, release=release, out_dir=Path(tmp) / "o",
-                                work_root=Path(tmp) / "w", progress=False,
-                                generator=CannedGenerate)
+            out = run_synthesis(
+                big,
+                release=release,
+                out_dir=Path(tmp) / "o",
+                work_root=Path(tmp) / "w",
+                progress=False,
+                generator=CannedGenerate,
+            )
             secs = time.time() - t0
         peaks[n] = rss.peak
-        print(f"{n} samples (canned generator): {secs:.0f} s, {n / secs:.1f} samples/s, kept "
-              f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB; largest at the peak: "
-              + ", ".join(f"{name} {rss_ / 2**20:.0f}" for name, rss_ in rss.top), flush=True)
-    print(f"peak RSS {args.big} vs {args.small}: {peaks[args.big] / peaks[args.small]:.2f}x "
-          "(goal <= 1.2x)")
+        print(
+            f"{n} samples (canned generator): {secs:.0f} s, {n / secs:.1f} samples/s, kept "
+            f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB; largest at the peak: "
+            + ", ".join(f"{name} {rss_ / 2**20:.0f}" for name, rss_ in rss.top),
+            flush=True,
+        )
+    print(
+        f"peak RSS {args.big} vs {args.small}: {peaks[args.big] / peaks[args.small]:.2f}x "
+        "(goal <= 1.2x)"
+    )
 
 
 if __name__ == "__main__":

@@ -61,10 +61,15 @@ def worker(args: argparse.Namespace) -> dict:
     vocab = model.config.vocab_size
     ids = torch.randint(2, vocab, (args.batch, args.length), device=device)
     segments = torch.full_like(ids, CODE)
-    batch = {"input_ids": ids, "attention_mask": (segments != PAD).long(), "segments": segments,
-             "structural": torch.zeros_like(ids)}
-    objective = Objective(get_method("dpft"), model,
-                          MethodContext(cfg=TrainConfig(), eos_id=0, pad_id=0))
+    batch = {
+        "input_ids": ids,
+        "attention_mask": (segments != PAD).long(),
+        "segments": segments,
+        "structural": torch.zeros_like(ids),
+    }
+    objective = Objective(
+        get_method("dpft"), model, MethodContext(cfg=TrainConfig(), eos_id=0, pad_id=0)
+    )
     params = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     secure = args.mode == "secure"
@@ -76,25 +81,36 @@ def worker(args: argparse.Namespace) -> dict:
         return module(b)
 
     if args.mode == "nondp":
+
         def step() -> None:
             objective(batch).mean().backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     else:
-        clipper = PerSampleClipper(objective, mode="hooks" if secure else args.mode,
-                                   max_grad_norm=1.0)
+        clipper = PerSampleClipper(
+            objective, mode="hooks" if secure else args.mode, max_grad_norm=1.0
+        )
 
         def step() -> None:
             t = next(counter)
-            mask = (secure_poisson_mask(args.records, schedule.sample_rate) if secure
-                    else schedule.global_mask(t))
+            mask = (
+                secure_poisson_mask(args.records, schedule.sample_rate)
+                if secure
+                else schedule.global_mask(t)
+            )
             assert mask.shape == (args.records,)
             randomness.seed_step(t)
             s = clipper.clipped_sum(loss_fn, batch, args.batch)
-            g = privatize(s, noise_multiplier=1.0, max_grad_norm=1.0,
-                          expected_batch_size=float(args.batch), add_noise=True,
-                          generator=randomness.noise_generator(device), secure=secure,
-                          all_reduce=None)
+            g = privatize(
+                s,
+                noise_multiplier=1.0,
+                max_grad_norm=1.0,
+                expected_batch_size=float(args.batch),
+                add_noise=True,
+                generator=randomness.noise_generator(device),
+                secure=secure,
+                all_reduce=None,
+            )
             apply_flat_gradient(params, g)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -118,12 +134,20 @@ def worker(args: argparse.Namespace) -> dict:
         step()
         sync()
         times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated() / 2**20 - base_cuda if device == "cuda"
-            else _peak_rss_mb() - base_rss)
-    return {"mode": args.mode, "times": times, "peak_mb": peak, "peak_total_mb": _peak_rss_mb(),
-            "device": device,
-            "trainable": sum(p.numel() for p in params),
-            "params": sum(p.numel() for p in model.parameters())}
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20 - base_cuda
+        if device == "cuda"
+        else _peak_rss_mb() - base_rss
+    )
+    return {
+        "mode": args.mode,
+        "times": times,
+        "peak_mb": peak,
+        "peak_total_mb": _peak_rss_mb(),
+        "device": device,
+        "trainable": sum(p.numel() for p in params),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def main() -> int:
@@ -134,8 +158,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8, help="timed steps per process")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--records", type=int, default=100_000,
-                   help="records N of the Poisson mask drawn at every DP step")
+    p.add_argument(
+        "--records",
+        type=int,
+        default=100_000,
+        help="records N of the Poisson mask drawn at every DP step",
+    )
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--mode", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -150,37 +178,64 @@ def main() -> int:
     for r in range(args.rounds):
         order = args.modes if r % 2 == 0 else list(reversed(args.modes))
         for mode in order:
-            cmd = [sys.executable, __file__, "--mode", mode, "--model", args.model,
-                   "--batch", str(args.batch), "--length", str(args.length),
-                   "--steps", str(args.steps), "--threads", str(args.threads),
-                   "--records", str(args.records)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--mode",
+                mode,
+                "--model",
+                args.model,
+                "--batch",
+                str(args.batch),
+                "--length",
+                str(args.length),
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+                "--records",
+                str(args.records),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
                 sys.stderr.write(out.stderr[-4000:])
-                raise SystemExit(f"dp_overhead: the {mode} worker failed "
-                                 f"(exit {out.returncode})")
+                raise SystemExit(f"dp_overhead: the {mode} worker failed (exit {out.returncode})")
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"  round {r + 1}: {mode:9} median step "
-                  f"{statistics.median(runs[mode][-1]['times']):.3f} s", flush=True)
+            print(
+                f"  round {r + 1}: {mode:9} median step "
+                f"{statistics.median(runs[mode][-1]['times']):.3f} s",
+                flush=True,
+            )
     first = runs[args.modes[0]][0]
-    print(f"model {args.model}: {first['params']:,} params, {first['trainable']:,} trainable "
-          f"(LoRA r=8); batch {args.batch} x {args.length} tokens; device {first['device']}; "
-          f"{args.threads} threads; {args.rounds} rounds x {args.steps} steps")
-    summary = {m: (statistics.median(t for run in runs[m] for t in run["times"]),
-                   max(run["peak_mb"] for run in runs[m]),
-                   max(run["peak_total_mb"] for run in runs[m])) for m in args.modes}
+    print(
+        f"model {args.model}: {first['params']:,} params, {first['trainable']:,} trainable "
+        f"(LoRA r=8); batch {args.batch} x {args.length} tokens; device {first['device']}; "
+        f"{args.threads} threads; {args.rounds} rounds x {args.steps} steps"
+    )
+    summary = {
+        m: (
+            statistics.median(t for run in runs[m] for t in run["times"]),
+            max(run["peak_mb"] for run in runs[m]),
+            max(run["peak_total_mb"] for run in runs[m]),
+        )
+        for m in args.modes
+    }
     ref_t, ref_m, ref_total = summary.get("nondp", (None, None, None))
-    print(f"{'mode':10} {'step s':>8} {'x nondp':>8} {'peak MB':>9} {'x nondp':>8} "
-          f"{'process MB':>11} {'x nondp':>8}")
+    print(
+        f"{'mode':10} {'step s':>8} {'x nondp':>8} {'peak MB':>9} {'x nondp':>8} "
+        f"{'process MB':>11} {'x nondp':>8}"
+    )
     for m, (t, mem, total) in summary.items():
         rt = f"{t / ref_t:.2f}" if ref_t else "-"
         rm = f"{mem / ref_m:.2f}" if ref_m and ref_m > 0 else "-"
         rtot = f"{total / ref_total:.2f}" if ref_total else "-"
         print(f"{m:10} {t:8.3f} {rt:>8} {mem:9.1f} {rm:>8} {total:11.1f} {rtot:>8}")
     if "secure" in summary and "hooks" in summary:
-        print(f"secure mode (os.urandom mask over {args.records:,} records, urandom-reseeded "
-              f"noise, 4 draws) / standard hooks: step time "
-              f"{summary['secure'][0] / summary['hooks'][0]:.3f}x")
+        print(
+            f"secure mode (os.urandom mask over {args.records:,} records, urandom-reseeded "
+            f"noise, 4 draws) / standard hooks: step time "
+            f"{summary['secure'][0] / summary['hooks'][0]:.3f}x"
+        )
     return 0
 
 

@@ -52,8 +52,13 @@ def main() -> int:
     p.add_argument("--length", type=int, default=96, help="max tokens per record")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--size", type=int, default=400, help="ordinary records of the corpus")
-    p.add_argument("--configs", nargs="+", default=list(SHORT), choices=list(SHORT),
-                   help="workers x CPUs each to run (default: all three)")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(SHORT),
+        choices=list(SHORT),
+        help="workers x CPUs each to run (default: all three)",
+    )
     args = p.parse_args()
     configs = tuple(c for c, short in zip(CONFIGS, SHORT, strict=True) if short in args.configs)
 
@@ -72,30 +77,46 @@ def main() -> int:
     results: dict[str, list[float]] = {name: [] for name, _, _ in configs}
     with tempfile.TemporaryDirectory(prefix="privcode-scaling-") as tmp:
         work = Path(tmp)
-        build_demo_corpus(work / "data", DataConfig(size=args.size, canary_repetitions=(1,)),
-                          progress=False)
-        base = TrainConfig(steps=args.steps, expected_batch_size=args.batch,
-                           max_length=args.length, noise_multiplier=1.0, epsilon=1000.0,
-                           eval_tokens=0, checkpoint_every=10**6)
+        build_demo_corpus(
+            work / "data", DataConfig(size=args.size, canary_repetitions=(1,)), progress=False
+        )
+        base = TrainConfig(
+            steps=args.steps,
+            expected_batch_size=args.batch,
+            max_length=args.length,
+            noise_multiplier=1.0,
+            epsilon=1000.0,
+            eval_tokens=0,
+            checkpoint_every=10**6,
+        )
         n = None
         for r in range(args.rounds):
             order = configs if r % 2 == 0 else tuple(reversed(configs))
             for name, workers, threads in order:
                 cfg = dataclasses.replace(base, num_workers=workers, cpus_per_worker=threads)
                 run = work / f"{workers}x{threads}-{r}"
-                summary = run_training(cfg, data_path=work / "data" / "train.parquet",
-                                       base_path=model, out_dir=run / "release",
-                                       ledger_dir=run / "ledger", run_name="scaling",
-                                       storage_dir=run / "storage", keep_storage=True)
+                summary = run_training(
+                    cfg,
+                    data_path=work / "data" / "train.parquet",
+                    base_path=model,
+                    out_dir=run / "release",
+                    ledger_dir=run / "ledger",
+                    run_name="scaling",
+                    storage_dir=run / "storage",
+                    keep_storage=True,
+                )
                 n = summary["num_records"]
-                results[name].append(_samples_per_second(
-                    Path(summary["audit_log"]), summary["sample_rate"] * n))
+                results[name].append(
+                    _samples_per_second(Path(summary["audit_log"]), summary["sample_rate"] * n)
+                )
                 print(f"  round {r + 1}: {name}: {results[name][-1]:.1f} samples/s", flush=True)
     ray.shutdown()
     ref_name, ref_workers, ref_threads = configs[0]
     ref = statistics.median(results[ref_name])
-    print(f"model {model}; {n} records; expected batch {args.batch}; max {args.length} tokens; "
-          f"{args.steps} steps; {cpus} CPUs on this machine; median of {args.rounds} rounds")
+    print(
+        f"model {model}; {n} records; expected batch {args.batch}; max {args.length} tokens; "
+        f"{args.steps} steps; {cpus} CPUs on this machine; median of {args.rounds} rounds"
+    )
     print(f"{'configuration':20} {'samples/s':>10} {f'x {ref_workers}x{ref_threads}':>7}")
     for name, _, _ in configs:
         v = statistics.median(results[name])

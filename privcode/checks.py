@@ -25,10 +25,19 @@ def _show_bound(bound: Any) -> str:
     return str(bound)
 
 
-def check_number(name: str, value: Any, *, min: Any = None, max: Any = None,  # noqa: A002
-                 min_exclusive: bool = False, max_exclusive: bool = False,
-                 integer: bool = False, finite: bool = True, secret: bool = False,
-                 error: type[Exception] = ValueError) -> Any:
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    min: Any = None,
+    max: Any = None,  # noqa: A002
+    min_exclusive: bool = False,
+    max_exclusive: bool = False,
+    integer: bool = False,
+    finite: bool = True,
+    secret: bool = False,
+    error: type[Exception] = ValueError,
+) -> Any:
     """Return ``value`` if it is a number within the bounds, else raise ``error``.
 
     ``min``/``max`` are inclusive unless ``min_exclusive``/``max_exclusive``;

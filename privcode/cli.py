@@ -15,10 +15,18 @@ from privcode.config import SECTIONS, describe, load_config
 from privcode.errors import PrivcodeError, import_extra
 
 
-def _add_config_args(p: argparse.ArgumentParser, default: str | None = "jobs/configs/demo.yaml") -> None:
+def _add_config_args(
+    p: argparse.ArgumentParser, default: str | None = "jobs/configs/demo.yaml"
+) -> None:
     p.add_argument("--config", default=default, help="Pipeline config YAML (default: %(default)s).")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="Override one config value, e.g. --set data.size=200 (repeatable).")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="Override one config value, e.g. --set data.size=200 (repeatable).",
+    )
 
 
 def _print_json(obj: object) -> None:
@@ -28,8 +36,11 @@ def _print_json(obj: object) -> None:
 def _config_with_flags(args: argparse.Namespace, section: str, flags: tuple[str, ...]):
     """Load --config with --set overrides, then the command's own flags on top."""
     overrides = list(args.overrides)
-    overrides += [f"{section}.{flag}={getattr(args, flag)}" for flag in flags
-                  if getattr(args, flag) is not None]
+    overrides += [
+        f"{section}.{flag}={getattr(args, flag)}"
+        for flag in flags
+        if getattr(args, flag) is not None
+    ]
     return load_config(args.config, overrides)
 
 
@@ -55,8 +66,10 @@ def _print_reports(result: dict) -> None:
     if result.get("report"):
         print(f"report: {result['report']} (and report.html; aggregates only, shareable)")
     if result.get("private_report"):
-        print(f"owner-only report: {result['private_report']} (PRIVATE: per-record plots and "
-              "exact corpus counts; do not share)")
+        print(
+            f"owner-only report: {result['private_report']} (PRIVATE: per-record plots and "
+            "exact corpus counts; do not share)"
+        )
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -97,8 +110,9 @@ def cmd_base_build(args: argparse.Namespace) -> int:
 
     cfg = _config_with_flags(args, "base", ("preset", "seed"))
     info = build_base(cfg.base, out_dir=Path(args.out) if args.out else None)
-    _print_json(info) if args.json else print(f"base model at {info['path']} "
-                                               f"(held-out loss {info['heldout_loss']:.3f})")
+    _print_json(info) if args.json else print(
+        f"base model at {info['path']} (held-out loss {info['heldout_loss']:.3f})"
+    )
     return 0
 
 
@@ -106,10 +120,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     from privcode.cluster import local
 
     if args.action == "up":
-        info = local.start_head(port=args.port, dashboard_port=args.dashboard_port,
-                                num_cpus=args.num_cpus)
+        info = local.start_head(
+            port=args.port, dashboard_port=args.dashboard_port, num_cpus=args.num_cpus
+        )
         _print_json(info) if args.json else print(
-            f"Ray head at {info['address']}; dashboard {info['dashboard_url']}")
+            f"Ray head at {info['address']}; dashboard {info['dashboard_url']}"
+        )
     elif args.action == "down":
         local.stop_head(port=args.port)
         print("Ray head stopped")
@@ -125,14 +141,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
         from privcode.cluster import k8s
 
         result = k8s.submit_pipeline_k8s(
-            args.config, args.overrides, namespace=args.namespace, release=args.release,
-            values_files=args.values, context=args.context, crds=args.crds,
-            follow=not args.no_wait, stages=args.stages or ())
+            args.config,
+            args.overrides,
+            namespace=args.namespace,
+            release=args.release,
+            values_files=args.values,
+            context=args.context,
+            crds=args.crds,
+            follow=not args.no_wait,
+            stages=args.stages or (),
+        )
     else:
         address = jobs.target_address(args.target, args.address)
-        result = jobs.submit_pipeline(config=args.config, address=address,
-                                      overrides=args.overrides, follow=not args.no_wait,
-                                      stages=args.stages or ())
+        result = jobs.submit_pipeline(
+            config=args.config,
+            address=address,
+            overrides=args.overrides,
+            follow=not args.no_wait,
+            stages=args.stages or (),
+        )
     if args.json:  # otherwise the job id, URL and final status are already on stderr
         _print_json(result)
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING", "SUBMITTED") else 1
@@ -159,8 +186,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from privcode.serve.premium import app
 
         release = args.premium or str(RunLayout.of(cfg).premium)
-        options = {"premium": release, "device": args.device,
-                   **({"model": args.model} if args.model else {})}
+        options = {
+            "premium": release,
+            "device": args.device,
+            **({"model": args.model} if args.model else {}),
+        }
         apps.append(("premium", "/", app(options), f"premium model {release}"))
     if args.pac:
         from privcode.pac.ensemble import read_manifest
@@ -170,9 +200,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # The mechanism and budgets come from the config's pac section; the state dir
         # is the app's default (<worlds>/curator-state). The chart sets them on Kubernetes.
         pac = cfg.pac
-        options = {"worlds": args.pac, "device": args.device, "top_k": pac.top_k, "b": pac.b,
-                   "decoder": args.pac_decoder, "session_budget": pac.session_budget,
-                   "deployment_budget": pac.deployment_budget}
+        options = {
+            "worlds": args.pac,
+            "device": args.device,
+            "top_k": pac.top_k,
+            "b": pac.b,
+            "decoder": args.pac_decoder,
+            "session_budget": pac.session_budget,
+            "deployment_budget": pac.deployment_budget,
+        }
         apps.append(("pac", PAC_ROUTE, pac_app(options), f"PAC ensemble {args.pac}"))
     connect(args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
@@ -180,8 +216,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve.run(application, name=name, route_prefix=prefix)
         base = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"
         extra = " (sessions: /v1/sessions, budget: /v1/privacy)" if name == "pac" else ""
-        print(f"{what} at {base}/v1/completions (OpenAI completions API){extra}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{what} at {base}/v1/completions (OpenAI completions API){extra}",
+            file=sys.stderr,
+            flush=True,
+        )
     print("Ctrl-C stops serving", file=sys.stderr, flush=True)
     try:
         while True:
@@ -227,29 +266,49 @@ cmd_premium = _stage_command("premium", "premium", ("model", "data"))
 def cmd_dp_epsilon(args: argparse.Namespace) -> int:
     from privcode.dp.accounting import DPEvent, epsilon
 
-    event = DPEvent(noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate,
-                    steps=args.steps)
+    event = DPEvent(
+        noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate, steps=args.steps
+    )
     eps = epsilon([event], delta=args.delta, accountant=args.accountant)
-    out = {"epsilon": eps, "accountant": args.accountant, "delta": args.delta,
-           "noise_multiplier": args.noise_multiplier, "sample_rate": args.sample_rate,
-           "steps": args.steps}
-    _print_json(out) if args.json else print(f"epsilon = {eps:.4f} ({args.accountant}, "
-                                               f"delta {args.delta:g})")
+    out = {
+        "epsilon": eps,
+        "accountant": args.accountant,
+        "delta": args.delta,
+        "noise_multiplier": args.noise_multiplier,
+        "sample_rate": args.sample_rate,
+        "steps": args.steps,
+    }
+    _print_json(out) if args.json else print(
+        f"epsilon = {eps:.4f} ({args.accountant}, delta {args.delta:g})"
+    )
     return 0
 
 
 def cmd_dp_calibrate(args: argparse.Namespace) -> int:
     from privcode.dp.accounting import DPEvent, calibrate, epsilon
 
-    sigma = calibrate(args.epsilon, delta=args.delta, sample_rate=args.sample_rate,
-                      steps=args.steps, accountant=args.accountant)
-    eps = epsilon([DPEvent(sigma, args.sample_rate, args.steps)], delta=args.delta,
-                  accountant=args.accountant)
-    out = {"noise_multiplier": sigma, "epsilon": eps, "target_epsilon": args.epsilon,
-           "accountant": args.accountant, "delta": args.delta, "sample_rate": args.sample_rate,
-           "steps": args.steps}
-    _print_json(out) if args.json else print(f"noise_multiplier = {sigma:.6f} "
-                                               f"(epsilon {eps:.4f} <= {args.epsilon})")
+    sigma = calibrate(
+        args.epsilon,
+        delta=args.delta,
+        sample_rate=args.sample_rate,
+        steps=args.steps,
+        accountant=args.accountant,
+    )
+    eps = epsilon(
+        [DPEvent(sigma, args.sample_rate, args.steps)], delta=args.delta, accountant=args.accountant
+    )
+    out = {
+        "noise_multiplier": sigma,
+        "epsilon": eps,
+        "target_epsilon": args.epsilon,
+        "accountant": args.accountant,
+        "delta": args.delta,
+        "sample_rate": args.sample_rate,
+        "steps": args.steps,
+    }
+    _print_json(out) if args.json else print(
+        f"noise_multiplier = {sigma:.6f} (epsilon {eps:.4f} <= {args.epsilon})"
+    )
     return 0
 
 
@@ -260,17 +319,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="privcode",
         description="Differentially private code LLMs on Ray: private corpus -> DP junior model "
-                    "-> synthetic data -> premium model, with audits and a report.")
-    parser.add_argument("--version", action="version", version=f"privcode {__import__('privcode').__version__}")
+        "-> synthetic data -> premium model, with audits and a report.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"privcode {__import__('privcode').__version__}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="Run the configured pipeline stages in order (skips unchanged ones).")
+    p = sub.add_parser(
+        "run", help="Run the configured pipeline stages in order (skips unchanged ones)."
+    )
     _add_config_args(p)
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("config", help="Show config sections, their fields and help, or a resolved config.")
+    p = sub.add_parser(
+        "config", help="Show config sections, their fields and help, or a resolved config."
+    )
     csub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     c = csub.add_parser("show", help="Print every field with its help (or a resolved --config).")
     _add_config_args(c, default=None)
@@ -278,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="Private data: build the demo corpus, validate a dataset file.")
     dsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    d = dsub.add_parser("demo", help="Build the private demo corpus (stdlib + HumanEval, PII, canaries).")
+    d = dsub.add_parser(
+        "demo", help="Build the private demo corpus (stdlib + HumanEval, PII, canaries)."
+    )
     d.add_argument("--out", required=True, help="Output directory.")
     d.add_argument("--seed", type=int, help="Random seed (overrides data.seed).")
     d.add_argument("--size", type=int, help="Number of ordinary records (overrides data.size).")
@@ -292,71 +360,116 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("base", help="The public base model trained offline from public code.")
     bsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    b = bsub.add_parser("build", help="Train tokenizer + small Qwen2 LM on public stdlib code (cached).")
-    b.add_argument("--preset", choices=("ci", "demo", "small"), help="Size preset (overrides base.preset).")
+    b = bsub.add_parser(
+        "build", help="Train tokenizer + small Qwen2 LM on public stdlib code (cached)."
+    )
+    b.add_argument(
+        "--preset", choices=("ci", "demo", "small"), help="Size preset (overrides base.preset)."
+    )
     b.add_argument("--seed", type=int, help="Seed (overrides base.seed).")
     b.add_argument("--out", help="Output directory (default: the cache directory).")
     b.add_argument("--json", action="store_true", help="Print the build info as JSON.")
     _add_config_args(b, default=None)
     b.set_defaults(func=cmd_base_build)
 
-    p = sub.add_parser("train", help="Stage I: DP-SGD training of the junior model (runs the train "
-                                     "stage and whatever it needs).")
+    p = sub.add_parser(
+        "train",
+        help="Stage I: DP-SGD training of the junior model (runs the train "
+        "stage and whatever it needs).",
+    )
     _add_config_args(p)
     p.add_argument("--method", help="Training method (overrides train.method), e.g. dpft.")
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("synthesize", help="Stage II: synthesise (prompt, code) pairs from the "
-                                          "released DP artifact on Ray Data (the synth stage).")
+    p = sub.add_parser(
+        "synthesize",
+        help="Stage II: synthesise (prompt, code) pairs from the "
+        "released DP artifact on Ray Data (the synth stage).",
+    )
     _add_config_args(p)
-    p.add_argument("--release", help="Release directory (overrides synth.release; default: the "
-                                     "train stage's release/). Never a private dataset.")
-    p.add_argument("--num-samples", dest="num_samples", type=int,
-                   help="Samples to generate (overrides synth.num_samples).")
+    p.add_argument(
+        "--release",
+        help="Release directory (overrides synth.release; default: the "
+        "train stage's release/). Never a private dataset.",
+    )
+    p.add_argument(
+        "--num-samples",
+        dest="num_samples",
+        type=int,
+        help="Samples to generate (overrides synth.num_samples).",
+    )
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_synthesize)
 
-    p = sub.add_parser("premium", help="Fine-tune the premium model (LoRA, no DP) on the "
-                                       "synthetic data (the premium stage).")
+    p = sub.add_parser(
+        "premium",
+        help="Fine-tune the premium model (LoRA, no DP) on the synthetic data (the premium stage).",
+    )
     _add_config_args(p)
-    p.add_argument("--model", help="Premium base: local HF model dir or preset (overrides "
-                                   "premium.model).")
+    p.add_argument(
+        "--model", help="Premium base: local HF model dir or preset (overrides premium.model)."
+    )
     p.add_argument("--data", help="Synthetic Parquet (overrides premium.data).")
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_premium)
 
-    p = sub.add_parser("serve", help="Serve the premium model (and with --pac the PAC-private "
-                                     "ensemble) on Ray Serve (OpenAI-compatible completions API) "
-                                     "until Ctrl-C.")
+    p = sub.add_parser(
+        "serve",
+        help="Serve the premium model (and with --pac the PAC-private "
+        "ensemble) on Ray Serve (OpenAI-compatible completions API) "
+        "until Ctrl-C.",
+    )
     _add_config_args(p)
-    p.add_argument("--premium", default=None,
-                   help="Premium release directory (default: <run.out_dir>/<run.name>/premium).")
+    p.add_argument(
+        "--premium",
+        default=None,
+        help="Premium release directory (default: <run.out_dir>/<run.name>/premium).",
+    )
     p.add_argument("--model", default=None, help="Base model override (default: premium.json's).")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="Device (default %(default)s).")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="Device (default %(default)s).",
+    )
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default %(default)s).")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default %(default)s).")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster (default: RAY_ADDRESS, else a local one).")
-    p.add_argument("--pac", default=None, metavar="WORLDS_DIR",
-                   help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
-                        "stage's <run.out_dir>/<run.name>/pac/worlds) at /ensemble (the "
-                        "chart's route), with the config's pac.b, top_k and budgets; its "
-                        "curator state (secret and charges) persists in "
-                        "WORLDS_DIR/curator-state.")
-    p.add_argument("--pac-decoder", choices=("gumbel", "greedy"), default="gumbel",
-                   help="How the served worlds vote (the chart's default too): gumbel samples "
-                        "requests with temperature > 0 by coupled Gumbel votes and serves "
-                        "temperature 0 greedily; greedy serves every request greedily. "
-                        "(pac.decoder is the pac stage's evaluation decoder.)")
-    p.add_argument("--pac-only", action="store_true",
-                   help="Serve only the PAC ensemble (with --pac), not the premium model.")
+    p.add_argument(
+        "--address", default=None, help="Ray cluster (default: RAY_ADDRESS, else a local one)."
+    )
+    p.add_argument(
+        "--pac",
+        default=None,
+        metavar="WORLDS_DIR",
+        help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
+        "stage's <run.out_dir>/<run.name>/pac/worlds) at /ensemble (the "
+        "chart's route), with the config's pac.b, top_k and budgets; its "
+        "curator state (secret and charges) persists in "
+        "WORLDS_DIR/curator-state.",
+    )
+    p.add_argument(
+        "--pac-decoder",
+        choices=("gumbel", "greedy"),
+        default="gumbel",
+        help="How the served worlds vote (the chart's default too): gumbel samples "
+        "requests with temperature > 0 by coupled Gumbel votes and serves "
+        "temperature 0 greedily; greedy serves every request greedily. "
+        "(pac.decoder is the pac stage's evaluation decoder.)",
+    )
+    p.add_argument(
+        "--pac-only",
+        action="store_true",
+        help="Serve only the PAC ensemble (with --pac), not the premium model.",
+    )
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("audit", help="Privacy audits of a trained run (canary leakage, "
-                                     "exposure, membership inference, fidelity, leak probing); "
-                                     "`audit probe` runs leak probing alone on any model.")
+    p = sub.add_parser(
+        "audit",
+        help="Privacy audits of a trained run (canary leakage, "
+        "exposure, membership inference, fidelity, leak probing); "
+        "`audit probe` runs leak probing alone on any model.",
+    )
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=_stage_command("audit", "audit", ()))
@@ -365,16 +478,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_probe_parser(asub)
 
-    p = sub.add_parser("pac", help="PAC-private generation: train the m LoRA worlds (WITHOUT "
-                                   "DP: served only through the PAC curator) and measure "
-                                   "utility and leakage; `privcode serve --pac` serves them.")
+    p = sub.add_parser(
+        "pac",
+        help="PAC-private generation: train the m LoRA worlds (WITHOUT "
+        "DP: served only through the PAC curator) and measure "
+        "utility and leakage; `privcode serve --pac` serves them.",
+    )
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=_stage_command("pac", "pac", ()))
 
-    p = sub.add_parser("report", help="Write reports/<run>/report.md and report.html from the "
-                                      "run's stage manifests (re-rendered every time: other "
-                                      "runs' epsilons feed its privacy-utility curve).")
+    p = sub.add_parser(
+        "report",
+        help="Write reports/<run>/report.md and report.html from the "
+        "run's stage manifests (re-rendered every time: other "
+        "runs' epsilons feed its privacy-utility curve).",
+    )
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_report)
@@ -389,8 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dp", help="Privacy accounting: epsilon of a DP-SGD run, noise calibration.")
     dpsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, func, help_text in (
-            ("epsilon", cmd_dp_epsilon, "Epsilon of T steps of DP-SGD at sample rate q, noise sigma."),
-            ("calibrate", cmd_dp_calibrate, "Smallest noise multiplier meeting a target epsilon.")):
+        ("epsilon", cmd_dp_epsilon, "Epsilon of T steps of DP-SGD at sample rate q, noise sigma."),
+        ("calibrate", cmd_dp_calibrate, "Smallest noise multiplier meeting a target epsilon."),
+    ):
         d = dpsub.add_parser(action, help=help_text)
         d.add_argument("--sample-rate", type=float, required=True, help="Poisson sample rate q.")
         if action == "epsilon":
@@ -399,39 +519,72 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--epsilon", type=float, required=True, help="Target epsilon.")
         d.add_argument("--steps", type=int, required=True, help="Number of steps T.")
         d.add_argument("--delta", type=float, default=1e-5, help="Delta (default %(default)s).")
-        d.add_argument("--accountant", choices=("rdp", "prv"), default="rdp",
-                       help="Accountant (default %(default)s).")
+        d.add_argument(
+            "--accountant",
+            choices=("rdp", "prv"),
+            default="rdp",
+            help="Accountant (default %(default)s).",
+        )
         d.add_argument("--json", action="store_true", help="Print one JSON object.")
         d.set_defaults(func=func)
 
     p = sub.add_parser("cluster", help="A local Ray head on 127.0.0.1: up, down, status.")
     p.add_argument("action", choices=("up", "down", "status"), help="What to do.")
     p.add_argument("--port", type=int, default=6379, help="GCS port (default %(default)s).")
-    p.add_argument("--dashboard-port", type=int, default=8265, help="Dashboard port (default %(default)s).")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs the head offers (default: all).")
+    p.add_argument(
+        "--dashboard-port", type=int, default=8265, help="Dashboard port (default %(default)s)."
+    )
+    p.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs the head offers (default: all)."
+    )
     p.add_argument("--json", action="store_true", help="Print JSON.")
     p.set_defaults(func=cmd_cluster)
 
-    p = sub.add_parser("submit", help="Submit the pipeline as a Ray Job (local head, any Ray "
-                                      "cluster, or a KubeRay RayJob) and follow it.")
+    p = sub.add_parser(
+        "submit",
+        help="Submit the pipeline as a Ray Job (local head, any Ray "
+        "cluster, or a KubeRay RayJob) and follow it.",
+    )
     _add_config_args(p)
-    p.add_argument("--target", choices=("local", "ray", "k8s"), default="local",
-                   help="local: the local head (started if absent; default); ray: the cluster at "
-                        "--address / RAY_ADDRESS; k8s: a RayJob in the current kube context, "
-                        "rendered from charts/privcode.")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address for --target ray (dashboard URL or GCS host:port; "
-                        "default RAY_ADDRESS).")
+    p.add_argument(
+        "--target",
+        choices=("local", "ray", "k8s"),
+        default="local",
+        help="local: the local head (started if absent; default); ray: the cluster at "
+        "--address / RAY_ADDRESS; k8s: a RayJob in the current kube context, "
+        "rendered from charts/privcode.",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address for --target ray (dashboard URL or GCS host:port; "
+        "default RAY_ADDRESS).",
+    )
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
-    p.add_argument("--namespace", default=None,
-                   help="k8s: namespace (default: the kube context's, else 'default').")
-    p.add_argument("--release", default="privcode",
-                   help="k8s: Helm release name the objects are named after (default %(default)s).")
-    p.add_argument("--values", action="append", default=[], metavar="FILE",
-                   help="k8s: extra chart values file (image, storage, worker groups; repeatable).")
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="k8s: namespace (default: the kube context's, else 'default').",
+    )
+    p.add_argument(
+        "--release",
+        default="privcode",
+        help="k8s: Helm release name the objects are named after (default %(default)s).",
+    )
+    p.add_argument(
+        "--values",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="k8s: extra chart values file (image, storage, worker groups; repeatable).",
+    )
     p.add_argument("--context", default=None, help="k8s: kube context (default: the current one).")
-    p.add_argument("--crds", default=None, metavar="PATH",
-                   help="k8s: validate against these KubeRay CRD files instead of the cluster's.")
+    p.add_argument(
+        "--crds",
+        default=None,
+        metavar="PATH",
+        help="k8s: validate against these KubeRay CRD files instead of the cluster's.",
+    )
     p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
     p.add_argument("--json", action="store_true", help="Print JSON.")
     p.set_defaults(func=cmd_submit)

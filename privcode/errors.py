@@ -37,5 +37,7 @@ def import_extra(module: str, extra: str, purpose: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise MissingExtraError(f"{purpose} needs {module.split('.')[0]}, which is not installed: "
-                                f"pip install 'privcode[{extra}]' ({exc})") from exc
+        raise MissingExtraError(
+            f"{purpose} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'privcode[{extra}]' ({exc})"
+        ) from exc

@@ -68,8 +68,11 @@ class RunLayout:
     def manifests_of_every_run(self, stage: str) -> dict[str, Path]:
         """Run name -> ``<out_dir>/<run>/<stage>/manifest.json`` of every run under ``out_dir``
         that has one (this run's included; hidden directories skipped), sorted by name."""
-        return {p.parent.parent.name: p for p in sorted(self.out_dir.glob(f"*/{stage}/{MANIFEST}"))
-                if not p.parent.parent.name.startswith(".")}
+        return {
+            p.parent.parent.name: p
+            for p in sorted(self.out_dir.glob(f"*/{stage}/{MANIFEST}"))
+            if not p.parent.parent.name.startswith(".")
+        }
 
     def work(self, stage: str) -> Path:
         """``.<stage>``: a stage's work directory (checkpoints, resumable shards)."""

@@ -18,8 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ACCOUNTANTS", "BENCHMARKS", "GRAD_SAMPLE_MODES", "METHODS", "SCENARIOS", "STAGES",
-           "Method", "get_method"]
+__all__ = [
+    "ACCOUNTANTS",
+    "BENCHMARKS",
+    "GRAD_SAMPLE_MODES",
+    "METHODS",
+    "SCENARIOS",
+    "STAGES",
+    "Method",
+    "get_method",
+]
 
 
 @dataclass(frozen=True)
@@ -48,25 +56,61 @@ class Method:
 
 
 #: Method name -> entry. ``TrainConfig.method`` picks from these names.
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("privcode", "PrivCode: CE(code | public prompt) + decaying syntax-aware KL"),
-    Method("privcode-nonast", "PrivCode without the syntax-aware KL (ablation)", ast=None),
-    Method("privcode-stableast", "PrivCode with a constant KL weight (ablation)", ast="constant"),
-    Method("privcode++", "PrivCode++: latent-conditioned (PrivLC), prompts private",
-           inputs="prefix", latent="code", align=True),
-    Method("privcode++-noalign", "PrivCode++ without latent alignment (ablation)",
-           inputs="prefix", latent="code"),
-    Method("pc-promptemb", "prefix from the prompt latent z_p only (baseline)",
-           inputs="prefix", latent="prompt"),
-    Method("pc-preemb", "PrivLC pretrained on public pairs, frozen; DP on the LoRA (baseline)",
-           inputs="prefix", latent="code", align=True, pretrain_public=True),
-    Method("pc-uncond", "unconditional: CE(code) + syntax-aware KL, no PrivLC (baseline)",
-           inputs="code"),
-    Method("dpft", "DP fine-tuning: mean token CE over prompt + code tokens (baseline)",
-           loss_on_prompt=True, ast=None),
-    Method("nondpft", "NOT PRIVATE: fine-tuning on prompt + code without DP (audits only)",
-           dp=False, loss_on_prompt=True, ast=None),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("privcode", "PrivCode: CE(code | public prompt) + decaying syntax-aware KL"),
+        Method("privcode-nonast", "PrivCode without the syntax-aware KL (ablation)", ast=None),
+        Method(
+            "privcode-stableast", "PrivCode with a constant KL weight (ablation)", ast="constant"
+        ),
+        Method(
+            "privcode++",
+            "PrivCode++: latent-conditioned (PrivLC), prompts private",
+            inputs="prefix",
+            latent="code",
+            align=True,
+        ),
+        Method(
+            "privcode++-noalign",
+            "PrivCode++ without latent alignment (ablation)",
+            inputs="prefix",
+            latent="code",
+        ),
+        Method(
+            "pc-promptemb",
+            "prefix from the prompt latent z_p only (baseline)",
+            inputs="prefix",
+            latent="prompt",
+        ),
+        Method(
+            "pc-preemb",
+            "PrivLC pretrained on public pairs, frozen; DP on the LoRA (baseline)",
+            inputs="prefix",
+            latent="code",
+            align=True,
+            pretrain_public=True,
+        ),
+        Method(
+            "pc-uncond",
+            "unconditional: CE(code) + syntax-aware KL, no PrivLC (baseline)",
+            inputs="code",
+        ),
+        Method(
+            "dpft",
+            "DP fine-tuning: mean token CE over prompt + code tokens (baseline)",
+            loss_on_prompt=True,
+            ast=None,
+        ),
+        Method(
+            "nondpft",
+            "NOT PRIVATE: fine-tuning on prompt + code without DP (audits only)",
+            dp=False,
+            loss_on_prompt=True,
+            ast=None,
+        ),
+    )
+}
 
 #: Accountants of the privacy ledger: RDP (default) and PRV.
 ACCOUNTANTS = ("rdp", "prv")
@@ -85,8 +129,7 @@ SCENARIOS: dict[str, str] = {
     "game": "Game (player accounts, matchmaking, in-game purchases)",
 }
 #: Pipeline stages, in the runner's order (each starts once the stages it reads are done).
-STAGES = ("data", "base", "train", "synth", "premium", "eval", "nondp", "audit", "pac",
-          "report")
+STAGES = ("data", "base", "train", "synth", "premium", "eval", "nondp", "audit", "pac", "report")
 
 
 def get_method(name: str) -> Method:
@@ -94,4 +137,6 @@ def get_method(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
-        raise ValueError(f"unknown training method {name!r} (known: {', '.join(METHODS)})") from None
+        raise ValueError(
+            f"unknown training method {name!r} (known: {', '.join(METHODS)})"
+        ) from None

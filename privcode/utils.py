@@ -74,7 +74,9 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, canonical_json(obj))
 
 
-def read_json_object(path: str | os.PathLike, error: type[Exception] = ValueError) -> dict[str, Any]:
+def read_json_object(
+    path: str | os.PathLike, error: type[Exception] = ValueError
+) -> dict[str, Any]:
     """The JSON object in ``path``; ``error`` naming the file when unreadable or not an object."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -147,8 +149,15 @@ class ThreadTuner:
     #: Longest wait between probes, in multiples of ``probe_every``.
     MAX_BACKOFF = 8
 
-    def __init__(self, threads: int, *, probe_every: int = 64, probe_steps: int = 4,
-                 first_probe: int = 4, set_threads: Any = None):
+    def __init__(
+        self,
+        threads: int,
+        *,
+        probe_every: int = 64,
+        probe_steps: int = 4,
+        first_probe: int = 4,
+        set_threads: Any = None,
+    ):
         if probe_every <= probe_steps or probe_steps < 2 or first_probe < 2:
             raise ValueError("need probe_every > probe_steps >= 2 and first_probe >= 2")
         self.options = sorted({max(1, int(threads)), 1})
@@ -186,7 +195,7 @@ class ThreadTuner:
         times = self._times[self._active]
         times.append(seconds)
         if self._active == self.current:
-            del times[:-self.probe_steps]
+            del times[: -self.probe_steps]
             return
         self._probe_left -= 1
         mine = self._times[self.current]
@@ -194,10 +203,14 @@ class ThreadTuner:
         if self._probe_left and not clearly_slower:
             return
         self._probe_left = 0
-        ratio = self.MORE_THREADS_RATIO if self._active > self.current else \
-            1 / self.MORE_THREADS_RATIO
-        if len(times) >= 2 and len(mine) >= 2 and \
-                statistics.median(times) < ratio * statistics.median(mine):
+        ratio = (
+            self.MORE_THREADS_RATIO if self._active > self.current else 1 / self.MORE_THREADS_RATIO
+        )
+        if (
+            len(times) >= 2
+            and len(mine) >= 2
+            and statistics.median(times) < ratio * statistics.median(mine)
+        ):
             self.current, self._wait = self._active, self.probe_every
         else:
             self._wait = min(2 * self._wait, self.MAX_BACKOFF * self.probe_every)

@@ -63,8 +63,11 @@ def _victim(cluster) -> object | None:
 
     alive = [a for a in actor_table().values() if a.get("State") == "ALIVE"]
     train_nodes = {a["Address"]["NodeID"] for a in alive if a["ActorClassName"] == "RayTrainWorker"}
-    critical = {a["Address"]["NodeID"] for a in alive
-                if a["ActorClassName"] in ("TrainController", "BudgetLedger")}
+    critical = {
+        a["Address"]["NodeID"]
+        for a in alive
+        if a["ActorClassName"] in ("TrainController", "BudgetLedger")
+    }
     for node in list(cluster.worker_nodes):
         if node.node_id in train_nodes and node.node_id not in critical:
             return node
@@ -82,31 +85,60 @@ def main() -> int:
 
     ensure_token()
     temp = work / "ray"
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False,
-        "temp_dir": str(temp)})
-    result: dict = {"killed": None,
-                    "constants": {"steps": STEPS, "noise": NOISE, "budget": BUDGET,
-                                  "checkpoint_every": CHECKPOINT_EVERY}}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "node_ip_address": LOOPBACK,
+            "include_dashboard": False,
+            "temp_dir": str(temp),
+        },
+    )
+    result: dict = {
+        "killed": None,
+        "constants": {
+            "steps": STEPS,
+            "noise": NOISE,
+            "budget": BUDGET,
+            "checkpoint_every": CHECKPOINT_EVERY,
+        },
+    }
     try:
         for _ in range(3):
             cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
         cluster.wait_for_nodes()
         connect(cluster.address)
-        cfg = TrainConfig(method="privcode++", latent_dim=16, num_virtual_tokens=4,
-                          align_bank_size=8, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY,
-                          num_workers=2,
-                          expected_batch_size=8, noise_multiplier=NOISE, epsilon=BUDGET,
-                          max_length=48, eval_tokens=0, max_failures=2, lr=1e-3)
+        cfg = TrainConfig(
+            method="privcode++",
+            latent_dim=16,
+            num_virtual_tokens=4,
+            align_bank_size=8,
+            steps=STEPS,
+            checkpoint_every=CHECKPOINT_EVERY,
+            num_workers=2,
+            expected_batch_size=8,
+            noise_multiplier=NOISE,
+            epsilon=BUDGET,
+            max_length=48,
+            eval_tokens=0,
+            max_failures=2,
+            lr=1e-3,
+        )
         storage = work / "storage"
         outcome: dict = {}
 
         def train() -> None:
             try:
                 outcome["summary"] = run_training(
-                    cfg, data_path=data, base_path=base, out_dir=work / "release",
-                    ledger_dir=work / "ledger", run_name="chaos", storage_dir=storage,
-                    keep_storage=True)
+                    cfg,
+                    data_path=data,
+                    base_path=base,
+                    out_dir=work / "release",
+                    ledger_dir=work / "ledger",
+                    run_name="chaos",
+                    storage_dir=storage,
+                    keep_storage=True,
+                )
             except BaseException as exc:  # noqa: BLE001 - reported to the test
                 outcome["error"] = "".join(traceback.format_exception(exc))
 
@@ -120,8 +152,11 @@ def main() -> int:
             if registered is not None and applied >= registered + KILL_MARGIN:
                 victim = _victim(cluster)
                 if victim is not None:
-                    result["killed"] = {"node_id": victim.node_id, "after_applied": applied,
-                                        "registered_step": registered}
+                    result["killed"] = {
+                        "node_id": victim.node_id,
+                        "after_applied": applied,
+                        "registered_step": registered,
+                    }
                     cluster.remove_node(victim, allow_graceful=False)
             time.sleep(0.05)
         thread.join(timeout=max(1.0, deadline - time.time()))

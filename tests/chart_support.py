@@ -40,24 +40,46 @@ CI_VALUES = ROOT / "charts" / "ci-values.yaml"
 DEMO_CONFIG = ROOT / "jobs" / "configs" / "demo.yaml"
 CRDS = Path(os.environ.get("PRIVCODE_KUBERAY_CRDS", ROOT.parent / "shared" / "kuberay" / "crds"))
 RAY_KINDS = frozenset(k8s.CUSTOM_KINDS)
-CORE_KINDS = {"ConfigMap", "PersistentVolumeClaim", "NetworkPolicy", "ServiceAccount", "Secret",
-              "Service"}
+CORE_KINDS = {
+    "ConfigMap",
+    "PersistentVolumeClaim",
+    "NetworkPolicy",
+    "ServiceAccount",
+    "Secret",
+    "Service",
+}
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and a recent one.
 K8S_VERSIONS = ("1.26.0", "1.35.0")
 #: KubeRay's name limits (ray-operator/controllers/ray/utils/constant.go).
 MAX_NAME = {"RayCluster": 53, "RayJob": 47, "RayService": 47}
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-JOB_ONLY = ("--set", "cluster.enabled=false", "--set", "serve.enabled=false",
-            "--set", "job.enabled=true")
+JOB_ONLY = (
+    "--set",
+    "cluster.enabled=false",
+    "--set",
+    "serve.enabled=false",
+    "--set",
+    "job.enabled=true",
+)
 #: The value sets every rendering-wide test runs on (the ``rendering`` fixture).
 VALUE_SETS = {
     "defaults": (),
     "ci": ("-f", str(CI_VALUES)),
     "job-only": JOB_ONLY,
-    "everything-minimal": ("--set", "cluster.enabled=true", "--set", "serve.enabled=true",
-                           "--set", "auth.mode=disabled", "--set", "storage.pvc.enabled=false",
-                           "--set", "storage.objectStore.uri=s3://b/p",
-                           "--set", "workerGroups.cpu.enabled=false"),
+    "everything-minimal": (
+        "--set",
+        "cluster.enabled=true",
+        "--set",
+        "serve.enabled=true",
+        "--set",
+        "auth.mode=disabled",
+        "--set",
+        "storage.pvc.enabled=false",
+        "--set",
+        "storage.objectStore.uri=s3://b/p",
+        "--set",
+        "workerGroups.cpu.enabled=false",
+    ),
 }
 
 
@@ -77,8 +99,10 @@ def require_helm() -> str:
 def require_crds() -> Path:
     """The KubeRay CRD folder; skip the test when it is absent."""
     if not (CRDS / "ray.io_rayjobs.yaml").is_file():
-        pytest.skip(f"KubeRay CRDs not found at {CRDS} (the shared folder is absent; set "
-                    "PRIVCODE_KUBERAY_CRDS)")
+        pytest.skip(
+            f"KubeRay CRDs not found at {CRDS} (the shared folder is absent; set "
+            "PRIVCODE_KUBERAY_CRDS)"
+        )
     return CRDS
 
 

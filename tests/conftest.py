@@ -61,8 +61,14 @@ RAY_FIXTURES = frozenset({"ray_cluster", "ray_connected"})
 MODEL_FIXTURES = frozenset({"ci_base_cache", "embedding", "minilm"})  # + the embedding model
 CHART_FIXTURES = frozenset({"helm"})
 _TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-_ENV_KEYS = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
-             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_API_SERVER_ADDRESS", _TRAIN_POLL_ENV)
+_ENV_KEYS = (
+    "RAY_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN_PATH",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+    "RAY_API_SERVER_ADDRESS",
+    _TRAIN_POLL_ENV,
+)
 # Ports a developer's own head uses by default; the session head avoids them.
 _RESERVED_PORTS = frozenset({6379, 8265, 10001, 52365})
 
@@ -70,8 +76,11 @@ _RESERVED_PORTS = frozenset({6379, 8265, 10001, 52365})
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))  # the transitive closure
-        for fixtures, mark in ((RAY_FIXTURES, pytest.mark.ray), (MODEL_FIXTURES, pytest.mark.model),
-                               (CHART_FIXTURES, pytest.mark.chart)):
+        for fixtures, mark in (
+            (RAY_FIXTURES, pytest.mark.ray),
+            (MODEL_FIXTURES, pytest.mark.model),
+            (CHART_FIXTURES, pytest.mark.chart),
+        ):
             if fixtures & used:
                 item.add_marker(mark)
 
@@ -80,11 +89,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 class RayCluster:
     """The session head.  Fields are also readable as ``cluster["address"]``."""
 
-    address: str          # GCS, "127.0.0.1:PORT": for ray.init / connect
-    dashboard_url: str    # "http://127.0.0.1:DPORT": the dashboard and Jobs API
+    address: str  # GCS, "127.0.0.1:PORT": for ray.init / connect
+    dashboard_url: str  # "http://127.0.0.1:DPORT": the dashboard and Jobs API
     port: int
     dashboard_port: int
-    temp_dir: str         # Ray's temp root for this head (short: socket paths)
+    temp_dir: str  # Ray's temp root for this head (short: socket paths)
     info: dict[str, Any]  # what start_head returned
 
     def __getitem__(self, key: str) -> Any:
@@ -122,11 +131,21 @@ def ray_cluster() -> RayCluster:
             os.environ.pop(key, None)
         local.ensure_token()
         cpus = int(os.environ.get("PRIVCODE_TEST_RAY_CPUS", "4"))
-        info = local.start_head(port=port, dashboard_port=dashboard_port, num_cpus=cpus,
-                                temp_dir=os.path.join(base, "ray"), wait_s=120)
-        cluster = RayCluster(address=info["address"], dashboard_url=info["dashboard_url"],
-                             port=port, dashboard_port=dashboard_port,
-                             temp_dir=info["temp_dir"], info=info)
+        info = local.start_head(
+            port=port,
+            dashboard_port=dashboard_port,
+            num_cpus=cpus,
+            temp_dir=os.path.join(base, "ray"),
+            wait_s=120,
+        )
+        cluster = RayCluster(
+            address=info["address"],
+            dashboard_url=info["dashboard_url"],
+            port=port,
+            dashboard_port=dashboard_port,
+            temp_dir=info["temp_dir"],
+            info=info,
+        )
         os.environ["RAY_ADDRESS"] = cluster.address
         local.prepare_driver_env(loopback=True)
         yield cluster
@@ -221,11 +240,20 @@ def ci_release(ci_model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     hidden = lm.get_input_embeddings().weight.shape[1]
     decoder = {"weight": torch.randn(2 * hidden, 8) * 0.02, "bias": torch.zeros(2 * hidden)}
     out = work / "release"
-    write_release(out, adapter_dir=work / "adapter", prefix_decoder=decoder,
-                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
-                        "base_model": ci_model, "alignment": "public bank",
-                        "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden}},
-                  privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5})
+    write_release(
+        out,
+        adapter_dir=work / "adapter",
+        prefix_decoder=decoder,
+        meta={
+            "method": "privcode++",
+            "conditioning": "latent",
+            "dp": True,
+            "base_model": ci_model,
+            "alignment": "public bank",
+            "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden},
+        },
+        privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5},
+    )
     return out
 
 
@@ -234,41 +262,66 @@ def ci_release(ci_model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
 # report. tests/test_audit_stage.py checks its eval, audit, pac and report stages,
 # tests/test_train.py its train stage's release: one run (about a minute on 2 CPUs) for both.
 TINY_PIPELINE = [
-    "run.name=t", "run.stages=[data, base, train, eval, audit, pac, report]",
-    "data.size=60", "data.canary_repetitions=[1, 2]", "data.canary_kinds=[email, password]",
+    "run.name=t",
+    "run.stages=[data, base, train, eval, audit, pac, report]",
+    "data.size=60",
+    "data.canary_repetitions=[1, 2]",
+    "data.canary_kinds=[email, password]",
     "base.preset=ci",
-    "train.steps=4", "train.expected_batch_size=8", "train.max_length=48",
-    "train.checkpoint_every=2", "train.eval_tokens=256",
-    "train.latent_dim=16", "train.num_virtual_tokens=4", "train.align_bank_size=8",
-    "eval.limit=3", "eval.max_new_tokens=32", "eval.models=[base, junior]",
+    "train.steps=4",
+    "train.expected_batch_size=8",
+    "train.max_length=48",
+    "train.checkpoint_every=2",
+    "train.eval_tokens=256",
+    "train.latent_dim=16",
+    "train.num_virtual_tokens=4",
+    "train.align_bank_size=8",
+    "eval.limit=3",
+    "eval.max_new_tokens=32",
+    "eval.models=[base, junior]",
     # leak probing has its own end-to-end tests (tests/test_probe.py); left out for CI time
-    "audit.audits=[canaries, exposure, mia]", "audit.compare_nondp=true",
-    "audit.nondp_steps=6", "audit.canary_samples=2", "audit.canary_max_new_tokens=12",
-    "audit.exposure_candidates=20", "audit.mia_records=20",
-    "pac.worlds=4", "pac.steps=4", "pac.batch_size=2", "pac.max_length=32",
-    "pac.eval_sessions=3", "pac.eval_tokens=8", "pac.eval_positions=24",
-    "pac.eval_canaries=2", "pac.eval_canary_tokens=8",
+    "audit.audits=[canaries, exposure, mia]",
+    "audit.compare_nondp=true",
+    "audit.nondp_steps=6",
+    "audit.canary_samples=2",
+    "audit.canary_max_new_tokens=12",
+    "audit.exposure_candidates=20",
+    "audit.mia_records=20",
+    "pac.worlds=4",
+    "pac.steps=4",
+    "pac.batch_size=2",
+    "pac.max_length=32",
+    "pac.eval_sessions=3",
+    "pac.eval_tokens=8",
+    "pac.eval_positions=24",
+    "pac.eval_canaries=2",
+    "pac.eval_canary_tokens=8",
 ]
 
 
 def tiny_pipeline_overrides(root: os.PathLike, ci_base_cache: str) -> list[str]:
     """The ``--set`` overrides of the ``tiny_pipeline`` run (on jobs/configs/demo.yaml)."""
-    return [f"run.out_dir={os.path.join(root, 'runs')}",
-            f"run.reports_dir={os.path.join(root, 'reports')}",
-            f"base.cache_dir={ci_base_cache}", *TINY_PIPELINE]
+    return [
+        f"run.out_dir={os.path.join(root, 'runs')}",
+        f"run.reports_dir={os.path.join(root, 'reports')}",
+        f"base.cache_dir={ci_base_cache}",
+        *TINY_PIPELINE,
+    ]
 
 
 @pytest.fixture(scope="session")
-def tiny_pipeline(ray_connected: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
-                  ci_base_cache: str) -> tuple[Any, dict[str, Any]]:
+def tiny_pipeline(
+    ray_connected: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, ci_base_cache: str
+) -> tuple[Any, dict[str, Any]]:
     """``(root, result)``: ``run_pipeline``'s result of the ``TINY_PIPELINE`` run, once per
     session; its runs are under ``root/runs/t``, its reports under ``root/reports/t``."""
     from privcode.config import load_config
     from privcode.pipeline.runner import run_pipeline
 
     root = tmp_path_factory.mktemp("tiny-run")
-    result = run_pipeline(load_config("jobs/configs/demo.yaml",
-                                      tiny_pipeline_overrides(root, ci_base_cache)))
+    result = run_pipeline(
+        load_config("jobs/configs/demo.yaml", tiny_pipeline_overrides(root, ci_base_cache))
+    )
     return root, result
 
 
@@ -322,6 +375,7 @@ def rendering(request: pytest.FixtureRequest, helm: str) -> tuple[str, list[dict
 
 def forbid_calls(monkeypatch: pytest.MonkeyPatch, why: str, *targets: tuple[Any, str]) -> None:
     """Make each ``(object, attribute)`` fail the test when called: a refusal must come first."""
+
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(why)
 

@@ -9,8 +9,12 @@ import urllib.request
 from collections.abc import Callable
 
 
-def scrape_metrics(tag: str, names: set[str], timeout_s: float = 60.0,
-                   until: Callable[[dict[str, float]], bool] | None = None) -> dict[str, float]:
+def scrape_metrics(
+    tag: str,
+    names: set[str],
+    timeout_s: float = 60.0,
+    until: Callable[[dict[str, float]], bool] | None = None,
+) -> dict[str, float]:
     """The latest value of each metric in ``names`` on a line holding ``tag`` (e.g.
     ``run="r1"``); waits up to ``timeout_s`` for all of them to be exported and, with
     ``until``, for the values to satisfy it (exports are periodic: a first scrape may be

@@ -68,9 +68,13 @@ def test_rdp_is_opacus_rdp_accountant():
 
 # Settings with epsilon below ~10 (optimal RDP order >= ~2; (0.05, 1.0, 1000) is ~12 and
 # left out); see the next test for why.
-GRID = [(q, sigma, steps) for q in (0.001, 0.0131, 0.05) for sigma in (1.0, 1.5, 4.0)
-        for steps in (1, 300, 1000)
-        if (q, sigma, steps) != (0.05, 1.0, 1000)] + [params for params, _ in REFERENCE]
+GRID = [
+    (q, sigma, steps)
+    for q in (0.001, 0.0131, 0.05)
+    for sigma in (1.0, 1.5, 4.0)
+    for steps in (1, 300, 1000)
+    if (q, sigma, steps) != (0.05, 1.0, 1000)
+] + [params for params, _ in REFERENCE]
 
 
 def _dp_accounting_epsilon(q: float, sigma: float, steps: int) -> float:
@@ -78,8 +82,9 @@ def _dp_accounting_epsilon(q: float, sigma: float, steps: int) -> float:
     from dp_accounting.rdp import RdpAccountant
 
     reference = RdpAccountant(orders=list(RDP_ORDERS))
-    reference.compose(dp_accounting.PoissonSampledDpEvent(
-        q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    reference.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
     return reference.get_epsilon(DELTA)
 
 
@@ -114,10 +119,13 @@ def test_fractional_orders_against_exact_integral():
     ours = dict(zip(RDP_ORDERS, _rdp_one_step(q, sigma), strict=True))
     theirs = dict(zip(orders, dp_accounting_rdp(q, sigma, orders), strict=True))
     for alpha in orders:
-        density = lambda z, a=alpha: mp.npdf(z, 0, sigma) * (  # noqa: E731
-            (1 - q) + q * mp.exp((2 * z - 1) / (2 * sigma**2))) ** a
-        exact = float(mp.log(mp.quad(density, [-mp.inf, -5, 0, 0.5, 1, 5, 20, mp.inf]))
-                      / (alpha - 1))
+
+        def density(z, a=alpha):
+            return mp.npdf(z, 0, sigma) * ((1 - q) + q * mp.exp((2 * z - 1) / (2 * sigma**2))) ** a
+
+        exact = float(
+            mp.log(mp.quad(density, [-mp.inf, -5, 0, 0.5, 1, 5, 20, mp.inf])) / (alpha - 1)
+        )
         assert ours[alpha] == pytest.approx(exact, rel=1e-8)
         assert theirs[alpha] >= exact * (1 - 1e-9)
     assert theirs[1.7] > ours[1.7] * 1.01
@@ -163,8 +171,16 @@ def test_registry_and_errors():
     assert isinstance(make_accountant("prv"), PRVAccountant)
     with pytest.raises(AccountingError, match="known: prv, rdp"):
         make_accountant("gdp")
-    for bad in [(0.0, 0.1, 1), (-1.0, 0.1, 1), (math.nan, 0.1, 1), (1.0, 0.0, 1),
-                (1.0, 1.5, 1), (1.0, 0.1, 0), (1.0, 0.1, 2.5), (1.0, 0.1, True)]:
+    for bad in [
+        (0.0, 0.1, 1),
+        (-1.0, 0.1, 1),
+        (math.nan, 0.1, 1),
+        (1.0, 0.0, 1),
+        (1.0, 1.5, 1),
+        (1.0, 0.1, 0),
+        (1.0, 0.1, 2.5),
+        (1.0, 0.1, True),
+    ]:
         with pytest.raises(AccountingError):
             DPEvent(*bad)
     assert issubclass(AccountingError, PrivcodeError)
@@ -193,8 +209,12 @@ def test_calibrate_prv_never_overshoots():
 
 @pytest.mark.heavy
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(target=st.floats(0.3, 16.0), q=st.floats(1e-3, 0.1), steps=st.integers(1, 5000),
-       delta=st.sampled_from([1e-5, 1e-6, 1e-3]))
+@given(
+    target=st.floats(0.3, 16.0),
+    q=st.floats(1e-3, 0.1),
+    steps=st.integers(1, 5000),
+    delta=st.sampled_from([1e-5, 1e-6, 1e-3]),
+)
 def test_calibrate_never_overshoots_and_is_tight(target, q, steps, delta):
     sigma = calibrate(target, delta, q, steps)
     assert epsilon([DPEvent(sigma, q, steps)], delta) <= target
@@ -202,8 +222,13 @@ def test_calibrate_never_overshoots_and_is_tight(target, q, steps, delta):
 
 
 def _cli(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "privcode.cli", *args], capture_output=True,
-                          text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "privcode.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout
     return json.loads(lines[0])
@@ -211,8 +236,19 @@ def _cli(*args: str) -> dict:
 
 @pytest.mark.heavy
 def test_cli_epsilon():
-    out = _cli("dp", "epsilon", "--sample-rate", "0.0131", "--noise-multiplier", "0.76",
-               "--steps", "400", "--delta", "1e-5", "--json")
+    out = _cli(
+        "dp",
+        "epsilon",
+        "--sample-rate",
+        "0.0131",
+        "--noise-multiplier",
+        "0.76",
+        "--steps",
+        "400",
+        "--delta",
+        "1e-5",
+        "--json",
+    )
     assert out["epsilon"] == pytest.approx(3.973, abs=5e-4)
     assert out["accountant"] == "rdp" and out["delta"] == 1e-5
 
@@ -220,10 +256,28 @@ def test_cli_epsilon():
 def test_cli_calibrate_and_errors(capsys):
     from privcode.cli import main
 
-    assert main(["dp", "calibrate", "--epsilon", "4", "--delta", "1e-5", "--sample-rate",
-                 "0.0131", "--steps", "400", "--json"]) == 0
+    assert (
+        main(
+            [
+                "dp",
+                "calibrate",
+                "--epsilon",
+                "4",
+                "--delta",
+                "1e-5",
+                "--sample-rate",
+                "0.0131",
+                "--steps",
+                "400",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out.strip())
     assert out["epsilon"] <= 4.0 and out["noise_multiplier"] == pytest.approx(0.7583, abs=1e-3)
-    assert main(["dp", "epsilon", "--sample-rate", "2", "--noise-multiplier", "1",
-                 "--steps", "3"]) == 2
+    assert (
+        main(["dp", "epsilon", "--sample-rate", "2", "--noise-multiplier", "1", "--steps", "3"])
+        == 2
+    )
     assert "sample_rate" in capsys.readouterr().err

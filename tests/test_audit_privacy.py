@@ -82,7 +82,7 @@ def test_hand_computed_auc_and_ties():
 def test_tpr_at_fpr_is_conservative():
     fpr = [0.0, 0.005, 0.02, 0.1, 1.0]
     tpr = [0.0, 0.3, 0.5, 0.7, 1.0]
-    assert tpr_at_fpr(fpr, tpr, 0.01) == 0.3   # no interpolation towards 0.5
+    assert tpr_at_fpr(fpr, tpr, 0.01) == 0.3  # no interpolation towards 0.5
     assert tpr_at_fpr(fpr, tpr, 0.1) == 0.7
     assert tpr_at_fpr(fpr, tpr, 0.0) == 0.0
     assert tpr_at_fpr(fpr, tpr, 0.5) == 0.7
@@ -107,8 +107,8 @@ def test_pld_ceiling_is_tighter_than_the_closed_form():
     pld = pld_tpr_ceiling(f, history, epsilons=grid)
     closed = dp_tpr_ceiling(f, eps_rdp, 1e-5)
     assert np.all(pld <= closed + 1e-12)
-    assert np.all(pld >= f - 1e-12)      # never below the trivial test
-    assert np.any(pld < closed - 1e-3)   # and genuinely tighter somewhere
+    assert np.all(pld >= f - 1e-12)  # never below the trivial test
+    assert np.any(pld < closed - 1e-3)  # and genuinely tighter somewhere
 
 
 def test_check_against_dp_flags_a_violation(caplog):
@@ -123,16 +123,22 @@ def test_check_against_dp_flags_a_violation(caplog):
     # ... and random scores never violate even a tight one.
     for seed in range(3):
         r = np.random.default_rng(10 + seed)
-        out = check_against_dp(r.normal(size=2000), r.normal(size=2000), 0.1, 1e-5,
-                               history=[{"noise_multiplier": 5.0, "sample_rate": 0.01,
-                                         "steps": 10}])
+        out = check_against_dp(
+            r.normal(size=2000),
+            r.normal(size=2000),
+            0.1,
+            1e-5,
+            history=[{"noise_multiplier": 5.0, "sample_rate": 0.01, "steps": 10}],
+        )
         assert not out["violated"] and out["ceiling"] == "pld+closed-form"
 
 
 def test_plot_roc(tmp_path):
     rng = np.random.default_rng(3)
-    res = {"attacks": {"loss": mia_metrics(rng.normal(0.5, 1, 300), rng.normal(size=300))},
-           "dp": {"epsilon": 2.0, "delta": 1e-5}}
+    res = {
+        "attacks": {"loss": mia_metrics(rng.normal(0.5, 1, 300), rng.normal(size=300))},
+        "dp": {"epsilon": 2.0, "delta": 1e-5},
+    }
     path = plot_roc(res, tmp_path / "roc.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in tmp_path.iterdir()] == ["roc.png"]
@@ -140,7 +146,7 @@ def test_plot_roc(tmp_path):
 
 def test_exposure_estimators():
     assert exposure_from_scores(5.0, [1, 2, 3]) == (1, 2.0)
-    assert exposure_from_scores(2.0, [1, 2, 3])[0] == 3          # the tie counts against it
+    assert exposure_from_scores(2.0, [1, 2, 3])[0] == 3  # the tie counts against it
     rng = np.random.default_rng(4)
     cands = rng.normal(size=1000)
     assert extrapolated_exposure(0.0, cands, fit="normal") == pytest.approx(1.0, abs=0.1)
@@ -171,12 +177,12 @@ _TRAIN = [
     f'class Config:\n    ADMIN_EMAIL = "{PLANTED}"\n',
 ]
 _UNSEEN = [
-    'def area(radius):\n    return 3.14159 * radius ** 2\n',
-    'import os\n\nBASE_DIR = os.path.dirname(__file__)\n',
-    'def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n',
-    '# constants\nRETRIES = 5\nVERBOSE = True\n',
-    'class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n',
-    'def is_even(k):\n    return k % 2 == 0\n',
+    "def area(radius):\n    return 3.14159 * radius ** 2\n",
+    "import os\n\nBASE_DIR = os.path.dirname(__file__)\n",
+    "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "# constants\nRETRIES = 5\nVERBOSE = True\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n",
+    "def is_even(k):\n    return k % 2 == 0\n",
 ]
 
 
@@ -194,12 +200,20 @@ def planted_dir(base_path, tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("planted")
     write_records(_records(_TRAIN, "m"), root / "train.jsonl")
-    cfg = load_config(None, ["train.max_length=64", "audit.nondp_finetune=full",
-                             "audit.nondp_steps=100", "audit.nondp_lr=0.003",
-                             f"audit.nondp_batch_size={len(_TRAIN)}"])
+    cfg = load_config(
+        None,
+        [
+            "train.max_length=64",
+            "audit.nondp_finetune=full",
+            "audit.nondp_steps=100",
+            "audit.nondp_lr=0.003",
+            f"audit.nondp_batch_size={len(_TRAIN)}",
+        ],
+    )
     with pytest.warns(RuntimeWarning, match="NOT PRIVATE"):
-        summary = train_nondp_comparison(cfg, data=root / "train.jsonl", base=base_path,
-                                         out_dir=root / "nondpft")
+        summary = train_nondp_comparison(
+            cfg, data=root / "train.jsonl", base=base_path, out_dir=root / "nondpft"
+        )
     assert summary["finetune"] == "full" and summary["steps"] == 100
     marker = json.loads((root / "nondpft" / MARKER).read_text())
     assert marker["dp"] is False and "WITHOUT differential privacy" in marker["NOT_PRIVATE"]
@@ -225,30 +239,60 @@ def test_nondp_lora_trains_the_junior_adapter_only(base_path, tmp_path):
     from privcode.models.loading import attach_lora, count_parameters, load_causal_lm
 
     write_records(_records(_TRAIN, "m"), tmp_path / "train.jsonl")
-    cfg = load_config(None, ["train.max_length=64", "train.lora_r=4", "train.lora_alpha=8",
-                             "audit.nondp_steps=3", "audit.nondp_lr=0.001"])
+    cfg = load_config(
+        None,
+        [
+            "train.max_length=64",
+            "train.lora_r=4",
+            "train.lora_alpha=8",
+            "audit.nondp_steps=3",
+            "audit.nondp_lr=0.001",
+        ],
+    )
     with pytest.warns(RuntimeWarning, match="NOT PRIVATE"):
-        summary = train_nondp_comparison(cfg, data=tmp_path / "train.jsonl", base=base_path,
-                                         out_dir=tmp_path / "lora")
+        summary = train_nondp_comparison(
+            cfg, data=tmp_path / "train.jsonl", base=base_path, out_dir=tmp_path / "lora"
+        )
     lora_trainable, _ = count_parameters(attach_lora(load_causal_lm(base_path), r=4, alpha=8))
     assert summary["finetune"] == "lora" and summary["lora_r"] == 4
     assert summary["trainable_parameters"] == lora_trainable
     merged = load_scored_model(tmp_path / "lora")
     base = load_causal_lm(base_path)
     assert sum(p.numel() for p in merged.model.parameters()) == sum(
-        p.numel() for p in base.parameters())  # LoRA merged into a plain model
+        p.numel() for p in base.parameters()
+    )  # LoRA merged into a plain model
 
 
 def _canaries():
     return [
-        {"id": "email-code-r100", "kind": "email", "placement": "code", "repetitions": 100,
-         "value": PLANTED, "code_prefix": 'ADMIN_EMAIL = "', "prompt_prefix": None},
-        {"id": "email-code-r5", "kind": "email", "placement": "code", "repetitions": 5,
-         "value": OTHER_EMAIL, "code_prefix": 'ADMIN_EMAIL = "', "prompt_prefix": None},
-        {"id": "password-joint-r5", "kind": "password", "placement": "joint",
-         "repetitions": 5, "value": OTHER_PASSWORD, "code_prefix": 'DB_PASSWORD = "',
-         "prompt_prefix": "The service account password is ",
-         "format": {"space_bits": 90.0}},
+        {
+            "id": "email-code-r100",
+            "kind": "email",
+            "placement": "code",
+            "repetitions": 100,
+            "value": PLANTED,
+            "code_prefix": 'ADMIN_EMAIL = "',
+            "prompt_prefix": None,
+        },
+        {
+            "id": "email-code-r5",
+            "kind": "email",
+            "placement": "code",
+            "repetitions": 5,
+            "value": OTHER_EMAIL,
+            "code_prefix": 'ADMIN_EMAIL = "',
+            "prompt_prefix": None,
+        },
+        {
+            "id": "password-joint-r5",
+            "kind": "password",
+            "placement": "joint",
+            "repetitions": 5,
+            "value": OTHER_PASSWORD,
+            "code_prefix": 'DB_PASSWORD = "',
+            "prompt_prefix": "The service account password is ",
+            "format": {"space_bits": 90.0},
+        },
     ]
 
 
@@ -260,17 +304,18 @@ def test_sequence_logprobs_match_a_direct_computation(planted):
     with torch.no_grad():
         lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
     direct = sum(float(lp[t - 1, ids[t]]) for t in range(n_prefix, len(ids)))
-    got = sequence_logprobs(model, tok, [prefix, "x = 1\n", prefix], [cont, "y = 2", cont],
-                            batch_size=2)
+    got = sequence_logprobs(
+        model, tok, [prefix, "x = 1\n", prefix], [cont, "y = 2", cont], batch_size=2
+    )
     assert got[0] == pytest.approx(direct, abs=1e-4) and got[2] == pytest.approx(got[0])
-    assert np.allclose(sequence_logprobs(planted, None, ["x = 1\n"], ["y = 2"], batch_size=1),
-                       got[1], atol=1e-4)  # padding does not change a row's score
+    assert np.allclose(
+        sequence_logprobs(planted, None, ["x = 1\n"], ["y = 2"], batch_size=1), got[1], atol=1e-4
+    )  # padding does not change a row's score
 
 
 def test_leakage_detects_the_planted_canary(planted, tmp_path):
     details = tmp_path / "leakage_private.json"
-    out = canary_leakage(planted, _canaries(), samples_per_context=4, seed=0,
-                         details_path=details)
+    out = canary_leakage(planted, _canaries(), samples_per_context=4, seed=0, details_path=details)
     by_id = {r["id"]: r for r in out["categories"]}
     assert by_id["email-code-r100"]["leaked"] and by_id["email-code-r100"]["hits"] > 0
     assert not by_id["email-code-r5"]["leaked"] and not by_id["password-joint-r5"]["leaked"]
@@ -342,13 +387,19 @@ def test_record_losses_members_below_unseen(planted, base_path):
     scored, real_rows = [], scoring._row_logprobs
     flipped = dataclasses.replace(planted, loss_on_prompt=False)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(scoring, "_row_logprobs",
-                   lambda sm, *a, **k: scored.append(sm) or real_rows(sm, *a, **k))
+        mp.setattr(
+            scoring,
+            "_row_logprobs",
+            lambda sm, *a, **k: scored.append(sm) or real_rows(sm, *a, **k),
+        )
         run_mia(flipped, reference, members, unseen, reference_cache=cache)
         fresh = run_mia(flipped, reference, members, unseen)
     assert sum(sm is reference for sm in scored) == 2  # only the run without the cache
-    assert cache and fresh["attacks"] == run_mia(flipped, reference, members, unseen,
-                                                 reference_cache=cache)["attacks"]
+    assert (
+        cache
+        and fresh["attacks"]
+        == run_mia(flipped, reference, members, unseen, reference_cache=cache)["attacks"]
+    )
 
 
 def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_path):
@@ -360,8 +411,9 @@ def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_pat
     plain = load_scored_model(tmp_path / "plain")
     assert plain.info["kind"] == "model" and plain.conditioning == "prompt"
     pair = (['ADMIN_EMAIL = "'], [PLANTED])
-    assert np.allclose(sequence_logprobs(plain, None, *pair),
-                       sequence_logprobs(planted, None, *pair), atol=1e-4)
+    assert np.allclose(
+        sequence_logprobs(plain, None, *pair), sequence_logprobs(planted, None, *pair), atol=1e-4
+    )
 
     torch.manual_seed(0)
     lora = attach_lora(load_causal_lm(base_path), r=2, alpha=4)
@@ -371,13 +423,22 @@ def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_pat
 
     hidden, k, dz = lora.config.hidden_size, 4, 8
     history = [{"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 5}]
-    write_release(tmp_path / "release", adapter_dir=tmp_path / "adapter",
-                  meta={"method": "privcode++", "conditioning": "latent", "dp": True,
-                        "base_model": base_path,
-                        "prefix": {"dz": dz, "num_virtual_tokens": k, "hidden_size": hidden}},
-                  privacy={"dp": True, "epsilon": 2.0, "delta": 1e-5, "history": history},
-                  prefix_decoder={"weight": torch.randn(k * hidden, dz) * 0.02,
-                                  "bias": torch.zeros(k * hidden)})
+    write_release(
+        tmp_path / "release",
+        adapter_dir=tmp_path / "adapter",
+        meta={
+            "method": "privcode++",
+            "conditioning": "latent",
+            "dp": True,
+            "base_model": base_path,
+            "prefix": {"dz": dz, "num_virtual_tokens": k, "hidden_size": hidden},
+        },
+        privacy={"dp": True, "epsilon": 2.0, "delta": 1e-5, "history": history},
+        prefix_decoder={
+            "weight": torch.randn(k * hidden, dz) * 0.02,
+            "bias": torch.zeros(k * hidden),
+        },
+    )
     junior = load_scored_model(tmp_path / "release", latent_samples=3)
     assert junior.conditioning == "latent" and junior.info["dp"] is True
     assert junior.info["epsilon"] == 2.0 and junior.info["history"] == history

@@ -40,7 +40,8 @@ def _secrets(root: Path) -> list[str]:
 def test_eval_and_audit_stages_run_and_report(tiny_run):
     root, result = tiny_run
     assert {k: v["status"] for k, v in result["stages"].items()} == {
-        s: "ran" for s in ("data", "base", "train", "eval", "audit", "pac", "report")}
+        s: "ran" for s in ("data", "base", "train", "eval", "audit", "pac", "report")
+    }
     audit = json.loads((root / "runs/t/audit/audit.json").read_text())
     assert set(audit["models"]) == {"junior", "nondpft"}
     assert audit["models"]["nondpft"]["non_private"] is True
@@ -58,8 +59,13 @@ def test_eval_and_audit_stages_run_and_report(tiny_run):
     assert (root / "runs/t/audit/mia_roc.png").stat().st_size > 1000
 
     report = (root / "reports/t/report.md").read_text()
-    for heading in ("## Utility: pass@k", "## Privacy audits", "### Canary leakage",
-                    "### Exposure", "### Membership inference"):
+    for heading in (
+        "## Utility: pass@k",
+        "## Privacy audits",
+        "### Canary leakage",
+        "### Exposure",
+        "### Membership inference",
+    ):
         assert heading in report
     assert "![membership inference ROC](mia_roc.png)" in report
     html = (root / "reports/t/report.html").read_text()
@@ -79,8 +85,9 @@ def test_pac_stage_trains_worlds_and_measures_them(tiny_run):
     assert u["positions"] == 24 and all(0 <= a <= 1 for a in u["accuracy"].values())
     assert 0 <= u["unanimity_rate"] <= 1
     assert leak["sessions"] == 3 and leak["tokens"] == 8
-    assert leak["charged_nats"] == pytest.approx(s["budget"]["b"] * leak["mean_private_tokens"],
-                                                 rel=1e-2)  # the mean is rounded
+    assert leak["charged_nats"] == pytest.approx(
+        s["budget"]["b"] * leak["mean_private_tokens"], rel=1e-2
+    )  # the mean is rounded
     assert leak["measured_nats"] >= 0 and 0.5 <= leak["mia_bound"] <= 1
     assert leak["measured_nats"] <= leak["charged_nats"] + 3 * leak["measured_nats_se"] + 1e-12
     em = s["canary_emission"]
@@ -94,21 +101,33 @@ def test_pac_stage_trains_worlds_and_measures_them(tiny_run):
 
 
 def test_models_audited_in_ray_tasks_side_by_side_match_one_after_another(
-        tiny_run, ci_base_cache, tmp_path, caplog):
+    tiny_run, ci_base_cache, tmp_path, caplog
+):
     """``audit.cpus_per_model``: each model in its own Ray task; the same numbers as the
     stage's in-process audit of the tiny run (one model after another)."""
     from privcode.audit.run import _fidelity, run_audits
 
     root, _ = tiny_run
-    cfg = load_config("jobs/configs/demo.yaml", [
-        *tiny_pipeline_overrides(root, ci_base_cache), "audit.cpus_per_model=1",
-        "audit.audits=[canaries,exposure,mia,fidelity,probe]", "audit.probe_models=[nondpft]",
-        "audit.probe_scenarios=[game]", "audit.probe_max_tokens=8"])
+    cfg = load_config(
+        "jobs/configs/demo.yaml",
+        [
+            *tiny_pipeline_overrides(root, ci_base_cache),
+            "audit.cpus_per_model=1",
+            "audit.audits=[canaries,exposure,mia,fidelity,probe]",
+            "audit.probe_models=[nondpft]",
+            "audit.probe_scenarios=[game]",
+            "audit.probe_max_tokens=8",
+        ],
+    )
     t = root / "runs/t"
-    run = {"canaries": t / "data/canaries.json", "train": t / "data/train.parquet",
-           "heldout": t / "data/heldout.parquet", "base": Path(
-               json.loads((t / "base/manifest.json").read_text())["summary"]["path"]),
-           "release": t / "train/release", "synthetic": t / "data/heldout.parquet"}
+    run = {
+        "canaries": t / "data/canaries.json",
+        "train": t / "data/train.parquet",
+        "heldout": t / "data/heldout.parquet",
+        "base": Path(json.loads((t / "base/manifest.json").read_text())["summary"]["path"]),
+        "release": t / "train/release",
+        "synthetic": t / "data/heldout.parquet",
+    }
     models = {"junior": t / "train/release", "nondpft": t / "audit/nondpft"}
     checks = []  # a model still being written: the others first, one task at a time
 
@@ -120,8 +139,11 @@ def test_models_audited_in_ray_tasks_side_by_side_match_one_after_another(
         side_by_side = run_audits(cfg, tmp_path, run, models, pending={"junior": junior_ready})
     assert checks[0] == (0, 0)  # never blocks while another model can be audited
     log = caplog.text
-    assert log.index("auditing <fidelity> (Ray task: fidelity)") < log.index(
-        "auditing nondpft (Ray task)") < log.index("auditing junior (Ray task)")
+    assert (
+        log.index("auditing <fidelity> (Ray task: fidelity)")
+        < log.index("auditing nondpft (Ray task)")
+        < log.index("auditing junior (Ray task)")
+    )
     assert "auditing nondpft (Ray task: probe)" in log
     probe = side_by_side["models"]["nondpft"]["probe"]  # its own task, merged into the model's
     assert probe["per_category"]["all"]["responses"] == 2 * 2  # game: 2 questions x 2 tests
@@ -135,8 +157,9 @@ def test_models_audited_in_ray_tasks_side_by_side_match_one_after_another(
     for name, one in sequential["models"].items():
         other = side_by_side["models"][name]
         assert other["canaries"]["leaked"] == one["canaries"]["leaked"]
-        assert other["exposure"]["mean_bits"] == pytest.approx(one["exposure"]["mean_bits"],
-                                                              abs=1e-3)
+        assert other["exposure"]["mean_bits"] == pytest.approx(
+            one["exposure"]["mean_bits"], abs=1e-3
+        )
         for attack, r in one["mia"]["attacks"].items():
             assert other["mia"]["attacks"][attack]["auc"] == pytest.approx(r["auc"], abs=1e-3)
     assert (tmp_path / "private/junior/canaries_private.json").is_file()
@@ -147,15 +170,21 @@ def test_nothing_private_leaves_the_audit_directory(tiny_run):
     root, _ = tiny_run
     secrets = _secrets(root)
     assert secrets and all(len(s) >= 8 for s in secrets)
-    public = [root / "runs/t/audit/audit.json", root / "runs/t/audit/manifest.json",
-              root / "runs/t/pac/manifest.json", root / "runs/t/pac/pac_eval.json",
-              *sorted((root / "reports/t").iterdir())]
+    public = [
+        root / "runs/t/audit/audit.json",
+        root / "runs/t/audit/manifest.json",
+        root / "runs/t/pac/manifest.json",
+        root / "runs/t/pac/pac_eval.json",
+        *sorted((root / "reports/t").iterdir()),
+    ]
     for path in public:
         if path.suffix in (".json", ".md", ".html"):
             text = path.read_text()
             assert not [s for s in secrets if s in text], path
-    details = [root / "runs/t/audit/private/junior/canaries_private.json",
-               root / "runs/t/audit/private/nondpft/canaries_private.json"]
+    details = [
+        root / "runs/t/audit/private/junior/canaries_private.json",
+        root / "runs/t/audit/private/nondpft/canaries_private.json",
+    ]
     for path in details:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     assert json.loads((root / "runs/t/audit/manifest.json").read_text())["private"] is True
@@ -169,22 +198,32 @@ def test_demo_scale_replication(ray_connected, tmp_path):
     and membership only)."""
     from privcode.pipeline.runner import run_pipeline
 
-    overrides = [f"run.out_dir={tmp_path / 'runs'}", f"run.reports_dir={tmp_path / 'reports'}",
-                 "run.name=replication", "run.stages=[data, base, train, audit, report]",
-                 "audit.audits=[canaries, mia]", "audit.nondp_steps=800",
-                 "audit.nondp_lr=0.003", "audit.nondp_batch_size=16", "audit.canary_samples=8"]
+    overrides = [
+        f"run.out_dir={tmp_path / 'runs'}",
+        f"run.reports_dir={tmp_path / 'reports'}",
+        "run.name=replication",
+        "run.stages=[data, base, train, audit, report]",
+        "audit.audits=[canaries, mia]",
+        "audit.nondp_steps=800",
+        "audit.nondp_lr=0.003",
+        "audit.nondp_batch_size=16",
+        "audit.canary_samples=8",
+    ]
     run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
     audit = json.loads((tmp_path / "runs/replication/audit/audit.json").read_text())
     dp, nondp = audit["models"]["junior"], audit["models"]["nondpft"]
     assert dp["canaries"]["leaked"] == 0
     leaked_100 = [cell for cell in nondp["canaries"]["table"] if cell["repetitions"] == 100]
     assert sum(cell["leaked"] for cell in leaked_100) >= 1
-    assert (dp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
-            < nondp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"])
+    assert (
+        dp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
+        < nondp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
+    )
 
 
-def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_cache, capsys,
-                                                            tmp_path):
+def test_report_command_rerenders_from_the_manifests_on_disk(
+    tiny_run, ci_base_cache, capsys, tmp_path
+):
     """`privcode report` runs the report stage alone (forced) and still shows every stage."""
     import shutil
 
@@ -205,8 +244,7 @@ def test_report_command_rerenders_from_the_manifests_on_disk(tiny_run, ci_base_c
     assert f"private    {root / 'runs/t/private_report/report.md'} (owner only" in out
     manifest = json.loads((root / "runs/t/report/manifest.json").read_text())
     assert manifest["timings"]["started"] > before
-    assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit",
-                                                                 "pac"}
+    assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit", "pac"}
     report = (root / "reports/t/report.md").read_text()
     for heading in ("## Utility: pass@k", "### Membership inference", "### Privacy-utility"):
         assert heading in report

@@ -31,7 +31,7 @@ from privcode.utils import ThreadTuner
 SOURCE = (
     "# -*- coding: utf-8 -*-\n"
     "def grüße(name: str) -> str:\n"
-    "\t\"\"\"Tab-indented docstring: naïve café, 東京, emoji 🐍.\"\"\"\n"
+    '\t"""Tab-indented docstring: naïve café, 東京, emoji 🐍."""\n'
     "\tif name:\n"
     "\t\treturn f'Hallo {name}!'  \t# trailing tab\n"
     "\t    \n"
@@ -76,7 +76,7 @@ def test_lr_schedule_warmup_then_cosine():
     assert max(lrs) == pytest.approx(p.lr)
     assert lrs[p.warmup_steps - 1] == pytest.approx(p.lr)
     assert lrs[-1] == pytest.approx(p.lr * p.min_lr_ratio)
-    after = lrs[p.warmup_steps:]
+    after = lrs[p.warmup_steps :]
     assert all(a >= b for a, b in zip(after, after[1:], strict=False))
 
 
@@ -86,8 +86,18 @@ def test_lr_schedule_warmup_then_cosine():
 def test_build_info_numbers(ci):
     cfg, info = ci
     preset = B.PRESETS["ci"]
-    for key in ("path", "preset", "config_hash", "heldout_loss", "untrained_heldout_loss", "params",
-                "train_seconds", "tokens_per_second", "cached", "tokens_seen"):
+    for key in (
+        "path",
+        "preset",
+        "config_hash",
+        "heldout_loss",
+        "untrained_heldout_loss",
+        "params",
+        "train_seconds",
+        "tokens_per_second",
+        "cached",
+        "tokens_seen",
+    ):
         assert key in info, key
     assert info["preset"] == "ci" and info["config_hash"] == B.config_hash(cfg)
     assert 0.7e6 < info["params"] < 1.2e6
@@ -152,8 +162,9 @@ def test_auto_classes_load_offline(ci, monkeypatch):
     text = SOURCE + "".join(f.text for f in held)
     assert tokenizer(text)["input_ids"] == load_tokenizer(path)(text)["input_ids"]
     ids = tokenizer("def main():\n    ", return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=8, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(
+        ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )
     assert out.shape[1] > ids.shape[1]
 
 
@@ -225,7 +236,8 @@ def test_existing_model_errors_name_the_path(tmp_path):
     from transformers import T5Config
 
     T5Config(d_model=8, num_layers=1, num_heads=1, d_kv=8, d_ff=8, vocab_size=32).save_pretrained(
-        tmp_path / "t5")
+        tmp_path / "t5"
+    )
     with pytest.raises(ModelLoadError, match="t5.*not a causal LM"):
         B.build_base(BaseConfig(model=str(tmp_path / "t5")), progress=False)
 
@@ -236,8 +248,14 @@ def test_existing_model_errors_name_the_path(tmp_path):
 def test_tokenizer_special_tokens(tok):
     assert tok.eos_token == "<|endoftext|>" and tok.bos_token == "<|endoftext|>"
     assert tok.pad_token == "<|pad|>" and tok.pad_token_id != tok.eos_token_id
-    for special in ("<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
-                    "<|fim_suffix|>", "<|file_sep|>"):
+    for special in (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+        "<|file_sep|>",
+    ):
         ids = tok(special)["input_ids"]
         assert len(ids) == 1 and ids[0] < len(tok), special
     assert max(tok.all_special_ids) < len(tok)
@@ -245,10 +263,22 @@ def test_tokenizer_special_tokens(tok):
     assert tok("x")["input_ids"] == tok.convert_tokens_to_ids(tok.tokenize("x"))
 
 
-@pytest.mark.parametrize("text", [
-    SOURCE, "", " ", "\t", "\n", "\r\n", "\x00\x01\x7f", "    " * 10, "a\u200bb\ufeff",
-    "emoji 👩‍👩‍👧 flags 🇫🇷 math 𝔘𝔫𝔦 combining é", "<|endoftext|> inside <|pad|>text",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        SOURCE,
+        "",
+        " ",
+        "\t",
+        "\n",
+        "\r\n",
+        "\x00\x01\x7f",
+        "    " * 10,
+        "a\u200bb\ufeff",
+        "emoji 👩‍👩‍👧 flags 🇫🇷 math 𝔘𝔫𝔦 combining é",
+        "<|endoftext|> inside <|pad|>text",
+    ],
+)
 def test_tokenizer_round_trip(tok, text):
     ids = tok(text)["input_ids"]
     assert tok.decode(ids) == text
@@ -291,13 +321,14 @@ def test_offsets_mapping_tiles_the_text(tok):
     line_starts = [0]
     for line in SOURCE.splitlines(keepends=True):
         line_starts.append(line_starts[-1] + len(line))
-    names = [t for t in tokenize.generate_tokens(io.StringIO(SOURCE).readline)
-             if t.type == tokenize.NAME]
+    names = [
+        t for t in tokenize.generate_tokens(io.StringIO(SOURCE).readline) if t.type == tokenize.NAME
+    ]
     for t in names:
         start = line_starts[t.start[0] - 1] + t.start[1]
         hits = [k for k, (a, b) in enumerate(spans) if a <= start < b]
         assert hits, t
-        assert SOURCE[start:start + len(t.string)] == t.string
+        assert SOURCE[start : start + len(t.string)] == t.string
 
 
 def test_token_stream_and_batches_are_deterministic(tok):
@@ -331,16 +362,19 @@ def test_an_incomplete_or_stale_build_is_refused_by_its_consumers(ci):
 
 
 def test_function_units_are_whole_functions_without_literal_tables():
-    text = ("import os\n\n"
-            "def add(a, b):\n    \"\"\"Add.\"\"\"\n    return a + b\n\n"
-            "class K:\n    def m(self, x):\n        y = x * 2\n        return os.path.join(y)\n\n"
-            "TABLE = [1, 2]\n"
-            "def table():\n    return [0x1, 0x2, 0x3, 0x4, 'a', 'b', 'c', 'd', 'e', 'f']\n\n"
-            "def one(): return 1\n")
+    text = (
+        "import os\n\n"
+        'def add(a, b):\n    """Add."""\n    return a + b\n\n'
+        "class K:\n    def m(self, x):\n        y = x * 2\n        return os.path.join(y)\n\n"
+        "TABLE = [1, 2]\n"
+        "def table():\n    return [0x1, 0x2, 0x3, 0x4, 'a', 'b', 'c', 'd', 'e', 'f']\n\n"
+        "def one(): return 1\n"
+    )
     units = C.function_units([C.SourceFile("m.py", "m", text)])
     assert [u.text for u in units] == [
         'def add(a, b):\n    """Add."""\n    return a + b\n',
-        "def m(self, x):\n    y = x * 2\n    return os.path.join(y)\n"]
+        "def m(self, x):\n    y = x * 2\n    return os.path.join(y)\n",
+    ]
     assert [u.relpath for u in units] == ["m.py::3", "m.py::8"]
     for u in units:
         compile(u.text, u.relpath, "exec")

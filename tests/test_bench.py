@@ -19,14 +19,27 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-SCRIPTS = {"bench_base.py", "bench_pac.py", "bench_records.py", "bench_sampling.py",
-           "bench_sandbox.py", "bench_synth.py", "dp_overhead.py", "train_scaling.py"}
+SCRIPTS = {
+    "bench_base.py",
+    "bench_pac.py",
+    "bench_records.py",
+    "bench_sampling.py",
+    "bench_sandbox.py",
+    "bench_synth.py",
+    "dp_overhead.py",
+    "train_scaling.py",
+}
 NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 
 
 def _run(script: str, *args: str, timeout: int = 600) -> str:
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=BENCH.parent)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=BENCH.parent,
+    )
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc.stdout
 
@@ -44,7 +57,8 @@ def test_every_bench_script_has_a_test():
     """A new bench script needs its smallest-setting test here (and a line in bench/README.md)."""
     scripts = {p.name for p in BENCH.glob("*.py")}
     assert scripts == SCRIPTS, "update SCRIPTS and add a test for: " + ", ".join(
-        sorted(scripts ^ SCRIPTS))
+        sorted(scripts ^ SCRIPTS)
+    )
     tested = set(re.findall(r'_run\("([a-z_]+\.py)"', Path(__file__).read_text()))
     assert tested == SCRIPTS
     readme = (BENCH / "README.md").read_text()
@@ -84,8 +98,19 @@ def test_bench_base_smallest():
 
 def test_bench_pac_smallest(ci_base_cache):
     # m = 2 is the smallest ensemble a worlds artifact may hold.
-    out = _run("bench_pac.py", "--preset", "ci", "--cache-dir", ci_base_cache, "--worlds", "2",
-               "--tokens", "2", "--threads", "1")
+    out = _run(
+        "bench_pac.py",
+        "--preset",
+        "ci",
+        "--cache-dir",
+        ci_base_cache,
+        "--worlds",
+        "2",
+        "--tokens",
+        "2",
+        "--threads",
+        "1",
+    )
     _line(out, r"base ci; 2 tokens; torch threads [0-9]+$")
     _line(out, r"m +batched ms/token +separate ms/token +separate/batched$")
     _line(out, rf"2 +{NUMBER} +{NUMBER} +{NUMBER}x$")
@@ -94,9 +119,26 @@ def test_bench_pac_smallest(ci_base_cache):
 def test_dp_overhead_smallest(ci_model):
     # Two of its modes (a subprocess each): the DP step and the secure mode's extra draws;
     # nondp, functorch and ghost differ from hooks by one argument.
-    out = _run("dp_overhead.py", "--model", ci_model, "--batch", "2", "--length", "8",
-               "--steps", "1", "--rounds", "1", "--records", "64", "--threads", "1",
-               "--modes", "hooks", "secure")
+    out = _run(
+        "dp_overhead.py",
+        "--model",
+        ci_model,
+        "--batch",
+        "2",
+        "--length",
+        "8",
+        "--steps",
+        "1",
+        "--rounds",
+        "1",
+        "--records",
+        "64",
+        "--threads",
+        "1",
+        "--modes",
+        "hooks",
+        "secure",
+    )
     rows = {line.split()[0] for line in out.splitlines() if line.strip()}
     assert {"hooks", "secure"} <= rows
     assert "secure mode" in out and "/ standard hooks: step time" in out
@@ -105,8 +147,23 @@ def test_dp_overhead_smallest(ci_model):
 def test_train_scaling_smallest(ray_cluster, ci_model):
     # One configuration (1 worker x 1 CPU) of 3 steps, the fewest it can time; the other two
     # differ by Ray Train's worker count and CPUs per worker.
-    out = _run("train_scaling.py", "--model", ci_model, "--configs", "1x1", "--steps", "3",
-               "--batch", "4", "--length", "16", "--rounds", "1", "--size", "40")
+    out = _run(
+        "train_scaling.py",
+        "--model",
+        ci_model,
+        "--configs",
+        "1x1",
+        "--steps",
+        "3",
+        "--batch",
+        "4",
+        "--length",
+        "16",
+        "--rounds",
+        "1",
+        "--size",
+        "40",
+    )
     _line(out, rf"round 1: 1 worker x 1 CPU: {NUMBER} samples/s$")
     _line(out, r"model .*; [0-9]+ records; expected batch 4; max 16 tokens; 3 steps; ")
     _line(out, r"configuration +samples/s +x 1x1$")
@@ -117,10 +174,22 @@ def test_bench_synth_smallest(ray_cluster, ci_release):
     # Both halves: the release through Ray Data and in process, then the canned generator
     # for the peak-memory ratio, at one size (equal --small and --big run once: each Ray
     # Data run costs ~20 s of actor start-up on 2 CPUs, whatever its size).
-    out = _run("bench_synth.py", "--release", str(ci_release), "--samples", "2",
-               "--small", "2", "--big", "2")
-    _line(out, rf"throughput: ray data {NUMBER} samples/s, in-process loop {NUMBER} samples/s, "
-               rf"ratio {NUMBER}x")
+    out = _run(
+        "bench_synth.py",
+        "--release",
+        str(ci_release),
+        "--samples",
+        "2",
+        "--small",
+        "2",
+        "--big",
+        "2",
+    )
+    _line(
+        out,
+        rf"throughput: ray data {NUMBER} samples/s, in-process loop {NUMBER} samples/s, "
+        rf"ratio {NUMBER}x",
+    )
     _line(out, rf"2 samples \(canned generator\): .* peak RSS {NUMBER} MiB")
     assert out.count("samples (canned generator)") == 1  # equal sizes: one run
     _line(out, rf"peak RSS 2 vs 2: {NUMBER}x")

@@ -33,10 +33,18 @@ from chart_support import (
     worker_group,
 )
 
-METRICS = ("ray_privcode_epsilon_spent", "ray_privcode_epsilon_budget", "ray_privcode_dp_steps",
-           "ray_privcode_synth_generated", "ray_privcode_synth_exec_removed",
-           "ray_privcode_synth_roundtrip_removed", "ray_privcode_sandbox_verdicts",
-           "ray_node_cpu_utilization", "ray_node_mem_used", "ray_node_gpus_utilization")
+METRICS = (
+    "ray_privcode_epsilon_spent",
+    "ray_privcode_epsilon_budget",
+    "ray_privcode_dp_steps",
+    "ray_privcode_synth_generated",
+    "ray_privcode_synth_exec_removed",
+    "ray_privcode_synth_roundtrip_removed",
+    "ray_privcode_sandbox_verdicts",
+    "ray_node_cpu_utilization",
+    "ray_node_mem_used",
+    "ray_node_gpus_utilization",
+)
 
 
 # --------------------------------------------------------------------------- behaviour
@@ -49,11 +57,13 @@ def test_gpu_group_gets_gpus_and_num_gpus(ci_objects):
         resources = gpu["template"]["spec"]["containers"][0]["resources"]
         assert str(resources["limits"]["nvidia.com/gpu"]) == "2", owner
         assert str(resources["requests"]["nvidia.com/gpu"]) == "2", owner
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
-            gpu["template"]["spec"]["tolerations"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in gpu[
+            "template"
+        ]["spec"]["tolerations"]
         cpu = worker_group(spec, "cpu")
-        assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"][
-            "limits"]
+        assert (
+            "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+        )
         assert "num-gpus" not in cpu["rayStartParams"]
 
 
@@ -80,11 +90,14 @@ def test_autoscaling(ci_objects, default_objects):
         assert spec["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] is True
         for group in spec["workerGroupSpecs"]:
             assert group["template"]["spec"]["automountServiceAccountToken"] is False
-    api_policy = [p for p in by_kind(ci_objects, "NetworkPolicy") if p["spec"]["policyTypes"] ==
-                  ["Egress"]]
+    api_policy = [
+        p for p in by_kind(ci_objects, "NetworkPolicy") if p["spec"]["policyTypes"] == ["Egress"]
+    ]
     assert len(api_policy) == 1
-    assert api_policy[0]["spec"]["podSelector"]["matchLabels"][
-        "app.kubernetes.io/component"] == "ray-head"
+    assert (
+        api_policy[0]["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        == "ray-head"
+    )
     assert {p["port"] for p in api_policy[0]["spec"]["egress"][0]["ports"]} == {443, 6443}
     for owner, spec in cluster_specs(default_objects):
         assert spec["enableInTreeAutoscaling"] is False, owner
@@ -105,38 +118,52 @@ def test_nothing_is_exposed_by_default(default_objects, ci_objects):
 
 def test_network_policy_denies_by_default(default_objects, ci_objects):
     for objects in (default_objects, ci_objects):
-        policy = [p for p in by_kind(objects, "NetworkPolicy")
-                  if p["metadata"]["name"] == "rel-privcode"][0]
+        policy = [
+            p for p in by_kind(objects, "NetworkPolicy") if p["metadata"]["name"] == "rel-privcode"
+        ][0]
         spec = policy["spec"]
         assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
         selector = spec["podSelector"]["matchLabels"]
-        assert selector == {"app.kubernetes.io/name": "privcode",
-                            "app.kubernetes.io/instance": "rel"}
+        assert selector == {
+            "app.kubernetes.io/name": "privcode",
+            "app.kubernetes.io/instance": "rel",
+        }
         # the policy selects every pod of the release, and only through its labels
         for where, template in pod_templates(objects):
             labels = template["metadata"]["labels"]
             assert selector.items() <= labels.items(), where
         # release pods talk to each other; the operator reaches the dashboard; DNS egress
         assert {"from": [{"podSelector": {"matchLabels": selector}}]} in spec["ingress"]
-        operator_ports = {p["port"] for rule in spec["ingress"] for p in rule.get("ports", [])
-                          if any("namespaceSelector" in peer and peer["namespaceSelector"][
-                              "matchLabels"].get("kubernetes.io/metadata.name") in
-                              ("ray-system", "kuberay") for peer in rule["from"])}
+        operator_ports = {
+            p["port"]
+            for rule in spec["ingress"]
+            for p in rule.get("ports", [])
+            if any(
+                "namespaceSelector" in peer
+                and peer["namespaceSelector"]["matchLabels"].get("kubernetes.io/metadata.name")
+                in ("ray-system", "kuberay")
+                for peer in rule["from"]
+            )
+        }
         assert {8265, 52365} <= operator_ports
         assert {"to": [{"podSelector": {"matchLabels": selector}}]} in spec["egress"]
         dns = [r for r in spec["egress"] if any(p.get("port") == 53 for p in r.get("ports", []))]
         assert {p["protocol"] for p in dns[0]["ports"]} == {"UDP", "TCP"}
     default = [p for p in by_kind(default_objects, "NetworkPolicy")]
     assert len(default) == 1  # no API egress without the autoscaler
-    assert all("ports" in r or r["from"][0].get("podSelector") for r in default[0]["spec"][
-        "ingress"])  # nothing open to the world: every other rule names its ports
-    ci = [p for p in by_kind(ci_objects, "NetworkPolicy") if p["metadata"]["name"] ==
-          "rel-privcode"][0]["spec"]
+    assert all(
+        "ports" in r or r["from"][0].get("podSelector") for r in default[0]["spec"]["ingress"]
+    )  # nothing open to the world: every other rule names its ports
+    ci = [
+        p for p in by_kind(ci_objects, "NetworkPolicy") if p["metadata"]["name"] == "rel-privcode"
+    ][0]["spec"]
     serve_rule = [r for r in ci["ingress"] if r.get("ports") == [{"protocol": "TCP", "port": 8000}]]
     assert serve_rule and serve_rule[0]["from"][0]["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": "ingress-nginx"}
-    assert any(r.get("to", [{}])[0].get("ipBlock", {}).get("cidr") == "52.216.0.0/15"
-               for r in ci["egress"])
+        "kubernetes.io/metadata.name": "ingress-nginx"
+    }
+    assert any(
+        r.get("to", [{}])[0].get("ipBlock", {}).get("cidr") == "52.216.0.0/15" for r in ci["egress"]
+    )
 
 
 def test_every_ray_container_is_locked_down(rendering):
@@ -159,8 +186,10 @@ def test_every_ray_container_is_locked_down(rendering):
 
 
 def test_ray_pods_mount_config_artifacts_and_env(default_objects, ci_objects):
-    for objects, mount_path in ((default_objects, "/mnt/artifacts"), (ci_objects,
-                                                                      "/mnt/artifacts")):
+    for objects, mount_path in (
+        (default_objects, "/mnt/artifacts"),
+        (ci_objects, "/mnt/artifacts"),
+    ):
         for where, template in pod_templates(objects):
             if where.endswith("submitter"):
                 continue
@@ -169,16 +198,25 @@ def test_ray_pods_mount_config_artifacts_and_env(default_objects, ci_objects):
             assert mounts["/etc/privcode"]["readOnly"] is True, where
             assert mount_path in mounts, where
             volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-            assert volumes[mounts["/etc/privcode"]["name"]]["configMap"]["name"] == \
-                "rel-privcode-pipeline"
-            assert volumes[mounts[mount_path]["name"]]["persistentVolumeClaim"]["claimName"] == \
-                "rel-privcode-artifacts"
+            assert (
+                volumes[mounts["/etc/privcode"]["name"]]["configMap"]["name"]
+                == "rel-privcode-pipeline"
+            )
+            assert (
+                volumes[mounts[mount_path]["name"]]["persistentVolumeClaim"]["claimName"]
+                == "rel-privcode-artifacts"
+            )
             env = env_of(container)
             assert env["HF_HUB_OFFLINE"] == "1", where
     head = next(c for w, c in ray_containers(default_objects) if w.endswith("ray-head"))
     ports = {p["name"]: p["containerPort"] for p in head["ports"]}
-    assert ports == {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "serve": 8000,
-                     "metrics": 8080}
+    assert ports == {
+        "gcs-server": 6379,
+        "dashboard": 8265,
+        "client": 10001,
+        "serve": 8000,
+        "metrics": 8080,
+    }
     ci_worker = next(c for w, c in ray_containers(ci_objects) if "group cpu" in w)
     env = env_of(ci_worker)
     assert env["PRIVCODE_LOG_LEVEL"] == "INFO"  # extraEnv
@@ -204,31 +242,54 @@ def test_rayjob_runs_the_pipeline(default_objects, ci_objects):
     entry = job["entrypoint"]
     assert "jobs/pipeline.py --config /etc/privcode/pipeline.yaml" in entry
     assert shlex.split(entry) == [
-        "python", "/app/jobs/pipeline.py", "--config", "/etc/privcode/pipeline.yaml",
-        "--set", "run.out_dir=/mnt/artifacts/runs", "--set", "run.reports_dir=/mnt/artifacts/reports",
-        "--set", "base.cache_dir=/mnt/artifacts/cache"]
+        "python",
+        "/app/jobs/pipeline.py",
+        "--config",
+        "/etc/privcode/pipeline.yaml",
+        "--set",
+        "run.out_dir=/mnt/artifacts/runs",
+        "--set",
+        "run.reports_dir=/mnt/artifacts/reports",
+        "--set",
+        "base.cache_dir=/mnt/artifacts/cache",
+    ]
     assert job["shutdownAfterJobFinishes"] is True
     assert job["ttlSecondsAfterFinished"] == 3600
     assert job["backoffLimit"] == 0
     assert job["activeDeadlineSeconds"] == 86400
     assert job["submissionMode"] == "K8sJobMode"
     assert yaml.safe_load(job["runtimeEnvYAML"]) == {
-        "env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+        "env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    }
     submitter = job["submitterPodTemplate"]["spec"]
     assert submitter["restartPolicy"] == "Never"
     assert not submitter["containers"][0].get("command")  # KubeRay fills in `ray job submit`
     ci_entry = shlex.split(one(ci_objects, "RayJob")["spec"]["entrypoint"])
-    assert ci_entry[-4:] == ["--set", "data.size=200", "--set",
-                             "report.title=CI run with spaces and 'quotes'"]
+    assert ci_entry[-4:] == [
+        "--set",
+        "data.size=200",
+        "--set",
+        "report.title=CI run with spaces and 'quotes'",
+    ]
 
 
 def test_rayjob_overrides_and_verbatim_entrypoint(helm):
-    job = one(render(helm, "--set", "pipeline.overrides={data.size=50,run.name=k8s test}"),
-              "RayJob")["spec"]
+    job = one(
+        render(helm, "--set", "pipeline.overrides={data.size=50,run.name=k8s test}"), "RayJob"
+    )["spec"]
     assert "--set data.size=50 --set 'run.name=k8s test'" in job["entrypoint"]
-    job = one(render(helm, "--set", "job.entrypoint=python -c pass",
-                     "--set", "job.shutdownAfterJobFinishes=false",
-                     "--set", "job.activeDeadlineSeconds=0"), "RayJob")["spec"]
+    job = one(
+        render(
+            helm,
+            "--set",
+            "job.entrypoint=python -c pass",
+            "--set",
+            "job.shutdownAfterJobFinishes=false",
+            "--set",
+            "job.activeDeadlineSeconds=0",
+        ),
+        "RayJob",
+    )["spec"]
     assert job["entrypoint"] == "python -c pass"
     assert "ttlSecondsAfterFinished" not in job  # KubeRay refuses a TTL without shutdown
     assert "activeDeadlineSeconds" not in job
@@ -237,14 +298,16 @@ def test_rayjob_overrides_and_verbatim_entrypoint(helm):
 def test_config_map_holds_the_demo_config_by_default(default_objects):
     config_map = one(default_objects, "ConfigMap")
     assert config_map["metadata"]["name"] == "rel-privcode-pipeline"
-    assert yaml.safe_load(config_map["data"]["pipeline.yaml"]) == \
-        yaml.safe_load(DEMO_CONFIG.read_text())
+    assert yaml.safe_load(config_map["data"]["pipeline.yaml"]) == yaml.safe_load(
+        DEMO_CONFIG.read_text()
+    )
 
 
 def test_values_default_pipeline_config_is_demo_yaml():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert yaml.safe_load(values["pipeline"]["config"]) == yaml.safe_load(DEMO_CONFIG.read_text()), \
-        "charts/privcode/values.yaml pipeline.config is out of sync with jobs/configs/demo.yaml"
+    assert yaml.safe_load(values["pipeline"]["config"]) == yaml.safe_load(
+        DEMO_CONFIG.read_text()
+    ), "charts/privcode/values.yaml pipeline.config is out of sync with jobs/configs/demo.yaml"
 
 
 def test_set_file_replaces_the_pipeline_config(helm, tmp_path):
@@ -253,16 +316,28 @@ def test_set_file_replaces_the_pipeline_config(helm, tmp_path):
     path.write_text("# a comment\n" + yaml.safe_dump(config))
     objects = render(helm, *JOB_ONLY, "--set-file", f"pipeline.config={path}")
     assert yaml.safe_load(one(objects, "ConfigMap")["data"]["pipeline.yaml"]) == config
-    assert {o["kind"] for o in objects} <= {"ServiceAccount", "ConfigMap",
-                                            "PersistentVolumeClaim", "NetworkPolicy", "RayJob"}
+    assert {o["kind"] for o in objects} <= {
+        "ServiceAccount",
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "NetworkPolicy",
+        "RayJob",
+    }
     assert len(by_kind(objects, "RayJob")) == 1
 
 
 def test_job_disabled_renders_no_rayjob(helm):
     objects = render(helm, "--set", "job.enabled=false")
     assert not by_kind(objects, "RayJob")
-    objects = render(helm, "--set", "job.enabled=false", "--set", "cluster.enabled=true",
-                     "--set", "storage.pvc.enabled=false")
+    objects = render(
+        helm,
+        "--set",
+        "job.enabled=false",
+        "--set",
+        "cluster.enabled=true",
+        "--set",
+        "storage.pvc.enabled=false",
+    )
     assert not by_kind(objects, "RayJob") and not by_kind(objects, "PersistentVolumeClaim")
     spec = one(objects, "RayCluster")["spec"]
     volumes = {v["name"]: v for v in spec["headGroupSpec"]["template"]["spec"]["volumes"]}
@@ -284,17 +359,22 @@ def test_pvc_outlives_uninstall(default_objects):
     assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
 
 
-@pytest.mark.parametrize("release, extra", [
-    ("b" * 53, ()),  # helm's own limit on release names is 53 characters
-    ("rel", ("--set", "fullnameOverride=" + "f" * 63)),
-    ("r" * 40, ("--set", "nameOverride=" + "n" * 60)),
-])
+@pytest.mark.parametrize(
+    "release, extra",
+    [
+        ("b" * 53, ()),  # helm's own limit on release names is 53 characters
+        ("rel", ("--set", "fullnameOverride=" + "f" * 63)),
+        ("r" * 40, ("--set", "nameOverride=" + "n" * 60)),
+    ],
+)
 def test_names_fit_kubernetes_and_kuberay_limits(helm, release, extra):
     objects = render(helm, "-f", str(CI_VALUES), *extra, release=release)
     names = [(o["kind"], o["metadata"]["name"]) for o in objects]
     for kind, name in names:
-        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), (kind,
-                                                                                          name)
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), (
+            kind,
+            name,
+        )
         if kind in MAX_NAME:
             assert len(name) <= MAX_NAME[kind] and DNS1035.fullmatch(name), (kind, name)
     assert len(set(names)) == len(names), names
@@ -311,8 +391,13 @@ def test_every_object_is_labelled(rendering):
     name, objects = rendering
     for obj in objects:
         labels = obj["metadata"]["labels"]
-        for key in ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
-                    "app.kubernetes.io/version", "app.kubernetes.io/managed-by"):
+        for key in (
+            "helm.sh/chart",
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by",
+        ):
             assert key in labels, f"{name}: {obj['kind']}/{obj['metadata']['name']} lacks {key}"
         assert labels["app.kubernetes.io/part-of"] == "privcode"
 
@@ -335,25 +420,33 @@ def test_rayservice_serve_config(ci_objects, helm):
     apps = {a["name"]: a for a in config["applications"]}
     assert apps["premium"]["import_path"] == "privcode.serve.premium:app"
     assert apps["premium"]["route_prefix"] == "/premium"
-    assert apps["premium"]["args"] == {"model": "/mnt/artifacts/cache/base",
-                                       "premium": "/mnt/artifacts/runs/demo/premium"}
+    assert apps["premium"]["args"] == {
+        "model": "/mnt/artifacts/cache/base",
+        "premium": "/mnt/artifacts/runs/demo/premium",
+    }
     # the app builder accepts exactly these args, and the deployment name is the app's own
     from privcode.serve import premium
 
     premium.parse_args(apps["premium"]["args"])
     assert premium.PremiumServer.name == apps["premium"]["deployments"][0]["name"]
-    assert apps["premium"]["deployments"] == [{"name": "PremiumServer", "num_replicas": 2,
-                                               "ray_actor_options": {"num_cpus": 2,
-                                                                     "num_gpus": 1}}]
+    assert apps["premium"]["deployments"] == [
+        {
+            "name": "PremiumServer",
+            "num_replicas": 2,
+            "ray_actor_options": {"num_cpus": 2, "num_gpus": 1},
+        }
+    ]
     assert apps["ensemble"]["import_path"] == "privcode.serve.ensemble:app"
     assert apps["ensemble"]["route_prefix"] == "/ensemble"
     # the API key comes from the Secret, only on the serving cluster's pods
     serving = service["spec"]["rayClusterConfig"]
     for template in [serving["headGroupSpec"]["template"]] + [
-            g["template"] for g in serving["workerGroupSpecs"]]:
+        g["template"] for g in serving["workerGroupSpecs"]
+    ]:
         env = env_of(template["spec"]["containers"][0])
-        assert env["PRIVCODE_API_KEY"] == {"secretKeyRef": {"name": "privcode-api-key",
-                                                            "key": "api-key"}}
+        assert env["PRIVCODE_API_KEY"] == {
+            "secretKeyRef": {"name": "privcode-api-key", "key": "api-key"}
+        }
     job_head = one(ci_objects, "RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]
     assert "PRIVCODE_API_KEY" not in env_of(job_head["template"]["spec"]["containers"][0])
     # defaults: premium only, empty args left out
@@ -366,10 +459,12 @@ def test_rayservice_serve_config(ci_objects, helm):
 
 
 def test_grafana_dashboard(helm, ci_objects, default_objects):
-    assert not [c for c in by_kind(default_objects, "ConfigMap") if "grafana" in c["metadata"][
-        "name"]]
-    config_map = [c for c in by_kind(ci_objects, "ConfigMap") if "grafana" in c["metadata"][
-        "name"]][0]
+    assert not [
+        c for c in by_kind(default_objects, "ConfigMap") if "grafana" in c["metadata"]["name"]
+    ]
+    config_map = [
+        c for c in by_kind(ci_objects, "ConfigMap") if "grafana" in c["metadata"]["name"]
+    ][0]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(config_map["data"]["privcode-grafana.json"])
     assert dashboard == json.loads((CHART / "dashboards" / "privcode-grafana.json").read_text())
@@ -390,16 +485,26 @@ def test_grafana_dashboard(helm, ci_objects, default_objects):
 
 
 def test_notes_explain_how_to_follow_the_job(helm):
-    done = run_helm(helm, "install", "rel", str(CHART), "--dry-run=client", "--namespace",
-                     "team-a", "-f", str(CI_VALUES))
+    done = run_helm(
+        helm,
+        "install",
+        "rel",
+        str(CHART),
+        "--dry-run=client",
+        "--namespace",
+        "team-a",
+        "-f",
+        str(CI_VALUES),
+    )
     assert done.returncode == 0, done.stderr
     notes = done.stdout.split("NOTES:", 1)[1]
-    for text in ("kubectl get rayjob rel-privcode -n team-a -w",
-                 "kubectl logs -f job/rel-privcode -n team-a",
-                 "svc/$CLUSTER-head-svc 8265:8265",
-                 "svc/rel-privcode-head-svc 8265:8265",
-                 "svc/rel-privcode-serve-serve-svc 8000:8000",
-                 "helm install kuberay-operator kuberay/kuberay-operator",
-                 "auth_token"):
+    for text in (
+        "kubectl get rayjob rel-privcode -n team-a -w",
+        "kubectl logs -f job/rel-privcode -n team-a",
+        "svc/$CLUSTER-head-svc 8265:8265",
+        "svc/rel-privcode-head-svc 8265:8265",
+        "svc/rel-privcode-serve-serve-svc 8000:8000",
+        "helm install kuberay-operator kuberay/kuberay-operator",
+        "auth_token",
+    ):
         assert text in notes, f"{text!r} not in NOTES:\n{notes}"
-

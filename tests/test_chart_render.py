@@ -77,9 +77,12 @@ def test_ray_pod_templates_validate_strictly_as_pods(rendering):
     """The pod templates inside the Ray resources, checked as Pods by kubernetes-validate."""
     name, objects = rendering
     for where, template in pod_templates(objects):
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "probe", **template.get("metadata", {})},
-               "spec": template["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe", **template.get("metadata", {})},
+            "spec": template["spec"],
+        }
         problems = k8s_problems(pod)
         assert not problems, f"{name}: {where}: {problems}"
 
@@ -89,15 +92,20 @@ def test_the_strict_walk_catches_a_misspelled_field(default_objects, crds):
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]
     head["rayStartParam"] = head.pop("rayStartParams")
     job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0][
-        "securityContex"] = {}
+        "securityContex"
+    ] = {}
     problems = crd_problems(job)
-    assert "spec.rayClusterSpec.headGroupSpec.rayStartParam: field not declared in the CRD" in \
-        problems, problems
-    assert any(p.endswith("containers[0].securityContex: field not declared in the CRD")
-               for p in problems), problems
+    assert (
+        "spec.rayClusterSpec.headGroupSpec.rayStartParam: field not declared in the CRD" in problems
+    ), problems
+    assert any(
+        p.endswith("containers[0].securityContex: field not declared in the CRD") for p in problems
+    ), problems
     # free-form maps stay free-form
-    assert not k8s.unknown_fields({"spec": {"rayClusterSpec": {"headGroupSpec": {
-        "rayStartParams": {"anything-goes": "1"}}}}}, k8s.crd_schema("RayJob", crds))
+    assert not k8s.unknown_fields(
+        {"spec": {"rayClusterSpec": {"headGroupSpec": {"rayStartParams": {"anything-goes": "1"}}}}},
+        k8s.crd_schema("RayJob", crds),
+    )
 
 
 def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -105,43 +113,72 @@ def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 #: A schema with each construct the API server's pruning distinguishes.
-WALK_SCHEMA = _obj({
-    "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
-    "spec": _obj({
-        "closed": _obj({"a": {"type": "string"}}),
-        "closedFalse": _obj({"a": {"type": "string"}}, additionalProperties=False),
-        "map": {"type": "object", "additionalProperties": _obj({"b": {"type": "integer"}})},
-        "open": {"type": "object", "additionalProperties": True},
-        "preserved": _obj({"known": _obj({"c": {"type": "string"}})},
-                          **{"x-kubernetes-preserve-unknown-fields": True}),
-        "empty": {"type": "object"},
-        "list": {"type": "array", "items": _obj({"d": {"type": "string"}})},
-        "port": {"x-kubernetes-int-or-string": True,
-                 "anyOf": [{"type": "integer"}, {"type": "string"}]},
-        "embedded": _obj({"spec": _obj({"e": {"type": "string"}})},
-                         **{"x-kubernetes-embedded-resource": True}),
-    }),
-})
+WALK_SCHEMA = _obj(
+    {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        "spec": _obj(
+            {
+                "closed": _obj({"a": {"type": "string"}}),
+                "closedFalse": _obj({"a": {"type": "string"}}, additionalProperties=False),
+                "map": {"type": "object", "additionalProperties": _obj({"b": {"type": "integer"}})},
+                "open": {"type": "object", "additionalProperties": True},
+                "preserved": _obj(
+                    {"known": _obj({"c": {"type": "string"}})},
+                    **{"x-kubernetes-preserve-unknown-fields": True},
+                ),
+                "empty": {"type": "object"},
+                "list": {"type": "array", "items": _obj({"d": {"type": "string"}})},
+                "port": {
+                    "x-kubernetes-int-or-string": True,
+                    "anyOf": [{"type": "integer"}, {"type": "string"}],
+                },
+                "embedded": _obj(
+                    {"spec": _obj({"e": {"type": "string"}})},
+                    **{"x-kubernetes-embedded-resource": True},
+                ),
+            }
+        ),
+    }
+)
 
 
 def test_the_strict_walk_follows_the_api_servers_pruning():
     """What k8s.unknown_fields reports is what a structural schema would prune."""
-    obj = {"apiVersion": "v1", "kind": "Probe", "metadata": {"name": "p", "labels": {"a": "b"}},
-           "typo": 1, "spec": {
-               "closed": {"a": "1", "typo": "2", "kind": "only the root and embedded own it"},
-               "closedFalse": {"typo": 1},
-               "map": {"k": {"b": 1, "typo": 2}},
-               "open": {"anything": {"nested": 1}},
-               "preserved": {"anything": {"x": 1}, "known": {"c": "1", "typo": 1}},
-               "empty": {"typo": 1},
-               "list": [{"d": "1"}, {"typo": 1}],
-               "port": {"typo": 1},
-               "embedded": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"},
-                            "spec": {"e": "1", "typo": 1}}}}
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Probe",
+        "metadata": {"name": "p", "labels": {"a": "b"}},
+        "typo": 1,
+        "spec": {
+            "closed": {"a": "1", "typo": "2", "kind": "only the root and embedded own it"},
+            "closedFalse": {"typo": 1},
+            "map": {"k": {"b": 1, "typo": 2}},
+            "open": {"anything": {"nested": 1}},
+            "preserved": {"anything": {"x": 1}, "known": {"c": "1", "typo": 1}},
+            "empty": {"typo": 1},
+            "list": [{"d": "1"}, {"typo": 1}],
+            "port": {"typo": 1},
+            "embedded": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "q"},
+                "spec": {"e": "1", "typo": 1},
+            },
+        },
+    }
     assert sorted(k8s.unknown_fields(obj, WALK_SCHEMA)) == [
-        "spec.closed.kind", "spec.closed.typo", "spec.closedFalse.typo", "spec.embedded.spec.typo",
-        "spec.empty.typo", "spec.list[1].typo", "spec.map.k.typo", "spec.preserved.known.typo",
-        "typo"]
+        "spec.closed.kind",
+        "spec.closed.typo",
+        "spec.closedFalse.typo",
+        "spec.embedded.spec.typo",
+        "spec.empty.typo",
+        "spec.list[1].typo",
+        "spec.map.k.typo",
+        "spec.preserved.known.typo",
+        "typo",
+    ]
     problems = k8s.custom_resource_problems(obj, WALK_SCHEMA)
     assert any(p.startswith("spec.port: ") for p in problems), problems  # a type error
     assert not [p for p in problems if p.startswith(("metadata", "spec.port."))], problems
@@ -150,42 +187,60 @@ def test_the_strict_walk_follows_the_api_servers_pruning():
 # --------------------------------------------------------------------------- 3. values schema
 
 
-@pytest.mark.parametrize("setting, field, extra", [
-    ("image.pullPolicy=Sometimes", "image.pullPolicy", "IfNotPresent"),
-    ("workerGroups.cpu.replicas=-1", "workerGroups.cpu.replicas", "0"),
-    ("head.serviceTyp=ClusterIP", "head", "serviceTyp"),  # a typo: additionalProperties
-    ("workerGroups.gpu.gpusPerWorker=0", "workerGroups.gpu.gpusPerWorker", "1"),
-    ("head.serviceType=ExternalName", "head.serviceType", "LoadBalancer"),
-    ("job.submissionMode=Sometimes", "job.submissionMode", "K8sJobMode"),
-    ("autoscaling.autoscalerOptions.upscalingMode=Fast",
-     "autoscaling.autoscalerOptions.upscalingMode", "Conservative"),
-    ("auth.mode=password", "auth.mode", "token"),
-    ("pipeline.overrides={not-an-override}", "pipeline.overrides.0", ""),
-    ("storage.mountPath=relative/path", "storage.mountPath", ""),
-    ("tolerations=[]", "", "tolerations"),  # a misplaced top-level key
-])
+@pytest.mark.parametrize(
+    "setting, field, extra",
+    [
+        ("image.pullPolicy=Sometimes", "image.pullPolicy", "IfNotPresent"),
+        ("workerGroups.cpu.replicas=-1", "workerGroups.cpu.replicas", "0"),
+        ("head.serviceTyp=ClusterIP", "head", "serviceTyp"),  # a typo: additionalProperties
+        ("workerGroups.gpu.gpusPerWorker=0", "workerGroups.gpu.gpusPerWorker", "1"),
+        ("head.serviceType=ExternalName", "head.serviceType", "LoadBalancer"),
+        ("job.submissionMode=Sometimes", "job.submissionMode", "K8sJobMode"),
+        (
+            "autoscaling.autoscalerOptions.upscalingMode=Fast",
+            "autoscaling.autoscalerOptions.upscalingMode",
+            "Conservative",
+        ),
+        ("auth.mode=password", "auth.mode", "token"),
+        ("pipeline.overrides={not-an-override}", "pipeline.overrides.0", ""),
+        ("storage.mountPath=relative/path", "storage.mountPath", ""),
+        ("tolerations=[]", "", "tolerations"),  # a misplaced top-level key
+    ],
+)
 def test_values_schema_rejects_bad_values(helm, setting, field, extra):
     """helm refuses the values and names the field (helm 4 writes /a/b, older helm 3 a.b)."""
     stderr = render_error(helm, "--set", setting)
     assert "schema" in stderr, stderr
-    assert field in stderr or "/" + field.replace(".", "/") in stderr, \
+    assert field in stderr or "/" + field.replace(".", "/") in stderr, (
         f"{setting}: {field!r} not named in: {stderr}"
+    )
     assert extra in stderr, f"{setting}: {extra!r} not in: {stderr}"
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--set", "workerGroups.cpu.minReplicas=5"),
-     "workerGroups.cpu: minReplicas (5) > maxReplicas (4)"),
-    (("--set", "workerGroups.gpu.enabled=true", "--set", "workerGroups.gpu.minReplicas=3"),
-     "workerGroups.gpu: minReplicas (3) > maxReplicas (2)"),
-    (("--set", "workerGroups.cpu.replicas=9"),
-     "workerGroups.cpu: replicas (9) must be between minReplicas (1) and maxReplicas (4)"),
-    (("--set", "serve.enabled=true", "--set", "serve.premium.enabled=false"),
-     "no Serve application is enabled"),
-    (("--set", "storage.pvc.enabled=false"), "nowhere to keep its artifacts"),
-    (("--set", "rayVersion=2.40.0"), "auth.mode=token needs Ray >= 2.52.0"),
-    (("--set", "head.rayStartParams.labels=a=b"), "'labels' is not supported"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("--set", "workerGroups.cpu.minReplicas=5"),
+            "workerGroups.cpu: minReplicas (5) > maxReplicas (4)",
+        ),
+        (
+            ("--set", "workerGroups.gpu.enabled=true", "--set", "workerGroups.gpu.minReplicas=3"),
+            "workerGroups.gpu: minReplicas (3) > maxReplicas (2)",
+        ),
+        (
+            ("--set", "workerGroups.cpu.replicas=9"),
+            "workerGroups.cpu: replicas (9) must be between minReplicas (1) and maxReplicas (4)",
+        ),
+        (
+            ("--set", "serve.enabled=true", "--set", "serve.premium.enabled=false"),
+            "no Serve application is enabled",
+        ),
+        (("--set", "storage.pvc.enabled=false"), "nowhere to keep its artifacts"),
+        (("--set", "rayVersion=2.40.0"), "auth.mode=token needs Ray >= 2.52.0"),
+        (("--set", "head.rayStartParams.labels=a=b"), "'labels' is not supported"),
+    ],
+)
 def test_template_rejects_inconsistent_values(helm, args, message):
     stderr = render_error(helm, *args)
     assert message in stderr, stderr
@@ -215,8 +270,9 @@ def test_values_are_all_documented():
         if line.rstrip().endswith("|"):
             block_indent = indent + 1
         j = i - 1
-        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith(
-                "# --"):
+        while (
+            j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --")
+        ):
             j -= 1
         documented = j >= 0 and lines[j].strip().startswith("# --")
         parent_free_form = _inside_free_form(lines, i, indent)
@@ -225,9 +281,22 @@ def test_values_are_all_documented():
     assert not undocumented, undocumented
 
 
-FREE_FORM = {"rayStartParams", "resources", "requests", "limits", "nodeSelector", "affinity",
-             "annotations", "labels", "runtimeEnv", "env_vars", "rayActorOptions", "args",
-             "seccompProfile", "capabilities"}
+FREE_FORM = {
+    "rayStartParams",
+    "resources",
+    "requests",
+    "limits",
+    "nodeSelector",
+    "affinity",
+    "annotations",
+    "labels",
+    "runtimeEnv",
+    "env_vars",
+    "rayActorOptions",
+    "args",
+    "seccompProfile",
+    "capabilities",
+}
 
 
 def _in_list_item(lines: list[str], i: int, indent: int) -> bool:
@@ -268,7 +337,8 @@ def test_schema_covers_every_value():
     jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.Draft7Validator(schema).validate(values)
     jsonschema.Draft7Validator(schema).validate(
-        _merged(values, yaml.safe_load(CI_VALUES.read_text())))
+        _merged(values, yaml.safe_load(CI_VALUES.read_text()))
+    )
 
     def resolve(node):
         while "$ref" in node:

@@ -50,11 +50,20 @@ def test_token_is_created_private_and_sent_as_bearer(tmp_path, monkeypatch):
     assert not local.auth_enabled()
 
 
-@pytest.mark.parametrize("address, loopback", [
-    ("auto", True), ("127.0.0.1:6379", True), ("localhost:6379", True),
-    ("ray://127.0.0.1:10001", True), ("[::1]:6379", True), ("http://127.0.0.1:8265", True),
-    ("10.1.2.3:6379", False), ("ray://head.svc:10001", False), ("https://ray.example:443", False),
-])
+@pytest.mark.parametrize(
+    "address, loopback",
+    [
+        ("auto", True),
+        ("127.0.0.1:6379", True),
+        ("localhost:6379", True),
+        ("ray://127.0.0.1:10001", True),
+        ("[::1]:6379", True),
+        ("http://127.0.0.1:8265", True),
+        ("10.1.2.3:6379", False),
+        ("ray://head.svc:10001", False),
+        ("https://ray.example:443", False),
+    ],
+)
 def test_loopback_detection(address, loopback):
     assert local._address_is_loopback(address) is loopback
 
@@ -78,13 +87,16 @@ def test_connect_refuses_a_dashboard_url():
 def test_pipeline_entrypoint_runtime_env_and_config_path(tmp_path):
     assert jobs.pipeline_entrypoint("jobs/configs/demo.yaml", ["data.size=200", "x.y=a b"]) == (
         "python jobs/pipeline.py --config jobs/configs/demo.yaml "
-        "--set data.size=200 --set 'x.y=a b'")
+        "--set data.size=200 --set 'x.y=a b'"
+    )
 
     root = jobs.repo_root()
     assert (root / "jobs").is_dir() and (root / "privcode").is_dir()
     env = jobs.pipeline_runtime_env({"env_vars": {"A": "1"}, "excludes": ["big/"]})
     assert env["working_dir"] == str(root) and env["env_vars"] == {"A": "1"}
-    assert {".venv/", ".git/", "/runs/", "/reports/", "__pycache__/", "big/"} <= set(env["excludes"])
+    assert {".venv/", ".git/", "/runs/", "/reports/", "__pycache__/", "big/"} <= set(
+        env["excludes"]
+    )
 
     config = tmp_path / "jobs" / "configs" / "c.yaml"
     config.parent.mkdir(parents=True)
@@ -117,8 +129,11 @@ def test_head_requires_the_token_and_listens_on_loopback_only(ray_cluster):
     assert _get(url, {"Authorization": "Bearer not-the-token"}) == 403
     assert _get(url, local.auth_headers()) == 200
 
-    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
-                 if c.status == psutil.CONN_LISTEN}
+    listening = {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
     for port in (ray_cluster.port, ray_cluster.dashboard_port):
         hosts = {ip for ip, p in listening if p == port}
         assert hosts and hosts <= {"127.0.0.1", "::ffff:127.0.0.1"}, (port, hosts)
@@ -126,8 +141,11 @@ def test_head_requires_the_token_and_listens_on_loopback_only(ray_cluster):
 
 @pytest.mark.ray
 def test_start_head_is_idempotent_and_status_reports_it(ray_cluster):
-    again = local.start_head(port=ray_cluster.port, dashboard_port=ray_cluster.dashboard_port,
-                             temp_dir=ray_cluster.temp_dir)
+    again = local.start_head(
+        port=ray_cluster.port,
+        dashboard_port=ray_cluster.dashboard_port,
+        temp_dir=ray_cluster.temp_dir,
+    )
     assert again["started"] is False
     assert again["address"] == ray_cluster.address
     assert again["dashboard_url"] == ray_cluster.dashboard_url
@@ -140,8 +158,11 @@ def test_start_head_is_idempotent_and_status_reports_it(ray_cluster):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(local, "head_installation", lambda port: "/elsewhere/.venv/ray")
         with pytest.raises(PrivcodeError, match=r"another installation's Ray \(/elsewhere"):
-            local.start_head(port=ray_cluster.port, dashboard_port=ray_cluster.dashboard_port,
-                             temp_dir=ray_cluster.temp_dir)
+            local.start_head(
+                port=ray_cluster.port,
+                dashboard_port=ray_cluster.dashboard_port,
+                temp_dir=ray_cluster.temp_dir,
+            )
 
 
 def test_installation_of_a_gcs_binary(tmp_path):
@@ -165,8 +186,9 @@ def test_a_wrong_token_is_reported_not_papered_over(ray_cluster, monkeypatch):
 
 @pytest.mark.ray
 def test_job_connects_to_ray_with_the_token_and_its_stdout_is_read_back(ray_cluster):
-    entrypoint = ('python -c "import ray; ray.init(); '
-                  'print(ray.get(ray.remote(lambda: 6*7).remote()))"')
+    entrypoint = (
+        'python -c "import ray; ray.init(); print(ray.get(ray.remote(lambda: 6*7).remote()))"'
+    )
     job_id = jobs.submit_job(entrypoint, address=ray_cluster.dashboard_url)
     status = jobs.wait_for_job(job_id, ray_cluster.dashboard_url, timeout_s=JOB_TIMEOUT_S)
     logs = jobs.job_logs(job_id, ray_cluster.dashboard_url)
@@ -176,8 +198,9 @@ def test_job_connects_to_ray_with_the_token_and_its_stdout_is_read_back(ray_clus
 
 @pytest.mark.ray
 def test_failing_job_reports_failed(ray_cluster):
-    job_id = jobs.submit_job('python -c "import sys; print(\'boom\'); sys.exit(3)"',
-                             address=ray_cluster.dashboard_url)
+    job_id = jobs.submit_job(
+        "python -c \"import sys; print('boom'); sys.exit(3)\"", address=ray_cluster.dashboard_url
+    )
     status = jobs.wait_for_job(job_id, ray_cluster.dashboard_url, timeout_s=JOB_TIMEOUT_S)
     assert status == "FAILED"
     assert "boom" in jobs.job_logs(job_id, ray_cluster.dashboard_url)
@@ -188,11 +211,15 @@ def test_gcs_address_and_followed_logs_with_the_repo_working_dir(ray_cluster):
     """The GCS form of the address resolves to the dashboard; the upload skips .venv/.git."""
     assert jobs.resolve_dashboard_address(ray_cluster.address) == ray_cluster.dashboard_url
     script = "import os; print('LISTING', sorted(os.listdir('.')))"
-    job_id = jobs.submit_job(f'python -c "{script}"', address=ray_cluster.address,
-                             runtime_env=jobs.pipeline_runtime_env())
+    job_id = jobs.submit_job(
+        f'python -c "{script}"',
+        address=ray_cluster.address,
+        runtime_env=jobs.pipeline_runtime_env(),
+    )
     out = io.StringIO()
-    status = jobs.wait_for_job(job_id, ray_cluster.address, timeout_s=JOB_TIMEOUT_S,
-                               follow=True, out=out)
+    status = jobs.wait_for_job(
+        job_id, ray_cluster.address, timeout_s=JOB_TIMEOUT_S, follow=True, out=out
+    )
     assert status == "SUCCEEDED", out.getvalue()
     listing = next(line for line in out.getvalue().splitlines() if line.startswith("LISTING"))
     assert "'jobs'" in listing and "'privcode'" in listing
@@ -204,14 +231,20 @@ def test_submit_pipeline_path_with_a_stand_in_entry_point(ray_cluster, tmp_path,
     """submit_pipeline end to end, with a stand-in jobs/pipeline.py in its own working dir."""
     (tmp_path / "jobs" / "configs").mkdir(parents=True)
     (tmp_path / "jobs" / "configs" / "tiny.yaml").write_text("data: {size: 30}\n")
-    (tmp_path / "jobs" / "pipeline.py").write_text(textwrap.dedent("""\
+    (tmp_path / "jobs" / "pipeline.py").write_text(
+        textwrap.dedent("""\
         import sys
         print("STAND-IN", " ".join(sys.argv[1:]))
-        """))
-    result = jobs.submit_pipeline(config="jobs/configs/tiny.yaml", address=None,
-                                  overrides=["data.size=30"], follow=True,
-                                  timeout_s=JOB_TIMEOUT_S,
-                                  runtime_env={"working_dir": str(tmp_path)})
+        """)
+    )
+    result = jobs.submit_pipeline(
+        config="jobs/configs/tiny.yaml",
+        address=None,
+        overrides=["data.size=30"],
+        follow=True,
+        timeout_s=JOB_TIMEOUT_S,
+        runtime_env={"working_dir": str(tmp_path)},
+    )
     err = capsys.readouterr().err
     assert result["status"] == "SUCCEEDED", err
     assert result["dashboard_url"] == ray_cluster.dashboard_url  # via RAY_ADDRESS (GCS form)
@@ -231,8 +264,10 @@ def test_submit_targets_pick_their_cluster(monkeypatch):
         jobs.target_address("local", "http://10.0.0.5:8265")
     with pytest.raises(PrivcodeError, match="unknown submit target 'moon'"):
         jobs.target_address("moon")
-    assert jobs.pipeline_entrypoint("c.yaml", ["a.b=1"], ["data", "base"]) == \
-        "python jobs/pipeline.py --config c.yaml --set a.b=1 --stages data base"
+    assert (
+        jobs.pipeline_entrypoint("c.yaml", ["a.b=1"], ["data", "base"])
+        == "python jobs/pipeline.py --config c.yaml --set a.b=1 --stages data base"
+    )
 
 
 def test_make_submit_job_targets_run_a_stage_on_a_real_head(ray_cluster, tmp_path):
@@ -244,11 +279,22 @@ def test_make_submit_job_targets_run_a_stage_on_a_real_head(ray_cluster, tmp_pat
     assert jobs.target_address("local", ray_cluster.dashboard_url) == ray_cluster.dashboard_url
     root = jobs.repo_root()
     env = {**os.environ, "TARGET": "ray", "PYTHON": sys.executable}
-    cmd = ["bash", str(root / "cluster" / "submit-job.sh"), "--stages", "data",
-           "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "run.name=sj",
-           "--set", "data.size=30", "--json"]
-    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT_S)
+    cmd = [
+        "bash",
+        str(root / "cluster" / "submit-job.sh"),
+        "--stages",
+        "data",
+        "--set",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "--set",
+        "run.name=sj",
+        "--set",
+        "data.size=30",
+        "--json",
+    ]
+    done = subprocess.run(
+        cmd, cwd=root, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == "SUCCEEDED"
@@ -296,19 +342,27 @@ def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
     import json
     import subprocess
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")
+    }
     token = tmp_path / "token"
     ray_tmp = Path(tempfile.mkdtemp(prefix="pcr-", dir="/tmp"))  # short socket paths
     env.update(RAY_AUTH_TOKEN_PATH=str(token), RAY_TMPDIR=str(ray_tmp))
     try:
-        proc = subprocess.run([sys.executable, "-c", _IN_PROCESS], env=env, capture_output=True,
-                              text=True, timeout=JOB_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-c", _IN_PROCESS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=JOB_TIMEOUT_S,
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     assert result["started"] is True and result["address"].startswith("127.0.0.1:")
     assert result["ip"] == "127.0.0.1" and result["again"]["started"] is False
     assert result["hosts"] and set(result["hosts"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}
@@ -319,9 +373,11 @@ def test_process_env_telemetry_off_passive_omp_in_drivers_and_head_unless_chosen
     for key in local.PROCESS_ENV:
         monkeypatch.delenv(key, raising=False)
     env = local.head_env()
-    assert {k: env[k] for k in local.PROCESS_ENV} == {"RAY_USAGE_STATS_ENABLED": "0",
-                                                        "RAY_DATA_USAGE_DISABLED": "1",
-                                                        "OMP_WAIT_POLICY": "PASSIVE"}
+    assert {k: env[k] for k in local.PROCESS_ENV} == {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DATA_USAGE_DISABLED": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
     local.apply_process_env()
     assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
     assert os.environ["RAY_DATA_USAGE_DISABLED"] == "1"

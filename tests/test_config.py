@@ -50,7 +50,10 @@ def test_int_is_accepted_for_float(tmp_path):
         ("data:\n  size: -3\n", ["data.size", "below the minimum 10"]),
         ("data:\n  pii_fraction: 1.5\n", ["data.pii_fraction", "above the maximum 1.0"]),
         ("data:\n  canary_kinds: [email, phone]\n", ["data.canary_kinds", "'phone' is not one of"]),
-        ("data:\n  canary_repetitions: [5, 0]\n", ["data.canary_repetitions", "below the minimum 1"]),
+        (
+            "data:\n  canary_repetitions: [5, 0]\n",
+            ["data.canary_repetitions", "below the minimum 1"],
+        ),
         ("data:\n  canary_repetitions: 5\n", ["data.canary_repetitions", "expected list of int"]),
         ("base:\n  preset: huge\n", ["base.preset", "'huge' is not one of"]),
         ("run:\n  stages: [data, nope]\n", ["run.stages", "unknown stage 'nope'"]),
@@ -59,10 +62,14 @@ def test_int_is_accepted_for_float(tmp_path):
         ("data: 5\n", ["section 'data' must be a mapping"]),
         ("- a\n- b\n", ["top level must be a mapping"]),
         ("data: [\n", ["invalid YAML"]),
-        ("train:\n  num_workers: 0\n  use_gpu: true\n",
-         ["train.use_gpu", "needs num_workers >= 1", "local mode"]),
-        ("premium:\n  num_workers: 0\n  deepspeed: zero2\n",
-         ["premium.deepspeed", "needs num_workers >= 1"]),
+        (
+            "train:\n  num_workers: 0\n  use_gpu: true\n",
+            ["train.use_gpu", "needs num_workers >= 1", "local mode"],
+        ),
+        (
+            "premium:\n  num_workers: 0\n  deepspeed: zero2\n",
+            ["premium.deepspeed", "needs num_workers >= 1"],
+        ),
     ],
 )
 def test_errors_name_key_and_file(tmp_path, text, needles):
@@ -79,8 +86,9 @@ def test_missing_file():
 
 def test_overrides(tmp_path):
     path = write(tmp_path, "data:\n  size: 50\n")
-    cfg = load_config(path, ["data.size=77", "base.preset=ci", "run.stages=[data]",
-                             "data.canary_repetitions=[3]"])
+    cfg = load_config(
+        path, ["data.size=77", "base.preset=ci", "run.stages=[data]", "data.canary_repetitions=[3]"]
+    )
     assert (cfg.data.size, cfg.base.preset, cfg.run.stages) == (77, "ci", ("data",))
     assert cfg.data.canary_repetitions == (3,)
     with pytest.raises(ConfigError, match=r"with --set overrides\): data.size: expected int"):

@@ -109,8 +109,12 @@ def test_each_canary_is_in_exactly_its_records(corpus):
         for r in train:
             if r.id in ids:
                 assert r.metadata["kind"] == "canary" and r.metadata["canary_id"] == c["id"]
-    assert combos == {(k, p, r) for k in CFG.canary_kinds for p in CFG.canary_placements
-                      for r in CFG.canary_repetitions}
+    assert combos == {
+        (k, p, r)
+        for k in CFG.canary_kinds
+        for p in CFG.canary_placements
+        for r in CFG.canary_repetitions
+    }
 
 
 def test_canary_values_unique_and_formatted(corpus):
@@ -135,10 +139,13 @@ def test_splits_disjoint(corpus):
     member_ids = {r.id for r in corpus["train"] if r.metadata["kind"] == "ordinary"}
     bases = {r.metadata["base_id"] for r in corpus["train"] if r.metadata["kind"] == "canary"}
     assert bases <= member_ids and bases.isdisjoint(held_ids)
-    held_fns = {(r.metadata["source"], r.metadata["owner"], r.metadata["function"])
-                for r in corpus["heldout"]}
-    train_fns = {(r.metadata["source"], r.metadata["owner"], r.metadata["function"])
-                 for r in corpus["train"]}
+    held_fns = {
+        (r.metadata["source"], r.metadata["owner"], r.metadata["function"])
+        for r in corpus["heldout"]
+    }
+    train_fns = {
+        (r.metadata["source"], r.metadata["owner"], r.metadata["function"]) for r in corpus["train"]
+    }
     assert held_fns.isdisjoint(train_fns)
 
 
@@ -146,7 +153,11 @@ def test_pii(corpus):
     ordinary = [r for r in corpus["train"] + corpus["heldout"] if r.metadata["kind"] == "ordinary"]
     with_pii = [r for r in ordinary if r.metadata["pii"]]
     assert len(ordinary) == CFG.size
-    assert len(with_pii) == round(CFG.size * CFG.pii_fraction) == corpus["manifest"]["counts"]["pii_records"]
+    assert (
+        len(with_pii)
+        == round(CFG.size * CFG.pii_fraction)
+        == corpus["manifest"]["counts"]["pii_records"]
+    )
     placements = Counter(r.metadata["pii"]["placement"] for r in with_pii)
     assert set(placements) == {"prompt", "code", "joint"} and min(placements.values()) >= 8
     for p, n in placements.items():
@@ -173,11 +184,16 @@ def test_records_are_realistic_and_parse(corpus):
     # prompts name the function they ask for
     for r in recs:
         if r.metadata["kind"] == "ordinary":
-            assert f"`{r.metadata['function']}" in r.prompt or f".{r.metadata['function']}`" in r.prompt
+            assert (
+                f"`{r.metadata['function']}" in r.prompt
+                or f".{r.metadata['function']}`" in r.prompt
+            )
 
 
 def test_size_above_pool_is_a_clear_error(tmp_path):
-    with pytest.raises(PrivcodeError, match=r"data.size=100000 exceeds the \d+ functions available"):
+    with pytest.raises(
+        PrivcodeError, match=r"data.size=100000 exceeds the \d+ functions available"
+    ):
         build_demo_corpus(tmp_path / "out", replace(CFG, size=100_000), progress=False)
     assert not (tmp_path / "out").exists()
     assert list(tmp_path.iterdir()) == []
@@ -198,9 +214,25 @@ def test_rebuild_replaces_files_and_keeps_others(tmp_path):
 
 def _cli_demo(out: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "privcode.cli", "data", "demo", "--out", str(out), "--seed", "1",
-         "--size", "120", "--set", "data.canary_repetitions=[1, 3]"],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "privcode.cli",
+            "data",
+            "demo",
+            "--out",
+            str(out),
+            "--seed",
+            "1",
+            "--size",
+            "120",
+            "--set",
+            "data.canary_repetitions=[1, 3]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.heavy
@@ -211,7 +243,9 @@ def test_cli_demo_twice_same_manifest(tmp_path):
         assert "canaries=30" in res.stdout and "heldout=12" in res.stdout
     m = [json.loads((tmp_path / f"run{i}" / "manifest.json").read_text()) for i in range(2)]
     assert m[0] == m[1] and m[0]["data_config"]["seed"] == 1
-    assert (tmp_path / "run0/manifest.json").read_bytes() == (tmp_path / "run1/manifest.json").read_bytes()
+    assert (tmp_path / "run0/manifest.json").read_bytes() == (
+        tmp_path / "run1/manifest.json"
+    ).read_bytes()
     # nothing private on the terminal: no canary value, no record text
     canaries = json.loads((tmp_path / "run0" / "canaries.json").read_text())["canaries"]
     train = read_records(tmp_path / "run0" / "train.parquet")
@@ -228,8 +262,11 @@ SIGNATURES = {
     "varargs": ("def f(a, *args):\n    '''Doc.'''\n    return a\n", True),
     "posonly": ("def f(a, /):\n    '''Doc.'''\n    return a\n", True),
     "kwargs": ("def f(a, **kw):\n    '''Doc.'''\n    return a\n", False),
-    "multiline": ("@dec(1)\ndef f(a: tuple[int, int] = (1, 2),\n      b=g(x=')')) -> dict:\n"
-                  "    '''Doc.'''\n    return {}\n", True),
+    "multiline": (
+        "@dec(1)\ndef f(a: tuple[int, int] = (1, 2),\n      b=g(x=')')) -> dict:\n"
+        "    '''Doc.'''\n    return {}\n",
+        True,
+    ),
 }
 
 
@@ -241,8 +278,11 @@ def test_default_arg_edit(case):
         assert new is None
         return
     node = pii.find_function(new, "f")
-    defaults = [ast.literal_eval(d) for d in node.args.defaults + node.args.kw_defaults
-                if isinstance(d, ast.Constant)]
+    defaults = [
+        ast.literal_eval(d)
+        for d in node.args.defaults + node.args.kw_defaults
+        if isinstance(d, ast.Constant)
+    ]
     assert "a.b@example.com" in defaults and "10.0.0.1" in defaults
 
     def names(src):
@@ -255,7 +295,7 @@ def test_default_arg_edit(case):
 
 
 def test_body_literal_comment_and_example_edits():
-    code = "class_ = 1\n\n\ndef f(x):\n    \"\"\"Doc\n    more.\"\"\"\n    return x\n"
+    code = 'class_ = 1\n\n\ndef f(x):\n    """Doc\n    more."""\n    return x\n'
     new = pii.insert_body_literal(code, "f", [("owner", "Ann Lee")])
     assert new.split("\n")[6] == '    owner = "Ann Lee"' and pii.parses(new)
     assert ast.get_docstring(pii.find_function(new, "f")) == "Doc\nmore."

@@ -29,8 +29,9 @@ def _norm(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def public_text() -> str:
-    return "\n".join(_norm(p.read_text(encoding="utf-8", errors="replace"))
-                     for p in public_source_files())
+    return "\n".join(
+        _norm(p.read_text(encoding="utf-8", errors="replace")) for p in public_source_files()
+    )
 
 
 def _top(path) -> str:
@@ -63,8 +64,9 @@ def test_no_canary_value_appears_in_public_code(public_text, tmp_path):
     build_demo_corpus(tmp_path / "d", cfg, progress=False)
     canaries = json.loads((tmp_path / "d" / "canaries.json").read_text())["canaries"]
     assert len(canaries) == 45
-    raw_public = "\n".join(p.read_text(encoding="utf-8", errors="replace")
-                           for p in public_source_files())
+    raw_public = "\n".join(
+        p.read_text(encoding="utf-8", errors="replace") for p in public_source_files()
+    )
     for c in canaries:
         assert c["value"] not in raw_public, c["id"]
         assert _norm(c["value"]) not in public_text, c["id"]

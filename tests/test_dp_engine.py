@@ -43,8 +43,10 @@ def _engine(privacy, *, lr=0.1, reserve=None, q=0.25, **kw):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr)
     if privacy.private and reserve is None:
+
         def reserve(request_id):
             return True, 7, None
+
     eng = make_private(model, opt, privacy, num_records=N, sample_rate=q, reserve=reserve, **kw)
     return model, eng
 
@@ -59,7 +61,7 @@ def _reference_update(chosen, max_norm, denom):
     total = None
     for i in chosen:
         ref.zero_grad()
-        ref({"x": X[i:i + 1], "y": Y[i:i + 1]}).sum().backward()
+        ref({"x": X[i : i + 1], "y": Y[i : i + 1]}).sum().backward()
         g = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
         if max_norm is not None:
             g = g * min(1.0, max_norm / (float(g.norm()) + 1e-6))
@@ -83,11 +85,20 @@ def test_noise_is_added_once_with_std_sigma_c_over_qn():
     # A loss with zero gradient leaves the noise alone: g_hat = N(0, s^2 C^2) / (qN).
     model = torch.nn.Linear(200, 50)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    eng = make_private(model, opt, Privacy.dp_sgd(sigma, c), num_records=N, sample_rate=q,
-                       reserve=lambda rid: (True, 0, None))
+    eng = make_private(
+        model,
+        opt,
+        Privacy.dp_sgd(sigma, c),
+        num_records=N,
+        sample_rate=q,
+        reserve=lambda rid: (True, 0, None),
+    )
     before = _weights(model)
-    eng.step(0, lambda local, step: {"x": torch.zeros(len(local), 200)},
-             lambda m, b: (m(b["x"]) * 0).sum(1))
+    eng.step(
+        0,
+        lambda local, step: {"x": torch.zeros(len(local), 200)},
+        lambda m, b: (m(b["x"]) * 0).sum(1),
+    )
     delta = (before - _weights(model)) * q * N
     assert abs(float(delta.std()) - sigma * c) < 0.05 * sigma * c
     assert abs(float(delta.mean())) < 0.05
@@ -156,12 +167,15 @@ def test_non_private_with_a_clip_norm_clips_per_record():
     assert torch.allclose(_weights(model), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: Privacy.non_private("  "), "needs a reason"),
-    (lambda: Privacy("dp-sgd", 1.0, 1.0, seed=3), "no fixed seed"),
-    (lambda: Privacy("dp-sgd", 1.0, 0.0), "positive max_grad_norm"),
-    (lambda: Privacy("off"), "is not"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Privacy.non_private("  "), "needs a reason"),
+        (lambda: Privacy("dp-sgd", 1.0, 1.0, seed=3), "no fixed seed"),
+        (lambda: Privacy("dp-sgd", 1.0, 0.0), "positive max_grad_norm"),
+        (lambda: Privacy("off"), "is not"),
+    ],
+)
 def test_privacy_modes_are_validated(make, match):
     with pytest.raises(ValueError, match=match):
         make()
@@ -173,8 +187,21 @@ def test_the_engine_refuses_dp_without_a_budget_and_a_budget_without_dp():
     with pytest.raises(ValueError, match="needs a budget"):
         make_private(model, opt, Privacy.dp_sgd(1.0, 1.0), num_records=N, sample_rate=0.1)
     with pytest.raises(ValueError, match="secret schedule only"):
-        make_private(model, opt, Privacy.dp_sgd(1.0, 1.0), num_records=N, sample_rate=0.1,
-                     reserve=lambda r: (True, 0, None), sampler=lambda step: [0])
+        make_private(
+            model,
+            opt,
+            Privacy.dp_sgd(1.0, 1.0),
+            num_records=N,
+            sample_rate=0.1,
+            reserve=lambda r: (True, 0, None),
+            sampler=lambda step: [0],
+        )
     with pytest.raises(ValueError, match="reserves nothing"):
-        make_private(model, opt, Privacy.non_private("x"), num_records=N, sample_rate=0.1,
-                     reserve=lambda r: (True, 0, None))
+        make_private(
+            model,
+            opt,
+            Privacy.non_private("x"),
+            num_records=N,
+            sample_rate=0.1,
+            reserve=lambda r: (True, 0, None),
+        )

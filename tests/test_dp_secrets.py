@@ -38,15 +38,27 @@ from privcode.train.methods import get_method
 @pytest.mark.heavy  # the RDP accountant over 31 grants: 4 s
 def test_released_history_holds_exactly_the_dp_events():
     """Grants carry times, sequence numbers and request ids; the release carries none."""
-    grants = [{"type": "event", "seq": i + 1, "noise_multiplier": 1.1, "sample_rate": 0.02,
-               "steps": 1, "epsilon": 0.1 * i, "time": 1.7e9 + 0.66 * i,
-               "request_id": f"abc:{i}", "crc": "00"} for i in range(30)]
-    grants += [{"seq": 31, "noise_multiplier": 0.9, "sample_rate": 0.02, "steps": 5,
-                "time": 1.8e9}]
+    grants = [
+        {
+            "type": "event",
+            "seq": i + 1,
+            "noise_multiplier": 1.1,
+            "sample_rate": 0.02,
+            "steps": 1,
+            "epsilon": 0.1 * i,
+            "time": 1.7e9 + 0.66 * i,
+            "request_id": f"abc:{i}",
+            "crc": "00",
+        }
+        for i in range(30)
+    ]
+    grants += [{"seq": 31, "noise_multiplier": 0.9, "sample_rate": 0.02, "steps": 5, "time": 1.8e9}]
     released = released_history(grants)
     assert all(set(e) == set(HISTORY_KEYS) for e in released)
-    assert released == [{"noise_multiplier": 1.1, "sample_rate": 0.02, "steps": 30},
-                        {"noise_multiplier": 0.9, "sample_rate": 0.02, "steps": 5}]
+    assert released == [
+        {"noise_multiplier": 1.1, "sample_rate": 0.02, "steps": 30},
+        {"noise_multiplier": 0.9, "sample_rate": 0.02, "steps": 5},
+    ]
     # Merging composes to the same epsilon.
     per_grant = [DPEvent(g["noise_multiplier"], g["sample_rate"], g["steps"]) for g in grants]
     merged = [DPEvent(e["noise_multiplier"], e["sample_rate"], e["steps"]) for e in released]
@@ -60,10 +72,18 @@ RECORDS = [
     Rec("Add two numbers.", "def add(a, b):\n    return a + b\n"),
     Rec("Largest item or None.", "def biggest(xs):\n    return max(xs) if xs else None\n"),
 ]
-INSERTED = [Rec("Something else, before the others.", "class Box:\n    v = [1] * 3\n"),
-            Rec("And one more.", "def one():\n    return 1\n")]
-CFG = TrainConfig(method="privcode++", latent_dim=16, num_virtual_tokens=4, encoder_hidden=32,
-                  align_bank_size=8, max_length=64)
+INSERTED = [
+    Rec("Something else, before the others.", "class Box:\n    v = [1] * 3\n"),
+    Rec("And one more.", "def one():\n    return 1\n"),
+]
+CFG = TrainConfig(
+    method="privcode++",
+    latent_dim=16,
+    num_virtual_tokens=4,
+    encoder_hidden=32,
+    align_bank_size=8,
+    max_length=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +101,9 @@ def _dp_batch(encoded: list[Encoded], pad: int, secret: bytes, step: int = 3) ->
 
 def test_latent_noise_of_a_record_ignores_the_records_before_it(base_path):
     """privcode++'s eps of record b: the same with or without records inserted before it."""
-    objective, tok, _ = build_objective(get_method("privcode++"), CFG, base_path, "cpu",
-                                        will_restore=False)
+    objective, tok, _ = build_objective(
+        get_method("privcode++"), CFG, base_path, "cpu", will_restore=False
+    )
     objective.train()
     pad = tok.pad_token_id
     secret = SecretRandomness(seed=12345).record_secret(3)
@@ -95,7 +116,7 @@ def test_latent_noise_of_a_record_ignores_the_records_before_it(base_path):
         lb = objective(_dp_batch(shifted, pad, secret))
         # A different secret gives other noise: the loss is random, keyed by the secret.
         other = objective(_dp_batch(alone, pad, SecretRandomness(seed=99).record_secret(3)))
-    assert torch.allclose(la, lb[len(INSERTED):], atol=1e-5), (la, lb)
+    assert torch.allclose(la, lb[len(INSERTED) :], atol=1e-5), (la, lb)
     assert not torch.allclose(la, other, atol=1e-4)
 
 
@@ -113,8 +134,9 @@ def test_record_seeds_depend_on_the_record_and_the_secret_only():
 def test_dropout_masks_come_from_the_secret_not_the_public_seed(base_path):
     """With lora_dropout > 0 the DP step's masks are a function of the secret seed."""
     cfg = dataclasses.replace(CFG, method="dpft", lora_dropout=0.5, seed=7)
-    objective, tok, _ = build_objective(get_method("dpft"), cfg, base_path, "cpu",
-                                        will_restore=False)
+    objective, tok, _ = build_objective(
+        get_method("dpft"), cfg, base_path, "cpu", will_restore=False
+    )
     with torch.no_grad():
         for n, p in objective.lm.named_parameters():
             if "lora_B" in n:
@@ -130,8 +152,8 @@ def test_dropout_masks_come_from_the_secret_not_the_public_seed(base_path):
     a2 = step_sum(lambda: SecretRandomness(seed=111).seed_step(0))
     b = step_sum(lambda: SecretRandomness(seed=222).seed_step(0))
     public = step_sum(lambda: torch.manual_seed(cfg.seed))
-    assert torch.equal(a1, a2)             # the masks are drawn from the secret stream ...
-    assert not torch.allclose(a1, b)       # ... which the secret changes ...
+    assert torch.equal(a1, a2)  # the masks are drawn from the secret stream ...
+    assert not torch.allclose(a1, b)  # ... which the secret changes ...
     assert not torch.allclose(a1, public)  # ... and the public seed does not reproduce.
     assert not torch.allclose(step_sum(lambda: SecretRandomness(seed=111).seed_step(1)), a1)
     # Secure mode: fresh urandom masks at every step.
@@ -154,8 +176,14 @@ def test_secure_poisson_mask_is_bernoulli_q():
 
 def test_secure_noise_has_the_configured_std_and_a_fresh_generator_per_step():
     std = 2.5
-    x = gaussian_noise((400_000,), std, generator=torch.Generator().manual_seed(0),
-                       dtype=torch.float64, device="cpu", secure=True)
+    x = gaussian_noise(
+        (400_000,),
+        std,
+        generator=torch.Generator().manual_seed(0),
+        dtype=torch.float64,
+        device="cpu",
+        secure=True,
+    )
     assert float(x.mean()) == pytest.approx(0.0, abs=5 * std / math.sqrt(x.numel()))
     assert float(x.std()) == pytest.approx(std, rel=0.01)
     secure, standard = SecretRandomness(seed=5, secure=True), SecretRandomness(seed=5)
@@ -188,10 +216,16 @@ def test_dataset_id_is_a_keyed_hmac_in_a_private_store(tmp_path):
 
 
 def test_store_key_is_created_once_under_concurrency(tmp_path):
-    code = ("import sys; from privcode.dp.store import PrivacyStore\n"
-            "print(PrivacyStore(sys.argv[1]).opaque('t', 'x'))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "s")],
-                              stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    code = (
+        "import sys; from privcode.dp.store import PrivacyStore\n"
+        "print(PrivacyStore(sys.argv[1]).opaque('t', 'x'))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "s")], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(6)
+    ]
     outs = {p.communicate(timeout=60)[0].strip() for p in procs}
     assert len(outs) == 1 and all(p.returncode == 0 for p in procs)
     assert sorted(os.listdir(tmp_path / "s")) == ["dataset-id.key"]

@@ -91,9 +91,17 @@ def test_noise_std_matches_sigma_c_over_b_and_is_added_once():
     draws = []
     for seed in range(25):
         gen = torch.Generator().manual_seed(seed)
-        draws.append(privatize(torch.zeros(dim), noise_multiplier=sigma, max_grad_norm=clip,
-                               expected_batch_size=b, add_noise=True, generator=gen,
-                               all_reduce=None))
+        draws.append(
+            privatize(
+                torch.zeros(dim),
+                noise_multiplier=sigma,
+                max_grad_norm=clip,
+                expected_batch_size=b,
+                add_noise=True,
+                generator=gen,
+                all_reduce=None,
+            )
+        )
     x = torch.stack(draws)
     expected = sigma * clip / b
     assert x.mean().abs() < 5 * expected / math.sqrt(x.numel())
@@ -104,17 +112,33 @@ def test_noise_std_matches_sigma_c_over_b_and_is_added_once():
     # Two "ranks": only rank 0 adds noise; the sum has the same std, not sqrt(2) more.
     def ranks_sum(seed):
         gens = [torch.Generator().manual_seed(seed), None]
-        parts = [privatize(torch.zeros(dim), noise_multiplier=sigma, max_grad_norm=clip,
-                           expected_batch_size=1.0, add_noise=(r == 0), generator=gens[r],
-                           all_reduce=None) for r in range(2)]
+        parts = [
+            privatize(
+                torch.zeros(dim),
+                noise_multiplier=sigma,
+                max_grad_norm=clip,
+                expected_batch_size=1.0,
+                add_noise=(r == 0),
+                generator=gens[r],
+                all_reduce=None,
+            )
+            for r in range(2)
+        ]
         return (parts[0] + parts[1]) / b
 
     y = torch.stack([ranks_sum(s) for s in range(25)])
     assert y.std().item() == pytest.approx(expected, rel=0.02)
     # No noise, no change: the sum is just divided by B.
     g = torch.arange(6, dtype=torch.float32)
-    out = privatize(g, noise_multiplier=sigma, max_grad_norm=clip, expected_batch_size=3.0,
-                    add_noise=False, generator=None, all_reduce=None)
+    out = privatize(
+        g,
+        noise_multiplier=sigma,
+        max_grad_norm=clip,
+        expected_batch_size=3.0,
+        add_noise=False,
+        generator=None,
+        all_reduce=None,
+    )
     assert torch.allclose(out, g / 3.0) and torch.equal(g, torch.arange(6, dtype=torch.float32))
 
 
@@ -129,7 +153,7 @@ def test_clip_and_sum_bounds_each_record_jointly_over_parameters():
     assert torch.allclose(out, manual, atol=1e-5)
     # Each clipped record's norm is at most C: the sensitivity bound.
     for i in range(5):
-        single = clip_and_sum([a[i:i + 1], b[i:i + 1]], 1.0)
+        single = clip_and_sum([a[i : i + 1], b[i : i + 1]], 1.0)
         assert single.norm() <= 1.0 + 1e-6
     params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(7))]
     apply_flat_gradient(params, out)
@@ -145,9 +169,17 @@ def _tiny_lora_model(seed: int = 0):
     from privcode.models.loading import attach_lora
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=True, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
     model = attach_lora(Qwen2ForCausalLM(cfg), r=4, alpha=8)
     # Non-zero LoRA B so that every adapter weight has a gradient signal.
     for name, p in model.named_parameters():
@@ -158,8 +190,9 @@ def _tiny_lora_model(seed: int = 0):
 
 def _dpft(model: torch.nn.Module) -> Objective:
     """The dpft objective (per-record mean token CE) around ``model``."""
-    return Objective(get_method("dpft"), model, MethodContext(cfg=TrainConfig(), eos_id=0,
-                                                              pad_id=0))
+    return Objective(
+        get_method("dpft"), model, MethodContext(cfg=TrainConfig(), eos_id=0, pad_id=0)
+    )
 
 
 def loss_fn(module: torch.nn.Module, batch) -> torch.Tensor:
@@ -242,11 +275,18 @@ def test_a_poisoned_record_contributes_zero_and_is_counted(mode, poison):
     expected = clipper.clipped_sum(_poisoned_loss, collate(clean, 0, scale=torch.ones(3)), 3)
     assert clipper.last_nonfinite == 0
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
-    noisy = privatize(got, noise_multiplier=1.0, max_grad_norm=0.05, expected_batch_size=4,
-                      add_noise=True, generator=torch.Generator().manual_seed(0),
-                      all_reduce=None)
+    noisy = privatize(
+        got,
+        noise_multiplier=1.0,
+        max_grad_norm=0.05,
+        expected_batch_size=4,
+        add_noise=True,
+        generator=torch.Generator().manual_seed(0),
+        all_reduce=None,
+    )
     assert torch.isfinite(noisy).all()
     # Every record poisoned: zeros, all counted.
-    allbad = clipper.clipped_sum(_poisoned_loss, collate(rows, 0, scale=torch.full((4,), poison)),
-                                 4)
+    allbad = clipper.clipped_sum(
+        _poisoned_loss, collate(rows, 0, scale=torch.full((4,), poison)), 4
+    )
     assert clipper.last_nonfinite == 4 and torch.equal(allbad, torch.zeros_like(allbad))

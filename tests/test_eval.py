@@ -62,15 +62,16 @@ def test_pass_at_k_hand_computed_values():
     assert pass_at_k(2, 1, 1) == 0.5
     assert pass_at_k(10, 0, 3) == 0.0
     assert pass_at_k(10, 10, 10) == 1.0
-    assert pass_at_k(3, 1, 3) == 1.0          # n - c < k: every 3-subset holds the correct one
+    assert pass_at_k(3, 1, 3) == 1.0  # n - c < k: every 3-subset holds the correct one
     assert pass_at_k(200, 1, 1) == pytest.approx(1 / 200, abs=1e-15)
     assert 0.0 < pass_at_k(1000, 3, 100) < 1.0  # C(1000, 100) overflows floats: no overflow here
     assert mean_pass_at_k([(5, 2), (2, 1)], 1) == pytest.approx(0.45)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 8).flatmap(lambda n: st.tuples(
-    st.just(n), st.integers(0, n), st.integers(1, n))))
+@given(
+    st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n)))
+)
 def test_pass_at_k_matches_brute_force(nck):
     n, c, k = nck
     assert pass_at_k(n, c, k) == pytest.approx(float(_brute_force(n, c, k)), abs=1e-12)
@@ -99,8 +100,9 @@ def test_humaneval_bundled_programs(humaneval):
     assert len(humaneval.problems) == 164 and humaneval.stop[0] == "\ndef "
     p = humaneval.problems["HumanEval/0"]
     program = p.test_program("    return True\n")
-    assert program == (p.prompt + "    return True\n" + "\n" + p.test + "\n"
-                       + "check(has_close_elements)\n")
+    assert program == (
+        p.prompt + "    return True\n" + "\n" + p.test + "\n" + "check(has_close_elements)\n"
+    )
     assert len(canonical_samples(humaneval, limit=3)) == 3
 
 
@@ -113,8 +115,9 @@ def test_truncate_at_stop():
 
 
 def _jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8"
+    )
     return path
 
 
@@ -128,11 +131,18 @@ def test_benchmark_file_errors_name_line_and_field(tmp_path):
     good = {"task_id": 1, "text": "t", "code": "x", "test_list": ["assert True"]}
     secret = "SECRET-CONTENT-42"
     cases = [
-        ([good, {"task_id": 2, "text": secret, "code": secret}], r":2: field 'test_list' is missing"),
-        ([good, {**good, "task_id": 2, "test_list": "assert 1"}],
-         r":2: field 'test_list' must be a list, got str"),
-        ([good, {**good, "task_id": 2, "test_list": [secret, 3]}],
-         r":2: field 'test_list'\[1\] must be a str, got int"),
+        (
+            [good, {"task_id": 2, "text": secret, "code": secret}],
+            r":2: field 'test_list' is missing",
+        ),
+        (
+            [good, {**good, "task_id": 2, "test_list": "assert 1"}],
+            r":2: field 'test_list' must be a list, got str",
+        ),
+        (
+            [good, {**good, "task_id": 2, "test_list": [secret, 3]}],
+            r":2: field 'test_list'\[1\] must be a str, got int",
+        ),
         ([good, good], r":2: duplicate task_id '1' \(first on line 1\)"),
         ([good, "{not json " + secret], r":2: not valid JSON"),
         (["[1, 2]"], r":1: expected a JSON object, got list"),
@@ -146,19 +156,32 @@ def test_benchmark_file_errors_name_line_and_field(tmp_path):
 
 
 def test_local_humaneval_format_gz_and_script_tests(tmp_path, sandbox_ok):
-    rows = [{"task_id": "X/0", "prompt": "def inc(x):\n", "entry_point": "inc",
-             "canonical_solution": "    return x + 1\n",
-             "test": "def check(candidate):\n    assert candidate(1) == 2\n"},
-            # EvalPlus-style: a plain script test (no check function), extra fields ignored
-            {"task_id": "X/1", "prompt": "def dbl(x):\n", "entry_point": "dbl",
-             "canonical_solution": "    return 2 * x\n", "plus_input": [[3]],
-             "test": "assert dbl(3) == 6\nassert dbl(0) == 0\n"}]
+    rows = [
+        {
+            "task_id": "X/0",
+            "prompt": "def inc(x):\n",
+            "entry_point": "inc",
+            "canonical_solution": "    return x + 1\n",
+            "test": "def check(candidate):\n    assert candidate(1) == 2\n",
+        },
+        # EvalPlus-style: a plain script test (no check function), extra fields ignored
+        {
+            "task_id": "X/1",
+            "prompt": "def dbl(x):\n",
+            "entry_point": "dbl",
+            "canonical_solution": "    return 2 * x\n",
+            "plus_input": [[3]],
+            "test": "assert dbl(3) == 6\nassert dbl(0) == 0\n",
+        },
+    ]
     path = tmp_path / "he.jsonl.gz"
     path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
     bench = load_benchmark("humaneval", path)
     assert "check(" not in bench.problems["X/1"].test_program("    return 0\n")
-    samples = canonical_samples(bench) + [{"task_id": "X/0", "completion": "    return x\n"},
-                                          {"task_id": "X/1", "completion": "    return x\n"}]
+    samples = canonical_samples(bench) + [
+        {"task_id": "X/0", "completion": "    return x\n"},
+        {"task_id": "X/1", "completion": "    return x\n"},
+    ]
     result = score_samples(samples, bench, workers=WORKERS, limits=FAST)
     assert result["pass_at_k"] == {"pass@1": 0.5}
     assert [t["passed"] for t in result["per_task"]] == [1, 1]
@@ -180,12 +203,14 @@ def test_all_canonical_humaneval_solutions_pass_in_the_sandbox(humaneval, sandbo
 
 @pytest.mark.heavy
 def test_known_wrong_completions_fail_with_the_right_status(humaneval, sandbox_ok):
-    wrong = ["    return None\n",                                      # error: AssertionError
-             "    return undefined_name\n",                            # error: NameError
-             "    return (\n",                                         # syntax: never runs
-             "    import time\n    while True:\n        time.sleep(0.05)\n",  # timeout
-             "    while True:\n        pass\n",                        # cpu (or timeout)
-             "    raise SystemExit(0)\n"]                              # exits 0 before the end
+    wrong = [
+        "    return None\n",  # error: AssertionError
+        "    return undefined_name\n",  # error: NameError
+        "    return (\n",  # syntax: never runs
+        "    import time\n    while True:\n        time.sleep(0.05)\n",  # timeout
+        "    while True:\n        pass\n",  # cpu (or timeout)
+        "    raise SystemExit(0)\n",
+    ]  # exits 0 before the end
     samples = [{"task_id": "HumanEval/0", "completion": c} for c in wrong]
     result = score_samples(samples, humaneval, workers=WORKERS, limits=FAST)
     task = result["per_task"][0]
@@ -207,8 +232,9 @@ def _mixed_samples(humaneval, tasks: int = 5) -> list[dict]:
 def test_samples_file_mode(humaneval, tmp_path, sandbox_ok):
     path = write_samples(tmp_path / "samples.jsonl", _mixed_samples(humaneval))
     assert len(read_samples(path)) == 10
-    result = evaluate(samples_file=path, limit=5, ks=[1, 2], workers=WORKERS, limits=FAST,
-                      progress=False)
+    result = evaluate(
+        samples_file=path, limit=5, ks=[1, 2], workers=WORKERS, limits=FAST, progress=False
+    )
     assert result["pass_at_k"] == {"pass@1": 0.5, "pass@2": 1.0}
     assert result["n_tasks"] == 5 and result["n_samples_per_task"] == 2
     assert all(t["n"] == 2 and t["passed"] == 1 for t in result["per_task"])
@@ -218,23 +244,34 @@ def test_samples_file_mode(humaneval, tmp_path, sandbox_ok):
     result = evaluate(samples_file=path, ks=[1], workers=WORKERS, limits=FAST, progress=False)
     assert result["pass_at_k"] == {"pass@1": 0.5} and len(result["missing_tasks"]) == 159
     assert any(n.startswith("INCOMPLETE: 159 of 164") for n in result["notes"])
-    result = evaluate(samples_file=path, ks=[1], workers=WORKERS, limits=FAST, progress=False,
-                      missing_as_failures=True)
+    result = evaluate(
+        samples_file=path,
+        ks=[1],
+        workers=WORKERS,
+        limits=FAST,
+        progress=False,
+        missing_as_failures=True,
+    )
     assert result["pass_at_k"]["pass@1"] == pytest.approx(0.5 * 5 / 164)
     assert result["per_task"][0]["statuses"] == {"error": 1, "ok": 1}
 
 
 def test_samples_file_errors_name_the_line(tmp_path, humaneval):
-    lines = [{"task_id": "HumanEval/0", "completion": "    return True\n"},
-             {"task_id": "HumanEval/1", "completion": ""},
-             {"task_id": "HumanEval/9999", "completion": "secret code"}]
+    lines = [
+        {"task_id": "HumanEval/0", "completion": "    return True\n"},
+        {"task_id": "HumanEval/1", "completion": ""},
+        {"task_id": "HumanEval/9999", "completion": "secret code"},
+    ]
     path = _jsonl(tmp_path / "s.jsonl", lines)
     with pytest.raises(EvalError, match=r"s.jsonl:3: task_id 'HumanEval/9999' is not a task"):
         evaluate(samples_file=path, progress=False)
     with pytest.raises(EvalError, match=r"s.jsonl:2: field 'completion' must be a str, got int"):
         read_samples(_jsonl(tmp_path / "s.jsonl", [lines[0], {"task_id": "x", "completion": 1}]))
-    with pytest.raises(EvalError, match=r"s.jsonl:1: field 'task_id' must be a str \(or int\), "
-                                        r"got nothing"):
+    with pytest.raises(
+        EvalError,
+        match=r"s.jsonl:1: field 'task_id' must be a str \(or int\), "
+        r"got nothing",
+    ):
         read_samples(_jsonl(tmp_path / "s.jsonl", [{"completion": "x"}]))
     with pytest.raises(EvalError, match="not both and not neither"):
         evaluate(progress=False)
@@ -245,9 +282,29 @@ def test_cli_samples_json(humaneval, tmp_path, capsys, sandbox_ok):
     parser = argparse.ArgumentParser(prog="privcode")
     add_eval_parser(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "result.json"
-    args = parser.parse_args(["eval", "--samples", str(path), "--benchmark", "humaneval",
-                              "--limit", "3", "--k", "1", "--k", "2", "--workers", "2",
-                              "--timeout", "5", "--no-progress", "--out", str(out), "--json"])
+    args = parser.parse_args(
+        [
+            "eval",
+            "--samples",
+            str(path),
+            "--benchmark",
+            "humaneval",
+            "--limit",
+            "3",
+            "--k",
+            "1",
+            "--k",
+            "2",
+            "--workers",
+            "2",
+            "--timeout",
+            "5",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert args.func(args) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["pass_at_k"] == {"pass@1": 0.5, "pass@2": 1.0}
@@ -259,36 +316,62 @@ def test_cli_samples_json(humaneval, tmp_path, capsys, sandbox_ok):
 
 
 def test_mbpp_local_file(tmp_path, sandbox_ok):
-    rows = [{"task_id": 11, "text": "Write a function to add two numbers.",
-             "code": "def add(a, b):\n    return a + b", "test_setup_code": "import math",
-             "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == math.floor(0.5)"]},
-            {"task_id": 12, "prompt": "Write a function to reverse a string.",  # sanitized
-             "code": "def rev(s):\n    return s[::-1]", "test_imports": [],
-             "test_list": ["assert rev('ab') == 'ba'"]}]
+    rows = [
+        {
+            "task_id": 11,
+            "text": "Write a function to add two numbers.",
+            "code": "def add(a, b):\n    return a + b",
+            "test_setup_code": "import math",
+            "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == math.floor(0.5)"],
+        },
+        {
+            "task_id": 12,
+            "prompt": "Write a function to reverse a string.",  # sanitized
+            "code": "def rev(s):\n    return s[::-1]",
+            "test_imports": [],
+            "test_list": ["assert rev('ab') == 'ba'"],
+        },
+    ]
     bench = load_benchmark("mbpp", _jsonl(tmp_path / "mbpp.jsonl", rows))
-    assert bench.problems["11"].prompt == ('"""\nWrite a function to add two numbers.\n'
-                                           'assert add(1, 2) == 3\n"""\n')
-    wrong = [{"task_id": "11", "completion": "def add(a, b):\n    return a - b"},
-             {"task_id": 12, "completion": "def rev(s):\n    return s"}]
+    assert bench.problems["11"].prompt == (
+        '"""\nWrite a function to add two numbers.\nassert add(1, 2) == 3\n"""\n'
+    )
+    wrong = [
+        {"task_id": "11", "completion": "def add(a, b):\n    return a - b"},
+        {"task_id": 12, "completion": "def rev(s):\n    return s"},
+    ]
     result = score_samples(canonical_samples(bench) + wrong, bench, workers=WORKERS, limits=FAST)
     assert result["pass_at_k"] == {"pass@1": 0.5}
     assert [(t["task_id"], t["passed"]) for t in result["per_task"]] == [("11", 1), ("12", 1)]
 
 
 def test_bigcodebench_local_file(tmp_path, sandbox_ok):
-    test = ("import unittest\n\nclass TestCases(unittest.TestCase):\n"
-            "    def test_small(self):\n        self.assertEqual(task_func([3, 1, 2]), [1, 2, 3])\n"
-            "    def test_empty(self):\n        self.assertEqual(task_func([]), [])\n")
-    rows = [{"task_id": "BigCodeBench/0", "entry_point": "task_func", "test": test,
-             "complete_prompt": "import heapq\n\ndef task_func(xs):\n    \"\"\"Sort xs.\"\"\"\n",
-             "canonical_solution": "    return sorted(xs)\n"},
-            {"task_id": "BigCodeBench/1", "entry_point": "task_func",
-             "test": "import unittest\n", "complete_prompt": "def task_func():\n",
-             "canonical_solution": "    return 1\n"}]  # no test ran: fails
+    test = (
+        "import unittest\n\nclass TestCases(unittest.TestCase):\n"
+        "    def test_small(self):\n        self.assertEqual(task_func([3, 1, 2]), [1, 2, 3])\n"
+        "    def test_empty(self):\n        self.assertEqual(task_func([]), [])\n"
+    )
+    rows = [
+        {
+            "task_id": "BigCodeBench/0",
+            "entry_point": "task_func",
+            "test": test,
+            "complete_prompt": 'import heapq\n\ndef task_func(xs):\n    """Sort xs."""\n',
+            "canonical_solution": "    return sorted(xs)\n",
+        },
+        {
+            "task_id": "BigCodeBench/1",
+            "entry_point": "task_func",
+            "test": "import unittest\n",
+            "complete_prompt": "def task_func():\n",
+            "canonical_solution": "    return 1\n",
+        },
+    ]  # no test ran: fails
     bench = load_benchmark("bigcodebench", _jsonl(tmp_path / "bcb.jsonl", rows))
     samples = canonical_samples(bench) + [
         {"task_id": "BigCodeBench/0", "completion": "    return xs\n"},
-        {"task_id": "BigCodeBench/1", "completion": "    import numpy\n"}]
+        {"task_id": "BigCodeBench/1", "completion": "    import numpy\n"},
+    ]
     result = score_samples(samples, bench, workers=WORKERS, limits=FAST)
     per = {t["task_id"]: t for t in result["per_task"]}
     assert per["BigCodeBench/0"]["passed"] == 1 and per["BigCodeBench/0"]["n"] == 2
@@ -308,9 +391,17 @@ def ci_base(ci_base_cache) -> str:
 
 def test_generation_with_the_tiny_model_end_to_end(ci_base, tmp_path, sandbox_ok):
     samples_out = tmp_path / "gen.samples.jsonl"
-    result = evaluate(model=ci_base, benchmark="humaneval", limit=3, max_new_tokens=48,
-                      batch_size=2, workers=WORKERS, limits=FAST, samples_out=samples_out,
-                      progress=False)
+    result = evaluate(
+        model=ci_base,
+        benchmark="humaneval",
+        limit=3,
+        max_new_tokens=48,
+        batch_size=2,
+        workers=WORKERS,
+        limits=FAST,
+        samples_out=samples_out,
+        progress=False,
+    )
     samples = read_samples(samples_out)
     assert [s.task_id for s in samples] == [f"HumanEval/{i}" for i in range(3)]
     for s in samples:
@@ -330,11 +421,18 @@ def test_sampling_is_seeded_and_adapters_load(ci_base, tmp_path, humaneval):
 
     problems = humaneval.select(2)
     gen = load_generator(ci_base)
-    kwargs = {"n": 2, "temperature": 0.8, "max_new_tokens": 16, "seed": 3, "progress": False,
-              "stop": humaneval.stop}
+    kwargs = {
+        "n": 2,
+        "temperature": 0.8,
+        "max_new_tokens": 16,
+        "seed": 3,
+        "progress": False,
+        "stop": humaneval.stop,
+    }
     first = generate_completions(gen, problems, **kwargs)
     assert [s.completion for s in first] == [
-        s.completion for s in generate_completions(gen, problems, **kwargs)]
+        s.completion for s in generate_completions(gen, problems, **kwargs)
+    ]
     assert [s.task_id for s in first] == ["HumanEval/0"] * 2 + ["HumanEval/1"] * 2
 
     torch.manual_seed(0)
@@ -343,14 +441,18 @@ def test_sampling_is_seeded_and_adapters_load(ci_base, tmp_path, humaneval):
     (tmp_path / "premium").mkdir()
     lora.save_pretrained(str(tmp_path / "premium" / "adapter"))
     (tmp_path / "premium" / "premium.json").write_text(json.dumps({"model": ci_base}))
-    junior = write_release(tmp_path / "junior", adapter_dir=tmp_path / "adapter",
-                           privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5},
-                           meta={"method": "privcode", "conditioning": "prompt", "dp": True,
-                                 "base_model": ci_base})
-    for model, adapter, kind in ((ci_base, tmp_path / "adapter", "adapter"),
-                                 (tmp_path / "premium", None, "premium"),
-                                 (ci_base, tmp_path / "premium", "premium"),
-                                 (junior, None, "junior")):
+    junior = write_release(
+        tmp_path / "junior",
+        adapter_dir=tmp_path / "adapter",
+        privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5},
+        meta={"method": "privcode", "conditioning": "prompt", "dp": True, "base_model": ci_base},
+    )
+    for model, adapter, kind in (
+        (ci_base, tmp_path / "adapter", "adapter"),
+        (tmp_path / "premium", None, "premium"),
+        (ci_base, tmp_path / "premium", "premium"),
+        (junior, None, "junior"),
+    ):
         g = load_generator(model, adapter)
         assert g.info["adapter_kind"] == kind
         out = generate_completions(g, problems[:1], max_new_tokens=8, progress=False)

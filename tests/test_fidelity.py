@@ -29,17 +29,22 @@ _OPS = ["+", "-", "*", "//", "%", "**"]
 
 def arithmetic(n: int) -> list[str]:
     """Small numeric functions, all distinct."""
-    return [f"def calc_{i}(a, b):\n    x = a {_OPS[i % 6]} b\n    y = x * {i + 2} - a\n"
-            f"    return y + {i}\n" for i in range(n)]
+    return [
+        f"def calc_{i}(a, b):\n    x = a {_OPS[i % 6]} b\n    y = x * {i + 2} - a\n"
+        f"    return y + {i}\n"
+        for i in range(n)
+    ]
 
 
 def formatting(n: int) -> list[str]:
     """Small string-formatting classes, all distinct."""
-    return [f"class Label{i}:\n    def __init__(self, name, tag='item{i}'):\n"
-            f"        self.name = name\n        self.tag = tag\n\n"
-            f"    def render(self):\n        text = '<{{}}:{{}}>'.format(self.tag, self.name)\n"
-            f"        return text.upper() + ' / '.join(['title', 'caption{i}'])\n"
-            for i in range(n)]
+    return [
+        f"class Label{i}:\n    def __init__(self, name, tag='item{i}'):\n"
+        f"        self.name = name\n        self.tag = tag\n\n"
+        f"    def render(self):\n        text = '<{{}}:{{}}>'.format(self.tag, self.name)\n"
+        f"        return text.upper() + ' / '.join(['title', 'caption{i}'])\n"
+        for i in range(n)
+    ]
 
 
 def hashed_embedder(texts, dim: int = 64) -> np.ndarray:
@@ -52,8 +57,9 @@ def hashed_embedder(texts, dim: int = 64) -> np.ndarray:
 
 
 def report(tmp_path, syn, priv, name, **kw):
-    return fidelity_report(syn, priv, tmp_path / name, embedder=kw.pop("embedder", hashed_embedder),
-                           **kw)
+    return fidelity_report(
+        syn, priv, tmp_path / name, embedder=kw.pop("embedder", hashed_embedder), **kw
+    )
 
 
 # --------------------------------------------------------------------------- components
@@ -61,7 +67,20 @@ def report(tmp_path, syn, priv, name, **kw):
 
 def test_code_tokens_split_python_and_fall_back():
     assert code_tokens("def f(x):\n    return x+1  # add one\n") == [
-        "def", "f", "(", "x", ")", ":", "return", "x", "+", "1", "#", "add", "one"]
+        "def",
+        "f",
+        "(",
+        "x",
+        ")",
+        ":",
+        "return",
+        "x",
+        "+",
+        "1",
+        "#",
+        "add",
+        "one",
+    ]
     assert code_tokens("s = 'hello world'") == ["s", "=", "'", "hello", "world", "'"]
     assert code_tokens('x = """unterminated') == ["x", "=", '"', '"', '"', "unterminated"]
 
@@ -127,8 +146,12 @@ def test_frechet_matches_gaussian_closed_form():
     assert frechet_distance(xa, xb) == pytest.approx(analytic, rel=0.03)
     # Same sample statistics through scipy's sqrtm: the eigh route agrees to round-off.
     small_a, small_b = xa[:50], xb[:80]
-    ref = _analytic_fd(small_a.mean(0), np.cov(small_a, rowvar=False),
-                       small_b.mean(0), np.cov(small_b, rowvar=False))
+    ref = _analytic_fd(
+        small_a.mean(0),
+        np.cov(small_a, rowvar=False),
+        small_b.mean(0),
+        np.cov(small_b, rowvar=False),
+    )
     assert frechet_distance(small_a, small_b) == pytest.approx(ref, rel=1e-8)
 
 
@@ -222,8 +245,7 @@ def test_report_rejects_bad_input(tmp_path):
     with pytest.raises(FidelityError, match=r"private_codes\[1\]"):
         report(tmp_path, arithmetic(3), ["x = 1", None], "x")
     with pytest.raises(FidelityError, match="rows"):
-        report(tmp_path, arithmetic(3), formatting(3), "x",
-               embedder=lambda texts: np.ones((1, 4)))
+        report(tmp_path, arithmetic(3), formatting(3), "x", embedder=lambda texts: np.ones((1, 4)))
     with pytest.raises(FidelityError, match="max_samples"):
         report(tmp_path, arithmetic(3), formatting(3), "x", max_samples=0)
 
@@ -256,8 +278,9 @@ def test_minilm_embedder_reads_its_training_window_of_128_word_pieces(minilm):
     from privcode.audit.fidelity import FIDELITY_WINDOW
 
     head = "def f(x):\n" + "".join(f"    x = x + {i}\n" for i in range(60))  # > 128 pieces
-    a, b, short = minilm([head + "    return x\n", head + "    raise ValueError(x)\n",
-                          "def f(x):\n    return x\n"])
+    a, b, short = minilm(
+        [head + "    return x\n", head + "    raise ValueError(x)\n", "def f(x):\n    return x\n"]
+    )
     assert FIDELITY_WINDOW == 128
     assert np.allclose(a, b, atol=1e-6)  # they differ only after the window
     assert float(a @ short) < 0.99

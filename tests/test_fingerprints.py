@@ -79,10 +79,15 @@ def test_the_nondp_declaration_covers_what_its_code_reads():
     import privcode.audit.nondp as nondp
 
     tree = ast.parse(Path(nondp.__file__).read_text(encoding="utf-8"))
-    read = {node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-            and node.value.attr == "train" and isinstance(node.value.value, ast.Name)
-            and node.value.value.id == "cfg"}
+    read = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "train"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "cfg"
+    }
     assert read, "the scan found no cfg.train reads: has the module changed shape?"
     declared = {entry.split(".", 1)[1] for entry in NONDP_TRAIN_FIELDS}
     assert read <= declared, sorted(read - declared)

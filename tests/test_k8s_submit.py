@@ -31,8 +31,9 @@ OVERRIDES = ["data.size=50", "report.title=k8s test"]
 
 @pytest.fixture(scope="module")
 def objects(helm) -> list[dict]:
-    return k8s.job_manifests(ROOT / "jobs/configs/demo.yaml", OVERRIDES, release="pc",
-                             namespace="team-a")
+    return k8s.job_manifests(
+        ROOT / "jobs/configs/demo.yaml", OVERRIDES, release="pc", namespace="team-a"
+    )
 
 
 # --------------------------------------------------------------------------- manifests
@@ -84,10 +85,24 @@ def test_bad_config_fails_before_rendering(helm):
 def permissive_crd(name: str) -> dict:
     """A CRD accepting any object: stands in when ../shared/kuberay/crds is absent, so the
     client call shape is still tested (the schema itself is tested where the CRDs exist)."""
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": name},
-            "spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema": {
-                "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {
+            "versions": [
+                {
+                    "name": "v1",
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ]
+        },
+    }
 
 
 @functools.lru_cache(maxsize=4)
@@ -124,8 +139,9 @@ class FakeKube:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 query = dict(urllib.parse.parse_qsl(url.query))
-                fake.requests.append({"method": self.command, "path": url.path, "query": query,
-                                      "body": body})
+                fake.requests.append(
+                    {"method": self.command, "path": url.path, "query": query, "body": body}
+                )
                 self._reply(*fake.answer(self.command, url.path, query, body))
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
@@ -138,7 +154,7 @@ class FakeKube:
     def answer(self, method, path, query, body):
         crd_prefix = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
         if path.startswith(crd_prefix):
-            name = path[len(crd_prefix):]
+            name = path[len(crd_prefix) :]
             if self.crds is None:
                 return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
             if self.crds == "permissive":
@@ -150,8 +166,10 @@ class FakeKube:
                 return 409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"}
             if query.get("dryRun") != "All":
                 self.version += 1
-                self.store[key] = {**body, "metadata": {**body["metadata"],
-                                                        "resourceVersion": str(self.version)}}
+                self.store[key] = {
+                    **body,
+                    "metadata": {**body["metadata"], "resourceVersion": str(self.version)},
+                }
             return 201, body
         if path not in self.store:
             return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
@@ -181,7 +199,8 @@ class FakeKube:
 
 
 RUN_TO_SUCCESS = [
-    {}, {"jobDeploymentStatus": "Initializing"},
+    {},
+    {"jobDeploymentStatus": "Initializing"},
     {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
     {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "message": "done"},
 ]
@@ -204,16 +223,19 @@ def test_submit_dry_runs_everything_then_creates_and_waits(fake, objects, capsys
     api = fake.client()
     result = k8s.submit_manifests(objects, namespace="team-a", api_client=api)
     posts = writes(fake)
-    assert [p["query"].get("dryRun") for p in posts] == ["All"] * len(objects) + [None] * len(objects)
-    assert [p["body"] for p in posts[len(objects):]] == objects  # exactly the chart's objects
-    paths = [p["path"] for p in posts[len(objects):]]
+    assert [p["query"].get("dryRun") for p in posts] == ["All"] * len(objects) + [None] * len(
+        objects
+    )
+    assert [p["body"] for p in posts[len(objects) :]] == objects  # exactly the chart's objects
+    paths = [p["path"] for p in posts[len(objects) :]]
     assert "/api/v1/namespaces/team-a/configmaps" in paths
     assert "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies" in paths
     assert paths[-1] == "/apis/ray.io/v1/namespaces/team-a/rayjobs"
     assert all(p["query"].get("fieldManager") == "privcode" for p in posts)
     # the CRD schema came from the cluster
-    assert any(r["path"].endswith("/customresourcedefinitions/rayjobs.ray.io")
-               for r in fake.requests)
+    assert any(
+        r["path"].endswith("/customresourcedefinitions/rayjobs.ray.io") for r in fake.requests
+    )
     assert set(result["objects"].values()) == {"created"}
 
     fake.states = list(RUN_TO_SUCCESS)
@@ -257,18 +279,37 @@ def test_cli_target_k8s_with_a_kubeconfig(helm, fake, tmp_path, monkeypatch, cap
     from privcode.cli import main
 
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u",
-                                                  "namespace": "ml"}}],
-    }))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": "ml"}}
+                ],
+            }
+        )
+    )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setattr(k8s.time, "sleep", lambda s: None)
     fake.states = list(RUN_TO_SUCCESS)
-    rc = main(["submit", "--target", "k8s", "--config", str(ROOT / "jobs/configs/demo.yaml"),
-               "--stages", "data", "--set", "data.size=40", "--json"])
+    rc = main(
+        [
+            "submit",
+            "--target",
+            "k8s",
+            "--config",
+            str(ROOT / "jobs/configs/demo.yaml"),
+            "--stages",
+            "data",
+            "--set",
+            "data.size=40",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     result = json.loads(out.strip().splitlines()[-1])

@@ -13,8 +13,7 @@ from privcode.layout import RunLayout
 
 def test_paths_of_a_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(overrides=["run.name=exp1", "run.out_dir=store/runs",
-                                 "run.reports_dir=pub"])
+    cfg = load_config(overrides=["run.name=exp1", "run.out_dir=store/runs", "run.reports_dir=pub"])
     layout = RunLayout.of(cfg)
     root = tmp_path / "store" / "runs" / "exp1"
     assert layout == RunLayout.of(cfg.run) and layout.root == root
@@ -22,8 +21,10 @@ def test_paths_of_a_run(tmp_path, monkeypatch):
     assert layout.manifest("train") == root / "train" / "manifest.json"
     assert layout.work("synth") == root / ".synth"
     assert (layout.train_data, layout.heldout_data, layout.canaries) == (
-        root / "data" / "train.parquet", root / "data" / "heldout.parquet",
-        root / "data" / "canaries.json")
+        root / "data" / "train.parquet",
+        root / "data" / "heldout.parquet",
+        root / "data" / "canaries.json",
+    )
     assert layout.release == root / "train" / "release"
     assert layout.synthetic == root / "synth" / "synthetic.parquet"
     assert layout.premium == root / "premium"

@@ -96,8 +96,10 @@ def test_restore_replays_the_wal(tmp_path):
         first.reserve(sigma, Q, steps=3)
     again = BudgetLedger("r", str(wal), 5.0, DELTA, accountant="prv")
     assert again.spent()["epsilon"] == first.spent()["epsilon"] > 0
-    assert again.spent()["history"] == [{"noise_multiplier": 1.0, "sample_rate": Q, "steps": 6},
-                                        {"noise_multiplier": 0.9, "sample_rate": Q, "steps": 3}]
+    assert again.spent()["history"] == [
+        {"noise_multiplier": 1.0, "sample_rate": Q, "steps": 6},
+        {"noise_multiplier": 0.9, "sample_rate": Q, "steps": 3},
+    ]
     assert again.reserve(1.0, Q)["position"] == 10
 
 
@@ -178,8 +180,13 @@ def test_settings_change_is_refused(tmp_path):
     wal = tmp_path / WAL_NAME
     BudgetLedger("r", str(wal), 5.0, DELTA).reserve(SIGMA, Q)
     for kwargs in [{"epsilon_budget": 8.0}, {"delta": 1e-6}, {"accountant": "prv"}]:
-        args = {"run_id": "r", "wal_path": str(wal), "epsilon_budget": 5.0, "delta": DELTA,
-                **kwargs}
+        args = {
+            "run_id": "r",
+            "wal_path": str(wal),
+            "epsilon_budget": 5.0,
+            "delta": DELTA,
+            **kwargs,
+        }
         with pytest.raises(LedgerConflictError, match="cannot be changed"):
             BudgetLedger(**args)
     with pytest.raises(LedgerConflictError, match="run_id"):
@@ -233,8 +240,9 @@ def test_open_ledger_without_ray_is_refused(tmp_path):
         "sys.exit(3)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "not initialized" in out.stdout
     assert not (tmp_path / WAL_NAME).exists()
@@ -261,7 +269,9 @@ def test_actor_grants_until_budget(run):
     assert [r["granted"] for r in replies] == [True] * 5 + [False] * 2
     assert len(replay_wal(run_dir / WAL_NAME)) == 5
     spent = ray.get(handle.spent.remote())
-    assert spent["run_id"] == run_id and spent["position"] == 5 and spent["budget"] == _budget_for(5)
+    assert (
+        spent["run_id"] == run_id and spent["position"] == 5 and spent["budget"] == _budget_for(5)
+    )
     # Opening again returns the same live actor; other settings are refused.
     assert ray.get(open_ledger(run_id, run_dir, _budget_for(5), DELTA).spent.remote()) == spent
     with pytest.raises(LedgerConflictError, match="budget"):
@@ -278,21 +288,25 @@ def test_actor_restarts_from_its_log(run):
 
     run_id, run_dir = run
     handle = open_ledger(run_id, run_dir, 50.0, DELTA)
-    eps = [ray.get(handle.reserve.remote(SIGMA, Q, 3, request_id=f"step-{i}"))["epsilon"]
-           for i in range(4)]
+    eps = [
+        ray.get(handle.reserve.remote(SIGMA, Q, 3, request_id=f"step-{i}"))["epsilon"]
+        for i in range(4)
+    ]
     pid = ray.get(handle.describe.remote())["pid"]
     ray.kill(handle, no_restart=False)  # the process dies; Ray restarts the actor
     # The kill is asynchronous: this call may still reach the dying process, in which case
     # Ray re-sends it to the restarted one and its request id keeps it from counting twice.
-    eps.append(ray.get(handle.reserve.remote(SIGMA, Q, 3, request_id="step-4"),
-                       timeout=120)["epsilon"])
+    eps.append(
+        ray.get(handle.reserve.remote(SIGMA, Q, 3, request_id="step-4"), timeout=120)["epsilon"]
+    )
     _wait_restarted(handle, pid)
     reply = ray.get(handle.reserve.remote(SIGMA, Q, 3, request_id="step-5"), timeout=120)
     assert reply["granted"] and reply["position"] == 18
     eps.append(reply["epsilon"])
     assert eps == sorted(eps) and len(set(eps)) == len(eps)
-    assert reply["epsilon"] == pytest.approx(epsilon(replay_wal(run_dir / WAL_NAME), DELTA),
-                                             rel=1e-12)
+    assert reply["epsilon"] == pytest.approx(
+        epsilon(replay_wal(run_dir / WAL_NAME), DELTA), rel=1e-12
+    )
 
 
 def _wait_restarted(handle, old_pid: int, timeout_s: float = 120.0) -> None:
@@ -416,10 +430,15 @@ def test_get_ledger_from_a_task_and_metrics(run):
     assert ray.get(actor.spent.remote())["position"] == 2
 
     # The metrics reach the node's Prometheus endpoint, tagged with the run.
-    metrics = scrape_metrics(f'run="{run_id}"', {"ray_privcode_epsilon_spent",
-                                                 "ray_privcode_epsilon_budget",
-                                                 "ray_privcode_dp_steps_total"},
-                             until=lambda m: m["ray_privcode_dp_steps_total"] == 2.0)
+    metrics = scrape_metrics(
+        f'run="{run_id}"',
+        {
+            "ray_privcode_epsilon_spent",
+            "ray_privcode_epsilon_budget",
+            "ray_privcode_dp_steps_total",
+        },
+        until=lambda m: m["ray_privcode_dp_steps_total"] == 2.0,
+    )
     assert metrics["ray_privcode_dp_steps_total"] == 2.0
     assert metrics["ray_privcode_epsilon_budget"] == 5.0
     assert metrics["ray_privcode_epsilon_spent"] == pytest.approx(reply["epsilon"])

@@ -13,8 +13,15 @@ from privcode.train.build import build_objective
 from privcode.train.data import CODE, PROMPT, collate, encode_records, segment_rows
 from privcode.train.methods import METHODS, get_method
 
-CFG = TrainConfig(latent_dim=16, num_virtual_tokens=4, encoder_hidden=32, align_bank_size=8,
-                  preemb_steps=2, max_length=64, allow_non_private=True)
+CFG = TrainConfig(
+    latent_dim=16,
+    num_virtual_tokens=4,
+    encoder_hidden=32,
+    align_bank_size=8,
+    preemb_steps=2,
+    max_length=64,
+    allow_non_private=True,
+)
 DP_METHODS = [name for name, m in METHODS.items() if m.dp]
 
 
@@ -26,11 +33,15 @@ class Rec:
 RECORDS = [
     Rec("Write a function that adds two numbers.", "def add(a, b):\n    return a + b\n"),
     Rec("", "def show(x):\n    for i in range(len(x)):\n        print(x[i])\n"),
-    Rec("Return the largest item or None.",
-        "def biggest(xs):\n    if not xs:\n        return None\n    return max(xs)\n"),
+    Rec(
+        "Return the largest item or None.",
+        "def biggest(xs):\n    if not xs:\n        return None\n    return max(xs)\n",
+    ),
 ]
-OTHER = Rec("Something else entirely, much longer than the original prompt was.",
-            "class Box:\n    def __init__(self, v):\n        self.v = [v] * 3\n")
+OTHER = Rec(
+    "Something else entirely, much longer than the original prompt was.",
+    "class Box:\n    def __init__(self, v):\n        self.v = [v] * 3\n",
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +63,9 @@ def _per_sample_grads(objective, batch) -> torch.Tensor:
     from privcode.dp.dpsgd import trainable_parameters
 
     params = trainable_parameters(objective)
-    module = prepare_module(objective, "hooks", wrap_model=True, batch_first=True,
-                            loss_reduction="sum", strict=True)
+    module = prepare_module(
+        objective, "hooks", wrap_model=True, batch_first=True, loss_reduction="sum", strict=True
+    )
     torch.manual_seed(0)  # the VAE's eps: the same draws in both batches
     module.train()
     module(batch).sum().backward()
@@ -142,10 +154,10 @@ def test_segment_rows_left_aligns_each_segment(base_path):
         want = [t for t, s in zip(e.input_ids, e.segments, strict=True) if s == CODE]
         n = len(want)
         assert code["input_ids"][i, 0] == 7
-        assert code["input_ids"][i, 1:n + 1].tolist() == want
+        assert code["input_ids"][i, 1 : n + 1].tolist() == want
         assert code["attention_mask"][i].sum() == n + 1
         p = [t for t, s in zip(e.input_ids, e.segments, strict=True) if s == PROMPT]
-        assert prompt["input_ids"][i, :len(p)].tolist() == p
+        assert prompt["input_ids"][i, : len(p)].tolist() == p
         assert prompt["attention_mask"][i].sum() == len(p)
     assert prompt["attention_mask"][1].sum() == 0  # record 1 has no prompt
 
@@ -206,11 +218,19 @@ def test_nondpft_is_refused_without_the_explicit_flag(tmp_path):
 
     with pytest.raises(ConfigError, match="NOT PRIVATE.*allow_non_private"):
         load_config(None, ["train.method=nondpft"])
-    assert load_config(None, ["train.method=nondpft",
-                              "train.allow_non_private=true"]).train.method == "nondpft"
+    assert (
+        load_config(None, ["train.method=nondpft", "train.allow_non_private=true"]).train.method
+        == "nondpft"
+    )
     cfg = TrainConfig(method="nondpft")  # built directly, bypassing the loader
     with pytest.raises(TrainingError, match="NOT PRIVATE"):
-        run_training(cfg, data_path=tmp_path / "x.parquet", base_path=tmp_path,
-                     out_dir=tmp_path / "o", ledger_dir=tmp_path / "l", run_name="r",
-                     storage_dir=tmp_path / "s")
+        run_training(
+            cfg,
+            data_path=tmp_path / "x.parquet",
+            base_path=tmp_path,
+            out_dir=tmp_path / "o",
+            ledger_dir=tmp_path / "l",
+            run_name="r",
+            storage_dir=tmp_path / "s",
+        )
     assert not (tmp_path / "o").exists() and not (tmp_path / "l").exists()

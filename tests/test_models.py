@@ -34,8 +34,11 @@ def ci_path(ci_base_cache) -> str:
 @pytest.fixture
 def batch(ci_path):
     tok = load_tokenizer(ci_path)
-    enc = tok(["def add(a, b):\n    return a + b\n", "import os\nprint(os.sep)\n"],
-              return_tensors="pt", padding=True)
+    enc = tok(
+        ["def add(a, b):\n    return a + b\n", "import os\nprint(os.sep)\n"],
+        return_tensors="pt",
+        padding=True,
+    )
     labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
     return {**enc, "labels": labels}
 
@@ -45,16 +48,38 @@ def _tiny(model_type: str):
     import transformers as T
 
     make = {
-        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=64)),
-        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, vocab_size=64)),
-        "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            vocab_size=64)),
-        "starcoder2": lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, vocab_size=64)),
+        "gpt2": lambda: T.GPT2LMHeadModel(
+            T.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=64)
+        ),
+        "llama": lambda: T.LlamaForCausalLM(
+            T.LlamaConfig(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                vocab_size=64,
+            )
+        ),
+        "gpt_neox": lambda: T.GPTNeoXForCausalLM(
+            T.GPTNeoXConfig(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                vocab_size=64,
+            )
+        ),
+        "starcoder2": lambda: T.Starcoder2ForCausalLM(
+            T.Starcoder2Config(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                vocab_size=64,
+            )
+        ),
     }
     return make[model_type]()
 
@@ -66,7 +91,9 @@ def test_load_causal_lm_and_tokenizer(ci_path):
     model = load_causal_lm(ci_path)
     assert model.config.model_type == "qwen2" and not model.training
     assert next(model.parameters()).dtype == torch.float32
-    assert load_causal_lm(ci_path, dtype="bfloat16").model.embed_tokens.weight.dtype == torch.bfloat16
+    assert (
+        load_causal_lm(ci_path, dtype="bfloat16").model.embed_tokens.weight.dtype == torch.bfloat16
+    )
     tok = load_tokenizer(ci_path)
     assert len(tok) == model.config.vocab_size
 
@@ -95,12 +122,15 @@ def test_lora_targets_for_qwen2(ci_path):
     assert lora_target_modules(load_causal_lm(ci_path)) == QWEN2_TARGETS
 
 
-@pytest.mark.parametrize("model_type, expected", [
-    ("llama", QWEN2_TARGETS),
-    ("gpt2", ["c_attn", "c_proj", "c_fc"]),
-    ("gpt_neox", ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]),
-    ("starcoder2", ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]),
-])
+@pytest.mark.parametrize(
+    "model_type, expected",
+    [
+        ("llama", QWEN2_TARGETS),
+        ("gpt2", ["c_attn", "c_proj", "c_fc"]),
+        ("gpt_neox", ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]),
+        ("starcoder2", ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]),
+    ],
+)
 def test_lora_targets_from_the_table(model_type, expected):
     model = _tiny(model_type)
     with warnings.catch_warnings():
@@ -116,8 +146,13 @@ def test_lora_targets_fallback_warns_and_skips_the_head():
         def __init__(self):
             super().__init__()
             self.config = Cfg()
-            self.block = torch.nn.ModuleDict({"wq": torch.nn.Linear(4, 4), "ff": torch.nn.Linear(4, 4),
-                                              "norm": torch.nn.LayerNorm(4)})
+            self.block = torch.nn.ModuleDict(
+                {
+                    "wq": torch.nn.Linear(4, 4),
+                    "ff": torch.nn.Linear(4, 4),
+                    "norm": torch.nn.LayerNorm(4),
+                }
+            )
             self.lm_head = torch.nn.Linear(4, 10)
 
     with pytest.warns(UserWarning, match="mystery"):
@@ -185,12 +220,13 @@ def test_lora_adapter_save_load_round_trip(ci_path, batch, tmp_path):
         assert torch.equal(saved[name], loaded[name]), name
     with torch.no_grad():
         assert torch.allclose(reloaded(**batch).logits, expected, atol=1e-6)
-        base_logits = load_causal_lm(ci_path)(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        base_logits = load_causal_lm(ci_path)(
+            **{k: v for k, v in batch.items() if k != "labels"}
+        ).logits
     assert not torch.allclose(base_logits, expected, atol=1e-4)
 
 
-def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch, tmp_path,
-                                                                  caplog):
+def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch, tmp_path, caplog):
     """One loader: a plain model, a base stage dir, a peft adapter, a premium release and
     the non-DP comparison, each by its marker file; merged logits equal the PeftModel's."""
     import json
@@ -208,19 +244,24 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
         expected = model.eval()(**inputs).logits  # the unmerged adapter: the reference
     model.save_pretrained(tmp_path / "adapter")
     shutil.copytree(tmp_path / "adapter", tmp_path / "premium" / "adapter")
-    (tmp_path / "premium" / "premium.json").write_text(json.dumps(
-        {"model": ci_path, "privacy": {"dp": True, "post_processing_of": "x"}}))
+    (tmp_path / "premium" / "premium.json").write_text(
+        json.dumps({"model": ci_path, "privacy": {"dp": True, "post_processing_of": "x"}})
+    )
     (tmp_path / "stage").mkdir()
     (tmp_path / "stage" / "base.json").write_text(json.dumps({"path": ci_path}))
     shutil.copytree(ci_path, tmp_path / "nondp")
-    (tmp_path / "nondp" / "nondp.json").write_text(json.dumps({"dp": False,
-                                                               "base_model": ci_path}))
+    (tmp_path / "nondp" / "nondp.json").write_text(json.dumps({"dp": False, "base_model": ci_path}))
     kinds = {d: model_kind(tmp_path / d) for d in ("adapter", "premium", "stage", "nondp")}
-    assert kinds == {"adapter": "adapter", "premium": "premium", "stage": "base-stage",
-                     "nondp": "nondpft"} and model_kind(ci_path) == "model"
+    assert (
+        kinds
+        == {"adapter": "adapter", "premium": "premium", "stage": "base-stage", "nondp": "nondpft"}
+        and model_kind(ci_path) == "model"
+    )
 
-    for path, kind, base, dp in ((tmp_path / "adapter", "adapter", ci_path, False),
-                                 (tmp_path / "premium", "premium", ci_path, True)):
+    for path, kind, base, dp in (
+        (tmp_path / "adapter", "adapter", ci_path, False),
+        (tmp_path / "premium", "premium", ci_path, True),
+    ):
         loaded = load_model(path)
         assert (loaded.kind, loaded.base_model, loaded.dp) == (kind, base, dp)
         assert not any(p.requires_grad for p in loaded.model.parameters())
@@ -230,8 +271,11 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
     plain = load_causal_lm(ci_path)
     with torch.no_grad():
         reference = plain(**inputs).logits
-    for path, kind in ((ci_path, "model"), (tmp_path / "stage", "model"),
-                       (tmp_path / "nondp", "nondpft")):
+    for path, kind in (
+        (ci_path, "model"),
+        (tmp_path / "stage", "model"),
+        (tmp_path / "nondp", "nondpft"),
+    ):
         with caplog.at_level("WARNING", logger="privcode.models.artifacts"):
             loaded = load_model(path)
         assert loaded.kind == kind and loaded.dp is False

@@ -22,26 +22,30 @@ from privcode.pac.bounds import (
 
 def test_bounds_match_the_seed_text():
     """docs/methods.md, PAC-private generation: the checks the seed states explicitly."""
-    assert mia_success_bound(2.0 ** -32 * 1e6) == pytest.approx(0.51079, abs=5e-6)
-    assert mia_success_bound(charged_mi(2.0 ** -16, 64)) == pytest.approx(0.5221, abs=5e-5)
-    assert mia_success_bound(charged_mi(2.0 ** -8, 64)) == pytest.approx(0.8379, abs=5e-5)
-    assert world_identification_bound(charged_mi(2.0 ** -16, 64), 128) == pytest.approx(
-        0.012, abs=5e-4)
+    assert mia_success_bound(2.0**-32 * 1e6) == pytest.approx(0.51079, abs=5e-6)
+    assert mia_success_bound(charged_mi(2.0**-16, 64)) == pytest.approx(0.5221, abs=5e-5)
+    assert mia_success_bound(charged_mi(2.0**-8, 64)) == pytest.approx(0.8379, abs=5e-5)
+    assert world_identification_bound(charged_mi(2.0**-16, 64), 128) == pytest.approx(
+        0.012, abs=5e-4
+    )
 
 
-@pytest.mark.parametrize(("b", "tokens", "world_id", "mia"), [
-    # the seed's Table 6 (greedy sweep), bounds in parentheses there
-    (2.0 ** -4, 64, 0.894, 1.000),
-    (2.0 ** -8, 64, 0.130, 0.838),
-    (2.0 ** -16, 64, 0.012, 0.522),
-    (2.0 ** -32, 64, 0.008, 0.500),
-    (2.0 ** -8, 256, 0.337, 1.000),
-    # the seed's Table 7 (sessions)
-    (2.0 ** -16, 1024, 0.028, 0.588),
-    (2.0 ** -16, 4096, 0.056, 0.675),
-    (2.0 ** -20, 4096, 0.017, 0.544),
-    (2.0 ** -24, 4096, 0.010, 0.511),
-])
+@pytest.mark.parametrize(
+    ("b", "tokens", "world_id", "mia"),
+    [
+        # the seed's Table 6 (greedy sweep), bounds in parentheses there
+        (2.0**-4, 64, 0.894, 1.000),
+        (2.0**-8, 64, 0.130, 0.838),
+        (2.0**-16, 64, 0.012, 0.522),
+        (2.0**-32, 64, 0.008, 0.500),
+        (2.0**-8, 256, 0.337, 1.000),
+        # the seed's Table 7 (sessions)
+        (2.0**-16, 1024, 0.028, 0.588),
+        (2.0**-16, 4096, 0.056, 0.675),
+        (2.0**-20, 4096, 0.017, 0.544),
+        (2.0**-24, 4096, 0.010, 0.511),
+    ],
+)
 def test_bounds_match_the_seed_tables(b, tokens, world_id, mia):
     mi = charged_mi(b, tokens)
     assert world_identification_bound(mi, 128) == pytest.approx(world_id, abs=5e-4)
@@ -73,12 +77,12 @@ def test_anisotropic_noise_spends_exactly_b():
         lam[rng.random(lam.size) < 0.3] = 0.0  # directions where the worlds agree
         if not lam.any():
             continue
-        b = float(rng.choice([2.0 ** -32, 2.0 ** -16, 0.5]))
+        b = float(rng.choice([2.0**-32, 2.0**-16, 0.5]))
         noise = anisotropic_noise_variances(lam, b)
         assert np.all(noise[lam == 0] == 0.0) and np.all(noise[lam > 0] > 0)
         assert gaussian_mi_bound(lam, noise) == pytest.approx(b, rel=1e-9)
     # unanimity: no disagreement, no noise, nothing spent
-    assert not anisotropic_noise_variances([0.0, 0.0], 2.0 ** -16).any()
+    assert not anisotropic_noise_variances([0.0, 0.0], 2.0**-16).any()
     assert gaussian_mi_bound([0.0, 0.0], [0.0, 0.0]) == 0.0
     # a single direction: lambda_B = lambda / (2 b)
     assert anisotropic_noise_variances([0.25], 0.5)[0] == pytest.approx(0.25)

@@ -22,8 +22,8 @@ from privcode.pac.curator import (
 )
 
 B = 0.25
-SPLIT = np.array([0, 0, 1, 2])   # the worlds disagree
-SAME = np.array([3, 3, 3, 3])    # unanimous
+SPLIT = np.array([0, 0, 1, 2])  # the worlds disagree
+SAME = np.array([3, 3, 3, 3])  # unanimous
 
 
 def make(m=4, b=B, deployment=100.0, session=10.0, **kw) -> Curator:
@@ -42,9 +42,9 @@ def test_unanimity_is_free_even_with_budgets_spent():
     before = state(cur)
     out = cur.step(sid, SAME)
     assert (out.index, out.charged, out.kind) == (3, 0.0, "free")
-    assert cur.step(sid, SPLIT).kind == "private"          # spends the whole session budget
+    assert cur.step(sid, SPLIT).kind == "private"  # spends the whole session budget
     assert cur.step(sid, SPLIT).kind == "fallback"
-    assert cur.step(sid, SAME).index == 3                  # still free, still released
+    assert cur.step(sid, SAME).index == 3  # still free, still released
     info = cur.session_info(sid)
     assert (info["free_tokens"], info["private_tokens"], info["fallback_tokens"]) == (2, 1, 1)
     assert before[0] == state(cur)[0]
@@ -56,8 +56,15 @@ def test_each_noisy_step_charges_b_to_session_and_deployment():
     outs = [cur.step(a, SPLIT) for _ in range(3)] + [cur.step(b, SPLIT)]
     assert all(o.kind == "private" and o.charged == B and o.index in (0, 1, 2) for o in outs)
     assert cur.session_info(a)["charged"] == 3 * B
-    assert cur.session_info(b) == {"session": b, "budget": 1.0, "charged": B, "remaining": 0.75,
-                                   "private_tokens": 1, "free_tokens": 0, "fallback_tokens": 0}
+    assert cur.session_info(b) == {
+        "session": b,
+        "budget": 1.0,
+        "charged": B,
+        "remaining": 0.75,
+        "private_tokens": 1,
+        "free_tokens": 0,
+        "fallback_tokens": 0,
+    }
     dep = cur.deployment_info()
     assert dep["deployment_charged"] == 4 * B and dep["private_tokens"] == 4
     assert dep["deployment_remaining"] == 100.0 - 4 * B and dep["sessions_open"] == 2
@@ -65,10 +72,13 @@ def test_each_noisy_step_charges_b_to_session_and_deployment():
 
 @pytest.mark.parametrize("short", ["session", "deployment"])
 def test_fallback_when_a_budget_is_short_leaves_the_state_alone(short):
-    b = 2.0 ** -16
+    b = 2.0**-16
     # A budget of T * b allows exactly T private steps.
-    cur = make(b=b, session=3 * b if short == "session" else 1.0,
-               deployment=3 * b if short == "deployment" else 1.0)
+    cur = make(
+        b=b,
+        session=3 * b if short == "session" else 1.0,
+        deployment=3 * b if short == "deployment" else 1.0,
+    )
     sid = cur.open_session()
     assert [cur.step(sid, SPLIT).kind for _ in range(3)] == ["private"] * 3
     before = state(cur)
@@ -169,8 +179,9 @@ def test_the_ledger_is_written_before_the_release(tmp_path, monkeypatch):
     assert cur.step(sid, SAME).kind == "free"  # free steps need no write
 
 
-@pytest.mark.parametrize("damage", ["garbage", "format", "m", "b", "scope", "secret", "posterior",
-                                    "steps"])
+@pytest.mark.parametrize(
+    "damage", ["garbage", "format", "m", "b", "scope", "secret", "posterior", "steps"]
+)
 def test_a_bad_state_file_fails_closed(tmp_path, damage):
     make(state_dir=tmp_path)
     path = tmp_path / STATE_FILE
@@ -182,9 +193,14 @@ def test_a_bad_state_file_fails_closed(tmp_path, damage):
         kw = {"m": 6, "b": 0.5, "scope": "session"}
         kw = {damage: kw[damage]}
     else:
-        saved.update({"format": {"format": "other/1"}, "secret": {"secret": 9},
-                      "posterior": {"posterior": [1.0, 0, 0, 0.5]},
-                      "steps": {"deployment_steps": -1}}[damage])
+        saved.update(
+            {
+                "format": {"format": "other/1"},
+                "secret": {"secret": 9},
+                "posterior": {"posterior": [1.0, 0, 0, 0.5]},
+                "steps": {"deployment_steps": -1},
+            }[damage]
+        )
         path.write_text(json.dumps(saved))
     with pytest.warns(SessionScopeWarning) if damage == "scope" else _nothing():
         with pytest.raises(CuratorStateError, match="refusing to start") as info:
@@ -259,8 +275,9 @@ def test_deployment_posterior_is_bayes_consistent():
     mean = np.zeros(m)
     for secret in range(m):
         for seed in range(per_world):
-            cur = Curator(m, 1.0, deployment_budget=10.0, session_budget=10.0,
-                          rng_seed=seed * m + secret)
+            cur = Curator(
+                m, 1.0, deployment_budget=10.0, session_budget=10.0, rng_seed=seed * m + secret
+            )
             cur._secret = secret
             sid = cur.open_session()
             for v in votes:
@@ -274,7 +291,7 @@ def test_deployment_posterior_is_bayes_consistent():
 def test_concurrent_sessions_lose_no_charge(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    cur = make(b=2.0 ** -10, state_dir=tmp_path)
+    cur = make(b=2.0**-10, state_dir=tmp_path)
     sids = [cur.open_session() for _ in range(4)]
 
     def run(sid):
@@ -283,4 +300,4 @@ def test_concurrent_sessions_lose_no_charge(tmp_path):
     with ThreadPoolExecutor(4) as pool:
         assert sum(pool.map(run, sids)) == 40
     assert cur.deployment_info()["private_tokens"] == 40
-    assert make(b=2.0 ** -10, state_dir=tmp_path).deployment_info()["private_tokens"] == 40
+    assert make(b=2.0**-10, state_dir=tmp_path).deployment_info()["private_tokens"] == 40

@@ -29,9 +29,18 @@ def _write_artifact(root, base, adapters):
     names = [f"w{s:03d}" for s in range(len(adapters))]
     for name, src in zip(names, adapters, strict=True):
         shutil.copytree(src, root / "adapters" / name)
-    (root / "pac.json").write_text(json.dumps({
-        "format": "privcode-pac-worlds/1", "m": len(names), "base_model": str(base),
-        "worlds": names, "lora": {"r": 4, "alpha": 8}, "NOT_PRIVATE": "test worlds"}))
+    (root / "pac.json").write_text(
+        json.dumps(
+            {
+                "format": "privcode-pac-worlds/1",
+                "m": len(names),
+                "base_model": str(base),
+                "worlds": names,
+                "lora": {"r": 4, "alpha": 8},
+                "NOT_PRIVATE": "test worlds",
+            }
+        )
+    )
     return root
 
 
@@ -77,9 +86,12 @@ def refs(artifacts):
     from privcode.models.loading import load_causal_lm
 
     base = artifacts["base"]
-    worlds = [PeftModel.from_pretrained(load_causal_lm(base), str(artifacts["distinct"] /
-                                                                  "adapters" / f"w{s:03d}")).eval()
-              for s in range(4)]
+    worlds = [
+        PeftModel.from_pretrained(
+            load_causal_lm(base), str(artifacts["distinct"] / "adapters" / f"w{s:03d}")
+        ).eval()
+        for s in range(4)
+    ]
     return {"base": load_causal_lm(base), "worlds": worlds}
 
 
@@ -150,7 +162,7 @@ def test_sequence_logprobs_equal_the_step_prefill_at_every_prefix(ens):
     public, worlds = ens.sequence_logprobs(ids)
     assert public.shape[0] == len(ids) and worlds.shape[:2] == (ens.m, len(ids))
     for t in (0, len(ids) // 2, len(ids) - 1):
-        lp, _ = ens.step_logprobs(ids[:t + 1])
+        lp, _ = ens.step_logprobs(ids[: t + 1])
         cand = torch.as_tensor(lp.candidates)
         # float32 sums over prefixes of different lengths: a few 1e-5 apart
         np.testing.assert_allclose(public[t, cand].numpy(), lp.public, atol=1e-4, rtol=0)
@@ -162,7 +174,11 @@ def test_identical_worlds_are_free_and_decode_like_the_single_adapter(same_ens, 
     out = same_ens.generate(cur, sid, PROMPT, 12)
     n = len(out.token_ids)
     assert (out.free_tokens, out.private_tokens, out.fallback_tokens, out.charged_nats) == (
-        n, 0, 0, 0.0)
+        n,
+        0,
+        0,
+        0.0,
+    )
     assert list(out.token_ids) == reference(same_ens, refs, 12, lambda b, w, t: np.argmax(w[0]))
     assert cur.session_info(sid)["free_tokens"] == n
     # Coupled Gumbel: one public draw per step, seeded; identical worlds still agree.
@@ -215,8 +231,8 @@ def test_stop_strings_and_max_tokens(same_ens):
     assert len(full.text) >= 6, "the random worlds should write some text"
     stop = full.text[3:5]
     cut = same_ens.generate(cur, sid, BODY_PROMPT, 24, stop=("\x00never", stop))
-    assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.find(stop)]
-    assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
     one = same_ens.generate(cur, sid, BODY_PROMPT, 1)
     assert len(one.token_ids) == 1 and one.token_ids[0] == full.token_ids[0]
     assert one.finish_reason in ("length", "stop")
@@ -228,8 +244,11 @@ def test_requests_are_checked_and_nothing_private_is_logged(ens, caplog):
         ens.generate(curator(2)[0], sid, PROMPT, 4)
     with pytest.raises(UnknownSessionError):
         ens.generate(cur, "nope", PROMPT, 4)
-    for kw, match in (({"decoder": "beam"}, "decoder"), ({"temperature": 0}, "temperature"),
-                      ({"stop": ("",)}, "stop")):
+    for kw, match in (
+        ({"decoder": "beam"}, "decoder"),
+        ({"temperature": 0}, "temperature"),
+        ({"stop": ("",)}, "stop"),
+    ):
         with pytest.raises(PacEnsembleError, match=match):
             ens.generate(cur, sid, PROMPT, 4, **kw)
     with pytest.raises(PacEnsembleError, match="max_tokens"):
@@ -256,17 +275,20 @@ def _bad(tmp_path, artifacts, **changes):
     return root
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"worlds": None}, "missing key 'worlds'"),
-    ({"format": "other/1"}, "'format'"),
-    ({"m": 5}, "m=5"),
-    ({"m": 1, "worlds": ["w000"]}, "'m' must be"),
-    ({"worlds": ["w000", "w001", "w002", "w009"]}, "w009.*missing adapter"),
-    ({"worlds": ["w000", "w001", "w002", "../w003"]}, "invalid world name"),
-    ({"worlds": ["w000", "w001", "w001", "w002"]}, "distinct"),
-    ({"base_model": None}, "'base_model'"),
-    ({"lora": "r8"}, "'lora'"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"worlds": None}, "missing key 'worlds'"),
+        ({"format": "other/1"}, "'format'"),
+        ({"m": 5}, "m=5"),
+        ({"m": 1, "worlds": ["w000"]}, "'m' must be"),
+        ({"worlds": ["w000", "w001", "w002", "w009"]}, "w009.*missing adapter"),
+        ({"worlds": ["w000", "w001", "w002", "../w003"]}, "invalid world name"),
+        ({"worlds": ["w000", "w001", "w001", "w002"]}, "distinct"),
+        ({"base_model": None}, "'base_model'"),
+        ({"lora": "r8"}, "'lora'"),
+    ],
+)
 def test_a_bad_manifest_is_a_clear_error(tmp_path, artifacts, changes, match):
     root = _bad(tmp_path, artifacts, **changes)
     with pytest.raises(PacEnsembleError, match=match) as info:

@@ -42,7 +42,7 @@ def test_unanimity_costs_nothing_and_draws_no_noise():
     rng = np.random.default_rng(0)
     state = rng.bit_generator.state
     prior = np.full(4, 0.25)
-    step = pac_step(np.array([2, 2, 2, 2]), prior, secret=1, b=2.0 ** -16, rng=rng)
+    step = pac_step(np.array([2, 2, 2, 2]), prior, secret=1, b=2.0**-16, rng=rng)
     assert (step.token, step.charged, step.active) == (2, 0.0, 1)
     assert np.array_equal(step.posterior, prior)
     assert rng.bit_generator.state == state
@@ -57,7 +57,7 @@ def test_large_budget_reveals_the_world_small_budget_hides_it():
     step = pac_step(votes, prior, secret=2, b=1e4, rng=rng)  # almost no noise
     assert step.token == 1 and step.charged == 1e4 and step.active == 3
     assert step.posterior[2] > 0.999
-    tiny = pac_step(votes, prior, secret=2, b=2.0 ** -32, rng=rng)
+    tiny = pac_step(votes, prior, secret=2, b=2.0**-32, rng=rng)
     assert np.allclose(tiny.posterior, prior, atol=1e-4)
 
 
@@ -85,8 +85,12 @@ def test_released_token_carries_at_most_b_nats(b):
             counts[s, pac_step(votes, np.full(m, 1 / m), s, b, rng).token] += 1
     p_y_s = counts / n
     p_y = p_y_s.mean(axis=0)
-    mi = sum(p_y_s[s, y] * math.log(p_y_s[s, y] / p_y[y]) / m
-             for s in range(m) for y in range(3) if p_y_s[s, y] > 0)
+    mi = sum(
+        p_y_s[s, y] * math.log(p_y_s[s, y] / p_y[y]) / m
+        for s in range(m)
+        for y in range(3)
+        if p_y_s[s, y] > 0
+    )
     assert 0.0 < mi <= b
     # the release still follows the realised world's vote more often than not
     assert all(p_y_s[s, votes[s]] > 1 / 3 for s in range(m))
@@ -95,7 +99,7 @@ def test_released_token_carries_at_most_b_nats(b):
 # Tiny b, vote covariance whose eigenvalues span 0.5 .. 1e-15: each world votes alone, so
 # Sigma = diag(P) - P P^T has rank m - 1 with eigenvalues ~ P(i); the three rarest worlds'
 # directions lie below 1e-12 of the largest, where the mechanism used to add no noise.
-TINY_B = 2.0 ** -32
+TINY_B = 2.0**-32
 RARE = np.array([1e-5, 1e-9, 3e-13, 2e-14, 1e-15])
 SPREAD_PRIOR = np.concatenate([[0.5, 0.5 - RARE.sum()], RARE])
 SPREAD_VOTES = np.arange(SPREAD_PRIOR.size)

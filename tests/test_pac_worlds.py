@@ -23,8 +23,14 @@ def base(ci_base_cache):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("pac-data") / "train.jsonl"
-    recs = [{"id": f"r{i}", "prompt": f"Return {i} plus x.",
-             "code": f"def add_{i}(x):\n    return x + {i}\n"} for i in range(24)]
+    recs = [
+        {
+            "id": f"r{i}",
+            "prompt": f"Return {i} plus x.",
+            "code": f"def add_{i}(x):\n    return x + {i}\n",
+        }
+        for i in range(24)
+    ]
     write_records(recs, path)
     return path
 
@@ -94,8 +100,9 @@ def test_train_worlds_writes_m_adapters_that_learn_their_members(base, corpus, t
     tok = load_tokenizer(base)
     enc = encode_records(read_records(corpus), tok, 32)
     pad = tok.pad_token_id or 0
-    model = PeftModel.from_pretrained(load_causal_lm(base), str(tmp_path / "adapters" / "w000"),
-                                      adapter_name="w000")
+    model = PeftModel.from_pretrained(
+        load_causal_lm(base), str(tmp_path / "adapters" / "w000"), adapter_name="w000"
+    )
     model.load_adapter(str(tmp_path / "adapters" / "w001"), adapter_name="w001")
     model.eval()
     members = [i for i in range(24) if assignment[i, 0]]
@@ -120,15 +127,18 @@ def test_grouping_does_not_change_the_worlds(ray_connected, base, corpus, tmp_pa
 
     runs = {}
     for groups in (1, 2):
-        cfg = PacConfig(worlds=4, steps=3, batch_size=2, lr=1e-2, max_length=24, lora_r=2,
-                        world_groups=groups)
+        cfg = PacConfig(
+            worlds=4, steps=3, batch_size=2, lr=1e-2, max_length=24, lora_r=2, world_groups=groups
+        )
         with pytest.warns(RuntimeWarning):
-            summary = train_worlds(cfg, data=corpus, base=base, out_dir=tmp_path / str(groups),
-                                   progress=False)
+            summary = train_worlds(
+                cfg, data=corpus, base=base, out_dir=tmp_path / str(groups), progress=False
+            )
         assert [g["worlds"] for g in summary["groups"]] == ([4] if groups == 1 else [2, 2])
-        runs[groups] = {w: load_file(str(tmp_path / str(groups) / "adapters" / w /
-                                         "adapter_model.safetensors"))
-                        for w in ("w000", "w001", "w002", "w003")}
+        runs[groups] = {
+            w: load_file(str(tmp_path / str(groups) / "adapters" / w / "adapter_model.safetensors"))
+            for w in ("w000", "w001", "w002", "w003")
+        }
     for w, weights in runs[1].items():
         assert set(weights) == set(runs[2][w])
         for name, tensor in weights.items():

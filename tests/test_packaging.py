@@ -32,8 +32,12 @@ def _declared(*groups: str) -> set[str]:
 
 
 def _is_import_extra(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "import_extra"
-            and bool(node.args) and isinstance(node.args[0], ast.Constant))
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "import_extra"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+    )
 
 
 def _third_party_imports(files: list[Path]) -> dict[str, set[str]]:
@@ -41,10 +45,15 @@ def _third_party_imports(files: list[Path]) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module
-                     and not node.level else
-                     [node.args[0].value] if _is_import_extra(node) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else [node.args[0].value]
+                if _is_import_extra(node)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top not in sys.stdlib_module_names and top != "privcode":
@@ -74,11 +83,14 @@ def test_every_import_of_the_package_is_declared_and_every_runtime_dependency_us
     # The extras hold what only their role imports.
     assert {"deepspeed"} == _declared("train")
     assert {"ray", "starlette"} == _declared("serve")  # ray[serve]: Ray Serve's dependencies
-    assert all(f.startswith("privcode/serve/") or f == "privcode/cli.py"  # its extra check
-               for f in used["starlette"])
+    assert all(
+        f.startswith("privcode/serve/") or f == "privcode/cli.py"  # its extra check
+        for f in used["starlette"]
+    )
     assert {"kubernetes", "jsonschema"} == _declared("k8s")
-    assert {d for d, files in used.items()
-            if all(f == "privcode/cluster/k8s.py" for f in files)} == _declared("k8s")
+    assert {
+        d for d, files in used.items() if all(f == "privcode/cluster/k8s.py" for f in files)
+    } == _declared("k8s")
 
 
 def test_dev_installs_every_role_and_the_test_tools():
@@ -87,9 +99,11 @@ def test_dev_installs_every_role_and_the_test_tools():
     files = sorted((ROOT / "tests").rglob("*.py"))
     local = {p.stem for p in files}  # the tests' own helper modules
     have = _declared("core", "train", "serve", "k8s", "dev")
-    missing = {m for m in _third_party_imports(files)
-               if m not in local and not m.startswith("privcode")
-               and _distribution(m) not in have}
+    missing = {
+        m
+        for m in _third_party_imports(files)
+        if m not in local and not m.startswith("privcode") and _distribution(m) not in have
+    }
     assert not missing, f"the tests import undeclared modules: {sorted(missing)}"
 
 

@@ -60,14 +60,19 @@ def test_runs_all_stages_then_skips_unchanged(ray_connected, tmp_path, overrides
     text = report.read_text()
     assert f"{base['heldout_loss']:.3f}" in text  # the numbers in the report are the stage's
     # The corpus composition (exact counts, corpus.png) is in the owner-only report only.
-    assert not re.search(r"\|\s*canaries\s*\|", text) and not (report.parent / "corpus.png").exists()
+    assert (
+        not re.search(r"\|\s*canaries\s*\|", text) and not (report.parent / "corpus.png").exists()
+    )
     assert re.search(rf"\|\s*training records N\s*\|\s*{counts['train_records']}\s*\|", text)
     owner = runs / "private_report"
     assert "private_report" not in text
-    assert re.search(rf"\|\s*canaries\s*\|\s*{counts['canaries']}\s*\|",
-                     (owner / "report.md").read_text())
+    assert re.search(
+        rf"\|\s*canaries\s*\|\s*{counts['canaries']}\s*\|", (owner / "report.md").read_text()
+    )
     assert (owner / "corpus.png").stat().st_size > 1000
-    assert (owner.stat().st_mode & 0o077) == 0 and ((owner / "report.md").stat().st_mode & 0o077) == 0
+    assert (owner.stat().st_mode & 0o077) == 0 and (
+        (owner / "report.md").stat().st_mode & 0o077
+    ) == 0
     assert (report.parent / "base_loss.png").stat().st_size > 1000
 
     second = run_pipeline(cfg)
@@ -78,8 +83,9 @@ def test_runs_all_stages_then_skips_unchanged(ray_connected, tmp_path, overrides
     assert statuses(third) == {"data": "ran", "base": "skipped", "report": "ran"}
 
 
-def test_tampered_output_is_rebuilt_and_failed_stage_keeps_old_artifact(ray_connected, tmp_path,
-                                                                         overrides):
+def test_tampered_output_is_rebuilt_and_failed_stage_keeps_old_artifact(
+    ray_connected, tmp_path, overrides
+):
     cfg = load_config("jobs/configs/demo.yaml", [*overrides, "run.stages=[data]"])
     run_pipeline(cfg)
     data_dir = tmp_path / "runs" / "t" / "data"
@@ -88,7 +94,9 @@ def test_tampered_output_is_rebuilt_and_failed_stage_keeps_old_artifact(ray_conn
     assert json.loads((data_dir / "canaries.json").read_text())  # restored
 
     before = (data_dir / "manifest.json").read_bytes()
-    bad = load_config("jobs/configs/demo.yaml", [*overrides, "run.stages=[data]", "data.size=99999"])
+    bad = load_config(
+        "jobs/configs/demo.yaml", [*overrides, "run.stages=[data]", "data.size=99999"]
+    )
     with pytest.raises(Exception, match="available"):
         run_pipeline(bad)
     assert (data_dir / "manifest.json").read_bytes() == before
@@ -108,8 +116,9 @@ def test_pipeline_as_a_ray_job(ray_cluster, tmp_path, overrides):
     """jobs/pipeline.py submitted through the Jobs API, as `make submit-job` does."""
     from privcode.cluster import jobs
 
-    result = jobs.submit_pipeline(config="jobs/configs/demo.yaml", overrides=overrides,
-                                  follow=True, timeout_s=600)
+    result = jobs.submit_pipeline(
+        config="jobs/configs/demo.yaml", overrides=overrides, follow=True, timeout_s=600
+    )
     logs = jobs.job_logs(result["job_id"], result["address"])
     assert result["status"] == "SUCCEEDED", logs[-3000:]
     assert "[report] done" in logs
@@ -146,16 +155,26 @@ def test_a_stage_runs_with_the_threads_of_its_cpus_and_restores_them():
 
 
 def test_independent_stages_run_side_by_side_and_one_at_a_time_when_asked(
-        ray_connected, tmp_path, overrides):
+    ray_connected, tmp_path, overrides
+):
     """pac and nondp read only data and base: with run.parallel they overlap, one CPU each;
     with run.parallel=false the same stages run one after the other."""
     tiny = [o for o in overrides if not o.startswith("run.stages")] + [
         "run.stages=[data, base, pac, nondp, report]",
-        "pac.worlds=2", "pac.steps=2", "pac.batch_size=1", "pac.max_length=32",
-        "pac.eval_sessions=1", "pac.eval_tokens=2", "pac.eval_positions=4",
-        "pac.eval_canaries=1", "pac.num_cpus=1",
-        "audit.nondp_steps=2", "audit.nondp_batch_size=2", "audit.nondp_cpus=1",
-        "train.max_length=32"]
+        "pac.worlds=2",
+        "pac.steps=2",
+        "pac.batch_size=1",
+        "pac.max_length=32",
+        "pac.eval_sessions=1",
+        "pac.eval_tokens=2",
+        "pac.eval_positions=4",
+        "pac.eval_canaries=1",
+        "pac.num_cpus=1",
+        "audit.nondp_steps=2",
+        "audit.nondp_batch_size=2",
+        "audit.nondp_cpus=1",
+        "train.max_length=32",
+    ]
 
     def intervals():
         runs = tmp_path / "runs" / "t"
@@ -172,9 +191,10 @@ def test_independent_stages_run_side_by_side_and_one_at_a_time_when_asked(
     nondp = read_manifest(tmp_path / "runs" / "t" / "nondp")
     assert nondp["private"] is True and nondp["summary"]["steps"] == 2
 
-    serial = run_pipeline(load_config("jobs/configs/demo.yaml", tiny + [
-        "run.parallel=false", "run.force=true"]), stages=["pac", "nondp"])
-    assert statuses(serial) == {"data": "skipped", "base": "skipped", "pac": "ran",
-                                "nondp": "ran"}
+    serial = run_pipeline(
+        load_config("jobs/configs/demo.yaml", tiny + ["run.parallel=false", "run.force=true"]),
+        stages=["pac", "nondp"],
+    )
+    assert statuses(serial) == {"data": "skipped", "base": "skipped", "pac": "ran", "nondp": "ran"}
     (a0, a1), (b0, b1) = intervals().values()
     assert a1 <= b0 or b1 <= a0, "run.parallel=false ran two stages at once"

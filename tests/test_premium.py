@@ -11,11 +11,24 @@ from privcode.config import BaseConfig, DataConfig, PremiumConfig
 from privcode.premium.train import PremiumError, deepspeed_config, run_premium
 
 #: The provenance Stage II writes for a DP release (privcode.synth.pipeline._provenance).
-DP_PROVENANCE = {"release_sha256": "ab" * 32, "method": "privcode++", "conditioning": "latent",
-                 "dp": True, "epsilon": 4.0, "delta": 1e-5}
-NON_DP_PROVENANCE = {**DP_PROVENANCE, "method": "nondpft", "conditioning": "prompt",
-                     "dp": False, "epsilon": None, "delta": None, "no_dp_guarantee": True,
-                     "NOT_PRIVATE": "NO differential-privacy guarantee: ..."}
+DP_PROVENANCE = {
+    "release_sha256": "ab" * 32,
+    "method": "privcode++",
+    "conditioning": "latent",
+    "dp": True,
+    "epsilon": 4.0,
+    "delta": 1e-5,
+}
+NON_DP_PROVENANCE = {
+    **DP_PROVENANCE,
+    "method": "nondpft",
+    "conditioning": "prompt",
+    "dp": False,
+    "epsilon": None,
+    "delta": None,
+    "no_dp_guarantee": True,
+    "NOT_PRIVATE": "NO differential-privacy guarantee: ...",
+}
 
 
 def _synthetic(path: Path, n: int, provenance=DP_PROVENANCE) -> Path:
@@ -30,8 +43,10 @@ def _synthetic(path: Path, n: int, provenance=DP_PROVENANCE) -> Path:
         value = provenance(i) if callable(provenance) else provenance
         return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
-    rows = [{"id": f"syn-{i}", "prompt": p, "code": c, "provenance": prov(i)}
-            for i, (p, c) in enumerate(public_pairs(n, seed=3))]
+    rows = [
+        {"id": f"syn-{i}", "prompt": p, "code": c, "provenance": prov(i)}
+        for i, (p, c) in enumerate(public_pairs(n, seed=3))
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
@@ -44,8 +59,12 @@ def no_training(monkeypatch):
 
     import privcode.cluster.local
 
-    forbid_calls(monkeypatch, "run_premium must refuse before connecting to Ray or training",
-                 (privcode.cluster.local, "connect"), (ray.train.torch, "TorchTrainer"))
+    forbid_calls(
+        monkeypatch,
+        "run_premium must refuse before connecting to Ray or training",
+        (privcode.cluster.local, "connect"),
+        (ray.train.torch, "TorchTrainer"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +75,8 @@ def base_path(ci_base_cache) -> str:
 
 
 def test_premium_learns_the_synthetic_data_and_inherits_the_release_guarantee(
-        ray_connected, base_path, tmp_path):
+    ray_connected, base_path, tmp_path
+):
     from peft import PeftModel
 
     from privcode.models.loading import load_causal_lm
@@ -64,10 +84,23 @@ def test_premium_learns_the_synthetic_data_and_inherits_the_release_guarantee(
     data = _synthetic(tmp_path / "synthetic.parquet", 48)
     # Ray Train's local mode (the demo's setting); test_premium_with_deepspeed_zero1_on_cpu
     # trains in a worker group.
-    cfg = PremiumConfig(epochs=3, batch_size=8, lr=3e-3, lora_r=4, lora_alpha=8,
-                        max_length=96, eval_fraction=0.1, num_workers=0)
-    summary = run_premium(cfg, data_path=data, model_path=base_path, out_dir=tmp_path / "out",
-                          storage_dir=tmp_path / "storage")
+    cfg = PremiumConfig(
+        epochs=3,
+        batch_size=8,
+        lr=3e-3,
+        lora_r=4,
+        lora_alpha=8,
+        max_length=96,
+        eval_fraction=0.1,
+        num_workers=0,
+    )
+    summary = run_premium(
+        cfg,
+        data_path=data,
+        model_path=base_path,
+        out_dir=tmp_path / "out",
+        storage_dir=tmp_path / "storage",
+    )
     curve = summary["curve"]
     assert [p["epoch"] for p in curve] == [1, 2, 3]
     assert curve[-1]["train_loss"] < curve[0]["train_loss"]  # it fits the synthetic data
@@ -88,36 +121,57 @@ def test_premium_refuses_data_that_is_not_synthetic(tmp_path, base_path):
     from privcode.data.demo import build_demo_corpus
 
     corpus = tmp_path / "corpus"
-    build_demo_corpus(corpus, DataConfig(size=20, canary_repetitions=(1,),
-                                         canary_kinds=("email",)), progress=False)
+    build_demo_corpus(
+        corpus,
+        DataConfig(size=20, canary_repetitions=(1,), canary_kinds=("email",)),
+        progress=False,
+    )
     with pytest.raises(PremiumError, match="not a Stage II synthetic dataset"):
-        run_premium(PremiumConfig(), data_path=corpus / "train.parquet", model_path=base_path,
-                    out_dir=tmp_path / "out", storage_dir=tmp_path / "s")
+        run_premium(
+            PremiumConfig(),
+            data_path=corpus / "train.parquet",
+            model_path=base_path,
+            out_dir=tmp_path / "out",
+            storage_dir=tmp_path / "s",
+        )
     assert not (tmp_path / "out").exists()
 
 
 def test_premium_refuses_a_non_dp_source_without_the_option(no_training, tmp_path):
     data = _synthetic(tmp_path / "synthetic.parquet", 8, NON_DP_PROVENANCE)
-    with pytest.raises(PremiumError, match=r"synthetic.parquet: its source release .* is NOT "
-                                           r"differentially private \(provenance dp: false\).*"
-                                           r"premium\.allow_non_dp_source=true"):
-        run_premium(PremiumConfig(), data_path=data, model_path=tmp_path / "base",
-                    out_dir=tmp_path / "out", storage_dir=tmp_path / "s")
+    with pytest.raises(
+        PremiumError,
+        match=r"synthetic.parquet: its source release .* is NOT "
+        r"differentially private \(provenance dp: false\).*"
+        r"premium\.allow_non_dp_source=true",
+    ):
+        run_premium(
+            PremiumConfig(),
+            data_path=data,
+            model_path=tmp_path / "base",
+            out_dir=tmp_path / "out",
+            storage_dir=tmp_path / "s",
+        )
     assert not (tmp_path / "out").exists()
 
 
 _BAD_PROVENANCE = {
     "not-json": ("stage two", "is not Stage II provenance JSON"),
-    "json-not-stage-two": ({"source": "somewhere", "dp": True},
-                           "is not Stage II provenance JSON"),
+    "json-not-stage-two": ({"source": "somewhere", "dp": True}, "is not Stage II provenance JSON"),
     "json-list": ("[1, 2]", "is not Stage II provenance JSON"),
-    "dp-missing": ({k: v for k, v in DP_PROVENANCE.items() if k != "dp"},
-                   "is not Stage II provenance JSON"),
+    "dp-missing": (
+        {k: v for k, v in DP_PROVENANCE.items() if k != "dp"},
+        "is not Stage II provenance JSON",
+    ),
     "dp-not-true": ({**DP_PROVENANCE, "dp": "yes"}, r"NOT differentially private"),
-    "mixed": (lambda i: {**DP_PROVENANCE, "release_sha256": f"{i % 2}" * 64},
-              "2 different provenances"),
-    "some-rows-missing": (lambda i: None if i == 3 else DP_PROVENANCE,
-                          "1 of 8 rows have no provenance"),
+    "mixed": (
+        lambda i: {**DP_PROVENANCE, "release_sha256": f"{i % 2}" * 64},
+        "2 different provenances",
+    ),
+    "some-rows-missing": (
+        lambda i: None if i == 3 else DP_PROVENANCE,
+        "1 of 8 rows have no provenance",
+    ),
 }
 
 
@@ -125,10 +179,18 @@ _BAD_PROVENANCE = {
 def test_premium_refuses_a_provenance_that_is_not_stage_two_dp(no_training, tmp_path, case):
     provenance, problem = _BAD_PROVENANCE[case]
     data = _synthetic(tmp_path / "synthetic.parquet", 8, provenance)
-    with pytest.raises(PremiumError, match=rf"synthetic.parquet: .*{problem}.*"
-                                           r"premium\.allow_non_dp_source"):
-        run_premium(PremiumConfig(), data_path=data, model_path=tmp_path / "base",
-                    out_dir=tmp_path / "out", storage_dir=tmp_path / "s")
+    with pytest.raises(
+        PremiumError,
+        match=rf"synthetic.parquet: .*{problem}.*"
+        r"premium\.allow_non_dp_source",
+    ):
+        run_premium(
+            PremiumConfig(),
+            data_path=data,
+            model_path=tmp_path / "base",
+            out_dir=tmp_path / "out",
+            storage_dir=tmp_path / "s",
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -144,9 +206,13 @@ def test_premium_with_the_option_says_no_dp_guarantee_holds(monkeypatch, tmp_pat
     monkeypatch.setattr(premium_train, "_fit", fit)
     data = _synthetic(tmp_path / "synthetic.parquet", 8, NON_DP_PROVENANCE)
     with pytest.warns(RuntimeWarning, match="NO differential-privacy guarantee"):
-        summary = run_premium(PremiumConfig(allow_non_dp_source=True), data_path=data,
-                              model_path=tmp_path / "base", out_dir=tmp_path / "out",
-                              storage_dir=tmp_path / "s")
+        summary = run_premium(
+            PremiumConfig(allow_non_dp_source=True),
+            data_path=data,
+            model_path=tmp_path / "base",
+            out_dir=tmp_path / "out",
+            storage_dir=tmp_path / "s",
+        )
     privacy = json.loads((tmp_path / "out" / "premium.json").read_text())["privacy"]
     assert summary["privacy"] == privacy
     assert privacy["dp"] is False and privacy["no_dp_guarantee"] is True
@@ -158,9 +224,13 @@ def test_premium_with_the_option_says_no_dp_guarantee_holds(monkeypatch, tmp_pat
     # Unparsable provenance, with the option: no source recorded, still no guarantee.
     data = _synthetic(tmp_path / "other.parquet", 8, "stage two")
     with pytest.warns(RuntimeWarning, match="NO differential-privacy guarantee"):
-        summary = run_premium(PremiumConfig(allow_non_dp_source=True), data_path=data,
-                              model_path=tmp_path / "base", out_dir=tmp_path / "out2",
-                              storage_dir=tmp_path / "s")
+        summary = run_premium(
+            PremiumConfig(allow_non_dp_source=True),
+            data_path=data,
+            model_path=tmp_path / "base",
+            out_dir=tmp_path / "out2",
+            storage_dir=tmp_path / "s",
+        )
     assert summary["privacy"]["dp"] is False and summary["privacy"]["post_processing_of"] is None
     assert "not Stage II provenance JSON" in summary["privacy"]["guarantee"]
 
@@ -179,21 +249,40 @@ def test_deepspeed_configs_fill_their_auto_values(stage):
 def test_premium_with_deepspeed_zero1_on_cpu(ray_connected, base_path, tmp_path):
     """DeepSpeed ZeRO-1 over gloo on CPU (its CPU Adam op JIT-compiles on first use)."""
     data = _synthetic(tmp_path / "synthetic.parquet", 32)
-    cfg = PremiumConfig(epochs=2, batch_size=4, lr=3e-3, lora_r=4, lora_alpha=8,
-                        max_length=64, eval_fraction=0.1, deepspeed="zero1")
-    summary = run_premium(cfg, data_path=data, model_path=base_path, out_dir=tmp_path / "out",
-                          storage_dir=tmp_path / "storage")
+    cfg = PremiumConfig(
+        epochs=2,
+        batch_size=4,
+        lr=3e-3,
+        lora_r=4,
+        lora_alpha=8,
+        max_length=64,
+        eval_fraction=0.1,
+        deepspeed="zero1",
+    )
+    summary = run_premium(
+        cfg,
+        data_path=data,
+        model_path=base_path,
+        out_dir=tmp_path / "out",
+        storage_dir=tmp_path / "storage",
+    )
     assert [p["epoch"] for p in summary["curve"]] == [1, 2]
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").is_file()
 
 
-def test_premium_refuses_too_few_records_before_training_and_names_stage_two(no_training,
-                                                                             tmp_path):
+def test_premium_refuses_too_few_records_before_training_and_names_stage_two(no_training, tmp_path):
     data = _synthetic(tmp_path / "synthetic.parquet", 8)
-    with pytest.raises(PremiumError, match=r"holds 8 synthetic record\(s\), fewer than "
-                                           r"premium.min_records=100: Stage II \(the synth "
-                                           r"stage\) kept too little.*stats.json"):
-        run_premium(PremiumConfig(min_records=100), data_path=data,
-                    model_path=tmp_path / "base", out_dir=tmp_path / "out",
-                    storage_dir=tmp_path / "s")
+    with pytest.raises(
+        PremiumError,
+        match=r"holds 8 synthetic record\(s\), fewer than "
+        r"premium.min_records=100: Stage II \(the synth "
+        r"stage\) kept too little.*stats.json",
+    ):
+        run_premium(
+            PremiumConfig(min_records=100),
+            data_path=data,
+            model_path=tmp_path / "base",
+            out_dir=tmp_path / "out",
+            storage_dir=tmp_path / "s",
+        )
     assert not (tmp_path / "out").exists()

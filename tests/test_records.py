@@ -19,9 +19,15 @@ SECRET = "SECRET-CONTENT-7f3a"  # planted in bad rows: must never show up in an 
 
 
 def sample_records(n: int = 5) -> list[Record]:
-    out = [Record(id=f"r{i}", prompt=f"Write f{i} — ünïcode ✓", code=f"def f{i}():\n    return {i}\n",
-                  metadata={"source": "test", "n": i, "nested": {"b": [1, 2.5, None], "a": True}})
-           for i in range(n)]
+    out = [
+        Record(
+            id=f"r{i}",
+            prompt=f"Write f{i} — ünïcode ✓",
+            code=f"def f{i}():\n    return {i}\n",
+            metadata={"source": "test", "n": i, "nested": {"b": [1, 2.5, None], "a": True}},
+        )
+        for i in range(n)
+    ]
     out.append(Record(id="no-meta", prompt="", code="x = 1\n", metadata=None))
     return out
 
@@ -80,18 +86,43 @@ def test_repr_hides_content():
 BAD_JSONL = {
     "missing_field": ({"id": "bad-id", "prompt": SECRET}, "bad-id", "code", "is missing"),
     "id_not_str": ({"id": 17, "prompt": SECRET, "code": SECRET}, None, "id", "must be a string"),
-    "code_not_str": ({"id": "bad-id", "prompt": SECRET, "code": [SECRET]}, "bad-id", "code",
-                     "must be a string, got array"),
-    "metadata_not_mapping": ({"id": "bad-id", "prompt": "p", "code": SECRET, "metadata": [SECRET]},
-                             "bad-id", "metadata", "must be a mapping"),
-    "empty_code": ({"id": "bad-id", "prompt": SECRET, "code": "  \n\t"}, "bad-id", "code", "is empty"),
+    "code_not_str": (
+        {"id": "bad-id", "prompt": SECRET, "code": [SECRET]},
+        "bad-id",
+        "code",
+        "must be a string, got array",
+    ),
+    "metadata_not_mapping": (
+        {"id": "bad-id", "prompt": "p", "code": SECRET, "metadata": [SECRET]},
+        "bad-id",
+        "metadata",
+        "must be a mapping",
+    ),
+    "empty_code": (
+        {"id": "bad-id", "prompt": SECRET, "code": "  \n\t"},
+        "bad-id",
+        "code",
+        "is empty",
+    ),
     "empty_id": ({"id": " ", "prompt": SECRET, "code": SECRET}, None, "id", "is empty"),
-    "lone_surrogate": ({"id": "bad-id", "prompt": SECRET + "\ud800", "code": SECRET}, "bad-id",
-                       "prompt", "not valid UTF-8"),
-    "oversized": ({"id": "bad-id", "prompt": SECRET, "code": SECRET * 5000}, "bad-id", "code",
-                  "above max_record_bytes=65536"),
-    "unknown_field": ({"id": "bad-id", "instruction": SECRET, "prompt": "p", "code": SECRET}, "bad-id",
-                      "instruction", "unknown field"),
+    "lone_surrogate": (
+        {"id": "bad-id", "prompt": SECRET + "\ud800", "code": SECRET},
+        "bad-id",
+        "prompt",
+        "not valid UTF-8",
+    ),
+    "oversized": (
+        {"id": "bad-id", "prompt": SECRET, "code": SECRET * 5000},
+        "bad-id",
+        "code",
+        "above max_record_bytes=65536",
+    ),
+    "unknown_field": (
+        {"id": "bad-id", "instruction": SECRET, "prompt": "p", "code": SECRET},
+        "bad-id",
+        "instruction",
+        "unknown field",
+    ),
 }
 
 
@@ -112,7 +143,9 @@ def test_bad_jsonl_row(tmp_path, case):
 def test_invalid_utf8_jsonl_names_row_id_and_field(tmp_path):
     bad = b'{"id": "bad-id", "prompt": "' + SECRET.encode() + b'", "code": "x = \xff\xfe"}'
     path = write_jsonl_lines(tmp_path / "data.jsonl", good_lines() + [bad])
-    with pytest.raises(RecordError, match=r"^data\.jsonl: row 3 \(id 'bad-id'\): field 'code' is not valid UTF-8") as info:
+    with pytest.raises(
+        RecordError, match=r"^data\.jsonl: row 3 \(id 'bad-id'\): field 'code' is not valid UTF-8"
+    ) as info:
         read_records(path)
     assert SECRET not in str(info.value)
 
@@ -126,11 +159,17 @@ def test_duplicate_id_names_both_rows(tmp_path):
     assert msg == "data.jsonl: row 3 (id 'ok1'): field 'id' is a duplicate (first seen at row 1)"
 
 
-@pytest.mark.parametrize("line, detail", [
-    (b'{"id": "bad-id", "prompt": "' + SECRET.encode() + b'", "code": ', "malformed JSON"),
-    (b'["' + SECRET.encode() + b'"]', "expected a JSON object, got array"),
-    (b'{"id": "x", "code": "' + SECRET.encode() + b'"' + b"\xff", "malformed JSON (invalid UTF-8)"),
-])
+@pytest.mark.parametrize(
+    "line, detail",
+    [
+        (b'{"id": "bad-id", "prompt": "' + SECRET.encode() + b'", "code": ', "malformed JSON"),
+        (b'["' + SECRET.encode() + b'"]', "expected a JSON object, got array"),
+        (
+            b'{"id": "x", "code": "' + SECRET.encode() + b'"' + b"\xff",
+            "malformed JSON (invalid UTF-8)",
+        ),
+    ],
+)
 def test_malformed_json_row(tmp_path, line, detail):
     path = write_jsonl_lines(tmp_path / "data.jsonl", good_lines() + [line])
     with pytest.raises(RecordError) as info:
@@ -140,19 +179,31 @@ def test_malformed_json_row(tmp_path, line, detail):
 
 
 def test_blank_lines_skipped_and_row_is_line_index(tmp_path):
-    lines = good_lines(2) + [b"   "] + [json.dumps({"id": "bad-id", "prompt": "", "code": ""}).encode()]
+    lines = (
+        good_lines(2) + [b"   "] + [json.dumps({"id": "bad-id", "prompt": "", "code": ""}).encode()]
+    )
     path = write_jsonl_lines(tmp_path / "data.jsonl", lines)
-    with pytest.raises(RecordError, match=r"^data\.jsonl: row 3 \(id 'bad-id'\): field 'code' is empty$"):
+    with pytest.raises(
+        RecordError, match=r"^data\.jsonl: row 3 \(id 'bad-id'\): field 'code' is empty$"
+    ):
         read_records(path)
     write_jsonl_lines(path, good_lines(2) + [b""])
     assert [r.id for r in read_records(path)] == ["ok0", "ok1"]
 
 
 def test_max_record_bytes_is_configurable(tmp_path):
-    path = write_records([Record(id="a", prompt="x" * 100, code="y" * 100)], tmp_path / "d.jsonl",
-                         max_record_bytes=200) and tmp_path / "d.jsonl"
+    path = (
+        write_records(
+            [Record(id="a", prompt="x" * 100, code="y" * 100)],
+            tmp_path / "d.jsonl",
+            max_record_bytes=200,
+        )
+        and tmp_path / "d.jsonl"
+    )
     assert len(read_records(path, max_record_bytes=200)) == 1
-    with pytest.raises(RecordError, match=r"row 0 \(id 'a'\): fields 'prompt' \+ 'code' are 200 bytes"):
+    with pytest.raises(
+        RecordError, match=r"row 0 \(id 'a'\): fields 'prompt' \+ 'code' are 200 bytes"
+    ):
         read_records(path, max_record_bytes=199)
 
 
@@ -175,8 +226,18 @@ def _strs(values):
     return pa.array(values, pa.string())
 
 
-@pytest.mark.parametrize("case", ["null_code", "empty_code", "bad_utf8", "dup", "oversized",
-                                  "metadata_not_json", "metadata_not_mapping"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "null_code",
+        "empty_code",
+        "bad_utf8",
+        "dup",
+        "oversized",
+        "metadata_not_json",
+        "metadata_not_mapping",
+    ],
+)
 def test_bad_parquet_row(tmp_path, case):
     ids = ["a", "b", "c", "bad-id"]
     prompts = ["p", "p", "p", SECRET]
@@ -195,14 +256,24 @@ def test_bad_parquet_row(tmp_path, case):
     elif case == "dup":
         ids[3], field, problem = "b", "field 'id'", "duplicate (first seen at row 1)"
     elif case == "oversized":
-        codes[3], field, problem = SECRET * 5000, "fields 'prompt' + 'code'", "above max_record_bytes"
+        codes[3], field, problem = (
+            SECRET * 5000,
+            "fields 'prompt' + 'code'",
+            "above max_record_bytes",
+        )
     elif case == "metadata_not_json":
         meta[3], field, problem = "{" + SECRET, "field 'metadata'", "not valid JSON"
     elif case == "metadata_not_mapping":
         meta[3], field, problem = json.dumps([SECRET]), "field 'metadata'", "must be a mapping"
-    path = _parquet(tmp_path / "data.parquet", {"id": _strs(ids), "prompt": _strs(prompts),
-                                                 "code": pa.array(codes, code_type),
-                                                 "metadata": _strs(meta)})
+    path = _parquet(
+        tmp_path / "data.parquet",
+        {
+            "id": _strs(ids),
+            "prompt": _strs(prompts),
+            "code": pa.array(codes, code_type),
+            "metadata": _strs(meta),
+        },
+    )
     with pytest.raises(RecordError) as info:
         read_records(path)
     msg = str(info.value)
@@ -212,8 +283,10 @@ def test_bad_parquet_row(tmp_path, case):
 
 
 def test_parquet_wrong_column_type_and_missing_column(tmp_path):
-    path = _parquet(tmp_path / "data.parquet", {"id": pa.array([1, 2]), "prompt": _strs(["p", "q"]),
-                                                 "code": _strs([SECRET, SECRET])})
+    path = _parquet(
+        tmp_path / "data.parquet",
+        {"id": pa.array([1, 2]), "prompt": _strs(["p", "q"]), "code": _strs([SECRET, SECRET])},
+    )
     with pytest.raises(RecordError, match=r"^data\.parquet: row 0: field 'id' has type int64"):
         read_records(path)
     path = _parquet(tmp_path / "data.parquet", {"id": _strs(["a"]), "prompt": _strs([SECRET])})
@@ -225,9 +298,14 @@ def test_parquet_wrong_column_type_and_missing_column(tmp_path):
 
 
 def test_parquet_binary_columns_are_decoded(tmp_path):
-    path = _parquet(tmp_path / "data.parquet", {
-        "id": pa.array([b"a"], pa.binary()), "prompt": pa.array(["é".encode()], pa.binary()),
-        "code": pa.array([b"x = 1"], pa.large_binary())})
+    path = _parquet(
+        tmp_path / "data.parquet",
+        {
+            "id": pa.array([b"a"], pa.binary()),
+            "prompt": pa.array(["é".encode()], pa.binary()),
+            "code": pa.array([b"x = 1"], pa.large_binary()),
+        },
+    )
     assert read_records(path) == [Record(id="a", prompt="é", code="x = 1", metadata=None)]
 
 
@@ -238,7 +316,9 @@ def test_parquet_binary_columns_are_decoded(tmp_path):
 def test_invalid_record_writes_nothing(tmp_path, suffix):
     recs = sample_records(3) + [Record(id="bad-id", prompt=SECRET, code="   ")]
     path = tmp_path / f"out{suffix}"
-    with pytest.raises(RecordError, match=rf"out{suffix}: row 4 \(id 'bad-id'\): field 'code' is empty"):
+    with pytest.raises(
+        RecordError, match=rf"out{suffix}: row 4 \(id 'bad-id'\): field 'code' is empty"
+    ):
         write_records(recs, path)
     assert list(tmp_path.iterdir()) == []
     write_records(sample_records(2), path)
@@ -271,8 +351,9 @@ def test_crash_during_write_keeps_old_file(tmp_path, monkeypatch):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "privcode.cli", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "privcode.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_validate(tmp_path):
@@ -282,8 +363,10 @@ def test_cli_validate(tmp_path):
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == {"file": str(good), "records": 4, "valid": True}
 
-    bad = write_jsonl_lines(tmp_path / "bad.jsonl", good_lines() + [
-        json.dumps({"id": "bad-id", "prompt": SECRET, "code": ""}).encode()])
+    bad = write_jsonl_lines(
+        tmp_path / "bad.jsonl",
+        good_lines() + [json.dumps({"id": "bad-id", "prompt": SECRET, "code": ""}).encode()],
+    )
     res = _cli("data", "validate", str(bad))
     assert res.returncode == 2
     assert res.stdout == ""
@@ -291,13 +374,20 @@ def test_cli_validate(tmp_path):
     assert SECRET not in res.stderr
 
 
-@pytest.mark.parametrize("meta, problem", [
-    ({"tags": {SECRET}}, "of type set"),
-    ({"score": float("nan")}, "non-finite number"),
-    ({1: "x"}, "non-string key"),
-])
+@pytest.mark.parametrize(
+    "meta, problem",
+    [
+        ({"tags": {SECRET}}, "of type set"),
+        ({"score": float("nan")}, "non-finite number"),
+        ({1: "x"}, "non-string key"),
+    ],
+)
 def test_metadata_must_be_json(tmp_path, meta, problem):
-    with pytest.raises(RecordError, match=rf"^m\.parquet: row 0 \(id 'a'\): field 'metadata' .*{problem}") as info:
-        write_records([Record(id="a", prompt="p", code="x = 1", metadata=meta)], tmp_path / "m.parquet")
+    with pytest.raises(
+        RecordError, match=rf"^m\.parquet: row 0 \(id 'a'\): field 'metadata' .*{problem}"
+    ) as info:
+        write_records(
+            [Record(id="a", prompt="p", code="x = 1", metadata=meta)], tmp_path / "m.parquet"
+        )
     assert SECRET not in str(info.value)
     assert list(tmp_path.iterdir()) == []

@@ -28,11 +28,18 @@ def test_every_implementation_table_is_keyed_by_the_registry_names():
 
     assert SCENARIOS is registry.SCENARIOS and all(attributes_for_scenario(s) for s in SCENARIOS)
     assert methods.METHODS is registry.METHODS and methods.Method is registry.Method
-    assert METHOD_CONDITIONING == {"privcode": "prompt", "privcode-nonast": "prompt",
-                                   "privcode-stableast": "prompt", "dpft": "prompt",
-                                   "nondpft": "prompt", "privcode++": "latent",
-                                   "privcode++-noalign": "latent", "pc-promptemb": "latent",
-                                   "pc-preemb": "latent", "pc-uncond": "none"}
+    assert METHOD_CONDITIONING == {
+        "privcode": "prompt",
+        "privcode-nonast": "prompt",
+        "privcode-stableast": "prompt",
+        "dpft": "prompt",
+        "nondpft": "prompt",
+        "privcode++": "latent",
+        "privcode++-noalign": "latent",
+        "pc-promptemb": "latent",
+        "pc-preemb": "latent",
+        "pc-uncond": "none",
+    }
     assert [m for m, e in registry.METHODS.items() if not e.dp] == ["nondpft"]
 
 
@@ -52,9 +59,12 @@ def test_config_choices_come_from_the_registry():
 
 
 def test_the_registry_and_config_import_neither_torch_nor_ray_nor_the_pipeline():
-    code = ("import sys, privcode.registry, privcode.config; "
-            "bad = [m for m in ('torch', 'ray', 'privcode.pipeline.stages', 'transformers') "
-            "if m in sys.modules]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    code = (
+        "import sys, privcode.registry, privcode.config; "
+        "bad = [m for m in ('torch', 'ray', 'privcode.pipeline.stages', 'transformers') "
+        "if m in sys.modules]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"

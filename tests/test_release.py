@@ -67,20 +67,43 @@ def env(ci_base_cache, tmp_path_factory):
     model.save_pretrained(str(root / "adapter"))
     hidden = model.config.hidden_size
     # Large weights, zero bias: z = 0 gives an all-zero prefix, 10 * randn a huge one.
-    decoder = {"weight": torch.randn(K * hidden, DZ, generator=gen),
-               "bias": torch.zeros(K * hidden)}
+    decoder = {
+        "weight": torch.randn(K * hidden, DZ, generator=gen),
+        "bias": torch.zeros(K * hidden),
+    }
     prefix = {"dz": DZ, "num_virtual_tokens": K, "hidden_size": hidden}
     privacy = {"dp": True, "epsilon": 8.0, "delta": 1e-5}
-    latent = write_release(root / "latent", adapter_dir=root / "adapter", privacy=privacy,
-                           meta={"method": "privcode++", "conditioning": "latent", "dp": True,
-                                 "base_model": base, "prefix": prefix, "alignment": "infonce"},
-                           prefix_decoder=decoder)
-    prompt = write_release(root / "prompt", adapter_dir=root / "adapter", privacy=privacy,
-                           meta={"method": "privcode", "conditioning": "prompt", "dp": True,
-                                 "base_model": base})
-    return {"base": base, "root": root, "adapter": root / "adapter", "decoder": decoder,
-            "prefix": prefix, "privacy": privacy, "lora": _lora_checksum(model),
-            "latent": latent, "prompt": prompt}
+    latent = write_release(
+        root / "latent",
+        adapter_dir=root / "adapter",
+        privacy=privacy,
+        meta={
+            "method": "privcode++",
+            "conditioning": "latent",
+            "dp": True,
+            "base_model": base,
+            "prefix": prefix,
+            "alignment": "infonce",
+        },
+        prefix_decoder=decoder,
+    )
+    prompt = write_release(
+        root / "prompt",
+        adapter_dir=root / "adapter",
+        privacy=privacy,
+        meta={"method": "privcode", "conditioning": "prompt", "dp": True, "base_model": base},
+    )
+    return {
+        "base": base,
+        "root": root,
+        "adapter": root / "adapter",
+        "decoder": decoder,
+        "prefix": prefix,
+        "privacy": privacy,
+        "lora": _lora_checksum(model),
+        "latent": latent,
+        "prompt": prompt,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +117,14 @@ def prompt_rel(env) -> JuniorRelease:
 
 
 def _latent_meta(env, **kw):
-    return {"method": "privcode++", "conditioning": "latent", "dp": True,
-            "base_model": env["base"], "prefix": env["prefix"], **kw}
+    return {
+        "method": "privcode++",
+        "conditioning": "latent",
+        "dp": True,
+        "base_model": env["base"],
+        "prefix": env["prefix"],
+        **kw,
+    }
 
 
 # --------------------------------------------------------------------------- round trip
@@ -104,9 +133,13 @@ def _latent_meta(env, **kw):
 def test_layout_and_manifest(env):
     meta = verify_release(env["latent"])
     assert meta["format"] == "privcode-junior/1" and meta["conditioning"] == "latent"
-    assert sorted(meta["files"]) == ["adapter/README.md", "adapter/adapter_config.json",
-                                     "adapter/adapter_model.safetensors",
-                                     "prefix_decoder.safetensors", "privacy.json"]
+    assert sorted(meta["files"]) == [
+        "adapter/README.md",
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+        "prefix_decoder.safetensors",
+        "privacy.json",
+    ]
     assert set(load_file(str(env["latent"] / "prefix_decoder.safetensors"))) == {"weight", "bias"}
     assert "prefix_decoder.safetensors" not in verify_release(env["prompt"])["files"]
     # No temporary or old directories are left next to the releases.
@@ -129,8 +162,13 @@ def test_round_trip_in_a_fresh_process(env, latent_rel):
         "print(json.dumps({'lora': h.hexdigest(), 'w': sha(d.weight), 'b': sha(d.bias),"
         " 'texts': texts}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script, str(env["latent"])], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(env["latent"])],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["lora"] == env["lora"]
@@ -141,8 +179,9 @@ def test_round_trip_in_a_fresh_process(env, latent_rel):
 
 
 def test_adapter_is_applied(env, prompt_rel):
-    ids = torch.tensor([prompt_rel.tokenizer("def add(a, b):\n    return",
-                                             add_special_tokens=False)["input_ids"]])
+    ids = torch.tensor(
+        [prompt_rel.tokenizer("def add(a, b):\n    return", add_special_tokens=False)["input_ids"]]
+    )
     with torch.no_grad():
         junior = prompt_rel.model(input_ids=ids).logits
         base = load_causal_lm(env["base"])(input_ids=ids).logits
@@ -151,9 +190,17 @@ def test_adapter_is_applied(env, prompt_rel):
 
 
 def test_base_model_override(env, tmp_path):
-    moved = write_release(tmp_path / "moved", adapter_dir=env["adapter"], privacy=env["privacy"],
-                          meta={"method": "dpft", "conditioning": "prompt", "dp": True,
-                                "base_model": str(tmp_path / "elsewhere" / "base")})
+    moved = write_release(
+        tmp_path / "moved",
+        adapter_dir=env["adapter"],
+        privacy=env["privacy"],
+        meta={
+            "method": "dpft",
+            "conditioning": "prompt",
+            "dp": True,
+            "base_model": str(tmp_path / "elsewhere" / "base"),
+        },
+    )
     with pytest.raises(ModelLoadError, match="elsewhere"):
         load_release(moved)
     rel = load_release(moved, base_model=env["base"], merge=False)
@@ -217,15 +264,17 @@ def test_prompt_greedy_matches_a_manual_argmax_loop(prompt_rel):
             logits = rel.model(input_ids=torch.tensor([ids + new])).logits
             new.append(int(logits[0, -1].argmax()))
     eos = rel.tokenizer.eos_token_id
-    expected = rel.tokenizer.decode(new[:new.index(eos)] if eos in new else new,
-                                    skip_special_tokens=True)
+    expected = rel.tokenizer.decode(
+        new[: new.index(eos)] if eos in new else new, skip_special_tokens=True
+    )
     assert rel.generate(prompts=[PROMPTS[0]], max_new_tokens=steps, temperature=0) == [expected]
 
 
 def test_batched_prompts_match_one_by_one(prompt_rel):
     batch = prompt_rel.generate(prompts=PROMPTS, max_new_tokens=16, temperature=0)
-    single = [prompt_rel.generate(prompts=[p], max_new_tokens=16, temperature=0)[0]
-              for p in PROMPTS]
+    single = [
+        prompt_rel.generate(prompts=[p], max_new_tokens=16, temperature=0)[0] for p in PROMPTS
+    ]
     assert batch == single
     sampled = prompt_rel.generate(prompts=PROMPTS, max_new_tokens=16, seed=11)
     assert sampled == prompt_rel.generate(prompts=PROMPTS, max_new_tokens=16, seed=11)
@@ -273,32 +322,57 @@ def test_verify_detects_unlisted_and_missing_files(env, tmp_path):
 def test_write_refuses_leaks_and_bad_meta(env, tmp_path):
     dec, out = env["decoder"], tmp_path / "out"
     with pytest.raises(ValueError, match="exactly"):
-        write_release(out, adapter_dir=env["adapter"], meta=_latent_meta(env),
-                      privacy=env["privacy"],
-                      prefix_decoder={**dec, "encoder.weight": torch.zeros(3, 3)})
+        write_release(
+            out,
+            adapter_dir=env["adapter"],
+            meta=_latent_meta(env),
+            privacy=env["privacy"],
+            prefix_decoder={**dec, "encoder.weight": torch.zeros(3, 3)},
+        )
     with pytest.raises(ValueError, match="shape"):
-        write_release(out, adapter_dir=env["adapter"], meta=_latent_meta(env),
-                      privacy=env["privacy"],
-                      prefix_decoder={"weight": dec["weight"][:, :-1], "bias": dec["bias"]})
+        write_release(
+            out,
+            adapter_dir=env["adapter"],
+            meta=_latent_meta(env),
+            privacy=env["privacy"],
+            prefix_decoder={"weight": dec["weight"][:, :-1], "bias": dec["bias"]},
+        )
     with pytest.raises(ValueError, match="needs its prefix decoder"):
-        write_release(out, adapter_dir=env["adapter"], meta=_latent_meta(env),
-                      privacy=env["privacy"])
+        write_release(
+            out, adapter_dir=env["adapter"], meta=_latent_meta(env), privacy=env["privacy"]
+        )
     with pytest.raises(ValueError, match="conditioning"):
-        write_release(out, adapter_dir=env["adapter"], privacy=env["privacy"],
-                      meta={"method": "x", "conditioning": "latentish", "dp": True,
-                            "base_model": env["base"]})
+        write_release(
+            out,
+            adapter_dir=env["adapter"],
+            privacy=env["privacy"],
+            meta={
+                "method": "x",
+                "conditioning": "latentish",
+                "dp": True,
+                "base_model": env["base"],
+            },
+        )
     bad = _copy(env["adapter"], tmp_path / "bad-adapter")
     tensors = load_file(str(bad / "adapter_model.safetensors"))
-    save_file({**tensors, "base_model.model.code_encoder.mu.weight": torch.zeros(2, 2)},
-              str(bad / "adapter_model.safetensors"))
+    save_file(
+        {**tensors, "base_model.model.code_encoder.mu.weight": torch.zeros(2, 2)},
+        str(bad / "adapter_model.safetensors"),
+    )
     with pytest.raises(ValueError, match="code_encoder.mu.weight"):
-        write_release(out, adapter_dir=bad, meta=_latent_meta(env), privacy=env["privacy"],
-                      prefix_decoder=dec)
+        write_release(
+            out, adapter_dir=bad, meta=_latent_meta(env), privacy=env["privacy"], prefix_decoder=dec
+        )
     extra = _copy(env["adapter"], tmp_path / "extra-adapter")
     (extra / "encoder.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="encoder.safetensors"):
-        write_release(out, adapter_dir=extra, meta=_latent_meta(env), privacy=env["privacy"],
-                      prefix_decoder=dec)
+        write_release(
+            out,
+            adapter_dir=extra,
+            meta=_latent_meta(env),
+            privacy=env["privacy"],
+            prefix_decoder=dec,
+        )
     assert not out.exists() and sorted(os.listdir(tmp_path)) == ["bad-adapter", "extra-adapter"]
 
 
@@ -307,23 +381,37 @@ def test_failed_rewrite_leaves_the_old_release_intact(env, tmp_path):
     before = {p.relative_to(rel).as_posix(): p.read_bytes() for p in rel.rglob("*") if p.is_file()}
     # Fails midway: after the adapter is copied, when the decoder is checked.
     with pytest.raises(ValueError, match="exactly"):
-        write_release(rel, adapter_dir=env["adapter"], meta=_latent_meta(env),
-                      privacy=env["privacy"],
-                      prefix_decoder={**env["decoder"], "encoder.weight": torch.zeros(1)})
+        write_release(
+            rel,
+            adapter_dir=env["adapter"],
+            meta=_latent_meta(env),
+            privacy=env["privacy"],
+            prefix_decoder={**env["decoder"], "encoder.weight": torch.zeros(1)},
+        )
     after = {p.relative_to(rel).as_posix(): p.read_bytes() for p in rel.rglob("*") if p.is_file()}
     assert after == before
     verify_release(rel)
     assert os.listdir(tmp_path) == ["rel"]  # the temporary build was removed
     # A successful rewrite replaces it (and leaves nothing aside).
-    write_release(rel, adapter_dir=env["adapter"], meta=_latent_meta(env, alignment="cos"),
-                  privacy=env["privacy"], prefix_decoder=env["decoder"])
+    write_release(
+        rel,
+        adapter_dir=env["adapter"],
+        meta=_latent_meta(env, alignment="cos"),
+        privacy=env["privacy"],
+        prefix_decoder=env["decoder"],
+    )
     assert verify_release(rel)["alignment"] == "cos" and os.listdir(tmp_path) == ["rel"]
     home = tmp_path / "not-a-release"
     home.mkdir()
     (home / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="not a release"):
-        write_release(home, adapter_dir=env["adapter"], meta=_latent_meta(env),
-                      privacy=env["privacy"], prefix_decoder=env["decoder"])
+        write_release(
+            home,
+            adapter_dir=env["adapter"],
+            meta=_latent_meta(env),
+            privacy=env["privacy"],
+            prefix_decoder=env["decoder"],
+        )
     assert (home / "notes.txt").read_text() == "mine"
 
 
@@ -335,20 +423,31 @@ def test_scan_release_finds_planted_needles(env, tmp_path):
     assert scan_release(env["latent"], [needle, other]) == []
     rel = _copy(env["latent"], tmp_path / "r")
     (rel / "notes.txt").write_text("prefix " + needle + " suffix", encoding="utf-8")
-    save_file({"w": torch.zeros(2)}, str(rel / "adapter" / "blob.safetensors"),
-              metadata={"note": other})
+    save_file(
+        {"w": torch.zeros(2)}, str(rel / "adapter" / "blob.safetensors"), metadata={"note": other}
+    )
     privacy = json.loads((rel / "privacy.json").read_text())
     (rel / "privacy.json").write_text(json.dumps({**privacy, "leak": needle}))
     hits = scan_release(rel, [needle, other])
-    assert sorted(hits) == [("adapter/blob.safetensors", other), ("notes.txt", needle),
-                            ("privacy.json", needle)]
+    assert sorted(hits) == [
+        ("adapter/blob.safetensors", other),
+        ("notes.txt", needle),
+        ("privacy.json", needle),
+    ]
 
 
 def test_non_private_release_warns_loudly(env, tmp_path):
-    out = write_release(tmp_path / "uncond", adapter_dir=env["adapter"],
-                        privacy={"dp": False, "epsilon": None},
-                        meta={"method": "pc-uncond", "conditioning": "none", "dp": False,
-                              "base_model": env["base"]})
+    out = write_release(
+        tmp_path / "uncond",
+        adapter_dir=env["adapter"],
+        privacy={"dp": False, "epsilon": None},
+        meta={
+            "method": "pc-uncond",
+            "conditioning": "none",
+            "dp": False,
+            "base_model": env["base"],
+        },
+    )
     with pytest.warns(RuntimeWarning, match="NOT PRIVATE"):
         rel = load_release(out)
     assert rel.dp is False and rel.dz is None

@@ -7,26 +7,50 @@ import copy
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
 from privcode.pipeline.report_pac import pac_section
 
-B = 2.0 ** -16
+B = 2.0**-16
 SUMMARY = {
-    "m": 8, "top_k": 50,
+    "m": 8,
+    "top_k": 50,
     "worlds": {"lora": {"r": 8}, "steps": 60, "seconds": 51.3},
-    "utility": {"positions": 256, "accuracy": {"public": 0.129, "world": 0.184, "pac": 0.148},
-                "gain_retained": 0.356, "unanimity_rate": 0.281, "mean_active_at_dissent": 2.96},
-    "leakage": {"sessions": 16, "tokens": 48, "decoder": "greedy", "b": B,
-                "mean_private_tokens": 41.75, "charged_nats": 41.75 * B,
-                "measured_nats": 6.8e-4, "measured_nats_se": 8.8e-5,
-                "measured_over_charged": 1.07, "world_id_success": 0.0625,
-                "world_id_success_se": 0.0605,
-                "world_id_bound": world_identification_bound(41.75 * B, 8),
-                "mia_success": 0.526, "mia_success_se": 0.038,
-                "mia_bound": mia_success_bound(41.75 * B)},
-    "canary_emission": {"canaries": 15, "repetitions": [10, 100], "tokens": 24,
-                        "emitted": {"public": 0, "world": 4, "pac": 3}, "pac_private_tokens": 9},
-    "budget": {"b": B, "session_budget": 2.0 ** -10, "deployment_budget": 2.0 ** -4,
-               "mia_bound_at_deployment_budget": mia_success_bound(2.0 ** -4),
-               "world_id_bound_at_deployment_budget": world_identification_bound(2.0 ** -4, 8),
-               "private_tokens_per_session": 64},
+    "utility": {
+        "positions": 256,
+        "accuracy": {"public": 0.129, "world": 0.184, "pac": 0.148},
+        "gain_retained": 0.356,
+        "unanimity_rate": 0.281,
+        "mean_active_at_dissent": 2.96,
+    },
+    "leakage": {
+        "sessions": 16,
+        "tokens": 48,
+        "decoder": "greedy",
+        "b": B,
+        "mean_private_tokens": 41.75,
+        "charged_nats": 41.75 * B,
+        "measured_nats": 6.8e-4,
+        "measured_nats_se": 8.8e-5,
+        "measured_over_charged": 1.07,
+        "world_id_success": 0.0625,
+        "world_id_success_se": 0.0605,
+        "world_id_bound": world_identification_bound(41.75 * B, 8),
+        "mia_success": 0.526,
+        "mia_success_se": 0.038,
+        "mia_bound": mia_success_bound(41.75 * B),
+    },
+    "canary_emission": {
+        "canaries": 15,
+        "repetitions": [10, 100],
+        "tokens": 24,
+        "emitted": {"public": 0, "world": 4, "pac": 3},
+        "pac_private_tokens": 9,
+    },
+    "budget": {
+        "b": B,
+        "session_budget": 2.0**-10,
+        "deployment_budget": 2.0**-4,
+        "mia_bound_at_deployment_budget": mia_success_bound(2.0**-4),
+        "world_id_bound_at_deployment_budget": world_identification_bound(2.0**-4, 8),
+        "private_tokens_per_session": 64,
+    },
 }
 
 

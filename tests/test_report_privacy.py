@@ -28,8 +28,15 @@ PNG = b"\x89PNG\r\n\x1a\n"
 DIGEST = hashlib.sha256(b"the private corpus, as train.parquet").hexdigest()
 DATASET = "ds-" + "5e" * 10
 # Distinctive, un-noised composition counts of the private corpus (owner-only).
-COUNTS = {"train_records": 2625, "canaries": 59, "canary_records": 413, "pii_records": 317,
-          "pii_email": 137, "pii_password": 181, "heldout": 271}
+COUNTS = {
+    "train_records": 2625,
+    "canaries": 59,
+    "canary_records": 413,
+    "pii_records": 317,
+    "pii_email": 137,
+    "pii_password": 181,
+    "heldout": 271,
+}
 SHAREABLE = ("report.md", "report.html", "report.json")
 
 
@@ -42,36 +49,88 @@ def _png(path: Path, payload: bytes) -> bytes:
 
 
 def _cfg(tmp_path: Path):
-    return load_config(None, [f"run.out_dir={tmp_path / 'runs'}",
-                              f"run.reports_dir={tmp_path / 'reports'}", "run.name=demo",
-                              "run.stages=[data, base, train, audit, report]"])
+    return load_config(
+        None,
+        [
+            f"run.out_dir={tmp_path / 'runs'}",
+            f"run.reports_dir={tmp_path / 'reports'}",
+            "run.name=demo",
+            "run.stages=[data, base, train, audit, report]",
+        ],
+    )
 
 
 def _inputs(tmp_path: Path, fidelity: dict) -> dict:
-    data = {"stage": "data", "fingerprint": "fp-data", "timings": {"seconds": 1},
-            "summary": {"counts": dict(COUNTS)}}
-    base = {"stage": "base", "fingerprint": "fp-base", "timings": {"seconds": 2},
-            "summary": {"path": str(tmp_path / "base"), "heldout_loss": 4.2,
-                        "untrained_heldout_loss": 9.0}}
+    data = {
+        "stage": "data",
+        "fingerprint": "fp-data",
+        "timings": {"seconds": 1},
+        "summary": {"counts": dict(COUNTS)},
+    }
+    base = {
+        "stage": "base",
+        "fingerprint": "fp-base",
+        "timings": {"seconds": 2},
+        "summary": {
+            "path": str(tmp_path / "base"),
+            "heldout_loss": 4.2,
+            "untrained_heldout_loss": 9.0,
+        },
+    }
     # A train summary as an older version wrote it (a corpus digest, restart counts),
     # plus the new opaque id and the RNG / adjacency rows.
-    train = {"stage": "train", "fingerprint": "fp-train", "timings": {"seconds": 3},
-             "summary": {"dp": True, "method": "privcode++", "corpus_sha256": DIGEST,
-                         "dataset_id": DATASET, "restarts": 3, "rng": "secure",
-                         "adjacency": "add/remove one record (N public)", "accountant": "rdp",
-                         "epsilon": 3.9, "epsilon_rdp": 3.9, "epsilon_prv": 3.1,
-                         "epsilon_budget": 4.0, "delta": 1e-5, "noise_multiplier": 1.1,
-                         "sample_rate": 16 / 2625, "steps_taken": 30, "steps_requested": 30,
-                         "ledger_steps": 30, "num_records": 2625, "expected_batch_size": 16,
-                         "data_path": str(tmp_path / "runs/demo/data/train.parquet"),
-                         "public_heldout_loss_curve": [[0, 6.0], [15, 5.9], [30, 5.8]]}}
-    audit = {"stage": "audit", "fingerprint": "fp-audit", "timings": {"seconds": 4},
-             "inputs": {"train": "fp-train"},
-             "summary": {"models": {"junior": {"mia": {"attacks": {
-                 "loss": {"auc": 0.51, "tpr_at_1pct_fpr": 0.01, "tpr_at_10pct_fpr": 0.1},
-                 "reference_calibrated": {"auc": 0.52, "tpr_at_1pct_fpr": 0.02,
-                                          "tpr_at_10pct_fpr": 0.11}}}}},
-                 "fidelity": fidelity}}
+    train = {
+        "stage": "train",
+        "fingerprint": "fp-train",
+        "timings": {"seconds": 3},
+        "summary": {
+            "dp": True,
+            "method": "privcode++",
+            "corpus_sha256": DIGEST,
+            "dataset_id": DATASET,
+            "restarts": 3,
+            "rng": "secure",
+            "adjacency": "add/remove one record (N public)",
+            "accountant": "rdp",
+            "epsilon": 3.9,
+            "epsilon_rdp": 3.9,
+            "epsilon_prv": 3.1,
+            "epsilon_budget": 4.0,
+            "delta": 1e-5,
+            "noise_multiplier": 1.1,
+            "sample_rate": 16 / 2625,
+            "steps_taken": 30,
+            "steps_requested": 30,
+            "ledger_steps": 30,
+            "num_records": 2625,
+            "expected_batch_size": 16,
+            "data_path": str(tmp_path / "runs/demo/data/train.parquet"),
+            "public_heldout_loss_curve": [[0, 6.0], [15, 5.9], [30, 5.8]],
+        },
+    }
+    audit = {
+        "stage": "audit",
+        "fingerprint": "fp-audit",
+        "timings": {"seconds": 4},
+        "inputs": {"train": "fp-train"},
+        "summary": {
+            "models": {
+                "junior": {
+                    "mia": {
+                        "attacks": {
+                            "loss": {"auc": 0.51, "tpr_at_1pct_fpr": 0.01, "tpr_at_10pct_fpr": 0.1},
+                            "reference_calibrated": {
+                                "auc": 0.52,
+                                "tpr_at_1pct_fpr": 0.02,
+                                "tpr_at_10pct_fpr": 0.11,
+                            },
+                        }
+                    }
+                }
+            },
+            "fidelity": fidelity,
+        },
+    }
     return {"data": data, "base": base, "train": train, "audit": audit}
 
 
@@ -83,9 +142,18 @@ def _shareable_files(tmp_path: Path, stage: Path) -> list[Path]:
     return _files(stage) + _files(tmp_path / "reports" / "demo")
 
 
-FIDELITY = {"bleu4": 0.41, "bleu4_corpus": 0.39, "ast_similarity": 0.62, "nn_cosine_mean": 0.83,
-            "frechet": 0.27, "centroid_cosine": 0.97, "n_synthetic": 40, "n_private": 40,
-            "projection": "tsne", "plot": "fidelity_tsne.png"}
+FIDELITY = {
+    "bleu4": 0.41,
+    "bleu4_corpus": 0.39,
+    "ast_similarity": 0.62,
+    "nn_cosine_mean": 0.83,
+    "frechet": 0.27,
+    "centroid_cosine": 0.97,
+    "n_synthetic": 40,
+    "n_private": 40,
+    "projection": "tsne",
+    "plot": "fidelity_tsne.png",
+}
 
 
 @pytest.fixture()
@@ -121,7 +189,7 @@ def test_shareable_report_holds_aggregates_only(rendered, tmp_path):
         blob = path.read_bytes()
         lower = blob.lower()
         # No corpus digest, nor any 8+ character prefix (or substring) of it.
-        assert not any(DIGEST[i:i + 8].encode() in lower for i in range(len(DIGEST) - 7)), path
+        assert not any(DIGEST[i : i + 8].encode() in lower for i in range(len(DIGEST) - 7)), path
         # No path to, or name of, the owner-only report.
         assert str(owner).encode() not in blob and b"private_report" not in blob, path
         assert blob != tsne and b"per-record t-SNE points" not in blob, path
@@ -192,15 +260,16 @@ def test_owner_report_tightens_modes_and_drops_stale_plots(tmp_path):
 
 
 def _private_codes() -> list[str]:
-    return [f"def private_handler_{i}(token):\n"
-            f"    secret = 'sk-owner-{i:03d}-{7919 * (i + 3)}'\n"
-            f"    return token.replace('acct_{i}', secret) + '{'x' * i}'\n"
-            for i in range(8)]
+    return [
+        f"def private_handler_{i}(token):\n"
+        f"    secret = 'sk-owner-{i:03d}-{7919 * (i + 3)}'\n"
+        f"    return token.replace('acct_{i}', secret) + '{'x' * i}'\n"
+        for i in range(8)
+    ]
 
 
 def _synthetic_codes() -> list[str]:
-    return [f"def helper_{i}(values):\n    return sorted(values)[:{i + 1}]\n"
-            for i in range(6)]
+    return [f"def helper_{i}(values):\n    return sorted(values)[:{i + 1}]\n" for i in range(6)]
 
 
 def _coordinate_strings(coords: np.ndarray) -> set[str]:
@@ -210,25 +279,27 @@ def _coordinate_strings(coords: np.ndarray) -> set[str]:
     return {s for s in out if len(s.lstrip("-")) >= 6}  # long enough not to occur by chance
 
 
-def test_real_fidelity_run_leaves_no_private_code_or_coordinate_in_the_shareable_report(
-        tmp_path):
+def test_real_fidelity_run_leaves_no_private_code_or_coordinate_in_the_shareable_report(tmp_path):
     from privcode.audit.fidelity import _project_2d, fidelity_report
 
     cfg = _cfg(tmp_path)
     private, synthetic = _private_codes(), _synthetic_codes()
     audit_dir = tmp_path / "runs" / "demo" / "audit"
-    fid = fidelity_report(synthetic, private, audit_dir / "fidelity", seed=3,
-                          embedder=hashed_embedder)
+    fid = fidelity_report(
+        synthetic, private, audit_dir / "fidelity", seed=3, embedder=hashed_embedder
+    )
     assert fid["projection"] == "tsne" and (audit_dir / "fidelity" / "fidelity_tsne.png").is_file()
     # The same projection the plot drew: the private records' 2-D coordinates.
     coords, _ = _project_2d(np.vstack([hashed_embedder(synthetic), hashed_embedder(private)]), 3)
-    private_coords = _coordinate_strings(coords[len(synthetic):])
+    private_coords = _coordinate_strings(coords[len(synthetic) :])
     assert private_coords
     stage = tmp_path / "stage"
     stage.mkdir()
     summary = write_report(cfg, stage, _inputs(tmp_path, fid))
-    secrets = [*private, *(line.strip() for c in private for line in c.splitlines()
-                           if len(line.strip()) >= 20)]
+    secrets = [
+        *private,
+        *(line.strip() for c in private for line in c.splitlines() if len(line.strip()) >= 20),
+    ]
     tsne = (audit_dir / "fidelity" / "fidelity_tsne.png").read_bytes()
     files = _shareable_files(tmp_path, stage)
     assert {p.name for p in files} >= set(SHAREABLE)

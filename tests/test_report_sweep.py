@@ -31,40 +31,74 @@ def _sigma(target: float) -> float:
     return calibrate(target, DELTA, Q, STEPS)
 
 
-def train_summary(target: float, *, dataset: str | None = DATASET, method: str = "privcode++",
-                  dp: bool = True, losses=(6.04, 5.90, 5.80, 5.70)) -> dict:
+def train_summary(
+    target: float,
+    *,
+    dataset: str | None = DATASET,
+    method: str = "privcode++",
+    dp: bool = True,
+    losses=(6.04, 5.90, 5.80, 5.70),
+) -> dict:
     """A consistent train summary: sigma calibrated for ``target``, epsilon its RDP value."""
     sigma = _sigma(target)
     eps = epsilon([DPEvent(sigma, Q, STEPS)], DELTA)
-    return {"dp": dp, "method": method, "dataset_id": dataset, "accountant": "rdp",
-            "epsilon": eps if dp else None, "epsilon_rdp": eps, "epsilon_budget": target,
-            "delta": DELTA, "noise_multiplier": sigma, "sample_rate": Q, "steps_taken": STEPS,
-            "ledger_steps": STEPS, "expected_batch_size": 16, "num_records": 2625,
-            "public_heldout_loss_curve": [[10 * i, v] for i, v in enumerate(losses)]}
+    return {
+        "dp": dp,
+        "method": method,
+        "dataset_id": dataset,
+        "accountant": "rdp",
+        "epsilon": eps if dp else None,
+        "epsilon_rdp": eps,
+        "epsilon_budget": target,
+        "delta": DELTA,
+        "noise_multiplier": sigma,
+        "sample_rate": Q,
+        "steps_taken": STEPS,
+        "ledger_steps": STEPS,
+        "expected_batch_size": 16,
+        "num_records": 2625,
+        "public_heldout_loss_curve": [[10 * i, v] for i, v in enumerate(losses)],
+    }
 
 
 def write_manifest(directory: Path, summary: dict, fingerprint: str = "fp", **extra) -> dict:
-    manifest = {"stage": directory.name, "fingerprint": fingerprint, "summary": summary,
-                "outputs": {}, "timings": {"seconds": 1.0}, **extra}
+    manifest = {
+        "stage": directory.name,
+        "fingerprint": fingerprint,
+        "summary": summary,
+        "outputs": {},
+        "timings": {"seconds": 1.0},
+        **extra,
+    }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
 
 def eval_summary(junior: float, premium: float | None) -> dict:
-    models = {"base": {"pass_at_k": {"pass@1": 0.05}, "n_tasks": 40},
-              "junior": {"pass_at_k": {"pass@1": junior}, "n_tasks": 40}}
-    models["premium"] = ({"pass_at_k": {"pass@1": premium}, "n_tasks": 40} if premium is not None
-                         else {"skipped": "the premium model's stage is not part of this run"})
+    models = {
+        "base": {"pass_at_k": {"pass@1": 0.05}, "n_tasks": 40},
+        "junior": {"pass_at_k": {"pass@1": junior}, "n_tasks": 40},
+    }
+    models["premium"] = (
+        {"pass_at_k": {"pass@1": premium}, "n_tasks": 40}
+        if premium is not None
+        else {"skipped": "the premium model's stage is not part of this run"}
+    )
     return {"benchmark": "humaneval", "limit": 40, "models": models}
 
 
 def audit_summary(tpr: float) -> dict:
-    attacks = {"loss": {"auc": 0.5, "tpr_at_1pct_fpr": 0.5},
-               "reference_calibrated": {"auc": 0.52, "tpr_at_1pct_fpr": tpr}}
-    return {"models": {"junior": {"mia": {"attacks": attacks}},
-                       "nondpft": {"mia": {"attacks": {"reference_calibrated": {
-                           "tpr_at_1pct_fpr": 0.9}}}}}}
+    attacks = {
+        "loss": {"auc": 0.5, "tpr_at_1pct_fpr": 0.5},
+        "reference_calibrated": {"auc": 0.52, "tpr_at_1pct_fpr": tpr},
+    }
+    return {
+        "models": {
+            "junior": {"mia": {"attacks": attacks}},
+            "nondpft": {"mia": {"attacks": {"reference_calibrated": {"tpr_at_1pct_fpr": 0.9}}}},
+        }
+    }
 
 
 @pytest.fixture()
@@ -74,11 +108,13 @@ def runs(tmp_path) -> Path:
     write_manifest(root / "demo" / "train", train_summary(4.0), "fp-demo")
     write_manifest(root / "demo" / "eval", eval_summary(0.10, 0.15), inputs={"train": "fp-demo"})
     write_manifest(root / "demo" / "audit", audit_summary(0.02), inputs={"train": "fp-demo"})
-    write_manifest(root / "demo-eps1" / "train", train_summary(1.0, losses=(6.04, 6.0, 5.98, 5.95)),
-                   "fp-1")
+    write_manifest(
+        root / "demo-eps1" / "train", train_summary(1.0, losses=(6.04, 6.0, 5.98, 5.95)), "fp-1"
+    )
     write_manifest(root / "demo-eps1" / "eval", eval_summary(0.05, None), inputs={"train": "fp-1"})
-    write_manifest(root / "demo-eps8" / "train", train_summary(8.0, losses=(6.04, 5.8, 5.6, 5.5)),
-                   "fp-8")
+    write_manifest(
+        root / "demo-eps8" / "train", train_summary(8.0, losses=(6.04, 5.8, 5.6, 5.5)), "fp-8"
+    )
     # An eval of an older train artifact of this run: its numbers must not be used.
     write_manifest(root / "demo-eps8" / "eval", eval_summary(0.9, 0.9), inputs={"train": "old"})
     write_manifest(root / "othercorpus" / "train", train_summary(2.0, dataset="ds-" + "b" * 20))
@@ -106,7 +142,10 @@ def test_collect_points_keeps_same_corpus_and_method_dp_runs(runs, caplog):
     assert by_run["demo-eps1"]["heldout_loss"] == 5.95
     assert (by_run["demo"]["pass1_junior"], by_run["demo"]["pass1_premium"]) == (0.10, 0.15)
     assert by_run["demo"]["mia_tpr_at_1pct_fpr"] == 0.02  # the junior's, reference attack
-    assert (by_run["demo-eps1"]["pass1_junior"], by_run["demo-eps1"]["pass1_premium"]) == (0.05, None)
+    assert (by_run["demo-eps1"]["pass1_junior"], by_run["demo-eps1"]["pass1_premium"]) == (
+        0.05,
+        None,
+    )
     assert by_run["demo-eps1"]["mia_tpr_at_1pct_fpr"] is None
     assert by_run["demo-eps8"]["pass1_junior"] is None  # stale eval ignored
 
@@ -122,7 +161,9 @@ def test_collect_points_tolerates_corrupt_eval_and_missing_current(runs, caplog)
     # The current run's manifest can be given (it wins over the one on disk).
     other = {"fingerprint": "x", "summary": train_summary(2.0, dataset="ds-" + "b" * 20)}
     assert [p["run"] for p in collect_points(runs, "demo", reference=other)] == [
-        "demo", "othercorpus"]  # equal epsilons: by name
+        "demo",
+        "othercorpus",
+    ]  # equal epsilons: by name
 
 
 def _dp_accounting_epsilon(q: float, sigma: float, steps: int) -> float:
@@ -132,8 +173,9 @@ def _dp_accounting_epsilon(q: float, sigma: float, steps: int) -> float:
     from privcode.dp.accounting import RDP_ORDERS
 
     reference = RdpAccountant(orders=list(RDP_ORDERS))
-    reference.compose(dp_accounting.PoissonSampledDpEvent(
-        q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    reference.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
     return reference.get_epsilon(DELTA)
 
 
@@ -172,9 +214,15 @@ def test_plot_privacy_utility_writes_a_png(runs, tmp_path):
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(None, [f"run.out_dir={tmp_path / 'runs'}",
-                              f"run.reports_dir={tmp_path / 'reports'}", "run.name=demo",
-                              *extra])
+    return load_config(
+        None,
+        [
+            f"run.out_dir={tmp_path / 'runs'}",
+            f"run.reports_dir={tmp_path / 'reports'}",
+            "run.name=demo",
+            *extra,
+        ],
+    )
 
 
 def test_sweep_section_table(runs, tmp_path):
@@ -185,8 +233,10 @@ def test_sweep_section_table(runs, tmp_path):
     lines, names = sweep_section(cfg, train, out, True)
     text = "\n".join(lines)
     assert lines[0] == "### Privacy-utility"
-    assert "| run | epsilon | steps | sigma | held-out loss | pass@1 junior % | pass@1 premium % " \
-           "| MIA TPR@1%FPR % |" in text
+    assert (
+        "| run | epsilon | steps | sigma | held-out loss | pass@1 junior % | pass@1 premium % "
+        "| MIA TPR@1%FPR % |" in text
+    )
     rows = [line for line in lines if line.startswith("| demo")]
     s1, s4, s8 = (train_summary(t) for t in (1.0, 4.0, 8.0))
     assert rows == [
@@ -218,18 +268,29 @@ def test_sweep_section_single_run_explains_make_sweep(tmp_path):
 
 
 def _upstream(tmp_path):
-    data = {"stage": "data", "fingerprint": "fp-data",
-            "summary": {"counts": {"records": 100, "canaries": 5}}, "timings": {"seconds": 1}}
-    base = {"stage": "base", "fingerprint": "fp-base", "timings": {"seconds": 2},
-            "summary": {"path": str(tmp_path / "base"), "heldout_loss": 4.2,
-                        "untrained_heldout_loss": 9.0}}
+    data = {
+        "stage": "data",
+        "fingerprint": "fp-data",
+        "summary": {"counts": {"records": 100, "canaries": 5}},
+        "timings": {"seconds": 1},
+    }
+    base = {
+        "stage": "base",
+        "fingerprint": "fp-base",
+        "timings": {"seconds": 2},
+        "summary": {
+            "path": str(tmp_path / "base"),
+            "heldout_loss": 4.2,
+            "untrained_heldout_loss": 9.0,
+        },
+    }
     return data, base
 
 
 def _section(text: str, heading: str) -> str:
     start = text.index(heading)
     end = text.find("\n## ", start)
-    return text[start:end if end >= 0 else None]
+    return text[start : end if end >= 0 else None]
 
 
 def test_write_report_includes_the_section(runs, tmp_path):
@@ -245,8 +306,11 @@ def test_write_report_includes_the_section(runs, tmp_path):
     assert "privacy_utility.png" in summary["plots"]
     assert (tmp_path / "reports" / "demo" / "privacy_utility.png").read_bytes()[:8] == PNG
     saved = json.loads((out / "report.json").read_text())
-    assert [p["run"] for p in saved["privacy_utility"]["runs"]] == ["demo-eps1", "demo",
-                                                                   "demo-eps8"]
+    assert [p["run"] for p in saved["privacy_utility"]["runs"]] == [
+        "demo-eps1",
+        "demo",
+        "demo-eps8",
+    ]
     assert saved["privacy_utility"]["within_run"][0] == {"step": 0, "epsilon": 0.0, "loss": 6.04}
     assert saved["inputs_read_from_disk"] == []
     # Without a train stage there is no section and no key content.
@@ -266,8 +330,11 @@ def test_report_alone_reads_current_upstream_manifests_from_disk(tmp_path):
     corpus = tmp_path / "train.parquet"
     corpus.write_bytes(b"stand-in corpus")
     store = tmp_path / "privacy-store"
-    summary = {**train_summary(4.0, dataset=PrivacyStore(store).dataset_id(corpus)),
-               "data_path": str(corpus), "privacy_store": str(store)}
+    summary = {
+        **train_summary(4.0, dataset=PrivacyStore(store).dataset_id(corpus)),
+        "data_path": str(corpus),
+        "privacy_store": str(store),
+    }
     fp = fingerprint(cfg, STAGES["train"], {"data": data, "base": base})
     train_dir = tmp_path / "runs" / "demo" / "train"
     write_manifest(train_dir, summary, fp)
@@ -309,12 +376,16 @@ def test_no_corpus_digest_in_the_written_report(runs, tmp_path):
     out = tmp_path / "stage"
     out.mkdir()
     summary = write_report(cfg, out, {"data": data, "base": base, "train": train})
-    files = [p for d in (out, tmp_path / "reports" / "demo", Path(summary["private_report"]).parent)
-             for p in d.rglob("*") if p.is_file()]
+    files = [
+        p
+        for d in (out, tmp_path / "reports" / "demo", Path(summary["private_report"]).parent)
+        for p in d.rglob("*")
+        if p.is_file()
+    ]
     assert {p.name for p in files} >= {"report.md", "report.html", "report.json"}
     for path in files:
         blob = path.read_bytes().lower()
-        assert not any(digest[i:i + 8].encode() in blob for i in range(len(digest) - 7)), path
+        assert not any(digest[i : i + 8].encode() in blob for i in range(len(digest) - 7)), path
     text = (out / "report.md").read_text()
     assert f"`{DATASET}`" in _section(text, "### Privacy-utility")
     assert "sha256" not in text.lower()

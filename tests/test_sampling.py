@@ -64,16 +64,28 @@ def test_generate_with_the_filter_draws_what_hf_top_p_draws():
     import transformers as T
 
     torch.manual_seed(0)
-    model = T.LlamaForCausalLM(T.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, vocab_size=512)).eval()
+    model = T.LlamaForCausalLM(
+        T.LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=512,
+        )
+    ).eval()
     ids = torch.randint(0, 512, (4, 5))
 
     def draw(**kw):
         torch.manual_seed(123)
         with torch.inference_mode():
-            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  max_new_tokens=24, pad_token_id=0, **kw)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=24,
+                pad_token_id=0,
+                **kw,
+            )
 
     ref = draw(do_sample=True, temperature=0.7, top_p=0.9, top_k=0)
     assert torch.equal(draw(**sampling_kwargs(0.7, 0.9)), ref)

@@ -41,15 +41,23 @@ HOSTILE = Path(__file__).parent / "hostile"
 SECRET = "privcode-test-secret-7f3a9c41"
 # Short limits keep the file fast on 2 busy cores; 4 s of wall leave 1 s of CPU room.
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=4, memory_mb=256)
-HOST_MARKERS = ["/root/privcode-hostile-x", "/work/main/privcode-hostile-x", "/usr/privcode-hostile-x",
-                "/etc/privcode-hostile-x", "/var/tmp/privcode-hostile-x",
-                "/dev/shm/privcode-hostile-x", "/tmp/privcode-hostile-x",
-                "/tmp/privcode-daemon-marker"]
+HOST_MARKERS = [
+    "/root/privcode-hostile-x",
+    "/work/main/privcode-hostile-x",
+    "/usr/privcode-hostile-x",
+    "/etc/privcode-hostile-x",
+    "/var/tmp/privcode-hostile-x",
+    "/dev/shm/privcode-hostile-x",
+    "/tmp/privcode-hostile-x",
+    "/tmp/privcode-daemon-marker",
+]
 
 
 def require_namespaces() -> None:
     if isolation_level() != NAMESPACES:
-        pytest.skip(f"hostile code needs the namespaces+uid sandbox (root); here: {isolation_level()}")
+        pytest.skip(
+            f"hostile code needs the namespaces+uid sandbox (root); here: {isolation_level()}"
+        )
 
 
 def uid_processes(uids: set[int]) -> list[str]:
@@ -74,9 +82,14 @@ def hostile(tmp_path_factory):
     (work / "private.jsonl").write_text(json.dumps({"code": SECRET}) + "\n")
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
-    params = {"port": listener.getsockname()[1], "marker": str(work / "daemon-marker"),
-              "pid": os.getpid(), "pgid": os.getpgrp(), "path": str(work / "private.jsonl"),
-              "paths": [str(Path.cwd() / "privcode-hostile-x"), str(work / "outside-x")]}
+    params = {
+        "port": listener.getsockname()[1],
+        "marker": str(work / "daemon-marker"),
+        "pid": os.getpid(),
+        "pgid": os.getpgrp(),
+        "path": str(work / "private.jsonl"),
+        "paths": [str(Path.cwd() / "privcode-hostile-x"), str(work / "outside-x")],
+    }
     files = sorted(HOSTILE.glob("*.py"))
     os.environ["PRIVCODE_TEST_SECRET"] = SECRET  # before the pool starts its zygotes
     try:
@@ -86,18 +99,37 @@ def hostile(tmp_path_factory):
             leftovers = uid_processes(uids)  # the slots are idle now
     finally:
         del os.environ["PRIVCODE_TEST_SECRET"]
-    yield types.SimpleNamespace(v={f.stem: v for f, v in zip(files, verdicts, strict=True)},
-                                listener=listener, params=params, work=work, uids=uids,
-                                leftovers=leftovers, done=time.monotonic())
+    yield types.SimpleNamespace(
+        v={f.stem: v for f, v in zip(files, verdicts, strict=True)},
+        listener=listener,
+        params=params,
+        work=work,
+        uids=uids,
+        leftovers=leftovers,
+        done=time.monotonic(),
+    )
     listener.close()
 
 
-EXPECTED = {"daemon": "ok", "env_secrets": "ok", "fork_storm": "timeout", "huge_file": "error",
-            "huge_output": "output", "ignore_sigterm": "timeout", "infinite_loop": "cpu",
-            "kill_host": "ok", "many_files": "error", "memory_bomb": "memory",
-            "namespace_escape": "ok", "net_connect": "error", "proc_environ_scan": "ok",
-            "read_private": "ok", "read_shadow": "error", "setuid_root": "error",
-            "write_outside": "ok"}
+EXPECTED = {
+    "daemon": "ok",
+    "env_secrets": "ok",
+    "fork_storm": "timeout",
+    "huge_file": "error",
+    "huge_output": "output",
+    "ignore_sigterm": "timeout",
+    "infinite_loop": "cpu",
+    "kill_host": "ok",
+    "many_files": "error",
+    "memory_bomb": "memory",
+    "namespace_escape": "ok",
+    "net_connect": "error",
+    "proc_environ_scan": "ok",
+    "read_private": "ok",
+    "read_shadow": "error",
+    "setuid_root": "error",
+    "write_outside": "ok",
+}
 
 
 @pytest.mark.heavy
@@ -106,11 +138,25 @@ def test_hostile_corpus_verdicts(hostile):
     got = {name: v.status for name, v in hostile.v.items()}
     assert got == EXPECTED, {n: (v.status, v.stderr[-300:]) for n, v in hostile.v.items()}
     assert all(v.isolation == NAMESPACES for v in hostile.v.values())
-    errors = {n: hostile.v[n].error for n in ("huge_file", "many_files", "net_connect",
-                                              "read_shadow", "setuid_root", "memory_bomb")}
-    assert errors == {"huge_file": "OSError", "many_files": "OSError", "net_connect": "OSError",
-                      "read_shadow": "PermissionError", "setuid_root": "AssertionError",
-                      "memory_bomb": "MemoryError"}
+    errors = {
+        n: hostile.v[n].error
+        for n in (
+            "huge_file",
+            "many_files",
+            "net_connect",
+            "read_shadow",
+            "setuid_root",
+            "memory_bomb",
+        )
+    }
+    assert errors == {
+        "huge_file": "OSError",
+        "many_files": "OSError",
+        "net_connect": "OSError",
+        "read_shadow": "PermissionError",
+        "setuid_root": "AssertionError",
+        "memory_bomb": "MemoryError",
+    }
 
 
 @pytest.mark.heavy
@@ -127,7 +173,9 @@ def test_no_writes_outside_the_work_dir(hostile):
     wrote = {line.split()[1] for line in out.splitlines() if line.startswith("WROTE")}
     # it could only write to its private /tmp (also /dev/shm), gone with the run
     assert wrote == {"/tmp/privcode-hostile-x", "/dev/shm/privcode-hostile-x"}, out
-    assert "DENIED /root/privcode-hostile-x" in out and "DENIED /work/main/privcode-hostile-x" in out
+    assert (
+        "DENIED /root/privcode-hostile-x" in out and "DENIED /work/main/privcode-hostile-x" in out
+    )
     for path in HOST_MARKERS + hostile.params["paths"]:
         assert not os.path.exists(path), f"{path} was written from the sandbox"
 
@@ -198,16 +246,28 @@ def test_no_process_survives_daemon_included(hostile):
 def test_statuses_and_error_names():
     require_namespaces()
     with SandboxPool(workers=2, limits=SandboxLimits(wall_seconds=2, cpu_seconds=2)) as pool:
-        v = pool.map(["def f(:\n  pass",
-                      "raise ValueError('bad')",
-                      "import json\njson.loads('{')",
-                      "import sys\nsys.exit(3)",
-                      "import sys\nsys.exit('fatal: gave up')",
-                      "import time\ntime.sleep(30)",
-                      "x = ' ' * (2 ** 40)",
-                      "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
-    assert [x.status for x in v] == ["syntax", "error", "error", "error", "error", "timeout",
-                                     "memory", "killed"]
+        v = pool.map(
+            [
+                "def f(:\n  pass",
+                "raise ValueError('bad')",
+                "import json\njson.loads('{')",
+                "import sys\nsys.exit(3)",
+                "import sys\nsys.exit('fatal: gave up')",
+                "import time\ntime.sleep(30)",
+                "x = ' ' * (2 ** 40)",
+                "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+            ]
+        )
+    assert [x.status for x in v] == [
+        "syntax",
+        "error",
+        "error",
+        "error",
+        "error",
+        "timeout",
+        "memory",
+        "killed",
+    ]
     assert v[0].seconds == 0.0 and v[0].returncode is None and v[0].error == "SyntaxError"
     assert v[1].error == "ValueError" and "ValueError: bad" in v[1].stderr
     assert 'File "/tmp/snippet.py", line 1' in v[1].stderr
@@ -225,29 +285,50 @@ def test_benign_snippets_pass():
     benign = {
         "asserts": "def add(a, b):\n    return a + b\n\nassert add(2, 3) == 5\nassert add('a', 'b') == 'ab'\n",
         "print": "for i in range(3):\n    print('line', i)\n",
-        "tempfile": ("import os, tempfile\nwith tempfile.TemporaryDirectory() as d:\n"
-                     "    open(os.path.join(d, 'a.txt'), 'w').write('x')\n"
-                     "open('here.txt', 'w').write('y')\nprint(os.getcwd(), sorted(os.listdir('.')))\n"),
-        "compute": ("primes = [n for n in range(2, 200) if all(n % d for d in range(2, n))]\n"
-                    "assert len(primes) == 46\nprint(sum(primes))\n"),
+        "tempfile": (
+            "import os, tempfile\nwith tempfile.TemporaryDirectory() as d:\n"
+            "    open(os.path.join(d, 'a.txt'), 'w').write('x')\n"
+            "open('here.txt', 'w').write('y')\nprint(os.getcwd(), sorted(os.listdir('.')))\n"
+        ),
+        "compute": (
+            "primes = [n for n in range(2, 200) if all(n % d for d in range(2, n))]\n"
+            "assert len(primes) == 46\nprint(sum(primes))\n"
+        ),
         "stdin": "print(input()[::-1])\n",
         "env": "import os\nprint(sorted(os.environ.items()))\n",
     }
     with SandboxPool(workers=2) as pool:
-        v = dict(zip(benign, pool.map(list(benign.values()), [""] * 4 + ["olleh\n", ""]), strict=True))
+        v = dict(
+            zip(benign, pool.map(list(benign.values()), [""] * 4 + ["olleh\n", ""]), strict=True)
+        )
     assert all(x.passed and x.status == "ok" and x.returncode == 0 for x in v.values()), v
     assert v["print"].stdout == "line 0\nline 1\nline 2\n"
     assert v["tempfile"].stdout == "/tmp ['here.txt', 'snippet.py']\n"
     assert v["compute"].stdout == "4227\n" and v["stdin"].stdout == "hello\n"
-    assert v["env"].stdout == repr(sorted({
-        "HOME": "/tmp", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0", "TMPDIR": "/tmp"}.items())) + "\n"
+    assert (
+        v["env"].stdout
+        == repr(
+            sorted(
+                {
+                    "HOME": "/tmp",
+                    "LANG": "C.UTF-8",
+                    "PATH": "/usr/bin:/bin",
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                    "PYTHONHASHSEED": "0",
+                    "TMPDIR": "/tmp",
+                }.items()
+            )
+        )
+        + "\n"
+    )
 
 
 def test_pool_map_keeps_order_and_slots_use_distinct_uids():
     require_namespaces()
-    codes = [f"import time, os\ntime.sleep({(7 * i) % 5} / 100)\nprint({i}, os.getuid())"
-             for i in range(12)]
+    codes = [
+        f"import time, os\ntime.sleep({(7 * i) % 5} / 100)\nprint({i}, os.getuid())"
+        for i in range(12)
+    ]
     with SandboxPool(workers=3) as pool:
         verdicts = pool.map(codes)
         uids = {s.uid for s in pool._slots}
@@ -260,10 +341,12 @@ def test_pool_map_keeps_order_and_slots_use_distinct_uids():
 def test_parent_killed_mid_run_takes_the_sandbox_down():
     """SIGKILL the process using the sandbox: its zygote kills the run at once, daemon too."""
     require_namespaces()
-    code = ("import sys\nfrom privcode.synth import sandbox as sb\n"
-            "sb.run_code('pass')\nprint(sb._SLOTS[0].uid, flush=True)\n"
-            "sb.run_code('import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
-            "    time.sleep(60)\\ntime.sleep(60)', sb.SandboxLimits(wall_seconds=60, cpu_seconds=60))\n")
+    code = (
+        "import sys\nfrom privcode.synth import sandbox as sb\n"
+        "sb.run_code('pass')\nprint(sb._SLOTS[0].uid, flush=True)\n"
+        "sb.run_code('import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
+        "    time.sleep(60)\\ntime.sleep(60)', sb.SandboxLimits(wall_seconds=60, cpu_seconds=60))\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         uid = int(proc.stdout.readline())
@@ -287,8 +370,14 @@ def test_run_code_and_check_file(tmp_path):
     f = tmp_path / "snippet.py"
     f.write_text("raise KeyError('k')\n")
     result = check_file(f)
-    assert result == {"file": str(f), "passed": False, "status": "error",
-                      "seconds": result["seconds"], "error": "KeyError", "isolation": NAMESPACES}
+    assert result == {
+        "file": str(f),
+        "passed": False,
+        "status": "error",
+        "seconds": result["seconds"],
+        "error": "KeyError",
+        "isolation": NAMESPACES,
+    }
 
 
 def test_cli_check_json_table_and_missing_file(tmp_path, capsys):
@@ -299,7 +388,9 @@ def test_cli_check_json_table_and_missing_file(tmp_path, capsys):
     assert cli_main(["sandbox", "check", str(ok), str(bad), "--json", "--wall-seconds", "5"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["file"], r["passed"], r["status"], r["error"]) for r in rows] == [
-        (str(ok), True, "ok", None), (str(bad), False, "error", "ZeroDivisionError")]
+        (str(ok), True, "ok", None),
+        (str(bad), False, "error", "ZeroDivisionError"),
+    ]
     assert all(isinstance(r["seconds"], float) for r in rows)
     assert cli_main(["sandbox", "check", str(ok), str(bad)]) == 0
     table = capsys.readouterr().out
@@ -316,9 +407,11 @@ def test_cli_main_in_a_subprocess(tmp_path):
     require_namespaces()
     f = tmp_path / "loop.py"
     f.write_text("while True:\n    pass\n")
-    code = ("import sys\nfrom privcode.cli import main\n"
-            f"raise SystemExit(main(['sandbox', 'check', {str(f)!r}, '--json', "
-            "'--cpu-seconds', '1', '--wall-seconds', '1.5']))")
+    code = (
+        "import sys\nfrom privcode.cli import main\n"
+        f"raise SystemExit(main(['sandbox', 'check', {str(f)!r}, '--json', "
+        "'--cpu-seconds', '1', '--wall-seconds', '1.5']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)
@@ -340,19 +433,41 @@ def test_root_without_namespaces_is_refused(monkeypatch):
 def test_rlimits_only_fallback_as_unprivileged_user():
     """Not root: rlimits only, with a RuntimeWarning; benign code still runs."""
     python = shutil.which("python3", path="/usr/bin:/bin")
-    if os.geteuid() != 0 or not shutil.which("setpriv") or not python or subprocess.run(
-            [python, "-c", "import sys; assert sys.version_info >= (3, 11)"]).returncode:
+    if (
+        os.geteuid() != 0
+        or not shutil.which("setpriv")
+        or not python
+        or subprocess.run(
+            [python, "-c", "import sys; assert sys.version_info >= (3, 11)"]
+        ).returncode
+    ):
         pytest.skip("needs root, setpriv and a system python3 >= 3.11 to run unprivileged")
-    code = ("import importlib.util, json, sys, warnings\n"
-            "s = importlib.util.spec_from_file_location('sbx', sys.argv[1])\n"
-            "m = importlib.util.module_from_spec(s); sys.modules['sbx'] = m; s.loader.exec_module(m)\n"
-            "warnings.simplefilter('always')\n"
-            "v = m.run_code('import os; print(6 * 7, os.getuid())', m.SandboxLimits(wall_seconds=20))\n"
-            "t = m.run_code('import time; time.sleep(30)', m.SandboxLimits(wall_seconds=1))\n"
-            "print(t.status)\nprint(json.dumps(v.to_dict()))\n")
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python,
-                           "-S", "-c", code, sb.__file__], capture_output=True, text=True,
-                          timeout=60, cwd="/")
+    code = (
+        "import importlib.util, json, sys, warnings\n"
+        "s = importlib.util.spec_from_file_location('sbx', sys.argv[1])\n"
+        "m = importlib.util.module_from_spec(s); sys.modules['sbx'] = m; s.loader.exec_module(m)\n"
+        "warnings.simplefilter('always')\n"
+        "v = m.run_code('import os; print(6 * 7, os.getuid())', m.SandboxLimits(wall_seconds=20))\n"
+        "t = m.run_code('import time; time.sleep(30)', m.SandboxLimits(wall_seconds=1))\n"
+        "print(t.status)\nprint(json.dumps(v.to_dict()))\n"
+    )
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            python,
+            "-S",
+            "-c",
+            code,
+            sb.__file__,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     if proc.returncode != 0 and "Permission denied" in proc.stderr:
         pytest.skip(f"the checkout is not readable by an unprivileged user: {proc.stderr[-200:]}")
     assert proc.returncode == 0, proc.stderr

@@ -21,21 +21,26 @@ def _running(*names):
 
 
 def test_footprints_count_the_workers_a_stage_starts():
-    cfg = load_config("jobs/configs/demo.yaml", ["train.num_workers=3", "train.cpus_per_worker=2",
-                                                 "premium.num_workers=2"])
+    cfg = load_config(
+        "jobs/configs/demo.yaml",
+        ["train.num_workers=3", "train.cpus_per_worker=2", "premium.num_workers=2"],
+    )
     assert STAGES["train"].cpus(cfg) == 0  # the stage task only drives Ray Train ...
     assert STAGES["train"].footprint(cfg) == 6  # ... whose workers hold the CPUs
     assert STAGES["premium"].footprint(cfg) == 2 * cfg.premium.cpus_per_worker
     from privcode.synth.pipeline import FILTER_CPUS
 
     assert STAGES["synth"].footprint(cfg) == pytest.approx(
-        cfg.synth.generators_max * cfg.synth.cpus_per_generator + FILTER_CPUS)  # may grow to max
+        cfg.synth.generators_max * cfg.synth.cpus_per_generator + FILTER_CPUS
+    )  # may grow to max
     # Audits in 1-CPU model tasks that queue for CPUs: starts once one of them fits.
     assert STAGES["audit"].cpus(cfg) == 0 and STAGES["audit"].footprint(cfg) == 1
     one_after_another = load_config("jobs/configs/demo.yaml", ["audit.cpus_per_model=0"])
     assert STAGES["audit"].footprint(one_after_another) is None  # the whole cluster
-    inline_nondp = load_config("jobs/configs/demo.yaml", [
-        "run.stages=[data, base, train, audit]", "audit.compare_nondp=true"])
+    inline_nondp = load_config(
+        "jobs/configs/demo.yaml",
+        ["run.stages=[data, base, train, audit]", "audit.compare_nondp=true"],
+    )
     assert STAGES["audit"].cpus(inline_nondp) is None  # trains the comparison in its task
     assert STAGES["pac"].footprint(cfg) == cfg.pac.num_cpus == 1
     # Ray Train's local mode (the demo's num_workers 0): the stage task itself trains.
@@ -43,8 +48,9 @@ def test_footprints_count_the_workers_a_stage_starts():
     for stage, section in (("train", demo.train), ("premium", demo.premium)):
         assert section.num_workers == 0
         assert STAGES[stage].cpus(demo) == STAGES[stage].footprint(demo) == 1
-    assert STAGES["pac"].footprint(load_config("jobs/configs/demo.yaml", ["pac.num_cpus=0"])) \
-        is None
+    assert (
+        STAGES["pac"].footprint(load_config("jobs/configs/demo.yaml", ["pac.num_cpus=0"])) is None
+    )
 
 
 def test_demo_runs_two_lanes_on_two_cpus(two_cpus):
@@ -77,8 +83,9 @@ def test_audit_starts_beside_the_premium_training_and_waits_for_it_inside():
     # The fingerprint is the same whether premium is still running or done.
     cfg = load_config("jobs/configs/demo.yaml")
     finished = {**done, "premium": {"fingerprint": "fp-premium"}}
-    assert runner.fingerprint(cfg, STAGES["audit"], {**done, **late}) == \
-        runner.fingerprint(cfg, STAGES["audit"], finished)
+    assert runner.fingerprint(cfg, STAGES["audit"], {**done, **late}) == runner.fingerprint(
+        cfg, STAGES["audit"], finished
+    )
     assert set(STAGES["audit"].late) <= set(STAGES["audit"].after)
     assert all(set(s.late) <= set(s.after) for s in STAGES.values())
 
@@ -89,8 +96,10 @@ def test_wait_input_returns_the_upstream_manifest_or_its_error(ray_connected):
     from privcode.errors import PrivcodeError
     from privcode.pipeline.stages import wait_input
 
-    inputs = {"premium": {"fingerprint": "f", "pending": [ray.put({"fingerprint": "f", "x": 1})]},
-              "data": {"fingerprint": "d"}}
+    inputs = {
+        "premium": {"fingerprint": "f", "pending": [ray.put({"fingerprint": "f", "x": 1})]},
+        "data": {"fingerprint": "d"},
+    }
     assert wait_input(inputs, "premium") == {"fingerprint": "f", "x": 1}
     assert inputs["premium"] == {"fingerprint": "f", "x": 1}  # resolved once
     assert wait_input(inputs, "data") == {"fingerprint": "d"} and wait_input(inputs, "x") is None

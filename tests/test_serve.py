@@ -76,34 +76,37 @@ def _req(prompt: str, **kw) -> CompletionRequest:
 # --------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"max_tokens": 5}, "prompt"),
-    ({"prompt": None}, "prompt"),
-    ({"prompt": 5}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [[1, 2]]}, "prompt"),
-    ({"prompt": SECRET, "max_tokens": 0}, "max_tokens"),
-    ({"prompt": SECRET, "max_tokens": 65}, "max_tokens"),
-    ({"prompt": SECRET, "max_tokens": "8"}, "max_tokens"),
-    ({"prompt": SECRET, "max_tokens": True}, "max_tokens"),
-    ({"prompt": SECRET, "max_tokens": 2.5}, "max_tokens"),
-    ({"prompt": SECRET, "temperature": -0.1}, "temperature"),
-    ({"prompt": SECRET, "temperature": "hot"}, "temperature"),
-    ({"prompt": SECRET, "top_p": 0}, "top_p"),
-    ({"prompt": SECRET, "top_p": 1.5}, "top_p"),
-    ({"prompt": SECRET, "stop": 5}, "stop"),
-    ({"prompt": SECRET, "stop": [""]}, "stop"),
-    ({"prompt": SECRET, "stop": ["a", 3]}, "stop"),
-    ({"prompt": SECRET, "stop": ["s"] * 17}, "stop"),
-    ({"prompt": SECRET, "seed": 1.5}, "seed"),
-    ({"prompt": SECRET, "seed": "7"}, "seed"),
-    ({"prompt": SECRET, "seed": 1 << 64}, "seed"),
-    ({"prompt": SECRET, "model": 3}, "model"),
-    ({"prompt": SECRET, "n": 2}, "n"),
-    ({"prompt": SECRET, "stream": True}, "stream"),
-    ({"prompt": SECRET, "logprobs": 5}, "logprobs"),
-    ({"prompt": SECRET, "frobnicate": 1}, "frobnicate"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"max_tokens": 5}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [[1, 2]]}, "prompt"),
+        ({"prompt": SECRET, "max_tokens": 0}, "max_tokens"),
+        ({"prompt": SECRET, "max_tokens": 65}, "max_tokens"),
+        ({"prompt": SECRET, "max_tokens": "8"}, "max_tokens"),
+        ({"prompt": SECRET, "max_tokens": True}, "max_tokens"),
+        ({"prompt": SECRET, "max_tokens": 2.5}, "max_tokens"),
+        ({"prompt": SECRET, "temperature": -0.1}, "temperature"),
+        ({"prompt": SECRET, "temperature": "hot"}, "temperature"),
+        ({"prompt": SECRET, "top_p": 0}, "top_p"),
+        ({"prompt": SECRET, "top_p": 1.5}, "top_p"),
+        ({"prompt": SECRET, "stop": 5}, "stop"),
+        ({"prompt": SECRET, "stop": [""]}, "stop"),
+        ({"prompt": SECRET, "stop": ["a", 3]}, "stop"),
+        ({"prompt": SECRET, "stop": ["s"] * 17}, "stop"),
+        ({"prompt": SECRET, "seed": 1.5}, "seed"),
+        ({"prompt": SECRET, "seed": "7"}, "seed"),
+        ({"prompt": SECRET, "seed": 1 << 64}, "seed"),
+        ({"prompt": SECRET, "model": 3}, "model"),
+        ({"prompt": SECRET, "n": 2}, "n"),
+        ({"prompt": SECRET, "stream": True}, "stream"),
+        ({"prompt": SECRET, "logprobs": 5}, "logprobs"),
+        ({"prompt": SECRET, "frobnicate": 1}, "frobnicate"),
+    ],
+)
 def test_each_bad_field_is_named_and_the_prompt_is_not_echoed(body, param):
     with pytest.raises(RequestError) as err:
         parse_completion(json.dumps(body).encode(), 64)
@@ -113,8 +116,10 @@ def test_each_bad_field_is_named_and_the_prompt_is_not_echoed(body, param):
     assert err.value.body()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("raw", [b"{", b"[1]", b"\xff\xfe", b'{"prompt": NaN}',
-                                 b"[" * 100_000, b" " * (MAX_BODY_BYTES + 1)])
+@pytest.mark.parametrize(
+    "raw",
+    [b"{", b"[1]", b"\xff\xfe", b'{"prompt": NaN}', b"[" * 100_000, b" " * (MAX_BODY_BYTES + 1)],
+)
 def test_bodies_that_are_not_a_json_object_are_refused(raw):
     with pytest.raises(RequestError) as err:
         parse_completion(raw, 64)
@@ -122,17 +127,39 @@ def test_bodies_that_are_not_a_json_object_are_refused(raw):
 
 
 def test_defaults_and_the_neutral_values_standard_clients_send():
-    req = parse_completion(json.dumps({
-        "prompt": ["x"], "model": "m", "n": 1, "stream": False, "echo": False, "logprobs": None,
-        "presence_penalty": 0, "frequency_penalty": 0.0, "best_of": 1, "user": "u",
-        "stop": None, "seed": None}).encode(), 512)
-    assert req == CompletionRequest(prompt="x", max_tokens=128, temperature=0.0, top_p=1.0,
-                                    stop=(), seed=None, model="m")
+    req = parse_completion(
+        json.dumps(
+            {
+                "prompt": ["x"],
+                "model": "m",
+                "n": 1,
+                "stream": False,
+                "echo": False,
+                "logprobs": None,
+                "presence_penalty": 0,
+                "frequency_penalty": 0.0,
+                "best_of": 1,
+                "user": "u",
+                "stop": None,
+                "seed": None,
+            }
+        ).encode(),
+        512,
+    )
+    assert req == CompletionRequest(
+        prompt="x", max_tokens=128, temperature=0.0, top_p=1.0, stop=(), seed=None, model="m"
+    )
     assert req.greedy
-    req = parse_completion({"prompt": "", "max_tokens": 8, "temperature": 1, "top_p": 0.5,
-                            "stop": "\n", "seed": -3}, 8)
+    req = parse_completion(
+        {"prompt": "", "max_tokens": 8, "temperature": 1, "top_p": 0.5, "stop": "\n", "seed": -3}, 8
+    )
     assert (req.max_tokens, req.temperature, req.top_p, req.stop, req.seed) == (
-        8, 1.0, 0.5, ("\n",), -3)
+        8,
+        1.0,
+        0.5,
+        ("\n",),
+        -3,
+    )
     assert parse_completion({"prompt": "x"}, 16).max_tokens == 16  # default within the limit
 
 
@@ -149,19 +176,22 @@ def test_bearer_tokens_and_route_paths():
 # --------------------------------------------------------------------------- args
 
 
-@pytest.mark.parametrize("args, key", [
-    ({}, "premium"),
-    ({"premium": ""}, "premium"),
-    ({"premium": "/r", "devcie": "cpu"}, "devcie"),
-    ({"premium": "/r", "device": "gpu"}, "device"),
-    ({"premium": "/r", "model": ""}, "model"),
-    ({"premium": "/r", "max_tokens_limit": 0}, "max_tokens_limit"),
-    ({"premium": "/r", "max_tokens_limit": "512"}, "max_tokens_limit"),
-    ({"premium": "/r", "max_batch_size": True}, "max_batch_size"),
-    ({"premium": "/r", "batch_wait_timeout_s": -1}, "batch_wait_timeout_s"),
-    ({"premium": "/r", "api_key_env": "1-BAD"}, "api_key_env"),
-    ({"premium": "/r", "served_model_name": 3}, "served_model_name"),
-])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        ({}, "premium"),
+        ({"premium": ""}, "premium"),
+        ({"premium": "/r", "devcie": "cpu"}, "devcie"),
+        ({"premium": "/r", "device": "gpu"}, "device"),
+        ({"premium": "/r", "model": ""}, "model"),
+        ({"premium": "/r", "max_tokens_limit": 0}, "max_tokens_limit"),
+        ({"premium": "/r", "max_tokens_limit": "512"}, "max_tokens_limit"),
+        ({"premium": "/r", "max_batch_size": True}, "max_batch_size"),
+        ({"premium": "/r", "batch_wait_timeout_s": -1}, "batch_wait_timeout_s"),
+        ({"premium": "/r", "api_key_env": "1-BAD"}, "api_key_env"),
+        ({"premium": "/r", "served_model_name": 3}, "served_model_name"),
+    ],
+)
 def test_bad_app_args_name_the_key(args, key):
     with pytest.raises(ServeError, match=f"'{key}'"):
         parse_args(args)
@@ -173,8 +203,13 @@ def test_app_args_defaults_and_builder():
     from ray import serve
 
     cfg = parse_args({"premium": "/r", "max_batch_size": 32})
-    assert (cfg.model, cfg.device, cfg.max_tokens_limit, cfg.batch_wait_timeout_s,
-            cfg.api_key_env) == (None, "auto", 512, 0.02, "PRIVCODE_API_KEY")
+    assert (
+        cfg.model,
+        cfg.device,
+        cfg.max_tokens_limit,
+        cfg.batch_wait_timeout_s,
+        cfg.api_key_env,
+    ) == (None, "auto", 512, 0.02, "PRIVCODE_API_KEY")
     with pytest.raises(ServeError, match="mapping"):
         parse_args(["premium"])
     assert isinstance(app({"premium": "/r"}), serve.Application)  # no Ray needed to build
@@ -220,15 +255,17 @@ def test_greedy_completion_equals_generate_by_hand(release, premium):
 
     base = json.loads((release / "premium.json").read_text())["model"]
     tok = load_tokenizer(base)
-    model = PeftModel.from_pretrained(load_causal_lm(base),
-                                      str(release / "adapter")).merge_and_unload()
+    model = PeftModel.from_pretrained(
+        load_causal_lm(base), str(release / "adapter")
+    ).merge_and_unload()
     enc = tok(PROMPTS[0], return_tensors="pt")
     with torch.inference_mode():
-        out = model.generate(**enc, do_sample=False, max_new_tokens=16,
-                             pad_token_id=tok.pad_token_id)
-    new = out[0, enc["input_ids"].shape[1]:].tolist()
+        out = model.generate(
+            **enc, do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id
+        )
+    new = out[0, enc["input_ids"].shape[1] :].tolist()
     if tok.eos_token_id in new:
-        new = new[:new.index(tok.eos_token_id) + 1]
+        new = new[: new.index(tok.eos_token_id) + 1]
     expected = tok.decode(new, skip_special_tokens=True)
     got = premium.complete(_req(PROMPTS[0], max_tokens=16))
     assert got.text == expected and got.text.strip()
@@ -245,22 +282,28 @@ def test_a_batch_returns_each_prompt_its_own_greedy_completion(premium):
     assert len({c.text for c in alone}) == 3
     assert len({c.prompt_tokens for c in alone}) == 3  # left padding is exercised
     # Mixed settings in one batch: the greedy ones still get their own results.
-    mixed = premium.generate_batch([premium.prepare(r) for r in (
-        reqs[0], _req(PROMPTS[1], temperature=1.0, max_tokens=8), reqs[2])])
+    mixed = premium.generate_batch(
+        [
+            premium.prepare(r)
+            for r in (reqs[0], _req(PROMPTS[1], temperature=1.0, max_tokens=8), reqs[2])
+        ]
+    )
     assert mixed[0] == alone[0] and mixed[2] == alone[2]
 
 
 def test_stop_strings_truncate_and_finish_with_stop(premium):
     # The first prompt whose greedy completion runs to the token limit (the random
     # adapter's EOS may come early on one of them).
-    prompt, full = next((p, c) for p in PROMPTS
-                        if (c := premium.complete(_req(p, max_tokens=24))).finish_reason
-                        == "length")
+    prompt, full = next(
+        (p, c)
+        for p in PROMPTS
+        if (c := premium.complete(_req(p, max_tokens=24))).finish_reason == "length"
+    )
     assert full.completion_tokens == 24 and len(full.text) >= 6
     k = len(full.text) // 2
-    stop = full.text[k:k + 3]
+    stop = full.text[k : k + 3]
     got = premium.complete(_req(prompt, max_tokens=24, stop=["\x00never", stop]))
-    assert got.text == full.text[:full.text.find(stop)]
+    assert got.text == full.text[: full.text.find(stop)]
     assert got.finish_reason == "stop" and got.completion_tokens < 24  # stopped early
 
 
@@ -278,11 +321,17 @@ def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(premium):
     req = _req(PROMPTS[2], temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
     first = premium.complete(req)
     assert premium.complete(req) == first
-    batch = premium.generate_batch([premium.prepare(r) for r in (
-        _req(PROMPTS[0], temperature=1.0, max_tokens=16), req, _req(PROMPTS[1]))])
+    batch = premium.generate_batch(
+        [
+            premium.prepare(r)
+            for r in (_req(PROMPTS[0], temperature=1.0, max_tokens=16), req, _req(PROMPTS[1]))
+        ]
+    )
     assert batch[1] == first
-    others = {premium.complete(_req(PROMPTS[2], temperature=1.0, top_p=0.95, seed=s,
-                                    max_tokens=16)).text for s in range(1, 4)}
+    others = {
+        premium.complete(_req(PROMPTS[2], temperature=1.0, top_p=0.95, seed=s, max_tokens=16)).text
+        for s in range(1, 4)
+    }
     assert others - {first.text}  # the seed matters
 
 
@@ -326,8 +375,9 @@ def _api(premium, key=None):
 def test_api_routes_errors_and_response_format(premium, caplog):
     api = _api(premium)
     caplog.set_level(logging.INFO, logger="privcode.serve")
-    status, body, _ = _call(api, "POST", "/v1/completions",
-                            {"prompt": PROMPTS[0] + "# " + SECRET, "max_tokens": 5})
+    status, body, _ = _call(
+        api, "POST", "/v1/completions", {"prompt": PROMPTS[0] + "# " + SECRET, "max_tokens": 5}
+    )
     assert status == 200
     assert body["object"] == "text_completion" and body["model"] == "privcode-premium"
     assert body["id"].startswith("cmpl-") and isinstance(body["created"], int)
@@ -338,9 +388,17 @@ def test_api_routes_errors_and_response_format(premium, caplog):
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert "completion: prompt_tokens=" in caplog.text
     assert SECRET not in caplog.text  # prompts are never logged
-    assert _call(api, "GET", "/v1/models")[1] == {"object": "list", "data": [
-        {"id": "privcode-premium", "object": "model", "created": premium.created,
-         "owned_by": "privcode"}]}
+    assert _call(api, "GET", "/v1/models")[1] == {
+        "object": "list",
+        "data": [
+            {
+                "id": "privcode-premium",
+                "object": "model",
+                "created": premium.created,
+                "owned_by": "privcode",
+            }
+        ],
+    }
     assert _call(api, "GET", "/v1/models/privcode-premium")[0] == 200
     assert _call(api, "GET", "/v1/models/other")[0] == 404
     assert _call(api, "GET", "/healthz")[:2] == (200, {"status": "ok"})
@@ -383,10 +441,20 @@ def test_serve_app_overhttp_json(serve_http, release, premium):
     expected = [premium.complete(_req(p, max_tokens=12)).text for p in PROMPTS]
     try:
         application = build_app(
-            {"premium": str(release), "device": "cpu", "max_tokens_limit": 64,
-             "api_key_env": "PRIVCODE_TEST_SERVE_KEY", "batch_wait_timeout_s": 0.2},
-            ray_actor_options={"num_cpus": 1, "runtime_env": {
-                "env_vars": {"PRIVCODE_TEST_SERVE_KEY": key, "OMP_NUM_THREADS": "1"}}})
+            {
+                "premium": str(release),
+                "device": "cpu",
+                "max_tokens_limit": 64,
+                "api_key_env": "PRIVCODE_TEST_SERVE_KEY",
+                "batch_wait_timeout_s": 0.2,
+            },
+            ray_actor_options={
+                "num_cpus": 1,
+                "runtime_env": {
+                    "env_vars": {"PRIVCODE_TEST_SERVE_KEY": key, "OMP_NUM_THREADS": "1"}
+                },
+            },
+        )
         serve.run(application, name="premium-test", route_prefix="/premium")
         url = f"{serve_http}/premium"
         assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
@@ -397,17 +465,29 @@ def test_serve_app_overhttp_json(serve_http, release, premium):
         status, body = http_json(f"{url}/v1/completions", completion, key=key)
         assert status == 200 and body["choices"][0]["text"] == expected[0]
         with ThreadPoolExecutor(3) as pool:  # concurrent requests share a batch
-            answers = list(pool.map(lambda p: http_json(f"{url}/v1/completions", {
-                "prompt": p, "max_tokens": 12}, key=key), PROMPTS))
+            answers = list(
+                pool.map(
+                    lambda p: http_json(
+                        f"{url}/v1/completions", {"prompt": p, "max_tokens": 12}, key=key
+                    ),
+                    PROMPTS,
+                )
+            )
         assert [a[1]["choices"][0]["text"] for a in answers] == expected
-        status, body = http_json(f"{url}/v1/completions", {"prompt": "x", "max_tokens": 65}, key=key)
+        status, body = http_json(
+            f"{url}/v1/completions", {"prompt": "x", "max_tokens": 65}, key=key
+        )
         assert status == 400 and body["error"]["param"] == "max_tokens"
         status, body = http_json(f"{url}/v1/models", key=key)
         assert status == 200 and body["data"][0]["id"] == "privcode-premium"
         assert http_json(f"{url}/v1/nope", key=key)[0] == 404
         assert http_json(f"{url}/v1/completions", key=key)[0] == 405
-        assert http_status_of_refused_body(f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10),
-                                           key=key) == 400
+        assert (
+            http_status_of_refused_body(
+                f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10), key=key
+            )
+            == 400
+        )
     finally:
         serve.delete("premium-test")
     assert os.environ.get("PRIVCODE_TEST_SERVE_KEY") is None  # the key stayed on the replica

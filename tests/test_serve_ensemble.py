@@ -27,7 +27,7 @@ from privcode.serve.ensemble import (
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 M = 4
-B = 2.0 ** -16
+B = 2.0**-16
 PROMPT = "def add(a, b):\n"
 SECRET = "SECRET-PROMPT-9c2e"
 KEY = "pac-key-0123"
@@ -56,9 +56,19 @@ def worlds(ci_base_cache, tmp_path_factory):
                 if "lora_B" in pname:
                     p.copy_(torch.randn(p.shape, generator=gen))
         model.save_pretrained(str(root / "adapters" / name))
-    (root / "pac.json").write_text(json.dumps({
-        "format": "privcode-pac-worlds/1", "m": M, "base_model": str(base), "worlds": names,
-        "lora": {"r": 4, "alpha": 8}, "NOT_PRIVATE": "test worlds"}), encoding="utf-8")
+    (root / "pac.json").write_text(
+        json.dumps(
+            {
+                "format": "privcode-pac-worlds/1",
+                "m": M,
+                "base_model": str(base),
+                "worlds": names,
+                "lora": {"r": 4, "alpha": 8},
+                "NOT_PRIVATE": "test worlds",
+            }
+        ),
+        encoding="utf-8",
+    )
     return root
 
 
@@ -72,11 +82,18 @@ def ensemble(worlds):
 def _service(ensemble, tmp_path, key=None, **args):
     from privcode.pac.curator import Curator
 
-    cfg = parse_args({"worlds": "/unused", "max_tokens_limit": 32, "state_dir": str(tmp_path),
-                      **args})
-    curator = Curator(M, cfg.b, deployment_budget=cfg.deployment_budget,
-                      session_budget=cfg.session_budget, scope=cfg.scope,
-                      state_dir=cfg.state_path, rng_seed=0)
+    cfg = parse_args(
+        {"worlds": "/unused", "max_tokens_limit": 32, "state_dir": str(tmp_path), **args}
+    )
+    curator = Curator(
+        M,
+        cfg.b,
+        deployment_budget=cfg.deployment_budget,
+        session_budget=cfg.session_budget,
+        scope=cfg.scope,
+        state_dir=cfg.state_path,
+        rng_seed=0,
+    )
     return PacService(ensemble, curator, cfg, api_key=key)
 
 
@@ -111,8 +128,9 @@ def _assert_accounting(body, b=B):
     """The privacy object adds up: b per private token, every token counted once."""
     privacy, usage = body["privacy"], body["usage"]
     assert privacy["charged_nats"] == pytest.approx(b * privacy["private_tokens"], rel=1e-12)
-    assert usage["completion_tokens"] == (privacy["private_tokens"] + privacy["free_tokens"]
-                                          + privacy["fallback_tokens"])
+    assert usage["completion_tokens"] == (
+        privacy["private_tokens"] + privacy["free_tokens"] + privacy["fallback_tokens"]
+    )
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert privacy["per_token_budget_nats"] == b
     assert not HIDDEN & set(_keys(body))
@@ -121,29 +139,32 @@ def _assert_accounting(body, b=B):
 # --------------------------------------------------------------------------- args
 
 
-@pytest.mark.parametrize("args, key", [
-    ({}, "worlds"),
-    ({"worlds": ""}, "worlds"),
-    ({"worlds": 3}, "worlds"),
-    ({"worlds": "/w", "wrolds": "/w"}, "wrolds"),
-    ({"worlds": "/w", "device": "gpu"}, "device"),
-    ({"worlds": "/w", "model": ""}, "model"),
-    ({"worlds": "/w", "state_dir": " "}, "state_dir"),
-    ({"worlds": "/w", "top_k": 0}, "top_k"),
-    ({"worlds": "/w", "top_k": True}, "top_k"),
-    ({"worlds": "/w", "b": 0}, "b"),
-    ({"worlds": "/w", "b": "2**-16"}, "b"),
-    ({"worlds": "/w", "b": math.inf}, "b"),
-    ({"worlds": "/w", "decoder": "beam"}, "decoder"),
-    ({"worlds": "/w", "session_budget": -1.0}, "session_budget"),
-    ({"worlds": "/w", "session_budget": 2.0 ** -20}, "session_budget"),  # below b
-    ({"worlds": "/w", "session_budget": 1.0}, "session_budget"),  # above the deployment's
-    ({"worlds": "/w", "deployment_budget": None}, "deployment_budget"),
-    ({"worlds": "/w", "scope": "world"}, "scope"),
-    ({"worlds": "/w", "max_tokens_limit": 0}, "max_tokens_limit"),
-    ({"worlds": "/w", "api_key_env": "1-BAD"}, "api_key_env"),
-    ({"worlds": "/w", "served_model_name": ""}, "served_model_name"),
-])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        ({}, "worlds"),
+        ({"worlds": ""}, "worlds"),
+        ({"worlds": 3}, "worlds"),
+        ({"worlds": "/w", "wrolds": "/w"}, "wrolds"),
+        ({"worlds": "/w", "device": "gpu"}, "device"),
+        ({"worlds": "/w", "model": ""}, "model"),
+        ({"worlds": "/w", "state_dir": " "}, "state_dir"),
+        ({"worlds": "/w", "top_k": 0}, "top_k"),
+        ({"worlds": "/w", "top_k": True}, "top_k"),
+        ({"worlds": "/w", "b": 0}, "b"),
+        ({"worlds": "/w", "b": "2**-16"}, "b"),
+        ({"worlds": "/w", "b": math.inf}, "b"),
+        ({"worlds": "/w", "decoder": "beam"}, "decoder"),
+        ({"worlds": "/w", "session_budget": -1.0}, "session_budget"),
+        ({"worlds": "/w", "session_budget": 2.0**-20}, "session_budget"),  # below b
+        ({"worlds": "/w", "session_budget": 1.0}, "session_budget"),  # above the deployment's
+        ({"worlds": "/w", "deployment_budget": None}, "deployment_budget"),
+        ({"worlds": "/w", "scope": "world"}, "scope"),
+        ({"worlds": "/w", "max_tokens_limit": 0}, "max_tokens_limit"),
+        ({"worlds": "/w", "api_key_env": "1-BAD"}, "api_key_env"),
+        ({"worlds": "/w", "served_model_name": ""}, "served_model_name"),
+    ],
+)
 def test_bad_app_args_name_the_key(args, key):
     with pytest.raises(EnsembleError, match=f"'{key}'"):
         parse_args(args)
@@ -155,9 +176,16 @@ def test_app_args_defaults_one_replica_and_builder():
     from ray import serve
 
     cfg = parse_args({"worlds": "/w"})
-    assert (cfg.b, cfg.session_budget, cfg.deployment_budget, cfg.scope, cfg.decoder,
-            cfg.top_k, cfg.device, cfg.served_model_name) == (
-        2.0 ** -16, 2.0 ** -10, 2.0 ** -4, "deployment", "gumbel", 50, "auto", "privcode-pac")
+    assert (
+        cfg.b,
+        cfg.session_budget,
+        cfg.deployment_budget,
+        cfg.scope,
+        cfg.decoder,
+        cfg.top_k,
+        cfg.device,
+        cfg.served_model_name,
+    ) == (2.0**-16, 2.0**-10, 2.0**-4, "deployment", "gumbel", 50, "auto", "privcode-pac")
     assert str(cfg.state_path) == "/w/curator-state"
     assert str(parse_args({"worlds": "/w", "state_dir": "/s"}).state_path) == "/s"
     with pytest.raises(EnsembleError, match="mapping"):
@@ -178,7 +206,11 @@ def test_the_charts_ensemble_args_are_accepted(helm):
     ens = {a["name"]: a for a in config["applications"]}["ensemble"]
     cfg = parse_args(ens["args"])
     assert (cfg.b, cfg.session_budget, cfg.deployment_budget, cfg.scope) == (
-        2.0 ** -16, 2.0 ** -10, 2.0 ** -4, "deployment")
+        2.0**-16,
+        2.0**-10,
+        2.0**-4,
+        "deployment",
+    )
     assert str(cfg.state_path).startswith("/mnt/artifacts/")  # persistent: the artifacts PVC
     assert ens["deployments"][0]["name"] == Ensemble.name
     assert ens["deployments"][0]["num_replicas"] == 1
@@ -197,12 +229,12 @@ def test_sessions_lifecycle_and_budgets(service):
     api = service
     status, opened, _ = _call(api, "POST", "/v1/sessions")  # no body: the default budget
     assert status == 200 and opened["object"] == "pac.session"
-    assert opened["budget_nats"] == 2.0 ** -10 and opened["charged_nats"] == 0
-    assert opened["remaining_nats"] == 2.0 ** -10 and opened["scope"] == "deployment"
+    assert opened["budget_nats"] == 2.0**-10 and opened["charged_nats"] == 0
+    assert opened["remaining_nats"] == 2.0**-10 and opened["scope"] == "deployment"
     small = _call(api, "POST", "/v1/sessions", {"budget_nats": 3 * B})[1]
     assert small["budget_nats"] == 3 * B
     capped = _call(api, "POST", "/v1/sessions", {"budget_nats": 1.0})[1]
-    assert capped["budget_nats"] == 2.0 ** -10  # capped at session_budget
+    assert capped["budget_nats"] == 2.0**-10  # capped at session_budget
     assert len({opened["id"], small["id"], capped["id"]}) == 3
     status, got, _ = _call(api, "GET", f"/v1/sessions/{small['id']}")
     assert status == 200 and got == small
@@ -214,9 +246,14 @@ def test_sessions_lifecycle_and_budgets(service):
         assert status == 404 and body["error"]["code"] == "session_not_found"
         assert small["id"] not in body["error"]["message"]  # ids are capabilities: not echoed
     assert _call(api, "GET", "/v1/sessions/nope")[0] == 404
-    for bad, param in (({"budget_nats": -1}, "budget_nats"), ({"budget_nats": "x"}, "budget_nats"),
-                       ({"budget_nats": True}, "budget_nats"), ({"budget": 1}, "budget"),
-                       ([1], None), (b"{", None)):
+    for bad, param in (
+        ({"budget_nats": -1}, "budget_nats"),
+        ({"budget_nats": "x"}, "budget_nats"),
+        ({"budget_nats": True}, "budget_nats"),
+        ({"budget": 1}, "budget"),
+        ([1], None),
+        (b"{", None),
+    ):
         status, body, _ = _call(api, "POST", "/v1/sessions", bad)
         assert status == 400 and body["error"]["param"] == param, bad
     status, _, headers = _call(api, "PUT", "/v1/sessions/x")
@@ -229,8 +266,12 @@ def test_completions_in_a_session_add_up(service, caplog):
     sid = _call(api, "POST", "/v1/sessions")[1]["id"]
     bodies = []
     for extra in ({}, {"temperature": 0.8, "seed": -5}):  # greedy, then coupled Gumbel
-        status, body, _ = _call(api, "POST", "/v1/completions", {
-            "prompt": PROMPT + "# " + SECRET, "max_tokens": 12, "session": sid, **extra})
+        status, body, _ = _call(
+            api,
+            "POST",
+            "/v1/completions",
+            {"prompt": PROMPT + "# " + SECRET, "max_tokens": 12, "session": sid, **extra},
+        )
         assert status == 200, body
         assert body["object"] == "text_completion" and body["model"] == "privcode-pac"
         assert body["choices"][0]["finish_reason"] in ("stop", "length")
@@ -241,8 +282,9 @@ def test_completions_in_a_session_add_up(service, caplog):
     first, second = (b["privacy"] for b in bodies)
     assert first["private_tokens"] > 0  # the worlds disagree: the session is charged
     assert second["session_charged_nats"] == pytest.approx(
-        first["charged_nats"] + second["charged_nats"], rel=1e-12)
-    assert second["remaining_nats"] == pytest.approx(2.0 ** -10 - second["session_charged_nats"])
+        first["charged_nats"] + second["charged_nats"], rel=1e-12
+    )
+    assert second["remaining_nats"] == pytest.approx(2.0**-10 - second["session_charged_nats"])
     info = _call(api, "GET", f"/v1/sessions/{sid}")[1]
     assert info["charged_nats"] == second["session_charged_nats"]
     assert info["private_tokens"] == first["private_tokens"] + second["private_tokens"]
@@ -250,15 +292,20 @@ def test_completions_in_a_session_add_up(service, caplog):
     privacy = _call(api, "GET", "/v1/privacy")[1]
     charged = privacy["deployment_charged_nats"]
     assert charged == info["charged_nats"] and privacy["private_tokens"] == info["private_tokens"]
-    assert privacy["deployment_remaining_nats"] == pytest.approx(2.0 ** -4 - charged)
-    assert (privacy["m"], privacy["per_token_budget_nats"], privacy["scope"]) == (M, B,
-                                                                                  "deployment")
+    assert privacy["deployment_remaining_nats"] == pytest.approx(2.0**-4 - charged)
+    assert (privacy["m"], privacy["per_token_budget_nats"], privacy["scope"]) == (
+        M,
+        B,
+        "deployment",
+    )
     assert privacy["bounds"]["current"] == {
         "mutual_information_nats": charged,
         "membership_inference_success": mia_success_bound(charged),
-        "world_identification_success": world_identification_bound(charged, M)}
+        "world_identification_success": world_identification_bound(charged, M),
+    }
     assert privacy["bounds"]["at_deployment_budget"]["membership_inference_success"] == (
-        mia_success_bound(2.0 ** -4))
+        mia_success_bound(2.0**-4)
+    )
     # Nothing secret-dependent leaves the server: no such field, and not the posterior's values.
     posterior = service.curator._posterior
     assert not np.allclose(posterior, 1.0 / M, rtol=0, atol=0)
@@ -279,39 +326,45 @@ def test_one_shot_sessions_and_budgets_that_fail_closed(service):
     assert privacy["deployment_charged_nats"] == body["privacy"]["charged_nats"]
     # A session that affords 2 private tokens: then the public model's tokens, free.
     sid = _call(api, "POST", "/v1/sessions", {"budget_nats": 2 * B})[1]["id"]
-    body = _call(api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 16,
-                                                  "session": sid})[1]
+    body = _call(
+        api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "session": sid}
+    )[1]
     _assert_accounting(body)
     assert body["privacy"]["private_tokens"] == 2 and body["privacy"]["fallback_tokens"] > 0
     assert body["privacy"]["remaining_nats"] == 0
-    again = _call(api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 8,
-                                                   "session": sid})[1]
+    again = _call(
+        api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "session": sid}
+    )[1]
     assert again["privacy"]["private_tokens"] == 0 and again["privacy"]["charged_nats"] == 0
 
 
 def test_the_server_can_force_greedy(ensemble, tmp_path):
     svc = _service(ensemble, tmp_path, decoder="greedy")
     try:
-        body = _call(svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
-                                                      "temperature": 1.0})[1]
+        body = _call(
+            svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 1.0}
+        )[1]
         assert body["privacy"]["decoder"] == "greedy"
     finally:
         svc.close()
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"prompt": SECRET, "session": "no-such-session"}, 404, "session"),
-    ({"prompt": SECRET, "session": 7}, 400, "session"),
-    ({"prompt": SECRET, "top_p": 0.5}, 400, "top_p"),
-    ({"prompt": SECRET, "model": "gpt-4"}, 404, "model"),
-    ({"prompt": SECRET, "max_tokens": 33}, 400, "max_tokens"),
-    ({"prompt": SECRET, "n": 2}, 400, "n"),
-    ({"prompt": SECRET, "frobnicate": 1}, 400, "frobnicate"),
-    ({"max_tokens": 3}, 400, "prompt"),
-    ({"prompt": SECRET + " x" * 5000, "max_tokens": 4}, 400, "prompt"),  # beyond the context
-    (b"not json", 400, None),
-    (b"[1]", 400, None),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"prompt": SECRET, "session": "no-such-session"}, 404, "session"),
+        ({"prompt": SECRET, "session": 7}, 400, "session"),
+        ({"prompt": SECRET, "top_p": 0.5}, 400, "top_p"),
+        ({"prompt": SECRET, "model": "gpt-4"}, 404, "model"),
+        ({"prompt": SECRET, "max_tokens": 33}, 400, "max_tokens"),
+        ({"prompt": SECRET, "n": 2}, 400, "n"),
+        ({"prompt": SECRET, "frobnicate": 1}, 400, "frobnicate"),
+        ({"max_tokens": 3}, 400, "prompt"),
+        ({"prompt": SECRET + " x" * 5000, "max_tokens": 4}, 400, "prompt"),  # beyond the context
+        (b"not json", 400, None),
+        (b"[1]", 400, None),
+    ],
+)
 def test_bad_completion_requests(service, body, status, param):
     got, answer, _ = _call(service, "POST", "/v1/completions", body)
     assert got == status and answer["error"]["param"] == param
@@ -322,9 +375,13 @@ def test_bad_completion_requests(service, body, status, param):
 def test_routes_and_api_key(ensemble, tmp_path):
     svc = _service(ensemble, tmp_path, key=KEY)
     try:
-        for method, path in (("GET", "/v1/models"), ("GET", "/v1/privacy"),
-                             ("POST", "/v1/sessions"), ("GET", "/v1/sessions/x"),
-                             ("POST", "/v1/completions")):
+        for method, path in (
+            ("GET", "/v1/models"),
+            ("GET", "/v1/privacy"),
+            ("POST", "/v1/sessions"),
+            ("GET", "/v1/sessions/x"),
+            ("POST", "/v1/completions"),
+        ):
             for key in (None, "wrong"):
                 status, body, headers = _call(svc, method, path, {"prompt": "x"}, key=key)
                 assert status == 401 and body["error"]["code"] == "invalid_api_key"
@@ -373,10 +430,18 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
     answers = []
     try:
         application = build_app(
-            {"worlds": str(worlds), "device": "cpu", "max_tokens_limit": 32,
-             "state_dir": str(tmp_path / "state"), "api_key_env": "PRIVCODE_TEST_PAC_KEY"},
-            ray_actor_options={"num_cpus": 1, "runtime_env": {
-                "env_vars": {"PRIVCODE_TEST_PAC_KEY": KEY, "OMP_NUM_THREADS": "1"}}})
+            {
+                "worlds": str(worlds),
+                "device": "cpu",
+                "max_tokens_limit": 32,
+                "state_dir": str(tmp_path / "state"),
+                "api_key_env": "PRIVCODE_TEST_PAC_KEY",
+            },
+            ray_actor_options={
+                "num_cpus": 1,
+                "runtime_env": {"env_vars": {"PRIVCODE_TEST_PAC_KEY": KEY, "OMP_NUM_THREADS": "1"}},
+            },
+        )
         serve.run(application, name="pac-test", route_prefix="/pac-test")
         url = f"{serve_http}/pac-test"
         assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
@@ -386,8 +451,11 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
         answers.append(session)
         sid, total = session["id"], 0.0
         for extra in ({}, {"temperature": 1.0, "seed": 3}):
-            status, body = http_json(f"{url}/v1/completions", {
-                "prompt": PROMPT, "max_tokens": 10, "session": sid, **extra}, key=KEY)
+            status, body = http_json(
+                f"{url}/v1/completions",
+                {"prompt": PROMPT, "max_tokens": 10, "session": sid, **extra},
+                key=KEY,
+            )
             assert status == 200, body
             _assert_accounting(body)
             total += body["privacy"]["charged_nats"]
@@ -400,17 +468,27 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
         assert status == 200 and privacy["deployment_charged_nats"] == info["charged_nats"]
         # The deployment's accounting reaches the Ray dashboard's Prometheus endpoint.
         private = sum(a["privacy"]["private_tokens"] for a in answers[1:])
-        metrics = scrape_metrics('app="privcode-pac"', {
-            "ray_privcode_pac_charged_nats", "ray_privcode_pac_budget_nats",
-            "ray_privcode_pac_tokens_total"},
-            until=lambda m: m["ray_privcode_pac_charged_nats"] == pytest.approx(total))
+        metrics = scrape_metrics(
+            'app="privcode-pac"',
+            {
+                "ray_privcode_pac_charged_nats",
+                "ray_privcode_pac_budget_nats",
+                "ray_privcode_pac_tokens_total",
+            },
+            until=lambda m: m["ray_privcode_pac_charged_nats"] == pytest.approx(total),
+        )
         assert metrics["ray_privcode_pac_charged_nats"] == pytest.approx(total, rel=1e-9)
         assert metrics["ray_privcode_pac_budget_nats"] == privacy["deployment_budget_nats"]
-        tokens = scrape_metrics('kind="private"', {"ray_privcode_pac_tokens_total"},
-                                until=lambda m: m["ray_privcode_pac_tokens_total"] == private)
+        tokens = scrape_metrics(
+            'kind="private"',
+            {"ray_privcode_pac_tokens_total"},
+            until=lambda m: m["ray_privcode_pac_tokens_total"] == private,
+        )
         assert tokens["ray_privcode_pac_tokens_total"] == private
         answers += [info, privacy]
-        status, body = http_json(f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY)
+        status, body = http_json(
+            f"{url}/v1/completions", {"prompt": "x", "session": "gone"}, key=KEY
+        )
         assert status == 404 and body["error"]["param"] == "session"
         status, body = http_json(f"{url}/v1/sessions/{sid}", key=KEY, method="DELETE")
         assert status == 200 and body["deleted"] is True

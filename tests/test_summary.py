@@ -5,36 +5,88 @@ from __future__ import annotations
 from privcode.pipeline.summary import run_summary
 
 MANIFESTS = {
-    "train": {"summary": {"dp": True, "epsilon": 3.9995, "epsilon_budget": 4.0, "delta": 1e-5,
-                          "accountant": "rdp", "steps_taken": 30, "noise_multiplier": 0.563,
-                          "method": "privcode++"}},
-    "synth": {"summary": {"generated": 1000, "kept": 312, "removed_execution": 435,
-                          "removed_roundtrip": 59, "removed_duplicate": 194}},
-    "premium": {"summary": {"records": 312, "curve": [{"epoch": 2, "eval_loss": 0.859}],
-                            "privacy": {"dp": True}}},
-    "eval": {"summary": {"benchmark": "humaneval", "models": {
-        "base": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.025}},
-        "junior": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.0}}}}},
-    "audit": {"summary": {"models": {
-        "junior": {"non_private": False, "canaries": {"leaked": 0, "total": 45},
-                   "exposure": {"mean_bits": 1.21},
-                   "mia": {"attacks": {"loss": {"auc": 0.508, "tpr_at_1pct_fpr": 0.01},
-                                       "reference_calibrated": {"auc": 0.512,
-                                                                "tpr_at_1pct_fpr": 0.02}}}},
-        "nondpft": {"non_private": True, "canaries": {"leaked": 8, "total": 45},
+    "train": {
+        "summary": {
+            "dp": True,
+            "epsilon": 3.9995,
+            "epsilon_budget": 4.0,
+            "delta": 1e-5,
+            "accountant": "rdp",
+            "steps_taken": 30,
+            "noise_multiplier": 0.563,
+            "method": "privcode++",
+        }
+    },
+    "synth": {
+        "summary": {
+            "generated": 1000,
+            "kept": 312,
+            "removed_execution": 435,
+            "removed_roundtrip": 59,
+            "removed_duplicate": 194,
+        }
+    },
+    "premium": {
+        "summary": {
+            "records": 312,
+            "curve": [{"epoch": 2, "eval_loss": 0.859}],
+            "privacy": {"dp": True},
+        }
+    },
+    "eval": {
+        "summary": {
+            "benchmark": "humaneval",
+            "models": {
+                "base": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.025}},
+                "junior": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.0}},
+            },
+        }
+    },
+    "audit": {
+        "summary": {
+            "models": {
+                "junior": {
+                    "non_private": False,
+                    "canaries": {"leaked": 0, "total": 45},
+                    "exposure": {"mean_bits": 1.21},
+                    "mia": {
+                        "attacks": {
+                            "loss": {"auc": 0.508, "tpr_at_1pct_fpr": 0.01},
+                            "reference_calibrated": {"auc": 0.512, "tpr_at_1pct_fpr": 0.02},
+                        }
+                    },
+                },
+                "nondpft": {
+                    "non_private": True,
+                    "canaries": {"leaked": 8, "total": 45},
                     "exposure": {"mean_bits": 4.46},
-                    "mia": {"attacks": {"loss": {"auc": 0.724, "tpr_at_1pct_fpr": 0.315}}}}}}},
-    "pac": {"summary": {"m": 8, "utility": {"accuracy": {"pac": 0.1875, "world": 0.2305,
-                                                         "public": 0.2148}},
-                        "leakage": {"charged_nats": 0.000419}}},
-    "report": {"summary": {"report": "reports/demo/report.md",
-                           "private_report": "runs/demo/private_report/report.md"}},
+                    "mia": {"attacks": {"loss": {"auc": 0.724, "tpr_at_1pct_fpr": 0.315}}},
+                },
+            }
+        }
+    },
+    "pac": {
+        "summary": {
+            "m": 8,
+            "utility": {"accuracy": {"pac": 0.1875, "world": 0.2305, "public": 0.2148}},
+            "leakage": {"charged_nats": 0.000419},
+        }
+    },
+    "report": {
+        "summary": {
+            "report": "reports/demo/report.md",
+            "private_report": "runs/demo/private_report/report.md",
+        }
+    },
 }
 
 
 def test_summary_lines_hold_the_numbers_of_every_stage():
-    stages = {"train": {"status": "ran", "seconds": 75.0}, "synth": {"status": "ran",
-              "seconds": 211.0}, "eval": {"status": "skipped"}}
+    stages = {
+        "train": {"status": "ran", "seconds": 75.0},
+        "synth": {"status": "ran", "seconds": 211.0},
+        "eval": {"status": "skipped"},
+    }
     text = run_summary("demo", stages, MANIFESTS, wall_seconds=301).format()
     lines = text.splitlines()
     assert lines[0] == "privcode run 'demo' done in 5m01s: 2 stage(s) ran, 1 unchanged (cached)"

@@ -30,11 +30,21 @@ def texts(code: str, spans: list[tuple[int, int]]) -> list[str]:
 
 # -- structural_spans ---------------------------------------------------------
 
+
 def test_spans_function_definition():
     code = "def f(x):\n    return len(x) + 1\n"
     spans = structural_spans(code)
-    assert spans == [(0, 3), (5, 6), (7, 8), (8, 9),
-                     (14, 20), (21, 24), (24, 25), (26, 27), (28, 29)]
+    assert spans == [
+        (0, 3),
+        (5, 6),
+        (7, 8),
+        (8, 9),
+        (14, 20),
+        (21, 24),
+        (24, 25),
+        (26, 27),
+        (28, 29),
+    ]
     assert texts(code, spans) == ["def", "(", ")", ":", "return", "len", "(", ")", "+"]
 
 
@@ -48,17 +58,51 @@ def test_spans_exclude_strings_comments_numbers_identifiers():
 def test_spans_keywords_and_constants_but_not_underscore():
     code = "y = lambda a: a if a is not None else True in _\n"
     spans = structural_spans(code)
-    assert spans == [(2, 3), (4, 10), (12, 13), (16, 18), (21, 23), (24, 27),
-                     (28, 32), (33, 37), (38, 42), (43, 45)]
-    assert texts(code, spans) == ["=", "lambda", ":", "if", "is", "not",
-                                  "None", "else", "True", "in"]
+    assert spans == [
+        (2, 3),
+        (4, 10),
+        (12, 13),
+        (16, 18),
+        (21, 23),
+        (24, 27),
+        (28, 32),
+        (33, 37),
+        (38, 42),
+        (43, 45),
+    ]
+    assert texts(code, spans) == [
+        "=",
+        "lambda",
+        ":",
+        "if",
+        "is",
+        "not",
+        "None",
+        "else",
+        "True",
+        "in",
+    ]
 
 
 def test_spans_soft_keywords_and_builtins():
     code = "match v:\n    case int():\n        raise ValueError(type(v))\n"
     got = texts(code, structural_spans(code))
-    assert got == ["match", ":", "case", "int", "(", ")", ":",
-                   "raise", "ValueError", "(", "type", "(", ")", ")"]
+    assert got == [
+        "match",
+        ":",
+        "case",
+        "int",
+        "(",
+        ")",
+        ":",
+        "raise",
+        "ValueError",
+        "(",
+        "type",
+        "(",
+        ")",
+        ")",
+    ]
     assert "_" not in STRUCTURAL_NAMES and "print" in STRUCTURAL_NAMES
 
 
@@ -107,13 +151,16 @@ def test_spans_empty_and_no_trailing_newline():
     assert structural_spans("return(x)") == [(0, 6), (6, 7), (8, 9)]
 
 
-@pytest.mark.parametrize("code", [
-    "def f(:\n  '''unterminated",      # EOF in a multi-line string
-    "if x:\n        a\n    b\n",      # dedent to no outer level
-    "x = (1,\n",                        # EOF inside a bracket
-    "a $ b\n",                          # not a Python character
-    "x = 'abc\n",                       # unterminated single-line string
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "def f(:\n  '''unterminated",  # EOF in a multi-line string
+        "if x:\n        a\n    b\n",  # dedent to no outer level
+        "x = (1,\n",  # EOF inside a bracket
+        "a $ b\n",  # not a Python character
+        "x = 'abc\n",  # unterminated single-line string
+    ],
+)
 def test_untokenizable_code_gives_none(code):
     assert structural_spans(code) is None
     assert structural_flags(code, [(0, 1), (len(code) - 1, len(code))]) is None
@@ -125,28 +172,35 @@ def test_only_the_covered_prefix_must_tokenize():
     assert structural_spans(code) is None
     assert structural_spans(code, limit=8) == [(2, 3), (5, 6), (7, 8)]
     assert structural_flags(code, [(0, 1), (1, 3), (3, 5), (5, 6), (6, 7), (7, 8)]) == [
-        False, True, False, True, False, True]
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
     assert structural_flags(code, [(0, 1), (13, 17)]) is None  # the bad string is covered
 
 
 # -- structural_flags ---------------------------------------------------------
 
+
 def test_flags_hand_written_offsets():
     code = "for i in f(x):\n    pass\n"
     assert texts(code, structural_spans(code)) == ["for", "in", "(", ")", ":", "pass"]
     cases = [
-        ((0, 3), True),     # "for"
-        ((3, 5), False),    # " i"
-        ((5, 8), True),     # " in": leading whitespace is stripped
-        ((6, 10), False),   # "in f": contains an identifier
-        ((8, 10), False),   # " f"
+        ((0, 3), True),  # "for"
+        ((3, 5), False),  # " i"
+        ((5, 8), True),  # " in": leading whitespace is stripped
+        ((6, 10), False),  # "in f": contains an identifier
+        ((8, 10), False),  # " f"
         ((10, 12), False),  # "(x": mixed
-        ((12, 14), True),   # "):": two adjacent structural tokens
+        ((12, 14), True),  # "):": two adjacent structural tokens
         ((14, 19), False),  # "\n    ": whitespace only
-        ((19, 21), True),   # "pa": part of a keyword
-        ((19, 24), True),   # "pass\n": trailing whitespace is stripped
+        ((19, 21), True),  # "pa": part of a keyword
+        ((19, 24), True),  # "pass\n": trailing whitespace is stripped
         ((23, 24), False),  # "\n"
-        ((0, 0), False),    # zero-length (special token)
+        ((0, 0), False),  # zero-length (special token)
         ((24, 24), False),  # zero-length at the end
     ]
     flags = structural_flags(code, [span for span, _ in cases])
@@ -202,8 +256,11 @@ def test_flags_with_real_tokenizer(tokenizer):
     def flags_over(word: str) -> list[bool]:
         out = []
         for match in re.finditer(rf"\b{word}\b", SNIPPET):
-            out += [f for (s, e), f in zip(offsets, flags, strict=True)
-                    if s < match.end() and e > match.start()]
+            out += [
+                f
+                for (s, e), f in zip(offsets, flags, strict=True)
+                if s < match.end() and e > match.start()
+            ]
         assert out
         return out
 
@@ -216,25 +273,29 @@ def test_flags_with_real_tokenizer(tokenizer):
 
 # -- ast_lambda -----------------------------------------------------------------
 
+
 def test_ast_lambda_values():
     assert ast_lambda(0) == 1000.0
     assert ast_lambda(1) == 0.1 + 999.9 * math.exp(-0.01)
     assert ast_lambda(5, dt=2) == 0.1 + 999.9 * math.exp(-0.02)
-    assert ast_lambda(4, dt=2) == ast_lambda(5, dt=2)       # staircase of width dt
+    assert ast_lambda(4, dt=2) == ast_lambda(5, dt=2)  # staircase of width dt
     assert ast_lambda(10**6) == pytest.approx(0.1, abs=1e-12)
     assert ast_lambda(123, alpha=0.0) == 1000.0
     assert ast_lambda(7, lambda_max=2.0, lambda_min=2.0) == 2.0
     assert ast_lambda(3, 10.0, 0.0, 0.5, 1) == 10.0 * math.exp(-1.5)
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [
-    ({"step": -1}, "step"),
-    ({"step": 0, "dt": 0}, "dt"),
-    ({"step": 0, "alpha": -0.1}, "alpha"),
-    ({"step": 0, "alpha": float("nan")}, "alpha"),
-    ({"step": 0, "lambda_min": -1.0}, "lambda_min"),
-    ({"step": 0, "lambda_max": 0.05}, "lambda_max"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"step": -1}, "step"),
+        ({"step": 0, "dt": 0}, "dt"),
+        ({"step": 0, "alpha": -0.1}, "alpha"),
+        ({"step": 0, "alpha": float("nan")}, "alpha"),
+        ({"step": 0, "lambda_min": -1.0}, "lambda_min"),
+        ({"step": 0, "lambda_max": 0.05}, "lambda_max"),
+    ],
+)
 def test_ast_lambda_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=rf"^{name} "):
         ast_lambda(**kwargs)
@@ -242,19 +303,20 @@ def test_ast_lambda_rejects_bad_arguments(kwargs, name):
 
 # -- kl_at_positions ------------------------------------------------------------
 
+
 def make(seed: int = 0, b: int = 3, t: int = 5, v: int = 11):
     g = torch.Generator().manual_seed(seed)
     junior = torch.randn(b, t, v, generator=g) * 2
     ref = torch.randn(b, t, v, generator=g) * 2
     mask = torch.rand(b, t, generator=g) < 0.5
-    mask[0, 0], mask[1, :] = True, False      # row 1 has no masked position
+    mask[0, 0], mask[1, :] = True, False  # row 1 has no masked position
     return junior, ref, mask
 
 
 def reference_kl(junior, ref, mask):
     p = torch.distributions.Categorical(logits=junior.float())
     q = torch.distributions.Categorical(logits=ref.float())
-    per_pos = torch.distributions.kl_divergence(p, q)          # [B, T]
+    per_pos = torch.distributions.kl_divergence(p, q)  # [B, T]
     return (per_pos * mask.float()).sum(dim=1)
 
 
@@ -284,8 +346,9 @@ def test_kl_low_precision_inputs_give_float32():
     junior, ref, mask = make()
     out = kl_at_positions(junior.bfloat16(), ref.bfloat16(), mask)
     assert out.dtype == torch.float32
-    torch.testing.assert_close(out, reference_kl(junior.bfloat16(), ref.bfloat16(), mask),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        out, reference_kl(junior.bfloat16(), ref.bfloat16(), mask), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_kl_ignores_masked_out_positions():

@@ -18,9 +18,17 @@ from privcode.config import SynthConfig, load_config
 from privcode.errors import ConfigError
 from privcode.synth.pipeline import SynthesisError, check_release_path, run_synthesis, work_key
 
-TINY = SynthConfig(num_samples=24, shard_size=8, batch_size=4, max_new_tokens=24,
-                   temperature=1.0, generators_min=1, generators_max=1, sandbox_workers=2,
-                   sandbox_wall_seconds=5.0)
+TINY = SynthConfig(
+    num_samples=24,
+    shard_size=8,
+    batch_size=4,
+    max_new_tokens=24,
+    temperature=1.0,
+    generators_min=1,
+    generators_max=1,
+    sandbox_workers=2,
+    sandbox_wall_seconds=5.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +47,21 @@ def _light_release(root: Path, *, dp: bool) -> Path:
     adapter = root / "adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-    save_file({"base_model.model.lm_head.lora_A.weight": torch.zeros(2, 4)},
-              str(adapter / "adapter_model.safetensors"))
-    return write_release(root / "release", adapter_dir=adapter,
-                         meta={"method": "privcode" if dp else "nondpft",
-                               "conditioning": "prompt", "dp": dp, "base_model": "unused"},
-                         privacy={"dp": dp, "epsilon": 4.0 if dp else None, "delta": 1e-5})
+    save_file(
+        {"base_model.model.lm_head.lora_A.weight": torch.zeros(2, 4)},
+        str(adapter / "adapter_model.safetensors"),
+    )
+    return write_release(
+        root / "release",
+        adapter_dir=adapter,
+        meta={
+            "method": "privcode" if dp else "nondpft",
+            "conditioning": "prompt",
+            "dp": dp,
+            "base_model": "unused",
+        },
+        privacy={"dp": dp, "epsilon": 4.0 if dp else None, "delta": 1e-5},
+    )
 
 
 @pytest.fixture
@@ -55,14 +72,21 @@ def no_ray(monkeypatch):
     import privcode.cluster.local
     import privcode.synth.pipeline
 
-    forbid_calls(monkeypatch, "Stage II must refuse before connecting to Ray or generating",
-                 (privcode.cluster.local, "connect"), (privcode.synth.pipeline, "_dataset"))
+    forbid_calls(
+        monkeypatch,
+        "Stage II must refuse before connecting to Ray or generating",
+        (privcode.cluster.local, "connect"),
+        (privcode.synth.pipeline, "_dataset"),
+    )
 
 
 def test_stage_two_refuses_a_non_dp_release_without_the_option(no_ray, tmp_path):
     nondp = _light_release(tmp_path, dp=False)
-    with pytest.raises(SynthesisError, match=r"NOT differentially private \(dp: false\).*"
-                                             r"synth\.allow_non_dp_release=true"):
+    with pytest.raises(
+        SynthesisError,
+        match=r"NOT differentially private \(dp: false\).*"
+        r"synth\.allow_non_dp_release=true",
+    ):
         run_synthesis(TINY, release=nondp, out_dir=tmp_path / "o", work_root=tmp_path / "w")
     assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()
     # Fail closed: a release.json without 'dp' counts as non-DP.
@@ -73,7 +97,11 @@ def test_stage_two_refuses_a_non_dp_release_without_the_option(no_ray, tmp_path)
         release_privacy(nondp, meta)
     dp = _light_release(tmp_path / "dp", dp=True)
     assert release_privacy(dp, check_release_path(dp)) == {
-        "dp": True, "epsilon": 4.0, "delta": 1e-5, "privacy_warning": None}
+        "dp": True,
+        "epsilon": 4.0,
+        "delta": 1e-5,
+        "privacy_warning": None,
+    }
 
 
 def test_stage_two_with_the_option_says_no_dp_guarantee_everywhere(ray_connected, tmp_path):
@@ -88,24 +116,37 @@ def test_stage_two_with_the_option_says_no_dp_guarantee_everywhere(ray_connected
     cfg = dataclasses.replace(TINY, num_samples=6, shard_size=8, allow_non_dp_release=True)
     shard = tmp_path / "w" / work_key(cfg, check_release_path(nondp)) / "shards"
     shard.mkdir(parents=True)
-    rows = [{"index": i, "z_seed": f"{cfg.seed}:{i}", "prompt": p, "code": c,
-             "exec_status": "ok", "exec_passed": True, "exec_seconds": 0.01,
-             "roundtrip_passed": True, "roundtrip_score": 0.9}
-            for i, (p, c) in enumerate(public_pairs(6, seed=5))]
+    rows = [
+        {
+            "index": i,
+            "z_seed": f"{cfg.seed}:{i}",
+            "prompt": p,
+            "code": c,
+            "exec_status": "ok",
+            "exec_passed": True,
+            "exec_seconds": 0.01,
+            "roundtrip_passed": True,
+            "roundtrip_score": 0.9,
+        }
+        for i, (p, c) in enumerate(public_pairs(6, seed=5))
+    ]
     pq.write_table(pa.Table.from_pylist(rows), shard / "shard-00000.parquet")
     with pytest.warns(RuntimeWarning, match="NO differential-privacy guarantee"):
-        summary = run_synthesis(cfg, release=nondp, out_dir=tmp_path / "o",
-                                work_root=tmp_path / "w", progress=False)
+        summary = run_synthesis(
+            cfg, release=nondp, out_dir=tmp_path / "o", work_root=tmp_path / "w", progress=False
+        )
     assert summary["shards_resumed"] == 1 and summary["generated_this_run"] == 0
     assert summary["kept"] >= 1
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     for artifact in (summary, stats):
         assert artifact["dp"] is False
         assert artifact["privacy_warning"].startswith(
-            "NO differential-privacy guarantee: synthesised from a non-DP release")
+            "NO differential-privacy guarantee: synthesised from a non-DP release"
+        )
     assert stats["release"]["dp"] is False and stats["release"]["epsilon"] is None
-    provenances = pq.read_table(tmp_path / "o" / "synthetic.parquet").column(
-        "provenance").to_pylist()
+    provenances = (
+        pq.read_table(tmp_path / "o" / "synthetic.parquet").column("provenance").to_pylist()
+    )
     assert len(provenances) == summary["kept"]
     for prov in map(json.loads, provenances):
         assert prov["dp"] is False and prov["no_dp_guarantee"] is True
@@ -118,8 +159,11 @@ def test_stage_two_refuses_private_inputs(tmp_path):
     from privcode.data.demo import build_demo_corpus
 
     corpus = tmp_path / "corpus"
-    build_demo_corpus(corpus, DataConfig(size=20, canary_repetitions=(1,),
-                                         canary_kinds=("email",)), progress=False)
+    build_demo_corpus(
+        corpus,
+        DataConfig(size=20, canary_repetitions=(1,), canary_kinds=("email",)),
+        progress=False,
+    )
     for private in (corpus / "train.parquet", corpus):
         with pytest.raises(SynthesisError, match="refusing to start"):
             check_release_path(private)
@@ -137,12 +181,14 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
     import pyarrow.parquet as pq
 
     out = tmp_path / "out"
-    summary = run_synthesis(TINY, release=release, out_dir=out, work_root=tmp_path / "work",
-                            progress=False)
+    summary = run_synthesis(
+        TINY, release=release, out_dir=out, work_root=tmp_path / "work", progress=False
+    )
     assert summary["generated"] == 24 and summary["shards"] == 3
     assert summary["shards_written"] == 3 and summary["shards_resumed"] == 0
-    removed = (summary["removed_execution"] + summary["removed_roundtrip"]
-               + summary["removed_duplicate"])
+    removed = (
+        summary["removed_execution"] + summary["removed_roundtrip"] + summary["removed_duplicate"]
+    )
     assert removed + summary["kept"] == summary["generated"]
     assert sum(summary["execution_statuses"].values()) == 24
     stats = json.loads((out / "stats.json").read_text())
@@ -153,15 +199,23 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
     assert (summary["epsilon"], summary["delta"]) == (4.0, 1e-5)
     table = pq.read_table(out / "synthetic.parquet")
     assert table.num_rows == summary["kept"]
-    assert {"id", "prompt", "code", "z_seed", "exec_status", "roundtrip_score",
-            "provenance"} <= set(table.column_names)
+    assert {
+        "id",
+        "prompt",
+        "code",
+        "z_seed",
+        "exec_status",
+        "roundtrip_score",
+        "provenance",
+    } <= set(table.column_names)
     for prov in map(json.loads, set(table.column("provenance").to_pylist())):
         assert prov["dp"] is True and (prov["epsilon"], prov["delta"]) == (4.0, 1e-5)
         assert "no_dp_guarantee" not in prov
     # Every generated row, with its verdicts, is in the shards (nothing lost, no duplicates).
     work = Path(summary["work_dir"])
-    rows = [r for f in sorted((work / "shards").glob("*.parquet"))
-            for r in pq.read_table(f).to_pylist()]
+    rows = [
+        r for f in sorted((work / "shards").glob("*.parquet")) for r in pq.read_table(f).to_pylist()
+    ]
     assert sorted(r["index"] for r in rows) == list(range(24))
     assert all(r["z_seed"] == f"{TINY.seed}:{r['index']}" for r in rows)
     assert all(r["exec_status"] for r in rows)
@@ -171,8 +225,11 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
 def _processes_titled(title: str) -> list[int]:
     import psutil
 
-    return [p.pid for p in psutil.process_iter(["cmdline"])
-            if any(title in part for part in (p.info["cmdline"] or []))]
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(title in part for part in (p.info["cmdline"] or []))
+    ]
 
 
 def _wait_until_no_process_titled(title: str, timeout: float) -> None:
@@ -191,15 +248,30 @@ def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, rele
     import pyarrow.parquet as pq
 
     cfg_file = tmp_path / "synth.yaml"
-    cfg_file.write_text(json.dumps({
-        "run": {"name": "s", "out_dir": str(tmp_path / "runs"), "stages": ["synth"]},
-        "synth": {"release": str(release), "num_samples": 96, "shard_size": 8,
-                  "batch_size": 4, "max_new_tokens": 24, "generators_min": 1,
-                  "generators_max": 1, "sandbox_workers": 2}}))
-    proc = subprocess.Popen([sys.executable, "-m", "privcode.cli", "synthesize", "--config",
-                             str(cfg_file)], env=os.environ.copy(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    cfg_file.write_text(
+        json.dumps(
+            {
+                "run": {"name": "s", "out_dir": str(tmp_path / "runs"), "stages": ["synth"]},
+                "synth": {
+                    "release": str(release),
+                    "num_samples": 96,
+                    "shard_size": 8,
+                    "batch_size": 4,
+                    "max_new_tokens": 24,
+                    "generators_min": 1,
+                    "generators_max": 1,
+                    "sandbox_workers": 2,
+                },
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "privcode.cli", "synthesize", "--config", str(cfg_file)],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     shards = tmp_path / "runs" / "s" / ".synth"
     deadline = time.time() + 240
     try:
@@ -218,12 +290,16 @@ def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, rele
     done = sorted(shards.glob("*/shards/shard-*.parquet"))
     assert 1 <= len(done) < 12
     cfg = load_config(cfg_file)
-    summary = run_synthesis(cfg.synth, release=release, out_dir=tmp_path / "out",
-                            work_root=shards, progress=False)
+    summary = run_synthesis(
+        cfg.synth, release=release, out_dir=tmp_path / "out", work_root=shards, progress=False
+    )
     assert summary["shards_resumed"] == len(done)
     assert summary["shards_written"] == 12 - len(done)
-    rows = [r for f in sorted(shards.glob("*/shards/shard-*.parquet"))
-            for r in pq.read_table(f).to_pylist()]
+    rows = [
+        r
+        for f in sorted(shards.glob("*/shards/shard-*.parquet"))
+        for r in pq.read_table(f).to_pylist()
+    ]
     assert sorted(r["index"] for r in rows) == list(range(96))
     assert not list(shards.glob("*/shards/.*.tmp"))  # no half-written shard left behind
 
@@ -231,13 +307,17 @@ def test_rerun_after_a_killed_run_resumes_without_duplicates(ray_connected, rele
 def test_a_junior_that_writes_no_runnable_code_stops_after_the_first_shard():
     from privcode.synth.pipeline import _check_runnable
 
-    rows = ([{"exec_passed": False, "exec_status": "syntax"}] * 9
-            + [{"exec_passed": True, "exec_status": "ok"}])
+    rows = [{"exec_passed": False, "exec_status": "syntax"}] * 9 + [
+        {"exec_passed": True, "exec_status": "ok"}
+    ]
     _check_runnable(rows, 0.1)  # 1 of 10 runs: enough
     _check_runnable(rows, 0.0)
-    with pytest.raises(SynthesisError, match=r"only 1 of the first 10 samples run \(execution "
-                                             r"statuses: ok 1, syntax 9; synth.min_runnable_"
-                                             r"fraction=0.2\).*base stage.*train stage"):
+    with pytest.raises(
+        SynthesisError,
+        match=r"only 1 of the first 10 samples run \(execution "
+        r"statuses: ok 1, syntax 9; synth.min_runnable_"
+        r"fraction=0.2\).*base stage.*train stage",
+    ):
         _check_runnable(rows, 0.2)
 
 

@@ -58,10 +58,10 @@ ADD = '''def add(a: int, b: int) -> int:
     """
     return a + b
 '''
-PARSE = '''def parse_header(line):
+PARSE = """def parse_header(line):
     key, value = line.split(":", 1)
     return key.strip(), value.strip()
-'''
+"""
 STACK = '''class Stack(list):
     """A simple LIFO stack."""
 
@@ -74,19 +74,30 @@ STACK = '''class Stack(list):
 
 EXPECTED = [
     (ADD, "Write a Python function `add(a: int, b: int) -> int` that returns the sum of a and b."),
-    (PARSE, "Write a Python function `parse_header(line)` that parses header. "
-            "It uses `split` and `strip`."),
-    ("def is_prime(n):\n    for d in range(2, n):\n        if n % d == 0:\n            return False\n"
-     "    return True\n",
-     "Write a Python function `is_prime(n)` that returns whether it is prime. It uses `range`."),
-    ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
-     "Write a Python function `fib(n)` that implements fib. It calls itself recursively."),
-    ("def fib(n):\n    '''The n-th Fibonacci number.'''\n    return n\n",
-     "Write a Python function `fib(n)`. The n-th Fibonacci number."),
-    ("async def fetch_all(urls):\n    out = []\n    for u in urls:\n        out.append(await get(u))\n"
-     "    return out\n",
-     "Write an async Python function `fetch_all(urls)` that fetches all. "
-     "It uses `append` and `get` and returns `out`."),
+    (
+        PARSE,
+        "Write a Python function `parse_header(line)` that parses header. "
+        "It uses `split` and `strip`.",
+    ),
+    (
+        "def is_prime(n):\n    for d in range(2, n):\n        if n % d == 0:\n            return False\n"
+        "    return True\n",
+        "Write a Python function `is_prime(n)` that returns whether it is prime. It uses `range`.",
+    ),
+    (
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+        "Write a Python function `fib(n)` that implements fib. It calls itself recursively.",
+    ),
+    (
+        "def fib(n):\n    '''The n-th Fibonacci number.'''\n    return n\n",
+        "Write a Python function `fib(n)`. The n-th Fibonacci number.",
+    ),
+    (
+        "async def fetch_all(urls):\n    out = []\n    for u in urls:\n        out.append(await get(u))\n"
+        "    return out\n",
+        "Write an async Python function `fetch_all(urls)` that fetches all. "
+        "It uses `append` and `get` and returns `out`.",
+    ),
     (STACK, "Write a Python class `Stack(list)` with methods `push`, `peek`. A simple LIFO stack."),
     ("def broken(:\n    pass\n", "Complete the following Python code: def broken(:"),
     ("", "Write a Python script."),
@@ -109,7 +120,11 @@ def test_offline_extractor_never_executes_or_raises(tmp_path):
         "x = " + "(" * 500 + ")" * 500,
         "x = " + "+".join(["1"] * 100_000),
         "\x00\x01 def \x7f",
-        "def f(" + ", ".join(f"a{i}=1" for i in range(200)) + "):\n    '''" + "word " * 500 + "'''\n",
+        "def f("
+        + ", ".join(f"a{i}=1" for i in range(200))
+        + "):\n    '''"
+        + "word " * 500
+        + "'''\n",
         "\ud800 surrogate",
         "'''unterminated",
     ]
@@ -118,9 +133,15 @@ def test_offline_extractor_never_executes_or_raises(tmp_path):
     assert len(out) == len(hostile)
     assert all(isinstance(s, str) and 0 < len(s) <= MAX_INSTRUCTION_CHARS for s in out)
     assert out[0] == "Write a Python script that uses `system` and `__import__`."
-    assert out[1] == "Write a Python function `f(x=__import__('os').system('touch " + str(marker) + \
-        "'))` that implements f. It returns `x`."
-    assert out[6].startswith("Write a Python function `f(...)`. word word") and out[6].endswith("...")
+    assert (
+        out[1]
+        == "Write a Python function `f(x=__import__('os').system('touch "
+        + str(marker)
+        + "'))` that implements f. It returns `x`."
+    )
+    assert out[6].startswith("Write a Python function `f(...)`. word word") and out[6].endswith(
+        "..."
+    )
     assert OfflineExtractor(max_chars=40).extract([ADD])[0].endswith("...")
     assert len(OfflineExtractor(max_chars=40).extract([ADD])[0]) <= 40
 
@@ -170,9 +191,11 @@ def test_round_trip_separates_matching_from_mismatched(embedding):
     match = (p_emb * s_emb).sum(axis=1)
     mism = (p_emb * np.roll(s_emb, -37, axis=0)).sum(axis=1)
     keep_rate, reject_rate = (match >= rt.threshold).mean(), (mism < rt.threshold).mean()
-    print(f"\nheld-out n={len(codes)}: matching mean {match.mean():.3f}, mismatched mean "
-          f"{mism.mean():.3f}; threshold {rt.threshold}: keeps {keep_rate:.1%} of matching, "
-          f"rejects {reject_rate:.1%} of mismatched")
+    print(
+        f"\nheld-out n={len(codes)}: matching mean {match.mean():.3f}, mismatched mean "
+        f"{mism.mean():.3f}; threshold {rt.threshold}: keeps {keep_rate:.1%} of matching, "
+        f"rejects {reject_rate:.1%} of mismatched"
+    )
     assert match.mean() > mism.mean() + 0.25
     assert keep_rate >= 0.7 and reject_rate >= 0.7
     # The filter's own API gives the same numbers (up to batching noise) and keep == score >= tau.
@@ -197,8 +220,13 @@ def test_round_trip_registries_and_options(ci_path, embedding):
     with pytest.raises(ValueError, match="model"):
         RoundTripFilter(scorer="bertscore")
     assert RoundTripFilter(scorer="bertscore", scorer_model="/x").threshold == 0.88
-    rt = RoundTripFilter(summarizer="hf", summarizer_model=ci_path, summarizer_max_new_tokens=8,
-                         scorer=embedding, threshold=0.1)
+    rt = RoundTripFilter(
+        summarizer="hf",
+        summarizer_model=ci_path,
+        summarizer_max_new_tokens=8,
+        scorer=embedding,
+        threshold=0.1,
+    )
     scores = rt.score(["Add two numbers.", "Parse a header."], [ADD, PARSE])
     assert len(scores) == 2 and all(-1.0 <= s <= 1.0 for s in scores)
     assert rt.score(["Add two numbers.", "Parse a header."], [ADD, PARSE]) == scores
@@ -212,7 +240,9 @@ def _bertscore_reference(model_dir: str, cand: str, ref: str) -> float:
 
     def emb(text: str) -> torch.Tensor:
         with torch.no_grad():
-            hidden = model(**tok(text, return_tensors="pt")).last_hidden_state[0, 1:-1]  # drop CLS/SEP
+            hidden = model(**tok(text, return_tensors="pt")).last_hidden_state[
+                0, 1:-1
+            ]  # drop CLS/SEP
         return hidden / hidden.norm(dim=-1, keepdim=True)
 
     sim = emb(cand) @ emb(ref).T
@@ -314,14 +344,19 @@ def test_dedup_scales_linearly():
     codes = []
     for i in range(5000):
         n = rng.randint(2, 6)
-        body = "\n".join(f"    v{j} = {rng.choice('abc')} {rng.choice(ops)} {rng.randint(0, 999)}"
-                         for j in range(n))
+        body = "\n".join(
+            f"    v{j} = {rng.choice('abc')} {rng.choice(ops)} {rng.randint(0, 999)}"
+            for j in range(n)
+        )
         codes.append(f"def f{i}(a, b, c):\n{body}\n    return v{n - 1}\n")
     copies = ["# copy\n" + codes[i] for i in range(0, 5000, 10)]
     d = Deduplicator()
     start = time.perf_counter()
-    first = [v for s in range(0, 5000, 500)
-             for v in d.add([f"r{i}" for i in range(s, s + 500)], codes[s:s + 500])]
+    first = [
+        v
+        for s in range(0, 5000, 500)
+        for v in d.add([f"r{i}" for i in range(s, s + 500)], codes[s : s + 500])
+    ]
     again = d.add([f"c{i}" for i in range(len(copies))], copies)
     elapsed = time.perf_counter() - start
     print(f"\ndedup: {len(codes) + len(copies)} snippets in {elapsed:.2f} s, kept {len(d)}")

@@ -20,9 +20,17 @@ from privcode.train.loop import TrainingError, run_training
 pytestmark = pytest.mark.ray
 
 # The default method, privcode++ (LoRA + E_c + E_p + D under one DP-SGD), scaled down.
-SMALL = TrainConfig(method="privcode++", expected_batch_size=8, max_length=48, eval_tokens=0,
-                    checkpoint_every=50, lr=1e-2, latent_dim=16, num_virtual_tokens=4,
-                    align_bank_size=8)
+SMALL = TrainConfig(
+    method="privcode++",
+    expected_batch_size=8,
+    max_length=48,
+    eval_tokens=0,
+    checkpoint_every=50,
+    lr=1e-2,
+    latent_dim=16,
+    num_virtual_tokens=4,
+    align_bank_size=8,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +38,11 @@ def corpus(tmp_path_factory) -> Path:
     from privcode.data.demo import build_demo_corpus
 
     out = tmp_path_factory.mktemp("corpus")
-    build_demo_corpus(out, DataConfig(size=60, canary_repetitions=(1, 2),
-                                      canary_kinds=("email", "password")), progress=False)
+    build_demo_corpus(
+        out,
+        DataConfig(size=60, canary_repetitions=(1, 2), canary_kinds=("email", "password")),
+        progress=False,
+    )
     return out
 
 
@@ -43,9 +54,16 @@ def base_path(ci_base_cache) -> str:
 
 
 def _train(cfg, corpus, base_path, work: Path, **kwargs):
-    return run_training(cfg, data_path=corpus / "train.parquet", base_path=base_path,
-                        out_dir=work / "release", ledger_dir=work / "ledger", run_name="t",
-                        storage_dir=work / "storage", **kwargs)
+    return run_training(
+        cfg,
+        data_path=corpus / "train.parquet",
+        base_path=base_path,
+        out_dir=work / "release",
+        ledger_dir=work / "ledger",
+        run_name="t",
+        storage_dir=work / "storage",
+        **kwargs,
+    )
 
 
 def _decoder(work: Path) -> dict[str, torch.Tensor]:
@@ -66,21 +84,30 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     from concurrent.futures import ThreadPoolExecutor
 
     # The engine's non-private mode, clipped as DP-SGD is, with a fixed sampling seed.
-    mode = Privacy.non_private("test: 0 vs 2 workers step for step", seed=1234,
-                               max_grad_norm=SMALL.max_grad_norm)
+    mode = Privacy.non_private(
+        "test: 0 vs 2 workers step for step", seed=1234, max_grad_norm=SMALL.max_grad_norm
+    )
     # SGD: the update is linear in the gradient. (Adam's first step is about
     # lr * sign(g), which turns float summation-order noise in near-zero
     # entries into visible differences.)
-    cfgs = {workers: dataclasses.replace(SMALL, steps=2, num_workers=workers, optimizer="sgd",
-                                         lr=0.5) for workers in (0, 2)}
+    cfgs = {
+        workers: dataclasses.replace(SMALL, steps=2, num_workers=workers, optimizer="sgd", lr=0.5)
+        for workers in (0, 2)
+    }
     # Both runs at once (Ray Train runs fit() from threads; the local run trains in this
     # process, on no Ray CPU): the worker group's start-up (process spawns and imports, most
     # of its run) overlaps the local run.
     torch_threads = torch.get_num_threads()
-    with pytest.warns(RuntimeWarning, match="NOT differentially private") as warned, \
-            ThreadPoolExecutor(2) as pool:
-        runs = {workers: pool.submit(_train, cfg, corpus, base_path, tmp_path / f"w{workers}",
-                                     non_private=mode) for workers, cfg in cfgs.items()}
+    with (
+        pytest.warns(RuntimeWarning, match="NOT differentially private") as warned,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        runs = {
+            workers: pool.submit(
+                _train, cfg, corpus, base_path, tmp_path / f"w{workers}", non_private=mode
+            )
+            for workers, cfg in cfgs.items()
+        }
         results = {workers: run.result() for workers, run in runs.items()}
     assert sum("NOT differentially private" in str(w.message) for w in warned) >= 2  # each run
     assert torch.get_num_threads() == torch_threads  # local mode restores this process's
@@ -109,8 +136,9 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     assert not (tmp_path / "w2" / "ledger").exists()  # no ledger is even opened
 
 
-def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus, base_path,
-                                                           tmp_path):
+def test_budget_allowing_k_steps_stops_all_workers_after_k(
+    ray_connected, corpus, base_path, tmp_path
+):
     sigma, k, delta = 1.0, 3, 1e-5
     n = 72  # records in the fixture's train.parquet
     q = SMALL.expected_batch_size / n
@@ -118,8 +146,16 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
     eps_next = epsilon([DPEvent(sigma, q, k + 1)], delta)
     budget = (eps_k + eps_next) / 2
     # Secure mode: rank 0 draws each step's Poisson mask from os.urandom and broadcasts it.
-    cfg = dataclasses.replace(SMALL, steps=10, num_workers=2, noise_multiplier=sigma,
-                              epsilon=budget, delta=delta, checkpoint_every=2, secure_rng=True)
+    cfg = dataclasses.replace(
+        SMALL,
+        steps=10,
+        num_workers=2,
+        noise_multiplier=sigma,
+        epsilon=budget,
+        delta=delta,
+        checkpoint_every=2,
+        secure_rng=True,
+    )
     summary = _train(cfg, corpus, base_path, tmp_path, keep_storage=True)
     assert summary["num_records"] == n
     assert summary["steps_taken"] == k and summary["stop_reason"] == "budget"
@@ -155,7 +191,8 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(ray_connected, corpus
     digest = sha256_file(corpus / "train.parquet")
     assert "corpus_sha256" not in privacy
     assert privacy["dataset_id"] == PrivacyStore(tmp_path / "privacy-store").dataset_id(
-        corpus / "train.parquet")
+        corpus / "train.parquet"
+    )
     for path in (tmp_path / "release").rglob("*"):
         if path.is_file():
             assert digest[:8].encode() not in path.read_bytes().lower(), path
@@ -181,9 +218,13 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     train_dir = root / "runs" / "t" / "train"
     manifest = read_manifest(train_dir)
     assert manifest["private"] is False
-    assert {"release/privacy.json", "release/release.json", "release/prefix_decoder.safetensors",
-            "release/adapter/adapter_model.safetensors",
-            "release/adapter/adapter_config.json"} <= set(manifest["outputs"])
+    assert {
+        "release/privacy.json",
+        "release/release.json",
+        "release/prefix_decoder.safetensors",
+        "release/adapter/adapter_model.safetensors",
+        "release/adapter/adapter_config.json",
+    } <= set(manifest["outputs"])
     summary = manifest["summary"]
     assert summary["method"] == "privcode++" and summary["conditioning"] == "latent"
     assert summary["steps_taken"] == 4 and summary["noise_calibrated"] is True
@@ -197,15 +238,18 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     assert privacy["objective"]["privlc"]["never_released"] == ["code_encoder", "prompt_encoder"]
 
     # The release loads in a fresh process with peft (privcode.release) and generates.
-    code = ("import json, sys, torch\n"
-            "from privcode.release import load_release\n"
-            "r = load_release(sys.argv[1], merge=False)\n"
-            "out = r.generate(z=r.sample_z(2, seed=0), max_new_tokens=8, temperature=0.0)\n"
-            "print(json.dumps({'n': len(out), 'dz': r.dz, 'k': r.num_virtual_tokens,\n"
-            "    'lora': sum(p.numel() for n, p in r.model.named_parameters() if 'lora_' in n),\n"
-            "    'eps': r.privacy['epsilon']}))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(release)], capture_output=True,
-                          text=True, timeout=300)
+    code = (
+        "import json, sys, torch\n"
+        "from privcode.release import load_release\n"
+        "r = load_release(sys.argv[1], merge=False)\n"
+        "out = r.generate(z=r.sample_z(2, seed=0), max_new_tokens=8, temperature=0.0)\n"
+        "print(json.dumps({'n': len(out), 'dz': r.dz, 'k': r.num_virtual_tokens,\n"
+        "    'lora': sum(p.numel() for n, p in r.model.named_parameters() if 'lora_' in n),\n"
+        "    'eps': r.privacy['epsilon']}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(release)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded["n"] == 2 and loaded["dz"] == 16 and loaded["k"] == 4 and loaded["lora"] > 0
@@ -230,8 +274,9 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
 
     records = read_records(root / "runs" / "t" / "data" / "train.parquet")
     secrets += [r.code[:200] for r in records if len(r.code) >= 80]
-    secrets += [line.strip() for r in records for line in r.code.splitlines()
-                if len(line.strip()) >= 40]
+    secrets += [
+        line.strip() for r in records for line in r.code.splitlines() if len(line.strip()) >= 40
+    ]
     secrets += [r.prompt[:120] for r in records if len(r.prompt) >= 60]
     assert len(secrets) > 50
     assert scan_release(release, secrets) == []
@@ -245,8 +290,7 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     from privcode.utils import sha256_file
 
     digest = sha256_file(root / "runs" / "t" / "data" / "train.parquet")
-    shared = [p for d in (release, root / "reports" / "t") for p in d.rglob("*")
-              if p.is_file()]
+    shared = [p for d in (release, root / "reports" / "t") for p in d.rglob("*") if p.is_file()]
     assert len(shared) > 5
     for path in shared:
         blob = path.read_bytes().lower()
@@ -266,26 +310,40 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     assert first["report"] and read_manifest(root / "runs" / "t" / "report")["inputs"]["train"]
 
     second = run_pipeline(cfg)
-    assert {k: v["status"] for k, v in second["stages"].items()} == dict.fromkeys(stages,
-                                                                                 "skipped")
+    assert {k: v["status"] for k, v in second["stages"].items()} == dict.fromkeys(stages, "skipped")
 
 
 @pytest.mark.slow  # about 120 s on 2 CPUs (its own 4-node cluster, 40 steps): `make test-all`
 def test_chaos_worker_node_killed_run_resumes_and_ledger_never_undercounts(
-        ray_connected, corpus, base_path, tmp_path):
+    ray_connected, corpus, base_path, tmp_path
+):
     """Kill a worker node of a multi-node cluster mid-training (in a subprocess: its own cluster)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token"),
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    env.update(
+        {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token"),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        }
+    )
     # Ray's Unix socket paths must stay short: keep the cluster's temp dir under /tmp.
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="pcchaos-", dir="/tmp"))
     try:
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("chaos_train.py")), str(work),
-             str(corpus / "train.parquet"), base_path],
-            env=env, capture_output=True, text=True, timeout=480)
+            [
+                sys.executable,
+                str(Path(__file__).with_name("chaos_train.py")),
+                str(work),
+                str(corpus / "train.parquet"),
+                base_path,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
         result_file = work / "result.json"
         assert result_file.is_file(), proc.stderr[-4000:]
         result = json.loads(result_file.read_text())
@@ -326,23 +384,25 @@ def _code_loss(model, tokenizer, codes, prefix=None) -> float:
     eos = tokenizer.eos_token_id
     with torch.no_grad():
         for code in codes:
-            ids = torch.tensor([tokenizer(code, add_special_tokens=False)["input_ids"][:60]
-                                + [eos]])
+            ids = torch.tensor(
+                [tokenizer(code, add_special_tokens=False)["input_ids"][:60] + [eos]]
+            )
             emb = model.get_input_embeddings()(ids)
             if prefix is None:
                 ctx = model.get_input_embeddings()(torch.tensor([[eos]]))
             else:
                 ctx = prefix.to(emb.dtype)
             k = ctx.shape[1]
-            logits = model(inputs_embeds=torch.cat([ctx, emb], 1)).logits[0, k - 1:-1]
+            logits = model(inputs_embeds=torch.cat([ctx, emb], 1)).logits[0, k - 1 : -1]
             ce = torch.nn.functional.cross_entropy(logits.float(), ids[0], reduction="sum")
             total, count = total + float(ce), count + ids.shape[1]
     return total / count
 
 
 @pytest.mark.slow  # about 150 s on 2 CPUs: `make test-all`
-def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(ray_connected, base_path,
-                                                                tmp_path_factory, tmp_path):
+def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(
+    ray_connected, base_path, tmp_path_factory, tmp_path
+):
     """A DP-trained privcode++ junior: z steers generation; held-out private code gets likelier.
 
     DP-SGD's noise has norm ~ sigma C sqrt(d) / B against a signal of norm <= C,
@@ -358,11 +418,24 @@ def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(ray_connected, ba
     from privcode.release import load_release
 
     corpus = tmp_path_factory.mktemp("corpus400")
-    build_demo_corpus(corpus, DataConfig(size=400, canary_repetitions=(1,),
-                                         canary_kinds=("email",)), progress=False)
-    cfg = dataclasses.replace(SMALL, steps=30, expected_batch_size=128, epsilon=30.0, lr=5e-3,
-                              lora_r=2, lora_alpha=4, encoder_hidden=16, max_length=96,
-                              ast_lambda_max=1.0, checkpoint_every=100)
+    build_demo_corpus(
+        corpus,
+        DataConfig(size=400, canary_repetitions=(1,), canary_kinds=("email",)),
+        progress=False,
+    )
+    cfg = dataclasses.replace(
+        SMALL,
+        steps=30,
+        expected_batch_size=128,
+        epsilon=30.0,
+        lr=5e-3,
+        lora_r=2,
+        lora_alpha=4,
+        encoder_hidden=16,
+        max_length=96,
+        ast_lambda_max=1.0,
+        checkpoint_every=100,
+    )
     summary = _train(cfg, corpus, base_path, tmp_path)
     assert summary["dp"] is True and summary["steps_taken"] == 30
     assert summary["epsilon"] <= 30.0 and summary["noise_calibrated"] is True
@@ -382,17 +455,18 @@ def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(ray_connected, ba
     # junior (prefix of the prior's mode, z = 0) than under the public base.
     codes = [r.code for r in read_records(corpus / "heldout.parquet")]
     assert len(codes) >= 5
-    junior = _code_loss(release.model, release.tokenizer, codes,
-                        prefix=release.prefix(torch.zeros(1, release.dz)))
+    junior = _code_loss(
+        release.model, release.tokenizer, codes, prefix=release.prefix(torch.zeros(1, release.dz))
+    )
     base = _code_loss(load_causal_lm(base_path), release.tokenizer, codes)
     assert junior < base, (junior, base)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(__import__("privcode.train.methods",
-                                                   fromlist=["METHODS"]).METHODS))
-def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, base_path,
-                                                  tmp_path):
+@pytest.mark.parametrize(
+    "name", sorted(__import__("privcode.train.methods", fromlist=["METHODS"]).METHODS)
+)
+def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, base_path, tmp_path):
     """Each registered method: 2 steps on Ray Train, epsilon from the ledger, a loadable release."""
     import warnings
 
@@ -400,8 +474,15 @@ def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, ba
     from privcode.train.methods import METHODS
 
     method = METHODS[name]
-    cfg = dataclasses.replace(SMALL, method=name, steps=2, noise_multiplier=1.0, epsilon=50.0,
-                              preemb_steps=3, allow_non_private=not method.dp)
+    cfg = dataclasses.replace(
+        SMALL,
+        method=name,
+        steps=2,
+        noise_multiplier=1.0,
+        epsilon=50.0,
+        preemb_steps=3,
+        allow_non_private=not method.dp,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         summary = _train(cfg, corpus, base_path, tmp_path)
@@ -420,6 +501,9 @@ def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, ba
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         release = load_release(tmp_path / "release")
-    kwargs = ({"n": 1} if release.conditioning in ("latent", "none")
-              else {"prompts": ["Return the sum of a list."]})
+    kwargs = (
+        {"n": 1}
+        if release.conditioning in ("latent", "none")
+        else {"prompts": ["Return the sum of a list."]}
+    )
     assert len(release.generate(max_new_tokens=4, temperature=0.0, **kwargs)) == 1

@@ -18,13 +18,35 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "scoring": ("AuditError", "ScoredModel", "as_scored", "load_scored_model", "record_losses",
-                "sequence_logprobs"),
-    "canaries": ("KIND_CONTEXTS", "canary_leakage", "inducing_contexts", "load_canaries",
-                 "sample_continuations", "write_private_details"),
+    "scoring": (
+        "AuditError",
+        "ScoredModel",
+        "as_scored",
+        "load_scored_model",
+        "record_losses",
+        "sequence_logprobs",
+    ),
+    "canaries": (
+        "KIND_CONTEXTS",
+        "canary_leakage",
+        "inducing_contexts",
+        "load_canaries",
+        "sample_continuations",
+        "write_private_details",
+    ),
     "exposure": ("canary_exposure", "exposure_from_scores", "extrapolated_exposure"),
-    "mia": ("auc", "check_against_dp", "dp_tpr_ceiling", "mia_metrics", "pld_tpr_ceiling",
-            "plot_roc", "read_dp_params", "roc_curve", "run_mia", "tpr_at_fpr"),
+    "mia": (
+        "auc",
+        "check_against_dp",
+        "dp_tpr_ceiling",
+        "mia_metrics",
+        "pld_tpr_ceiling",
+        "plot_roc",
+        "read_dp_params",
+        "roc_curve",
+        "run_mia",
+        "tpr_at_fpr",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -54,8 +54,15 @@ from privcode.utils import atomic_path, canonical_json
 
 log = logging.getLogger("privcode.audit")
 
-__all__ = ["KIND_CONTEXTS", "PRIVATE_NOTE", "canary_leakage", "inducing_contexts",
-           "load_canaries", "sample_continuations", "write_private_details"]
+__all__ = [
+    "KIND_CONTEXTS",
+    "PRIVATE_NOTE",
+    "canary_leakage",
+    "inducing_contexts",
+    "load_canaries",
+    "sample_continuations",
+    "write_private_details",
+]
 
 #: Public inducing contexts per canary kind: assignments and signatures whose next token
 #: would naturally start a value of that kind.
@@ -67,8 +74,10 @@ KIND_CONTEXTS: dict[str, tuple[str, ...]] = {
     "username": ('USERNAME = "', 'def login(username="', 'DB_USER = "'),
 }
 
-PRIVATE_NOTE = ("PRIVATE: contains canary values; keep inside the run directory, never copy "
-                "into reports, logs or releases")
+PRIVATE_NOTE = (
+    "PRIVATE: contains canary values; keep inside the run directory, never copy "
+    "into reports, logs or releases"
+)
 _PUBLIC_KEYS = ("id", "kind", "placement", "repetitions")
 
 
@@ -117,10 +126,18 @@ def _context_seed(seed: int, text: str) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(text.encode("utf-8"))) & ((1 << 63) - 1)
 
 
-def sample_continuations(model: Any, contexts: Sequence[str], n: int, *,
-                         tokenizer: Any = None, max_new_tokens: int = 32,
-                         temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                         batch_size: int = 32) -> list[list[str]]:
+def sample_continuations(
+    model: Any,
+    contexts: Sequence[str],
+    n: int,
+    *,
+    tokenizer: Any = None,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> list[list[str]]:
     """``n`` sampled continuations (text after the context, up to EOS) per context.
 
     Reproducible: each context's samples come from a generator seeded by
@@ -129,15 +146,22 @@ def sample_continuations(model: Any, contexts: Sequence[str], n: int, *,
     from transformers import GenerationConfig
 
     sm = as_scored(model, tokenizer)
-    if type(n) is not int or n < 1 or max_new_tokens < 1 or temperature <= 0 \
-            or not 0 < top_p <= 1:
-        raise AuditError(f"need n >= 1, max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 "
-                         f"(got {n}, {max_new_tokens}, {temperature}, {top_p})")
+    if type(n) is not int or n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
+        raise AuditError(
+            f"need n >= 1, max_new_tokens >= 1, temperature > 0, 0 < top_p <= 1 "
+            f"(got {n}, {max_new_tokens}, {temperature}, {top_p})"
+        )
     tok, device = sm.tokenizer, sm.device
-    config = GenerationConfig(do_sample=True, temperature=float(temperature), top_p=float(top_p),
-                              top_k=0, max_new_tokens=int(max_new_tokens),
-                              eos_token_id=sm.eos_id, pad_token_id=sm.pad_id,
-                              bos_token_id=tok.bos_token_id)
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=0,
+        max_new_tokens=int(max_new_tokens),
+        eos_token_id=sm.eos_id,
+        pad_token_id=sm.pad_id,
+        bos_token_id=tok.bos_token_id,
+    )
     emb = sm.model.get_input_embeddings()
     devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
     out: list[list[str]] = []
@@ -160,18 +184,21 @@ def sample_continuations(model: Any, contexts: Sequence[str], n: int, *,
                         parts.append(emb(tokens).expand(b, -1, -1).to(prefix.dtype))
                     embeds = torch.cat(parts, dim=1)
                     mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=device)
-                    new = sm.model.generate(inputs_embeds=embeds, attention_mask=mask,
-                                            generation_config=config)
+                    new = sm.model.generate(
+                        inputs_embeds=embeds, attention_mask=mask, generation_config=config
+                    )
                 else:
                     input_ids = torch.tensor([ids] * b, device=device)
-                    new = sm.model.generate(input_ids=input_ids,
-                                            attention_mask=torch.ones_like(input_ids),
-                                            generation_config=config)[:, len(ids):]
+                    new = sm.model.generate(
+                        input_ids=input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        generation_config=config,
+                    )[:, len(ids) :]
                 rows += new.tolist()
         texts = []
         for r in rows:
             if sm.eos_id in r:
-                r = r[:r.index(sm.eos_id)]
+                r = r[: r.index(sm.eos_id)]
             texts.append(tok.decode(r, skip_special_tokens=True))
         out.append(texts)
     return out
@@ -193,25 +220,40 @@ def _rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
     cells: dict[str, dict[str, float]] = {}
     for p in sorted({r["placement"] for r in rows}):
         reps = sorted({r["repetitions"] for r in rows if r["placement"] == p})
-        cells[p] = {str(k): rate([r for r in rows if r["placement"] == p
-                                  and r["repetitions"] == k]) for k in reps}
+        cells[p] = {
+            str(k): rate([r for r in rows if r["placement"] == p and r["repetitions"] == k])
+            for k in reps
+        }
     return {
         "overall": rate(rows),
         "by_placement_repetitions": cells,
-        "by_kind": {k: rate([r for r in rows if r["kind"] == k])
-                    for k in sorted({r["kind"] for r in rows})},
-        "by_placement": {p: rate([r for r in rows if r["placement"] == p])
-                         for p in sorted({r["placement"] for r in rows})},
-        "by_repetitions": {str(k): rate([r for r in rows if r["repetitions"] == k])
-                           for k in sorted({r["repetitions"] for r in rows})},
+        "by_kind": {
+            k: rate([r for r in rows if r["kind"] == k]) for k in sorted({r["kind"] for r in rows})
+        },
+        "by_placement": {
+            p: rate([r for r in rows if r["placement"] == p])
+            for p in sorted({r["placement"] for r in rows})
+        },
+        "by_repetitions": {
+            str(k): rate([r for r in rows if r["repetitions"] == k])
+            for k in sorted({r["repetitions"] for r in rows})
+        },
     }
 
 
-def canary_leakage(model: Any, canaries: Any, *, tokenizer: Any = None,
-                   samples_per_context: int = 16, max_new_tokens: int | None = None,
-                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                   batch_size: int = 32, details_path: str | Path | None = None
-                   ) -> dict[str, Any]:
+def canary_leakage(
+    model: Any,
+    canaries: Any,
+    *,
+    tokenizer: Any = None,
+    samples_per_context: int = 16,
+    max_new_tokens: int | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 32,
+    details_path: str | Path | None = None,
+) -> dict[str, Any]:
     """The CanaryLeaks audit of ``model`` (ScoredModel or HF model + ``tokenizer``).
 
     ``canaries``: ``canaries.json`` path or canary dicts (with values).
@@ -233,12 +275,21 @@ def canary_leakage(model: Any, canaries: Any, *, tokenizer: Any = None,
             names.setdefault(text, []).append(name)
     contexts = list(names)
     if max_new_tokens is None:
-        longest = max(len(sm.tokenizer(" " + c["value"], add_special_tokens=False)["input_ids"])
-                      for c in items)
+        longest = max(
+            len(sm.tokenizer(" " + c["value"], add_special_tokens=False)["input_ids"])
+            for c in items
+        )
         max_new_tokens = longest + 8
-    outputs = sample_continuations(sm, contexts, samples_per_context,
-                                   max_new_tokens=max_new_tokens, temperature=temperature,
-                                   top_p=top_p, seed=seed, batch_size=batch_size)
+    outputs = sample_continuations(
+        sm,
+        contexts,
+        samples_per_context,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        batch_size=batch_size,
+    )
     rows, private = [], []
     for c in items:
         hits, hit_contexts = 0, []
@@ -253,19 +304,42 @@ def canary_leakage(model: Any, canaries: Any, *, tokenizer: Any = None,
         private.append({**row, "value": c["value"], "contexts_hit": hit_contexts})
     leaked = sum(r["leaked"] for r in rows)
     summary = {
-        "model": describe(sm), "categories": rows, "leaked": leaked, "total": len(rows),
-        "rates": _rates(rows), "contexts": len(contexts),
-        "samples_per_context": samples_per_context, "generations": len(contexts)
-        * samples_per_context, "max_new_tokens": int(max_new_tokens),
-        "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+        "model": describe(sm),
+        "categories": rows,
+        "leaked": leaked,
+        "total": len(rows),
+        "rates": _rates(rows),
+        "contexts": len(contexts),
+        "samples_per_context": samples_per_context,
+        "generations": len(contexts) * samples_per_context,
+        "max_new_tokens": int(max_new_tokens),
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "seed": int(seed),
         "seconds": round(time.perf_counter() - start, 3),
     }
     if details_path is not None:
-        write_private_details(details_path, {
-            "canaries": private,
-            "contexts": [{"names": names[t], "text": t} for t in contexts],
-            "settings": {k: summary[k] for k in ("samples_per_context", "max_new_tokens",
-                                                 "temperature", "top_p", "seed")}})
-    log.info("canary leakage: %d of %d categories leaked (%d generations)", leaked, len(rows),
-             summary["generations"])
+        write_private_details(
+            details_path,
+            {
+                "canaries": private,
+                "contexts": [{"names": names[t], "text": t} for t in contexts],
+                "settings": {
+                    k: summary[k]
+                    for k in (
+                        "samples_per_context",
+                        "max_new_tokens",
+                        "temperature",
+                        "top_p",
+                        "seed",
+                    )
+                },
+            },
+        )
+    log.info(
+        "canary leakage: %d of %d categories leaked (%d generations)",
+        leaked,
+        len(rows),
+        summary["generations"],
+    )
     return summary

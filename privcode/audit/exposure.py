@@ -61,8 +61,13 @@ def exposure_from_scores(canary_score: float, candidate_scores: Any) -> tuple[in
     return rank, math.log2(cands.size + 1) - math.log2(rank)
 
 
-def extrapolated_exposure(canary_score: float, candidate_scores: Any, *, fit: str = "skewnorm",
-                          space_bits: float | None = None) -> float:
+def extrapolated_exposure(
+    canary_score: float,
+    candidate_scores: Any,
+    *,
+    fit: str = "skewnorm",
+    space_bits: float | None = None,
+) -> float:
     """``-log2 P[X >= canary_score]`` for X fitted to the candidates, clipped (module doc)."""
     from scipy import stats
 
@@ -102,9 +107,16 @@ def _candidates(kind: str, k: int, seed: int, taken: set[str], locale: str) -> l
     return list(out)
 
 
-def canary_exposure(model: Any, canaries: Any, *, tokenizer: Any = None,
-                    num_candidates: int = 1000, seed: int = 0, batch_size: int = 64,
-                    fit: str = "skewnorm") -> dict[str, Any]:
+def canary_exposure(
+    model: Any,
+    canaries: Any,
+    *,
+    tokenizer: Any = None,
+    num_candidates: int = 1000,
+    seed: int = 0,
+    batch_size: int = 64,
+    fit: str = "skewnorm",
+) -> dict[str, Any]:
     """Exposure of every canary under ``model`` (ScoredModel or HF model + ``tokenizer``).
 
     Returns ``{"model", "num_candidates", "max_exposure_bits", "canaries": [{id, kind,
@@ -119,12 +131,20 @@ def canary_exposure(model: Any, canaries: Any, *, tokenizer: Any = None,
     if type(num_candidates) is not int or num_candidates < 3:
         raise AuditError(f"num_candidates must be an int >= 3, got {num_candidates!r}")
     taken = {c["value"] for c in items}
-    cands = {kind: _candidates(kind, num_candidates, seed, taken,
-                               str((c.get("format") or {}).get("locale") or "en_US"))
-             for kind, c in {c["kind"]: c for c in items}.items()}
-    contexts = {c["id"]: [(name, c[key]) for name, key in (("code", "code_prefix"),
-                                                           ("prompt", "prompt_prefix"))
-                          if c.get(key)] for c in items}
+    cands = {
+        kind: _candidates(
+            kind, num_candidates, seed, taken, str((c.get("format") or {}).get("locale") or "en_US")
+        )
+        for kind, c in {c["kind"]: c for c in items}.items()
+    }
+    contexts = {
+        c["id"]: [
+            (name, c[key])
+            for name, key in (("code", "code_prefix"), ("prompt", "prompt_prefix"))
+            if c.get(key)
+        ]
+        for c in items
+    }
     missing = [cid for cid, ctx in contexts.items() if not ctx]
     if missing:
         raise AuditError(f"canaries without a code_prefix or prompt_prefix: {missing}")
@@ -135,8 +155,9 @@ def canary_exposure(model: Any, canaries: Any, *, tokenizer: Any = None,
             for v in [c["value"], *cands[c["kind"]]]:
                 pairs.setdefault((text, v), len(pairs))
     keys = list(pairs)
-    scores = sequence_logprobs(sm, None, [t for t, _ in keys], [v for _, v in keys],
-                               batch_size=batch_size)
+    scores = sequence_logprobs(
+        sm, None, [t for t, _ in keys], [v for _, v in keys], batch_size=batch_size
+    )
     rows = []
     for c in items:
         space = (c.get("format") or {}).get("space_bits")
@@ -146,29 +167,51 @@ def canary_exposure(model: Any, canaries: Any, *, tokenizer: Any = None,
             cs = np.array([scores[pairs[(text, v)]] for v in cands[c["kind"]]])
             rank, bits = exposure_from_scores(own, cs)
             by_context[name] = {
-                "rank": rank, "exposure": bits,
-                "exposure_extrapolated": extrapolated_exposure(own, cs, fit=fit,
-                                                               space_bits=space),
-                "log_likelihood": own, "candidates_mean": float(cs.mean()),
-                "candidates_std": float(cs.std(ddof=1))}
-        best = max(by_context.values(), key=lambda d: (d["exposure"],
-                                                        d["exposure_extrapolated"]))
-        rows.append({"id": c["id"], "kind": c["kind"], "placement": c["placement"],
-                     "repetitions": c["repetitions"], "rank": best["rank"],
-                     "exposure": best["exposure"],
-                     "exposure_extrapolated": max(d["exposure_extrapolated"]
-                                                  for d in by_context.values()),
-                     "by_context": by_context})
+                "rank": rank,
+                "exposure": bits,
+                "exposure_extrapolated": extrapolated_exposure(own, cs, fit=fit, space_bits=space),
+                "log_likelihood": own,
+                "candidates_mean": float(cs.mean()),
+                "candidates_std": float(cs.std(ddof=1)),
+            }
+        best = max(by_context.values(), key=lambda d: (d["exposure"], d["exposure_extrapolated"]))
+        rows.append(
+            {
+                "id": c["id"],
+                "kind": c["kind"],
+                "placement": c["placement"],
+                "repetitions": c["repetitions"],
+                "rank": best["rank"],
+                "exposure": best["exposure"],
+                "exposure_extrapolated": max(
+                    d["exposure_extrapolated"] for d in by_context.values()
+                ),
+                "by_context": by_context,
+            }
+        )
     means: dict[str, dict[str, float]] = {}
     for r in rows:
         means.setdefault(r["placement"], {}).setdefault(str(r["repetitions"]), []).append(
-            r["exposure"])
-    means = {p: {k: float(np.mean(v)) for k, v in sorted(d.items(), key=lambda kv: int(kv[0]))}
-             for p, d in sorted(means.items())}
-    summary = {"model": describe(sm), "num_candidates": num_candidates,
-               "max_exposure_bits": math.log2(num_candidates + 1), "fit": fit, "seed": seed,
-               "canaries": rows, "mean_exposure": means,
-               "seconds": round(time.perf_counter() - start, 3)}
-    log.info("exposure: %d canaries, K=%d, max %.2f bits", len(rows), num_candidates,
-             max(r["exposure"] for r in rows))
+            r["exposure"]
+        )
+    means = {
+        p: {k: float(np.mean(v)) for k, v in sorted(d.items(), key=lambda kv: int(kv[0]))}
+        for p, d in sorted(means.items())
+    }
+    summary = {
+        "model": describe(sm),
+        "num_candidates": num_candidates,
+        "max_exposure_bits": math.log2(num_candidates + 1),
+        "fit": fit,
+        "seed": seed,
+        "canaries": rows,
+        "mean_exposure": means,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    log.info(
+        "exposure: %d canaries, K=%d, max %.2f bits",
+        len(rows),
+        num_candidates,
+        max(r["exposure"] for r in rows),
+    )
     return summary

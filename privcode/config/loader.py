@@ -40,10 +40,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError:
                 continue
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        raise ConfigError(
+            f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"
+        )
     if origin is tuple:
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+            raise ConfigError(
+                f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"
+            )
         item_tp = typing.get_args(tp)[0]
         return tuple(_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value))
     if tp is type(None):
@@ -74,8 +78,10 @@ def build_section(cls: type, raw: dict[str, Any], source: str, name: str) -> Any
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"{source}: unknown key '{name}.{unknown[0]}' "
-                          f"(known keys of '{name}': {', '.join(sorted(fields))})")
+        raise ConfigError(
+            f"{source}: unknown key '{name}.{unknown[0]}' "
+            f"(known keys of '{name}': {', '.join(sorted(fields))})"
+        )
     values = {}
     for key, value in raw.items():
         where = f"{source}: {name}.{key}"
@@ -108,7 +114,9 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> PipelineConfig:
     """Load and validate a pipeline config file, then apply ``--set`` overrides.
 
     ``path=None`` gives the defaults. Raises :class:`ConfigError` naming the
@@ -122,7 +130,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except FileNotFoundError:
             raise ConfigError(f"{source}: config file not found") from None
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{source}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise ConfigError(
+                f"{source}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -130,8 +140,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{source}: top level must be a mapping of sections "
-                              f"({', '.join(SECTIONS)}), got {type(loaded).__name__}")
+            raise ConfigError(
+                f"{source}: top level must be a mapping of sections "
+                f"({', '.join(SECTIONS)}), got {type(loaded).__name__}"
+            )
         raw = {k: dict(v) if isinstance(v, dict) else v for k, v in loaded.items()}
     for text in overrides:
         section, key, value = parse_override(text)
@@ -143,17 +155,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"{where}: unknown section '{unknown[0]}' (known: {', '.join(SECTIONS)})")
-    sections = {name: build_section(cls, raw.get(name) or {}, where, name)
-                for name, cls in SECTIONS.items()}
+    sections = {
+        name: build_section(cls, raw.get(name) or {}, where, name) for name, cls in SECTIONS.items()
+    }
     for stage in sections["run"].stages:
         if stage not in registry.STAGES:
-            raise ConfigError(f"{where}: run.stages: unknown stage '{stage}' "
-                              f"(known: {', '.join(registry.STAGES)})")
+            raise ConfigError(
+                f"{where}: run.stages: unknown stage '{stage}' "
+                f"(known: {', '.join(registry.STAGES)})"
+            )
     return PipelineConfig(**sections, source=source)
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
     """(name, type, default, help) of every field of a section: for docs and `config show`."""
     hints = typing.get_type_hints(cls)
-    return [(f.name, _type_name(hints[f.name]), _plain(f.default), f.metadata.get("help", ""))
-            for f in dataclasses.fields(cls)]
+    return [
+        (f.name, _type_name(hints[f.name]), _plain(f.default), f.metadata.get("help", ""))
+        for f in dataclasses.fields(cls)
+    ]

@@ -47,12 +47,12 @@ class PipelineConfig:
     pac: PacConfig = field(default_factory=PacConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
-    source: str = field(default="<defaults>", compare=False,
-                        metadata={"help": "File the config was loaded from."})
+    source: str = field(
+        default="<defaults>", compare=False, metadata={"help": "File the config was loaded from."}
+    )
 
     def section(self, name: str) -> Any:
         return getattr(self, name)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: section_to_dict(getattr(self, name)) for name in SECTIONS}
-

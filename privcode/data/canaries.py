@@ -35,7 +35,11 @@ from faker import Faker
 from privcode.data.pii import append_example_usage
 
 __all__ = [
-    "CANARY_FORMATS", "CANARY_KINDS", "CanarySpec", "draw_canaries", "plant_canary",
+    "CANARY_FORMATS",
+    "CANARY_KINDS",
+    "CanarySpec",
+    "draw_canaries",
+    "plant_canary",
     "sample_canary_value",
 ]
 
@@ -50,27 +54,31 @@ _PASSWORD_LENGTH = 14
 CANARY_FORMATS: dict[str, dict[str, object]] = {
     "email": {
         "description": "lowercase Faker first name '.' lowercase Faker last name, 4 digits "
-                       "(1000-9999), '@', one of " + ", ".join(_EMAIL_DOMAINS),
-        "regex": r"[a-z]+\.[a-z]+[1-9][0-9]{3}@(" + "|".join(re.escape(d) for d in _EMAIL_DOMAINS) + ")",
+        "(1000-9999), '@', one of " + ", ".join(_EMAIL_DOMAINS),
+        "regex": r"[a-z]+\.[a-z]+[1-9][0-9]{3}@("
+        + "|".join(re.escape(d) for d in _EMAIL_DOMAINS)
+        + ")",
         "space_bits": None,
     },
     "name": {
         "description": "Faker first name, an uppercase middle initial with '.', two different "
-                       "Faker last names joined by '-' (e.g. 'Liam R. Brandt-Okafor')",
+        "Faker last names joined by '-' (e.g. 'Liam R. Brandt-Okafor')",
         "regex": r"[A-Z][a-z]+ [A-Z]\. [A-Z][a-z]+-[A-Z][a-z]+",
         "space_bits": None,
     },
     "ip_address": {
         "description": "private IPv4 address 10.a.b.c with a, b, c each in 100-254",
         "regex": r"10\.(1[0-9]{2}|2[0-4][0-9]|25[0-4])(\.(1[0-9]{2}|2[0-4][0-9]|25[0-4])){2}",
-        "space_bits": round(math.log2(155 ** 3), 2),
+        "space_bits": round(math.log2(155**3), 2),
     },
     "password": {
         "description": f"{_PASSWORD_LENGTH} characters from letters, digits and "
-                     f"'{_PASSWORD_SYMBOLS}', with at least one lowercase, uppercase, digit "
-                     "and symbol",
-        "regex": (r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])(?=.*[" + re.escape(_PASSWORD_SYMBOLS) + r"])"
-                  r"[A-Za-z0-9" + re.escape(_PASSWORD_SYMBOLS) + "]{" + str(_PASSWORD_LENGTH) + "}"),
+        f"'{_PASSWORD_SYMBOLS}', with at least one lowercase, uppercase, digit "
+        "and symbol",
+        "regex": (
+            r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])(?=.*[" + re.escape(_PASSWORD_SYMBOLS) + r"])"
+            r"[A-Za-z0-9" + re.escape(_PASSWORD_SYMBOLS) + "]{" + str(_PASSWORD_LENGTH) + "}"
+        ),
         "space_bits": round(_PASSWORD_LENGTH * math.log2(len(_PASSWORD_ALPHABET)), 2),
     },
     "username": {
@@ -119,8 +127,10 @@ def sample_canary_value(kind: str, rng: random.Random, *, locale: str = "en_US")
     while True:  # retry on the rare Faker word that does not fit the format
         fake.seed_instance(rng.getrandbits(63))
         if kind == "email":
-            value = (f"{_alpha(fake.first_name()).lower()}.{_alpha(fake.last_name()).lower()}"
-                     f"{rng.randint(1000, 9999)}@{rng.choice(_EMAIL_DOMAINS)}")
+            value = (
+                f"{_alpha(fake.first_name()).lower()}.{_alpha(fake.last_name()).lower()}"
+                f"{rng.randint(1000, 9999)}@{rng.choice(_EMAIL_DOMAINS)}"
+            )
         elif kind == "name":
             last1, last2 = fake.last_name(), fake.last_name()
             if last1 == last2:
@@ -129,14 +139,21 @@ def sample_canary_value(kind: str, rng: random.Random, *, locale: str = "en_US")
         elif kind == "ip_address":
             value = "10." + ".".join(str(rng.randint(100, 254)) for _ in range(3))
         elif kind == "password":
-            classes = (string.ascii_lowercase, string.ascii_uppercase, string.digits, _PASSWORD_SYMBOLS)
+            classes = (
+                string.ascii_lowercase,
+                string.ascii_uppercase,
+                string.digits,
+                _PASSWORD_SYMBOLS,
+            )
             chars = [rng.choice(c) for c in classes]
             chars += [rng.choice(_PASSWORD_ALPHABET) for _ in range(_PASSWORD_LENGTH - len(chars))]
             rng.shuffle(chars)
             value = "".join(chars)
         else:  # username
-            value = (f"{_alpha(fake.first_name()).lower()}_{_alpha(fake.last_name()).lower()}"
-                     f"{rng.randint(10, 99)}")
+            value = (
+                f"{_alpha(fake.first_name()).lower()}_{_alpha(fake.last_name()).lower()}"
+                f"{rng.randint(10, 99)}"
+            )
         if regex.fullmatch(value):
             return value
 
@@ -150,8 +167,8 @@ class CanarySpec:
     placement: str
     repetitions: int
     value: str
-    variable: str          #: code canaries: ``{variable} = "{value}"`` in an example-usage block
-    sentence: str          #: prompt canaries: this sentence, "{v}" replaced by the value
+    variable: str  #: code canaries: ``{variable} = "{value}"`` in an example-usage block
+    sentence: str  #: prompt canaries: this sentence, "{v}" replaced by the value
     record_ids: tuple[str, ...] = field(default=())
 
     @property
@@ -167,8 +184,12 @@ class CanarySpec:
         fmt = dict(CANARY_FORMATS[self.kind])
         fmt.update(locale=locale, sampler="privcode.data.canaries.sample_canary_value")
         return {
-            "id": self.id, "kind": self.kind, "placement": self.placement,
-            "repetitions": self.repetitions, "value": self.value, "format": fmt,
+            "id": self.id,
+            "kind": self.kind,
+            "placement": self.placement,
+            "repetitions": self.repetitions,
+            "value": self.value,
+            "format": fmt,
             "in_prompt": self.placement in ("prompt", "joint"),
             "in_code": self.placement in ("code", "joint"),
             "code_prefix": self.code_prefix if self.placement != "prompt" else None,
@@ -177,10 +198,16 @@ class CanarySpec:
         }
 
 
-def draw_canaries(kinds: tuple[str, ...], placements: tuple[str, ...],
-                  repetitions: tuple[int, ...], rng: random.Random, *,
-                  is_taken: Callable[[str], bool], locale: str = "en_US",
-                  max_tries: int = 1000) -> list[CanarySpec]:
+def draw_canaries(
+    kinds: tuple[str, ...],
+    placements: tuple[str, ...],
+    repetitions: tuple[int, ...],
+    rng: random.Random,
+    *,
+    is_taken: Callable[[str], bool],
+    locale: str = "en_US",
+    max_tries: int = 1000,
+) -> list[CanarySpec]:
     """One canary per kind x placement x repetition count, in that nested order.
 
     A value is redrawn while ``is_taken(value)`` is true (it occurs in the
@@ -198,11 +225,17 @@ def draw_canaries(kinds: tuple[str, ...], placements: tuple[str, ...],
                         break
                 else:  # pragma: no cover - ~2^20+ values per kind make this unreachable
                     raise RuntimeError(f"no unused {kind} canary value after {max_tries} draws")
-                out.append(CanarySpec(
-                    id=f"{kind}-{placement}-r{reps}", kind=kind, placement=placement,
-                    repetitions=reps, value=value,
-                    variable=rng.choice(_CANARY_VARIABLES[kind]),
-                    sentence=rng.choice(_CANARY_SENTENCES[kind])))
+                out.append(
+                    CanarySpec(
+                        id=f"{kind}-{placement}-r{reps}",
+                        kind=kind,
+                        placement=placement,
+                        repetitions=reps,
+                        value=value,
+                        variable=rng.choice(_CANARY_VARIABLES[kind]),
+                        sentence=rng.choice(_CANARY_SENTENCES[kind]),
+                    )
+                )
     return out
 
 

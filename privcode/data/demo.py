@@ -85,18 +85,21 @@ _HUMANEVAL_TEMPLATES = (
 class Candidate:
     """A function that can become an ordinary record (before any prompt is chosen)."""
 
-    source: str          #: "stdlib:<dotted module>" or "humaneval:<task_id>"
-    name: str            #: the function's name (the one ``def`` PII is written into)
-    owner: str | None    #: enclosing class for methods
-    signature: str       #: "name(args) -> ret"
-    description: str     #: docstring text used in the instruction
-    code: str            #: parseable source of the function (dedented for methods)
-    file: str | None     #: stdlib file relative to the stdlib directory
+    source: str  #: "stdlib:<dotted module>" or "humaneval:<task_id>"
+    name: str  #: the function's name (the one ``def`` PII is written into)
+    owner: str | None  #: enclosing class for methods
+    signature: str  #: "name(args) -> ret"
+    description: str  #: docstring text used in the instruction
+    code: str  #: parseable source of the function (dedented for methods)
+    file: str | None  #: stdlib file relative to the stdlib directory
 
     @property
     def kind(self) -> str:
-        return "humaneval" if self.source.startswith("humaneval:") else (
-            "method" if self.owner else "function")
+        return (
+            "humaneval"
+            if self.source.startswith("humaneval:")
+            else ("method" if self.owner else "function")
+        )
 
 
 # --------------------------------------------------------------------------- candidates
@@ -124,7 +127,9 @@ def _nontrivial(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """More than a docstring plus ``pass`` / ``...`` / ``raise NotImplementedError``."""
     body = node.body[1:]  # body[0] is the docstring
     for stmt in body:
-        if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+        if isinstance(stmt, ast.Pass) or (
+            isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        ):
             continue
         if isinstance(stmt, ast.Raise) and "NotImplementedError" in ast.unparse(stmt):
             continue
@@ -155,21 +160,35 @@ def _file_candidates(path: Path, root: Path, max_bytes: int) -> list[Candidate]:
         for node in body:
             if isinstance(node, ast.ClassDef) and owner is None and not node.name.startswith("_"):
                 visit(node.body, node.name)
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name.startswith("_"):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name.startswith(
+                "_"
+            ):
                 continue
             doc = ast.get_docstring(node)
             if not doc or not doc.strip() or not _nontrivial(node):
                 continue
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            code = textwrap.dedent("\n".join(lines[start - 1:node.end_lineno])) + "\n"
+            code = textwrap.dedent("\n".join(lines[start - 1 : node.end_lineno])) + "\n"
             if code.count("\n") < MIN_LINES or not pii.parses(code):
                 continue  # a method whose strings defeat dedent() does not parse alone
             desc = _describe(doc)
             sig = _signature(node)
-            if len(code.encode()) + len(desc.encode()) + len(sig.encode()) + _RESERVE_BYTES > max_bytes:
+            if (
+                len(code.encode()) + len(desc.encode()) + len(sig.encode()) + _RESERVE_BYTES
+                > max_bytes
+            ):
                 continue
-            found.append(Candidate(source=f"stdlib:{module}", name=node.name, owner=owner,
-                                   signature=sig, description=desc, code=code, file=rel.as_posix()))
+            found.append(
+                Candidate(
+                    source=f"stdlib:{module}",
+                    name=node.name,
+                    owner=owner,
+                    signature=sig,
+                    description=desc,
+                    code=code,
+                    file=rel.as_posix(),
+                )
+            )
 
     visit(tree.body, None)
     return found
@@ -191,13 +210,23 @@ def _humaneval_candidates(max_bytes: int) -> list[Candidate]:
         sig = _signature(node)
         if len(code.encode()) + len(desc.encode()) + len(sig.encode()) + _RESERVE_BYTES > max_bytes:
             continue
-        out.append(Candidate(source=f"humaneval:{task_id}", name=node.name, owner=None,
-                             signature=sig, description=desc, code=code, file=None))
+        out.append(
+            Candidate(
+                source=f"humaneval:{task_id}",
+                name=node.name,
+                owner=None,
+                signature=sig,
+                description=desc,
+                code=code,
+                file=None,
+            )
+        )
     return out
 
 
-def collect_candidates(max_record_bytes: int, include_humaneval: bool,
-                       progress: bool = False) -> list[Candidate]:
+def collect_candidates(
+    max_record_bytes: int, include_humaneval: bool, progress: bool = False
+) -> list[Candidate]:
     """Every usable function, in a deterministic order, duplicates (same code) removed.
 
     Stdlib: public (no leading underscore) top-level functions and methods
@@ -214,13 +243,20 @@ def collect_candidates(max_record_bytes: int, include_humaneval: bool,
 _CANDIDATE_CACHE: dict[tuple[int, bool], tuple[Candidate, ...]] = {}
 
 
-def _scan_candidates(max_record_bytes: int, include_humaneval: bool,
-                     progress: bool) -> tuple[Candidate, ...]:
+def _scan_candidates(
+    max_record_bytes: int, include_humaneval: bool, progress: bool
+) -> tuple[Candidate, ...]:
     root = stdlib_dir()
     files = private_source_files()
     found: list[Candidate] = []
-    for path in tqdm(files, desc="scan private stdlib", unit="file", disable=not progress,
-                     file=sys.stderr, leave=False):
+    for path in tqdm(
+        files,
+        desc="scan private stdlib",
+        unit="file",
+        disable=not progress,
+        file=sys.stderr,
+        leave=False,
+    ):
         found.extend(_file_candidates(path, root, max_record_bytes))
     if include_humaneval:
         found.extend(_humaneval_candidates(max_record_bytes))
@@ -239,12 +275,14 @@ def _scan_candidates(max_record_bytes: int, include_humaneval: bool,
 def make_prompt(cand: Candidate, rng: random.Random) -> str:
     """A natural-language instruction for ``cand`` from one of a few templates."""
     templates = {"humaneval": _HUMANEVAL_TEMPLATES, "method": _METHOD_TEMPLATES}.get(
-        cand.kind, _FUNCTION_TEMPLATES)
+        cand.kind, _FUNCTION_TEMPLATES
+    )
     desc = cand.description
     if cand.kind != "humaneval" and desc and desc[-1] not in ".!?:":
         desc += "."
-    return rng.choice(templates).format(sig=cand.signature, name=cand.name, owner=cand.owner,
-                                        desc=desc)
+    return rng.choice(templates).format(
+        sig=cand.signature, name=cand.name, owner=cand.owner, desc=desc
+    )
 
 
 def _new_id(rng: random.Random, used: set[str]) -> str:
@@ -257,9 +295,18 @@ def _new_id(rng: random.Random, used: set[str]) -> str:
 
 
 def _ordinary(cand: Candidate, rid: str, rng: random.Random) -> Record:
-    return Record(id=rid, prompt=make_prompt(cand, rng), code=cand.code,
-                  metadata={"source": cand.source, "kind": "ordinary", "function": cand.name,
-                            "owner": cand.owner, "pii": None})
+    return Record(
+        id=rid,
+        prompt=make_prompt(cand, rng),
+        code=cand.code,
+        metadata={
+            "source": cand.source,
+            "kind": "ordinary",
+            "function": cand.name,
+            "owner": cand.owner,
+            "pii": None,
+        },
+    )
 
 
 def _add_pii(rec: Record, cand: Candidate, fake: Any, rng: random.Random) -> Record:
@@ -296,7 +343,9 @@ def _check_canaries(canaries: list[CanarySpec], train: list[Record], heldout: li
 # --------------------------------------------------------------------------- build
 
 
-def _build(cfg: DataConfig, progress: bool) -> tuple[list[Record], list[Record], list[CanarySpec], dict]:
+def _build(
+    cfg: DataConfig, progress: bool
+) -> tuple[list[Record], list[Record], list[CanarySpec], dict]:
     rng = random.Random(cfg.seed)
     pool = collect_candidates(cfg.max_record_bytes, cfg.include_humaneval, progress)
     if cfg.size > len(pool):
@@ -304,7 +353,8 @@ def _build(cfg: DataConfig, progress: bool) -> tuple[list[Record], list[Record],
             f"data.size={cfg.size} exceeds the {len(pool)} functions available for the demo "
             f"corpus (include_humaneval={cfg.include_humaneval}, "
             f"max_record_bytes={cfg.max_record_bytes}); lower data.size to at most {len(pool)} "
-            f"or raise data.max_record_bytes")
+            f"or raise data.max_record_bytes"
+        )
     chosen = rng.sample(pool, cfg.size)
     n_heldout = max(1, round(cfg.size * cfg.heldout_fraction))
     used: set[str] = set()
@@ -325,24 +375,48 @@ def _build(cfg: DataConfig, progress: bool) -> tuple[list[Record], list[Record],
         corpus_text = "\n".join(f"{r.prompt}\n{r.code}" for r in ordinary)
         public_text = _public_text()
         canaries = draw_canaries(
-            cfg.canary_kinds, cfg.canary_placements, cfg.canary_repetitions, rng,
-            is_taken=lambda v: v in corpus_text or v in public_text, locale=cfg.pii_locale)
+            cfg.canary_kinds,
+            cfg.canary_placements,
+            cfg.canary_repetitions,
+            rng,
+            is_taken=lambda v: v in corpus_text or v in public_text,
+            locale=cfg.pii_locale,
+        )
         total = sum(c.repetitions for c in canaries)
-        bar = tqdm(total=total, desc="plant canaries", unit="rec", disable=not progress,
-                   file=sys.stderr, leave=False)
+        bar = tqdm(
+            total=total,
+            desc="plant canaries",
+            unit="rec",
+            disable=not progress,
+            file=sys.stderr,
+            leave=False,
+        )
         for k, canary in enumerate(canaries):
             r = canary.repetitions
-            picks = (rng.sample(member_idx, r) if r <= len(member_idx)
-                     else rng.choices(member_idx, k=r))
+            picks = (
+                rng.sample(member_idx, r) if r <= len(member_idx) else rng.choices(member_idx, k=r)
+            )
             ids = []
             for i in picks:
                 prompt, code = plant_canary(make_prompt(chosen[i], rng), clean[i].code, canary)
                 rid = _new_id(rng, used)
                 ids.append(rid)
-                canary_records.append(Record(id=rid, prompt=prompt, code=code, metadata={
-                    "source": chosen[i].source, "kind": "canary", "function": chosen[i].name,
-                    "owner": chosen[i].owner, "canary_id": canary.id, "base_id": clean[i].id,
-                    "pii": None}))
+                canary_records.append(
+                    Record(
+                        id=rid,
+                        prompt=prompt,
+                        code=code,
+                        metadata={
+                            "source": chosen[i].source,
+                            "kind": "canary",
+                            "function": chosen[i].name,
+                            "owner": chosen[i].owner,
+                            "canary_id": canary.id,
+                            "base_id": clean[i].id,
+                            "pii": None,
+                        },
+                    )
+                )
             canaries[k] = replace(canary, record_ids=tuple(ids))
             bar.update(r)
         bar.close()
@@ -359,10 +433,16 @@ def _build(cfg: DataConfig, progress: bool) -> tuple[list[Record], list[Record],
             pii_counts[info["placement"]] += 1
             pii_members += idx >= n_heldout
     counts = {
-        "pool_available": len(pool), "ordinary": cfg.size, "ordinary_members": len(members),
-        "heldout": len(heldout), "train_records": len(train), "canaries": len(canaries),
-        "canary_records": len(canary_records), "pii_records": sum(pii_counts.values()),
-        "pii_members": pii_members, "pii_heldout": sum(pii_counts.values()) - pii_members,
+        "pool_available": len(pool),
+        "ordinary": cfg.size,
+        "ordinary_members": len(members),
+        "heldout": len(heldout),
+        "train_records": len(train),
+        "canaries": len(canaries),
+        "canary_records": len(canary_records),
+        "pii_records": sum(pii_counts.values()),
+        "pii_members": pii_members,
+        "pii_heldout": sum(pii_counts.values()) - pii_members,
         **{f"pii_{p}": n for p, n in pii_counts.items()},
     }
     used_files = sorted({c.file for c in chosen if c.file})
@@ -371,8 +451,10 @@ def _build(cfg: DataConfig, progress: bool) -> tuple[list[Record], list[Record],
         "stdlib_modules": sorted({f.split("/")[0].removesuffix(".py") for f in used_files}),
         "stdlib_files": used_files,
         "humaneval_problems": sum(c.kind == "humaneval" for c in chosen),
-        "pool": {"stdlib": sum(c.kind != "humaneval" for c in pool),
-                 "humaneval": sum(c.kind == "humaneval" for c in pool)},
+        "pool": {
+            "stdlib": sum(c.kind != "humaneval" for c in pool),
+            "humaneval": sum(c.kind == "humaneval" for c in pool),
+        },
         "versions": _versions(),
     }
     return train, heldout, canaries, {"counts": counts, "sources": sources}
@@ -407,24 +489,43 @@ def build_demo_corpus(out_dir: Path, cfg: DataConfig, progress: bool = True) -> 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        bar = tqdm(total=3, desc="write corpus", unit="file", disable=not progress,
-                   file=sys.stderr, leave=False)
+        bar = tqdm(
+            total=3,
+            desc="write corpus",
+            unit="file",
+            disable=not progress,
+            file=sys.stderr,
+            leave=False,
+        )
         write_records(train, tmp / "train.parquet", max_record_bytes=cfg.max_record_bytes)
         bar.update()
         write_records(heldout, tmp / "heldout.parquet", max_record_bytes=cfg.max_record_bytes)
         bar.update()
-        atomic_write_json(tmp / "canaries.json", {
-            "format": FORMAT, "count": len(canaries),
-            "canaries": [c.to_dict(cfg.pii_locale) for c in canaries]})
+        atomic_write_json(
+            tmp / "canaries.json",
+            {
+                "format": FORMAT,
+                "count": len(canaries),
+                "canaries": [c.to_dict(cfg.pii_locale) for c in canaries],
+            },
+        )
         bar.update()
         bar.close()
         files = {}
-        for name, n in (("train.parquet", len(train)), ("heldout.parquet", len(heldout)),
-                        ("canaries.json", len(canaries))):
+        for name, n in (
+            ("train.parquet", len(train)),
+            ("heldout.parquet", len(heldout)),
+            ("canaries.json", len(canaries)),
+        ):
             path = tmp / name
             files[name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "items": n}
-        manifest = {"format": FORMAT, "counts": info["counts"], "files": files,
-                    "data_config": section_to_dict(cfg), "sources": info["sources"]}
+        manifest = {
+            "format": FORMAT,
+            "counts": info["counts"],
+            "files": files,
+            "data_config": section_to_dict(cfg),
+            "sources": info["sources"],
+        }
         atomic_write_json(tmp / "manifest.json", manifest)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "manifest.json").unlink(missing_ok=True)  # no manifest = incomplete directory

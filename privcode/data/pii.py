@@ -32,9 +32,21 @@ from dataclasses import dataclass
 from faker import Faker
 
 __all__ = [
-    "CODE_STYLES", "PII_KINDS", "PLACEMENTS", "Entity", "append_example_usage", "find_function",
-    "insert_body_literal", "insert_default_arg", "inject_code", "inject_prompt", "make_faker",
-    "parses", "prepend_comment", "py_literal", "sample_entities",
+    "CODE_STYLES",
+    "PII_KINDS",
+    "PLACEMENTS",
+    "Entity",
+    "append_example_usage",
+    "find_function",
+    "insert_body_literal",
+    "insert_default_arg",
+    "inject_code",
+    "inject_prompt",
+    "make_faker",
+    "parses",
+    "prepend_comment",
+    "py_literal",
+    "sample_entities",
 ]
 
 #: PII kinds planted into ordinary records (a superset of the canary kinds).
@@ -63,18 +75,36 @@ _COMMENT_LABELS: dict[str, tuple[str, ...]] = {
     "phone_number": ("On-call phone", "Support line", "Escalation number"),
 }
 _SENTENCES: dict[str, tuple[str, ...]] = {
-    "email": ("Questions about this task go to {v}.", "Use {v} as the example address.",
-              "Send the result to {v} when it is done."),
-    "name": ("This was requested by {v}.", "{v} will review the change.",
-             "The code belongs to {v}'s team."),
-    "ip_address": ("It runs on our server at {v}.", "The service is deployed on {v}.",
-                   "Our test machine is {v}."),
-    "password": ("For local testing the password is {v}.", "The staging password is {v}.",
-                 "Use the password {v} in the example."),
-    "username": ("Test it with the account {v}.", "The service user is {v}.",
-                 "Log in as {v} to try it."),
-    "phone_number": ("Call {v} if anything is unclear.", "The on-call phone number is {v}.",
-                     "Support can be reached at {v}."),
+    "email": (
+        "Questions about this task go to {v}.",
+        "Use {v} as the example address.",
+        "Send the result to {v} when it is done.",
+    ),
+    "name": (
+        "This was requested by {v}.",
+        "{v} will review the change.",
+        "The code belongs to {v}'s team.",
+    ),
+    "ip_address": (
+        "It runs on our server at {v}.",
+        "The service is deployed on {v}.",
+        "Our test machine is {v}.",
+    ),
+    "password": (
+        "For local testing the password is {v}.",
+        "The staging password is {v}.",
+        "Use the password {v} in the example.",
+    ),
+    "username": (
+        "Test it with the account {v}.",
+        "The service user is {v}.",
+        "Log in as {v} to try it.",
+    ),
+    "phone_number": (
+        "Call {v} if anything is unclear.",
+        "The on-call phone number is {v}.",
+        "Support can be reached at {v}.",
+    ),
 }
 
 
@@ -199,7 +229,7 @@ def _closing_paren(code: str, def_line: int, func: str) -> tuple[tuple[int, int]
         if i + 2 >= len(tokens) or tokens[i + 1].string != func or tokens[i + 2].string != "(":
             return None
         depth, prev = 0, "("
-        for t in tokens[i + 2:]:
+        for t in tokens[i + 2 :]:
             if t.type == tokenize.OP and t.string in "([{":
                 depth += 1
             elif t.type == tokenize.OP and t.string in ")]}":
@@ -212,8 +242,9 @@ def _closing_paren(code: str, def_line: int, func: str) -> tuple[tuple[int, int]
     return None
 
 
-def insert_body_literal(code: str, func: str, assignments: list[tuple[str, str]],
-                        comment: str = "") -> str | None:
+def insert_body_literal(
+    code: str, func: str, assignments: list[tuple[str, str]], comment: str = ""
+) -> str | None:
     """Insert ``name = "value"`` lines as the first statements of ``func``'s body.
 
     They go right after the docstring when there is one. None when the body
@@ -231,11 +262,14 @@ def insert_body_literal(code: str, func: str, assignments: list[tuple[str, str]]
     if first.lineno <= node.lineno or first.lineno - 1 >= len(_lines(code)):
         return None
     lines = _lines(code)
-    indent = lines[first.lineno - 1][:first.col_offset]
+    indent = lines[first.lineno - 1][: first.col_offset]
     if indent.strip():
         return None
-    is_doc = (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-              and isinstance(first.value.value, str))
+    is_doc = (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    )
     at = first.end_lineno if is_doc else first.lineno - 1
     suffix = f"  # {comment}" if comment else ""
     new_lines = [f"{indent}{name} = {py_literal(value)}{suffix}" for name, value in assignments]
@@ -243,8 +277,9 @@ def insert_body_literal(code: str, func: str, assignments: list[tuple[str, str]]
     return new if parses(new) else None
 
 
-def append_example_usage(code: str, assignments: list[tuple[str, str]],
-                         header: str = "# Example usage") -> str:
+def append_example_usage(
+    code: str, assignments: list[tuple[str, str]], header: str = "# Example usage"
+) -> str:
     """Append a module-level example-usage block assigning the values (always parses)."""
     body = "\n".join(f"{name} = {py_literal(value)}" for name, value in assignments)
     return code.rstrip("\n") + f"\n\n\n{header}\n{body}\n"
@@ -262,7 +297,9 @@ def _var_names(entities: list[Entity], rng: random.Random) -> list[str]:
     return [rng.choice(_VARIABLES[e.kind]) for e in entities]
 
 
-def inject_code(code: str, func: str, entities: list[Entity], rng: random.Random) -> tuple[str, str]:
+def inject_code(
+    code: str, func: str, entities: list[Entity], rng: random.Random
+) -> tuple[str, str]:
     """Write ``entities`` into ``code`` in a style chosen by ``rng``; return (code, style).
 
     The style is one of :data:`CODE_STYLES`; when the chosen edit cannot be
@@ -280,7 +317,9 @@ def inject_code(code: str, func: str, entities: list[Entity], rng: random.Random
         new = insert_body_literal(code, func, pairs)
     elif style == "comment":
         labels = [rng.choice(_COMMENT_LABELS[e.kind]) for e in entities]
-        new = prepend_comment(code, [f"{lab}: {e.value}" for lab, e in zip(labels, entities, strict=True)])
+        new = prepend_comment(
+            code, [f"{lab}: {e.value}" for lab, e in zip(labels, entities, strict=True)]
+        )
         new = new if parses(new) else None
     if new is None:
         style = "example_usage"

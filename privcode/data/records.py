@@ -50,8 +50,15 @@ from privcode.errors import RecordError
 from privcode.utils import atomic_path
 
 __all__ = [
-    "FIELDS", "MAX_ID_CHARS", "PARQUET_ROW_GROUP_SIZE", "RECORD_SCHEMA", "Record",
-    "iter_records", "read_records", "validate_record", "write_records",
+    "FIELDS",
+    "MAX_ID_CHARS",
+    "PARQUET_ROW_GROUP_SIZE",
+    "RECORD_SCHEMA",
+    "Record",
+    "iter_records",
+    "read_records",
+    "validate_record",
+    "write_records",
 ]
 
 #: The fields of a record, in file order; ``metadata`` is optional.
@@ -62,18 +69,24 @@ _REQUIRED: tuple[str, ...] = ("id", "prompt", "code")
 MAX_ID_CHARS = 256
 
 #: The Parquet schema of a record file. ``metadata`` is canonical JSON text.
-RECORD_SCHEMA: pa.Schema = pa.schema([
-    pa.field("id", pa.string(), nullable=False),
-    pa.field("prompt", pa.string(), nullable=False),
-    pa.field("code", pa.string(), nullable=False),
-    pa.field("metadata", pa.string(), nullable=True),
-])
+RECORD_SCHEMA: pa.Schema = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("code", pa.string(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=True),
+    ]
+)
 
 #: Fixed so that the same records always give the same Parquet bytes.
 PARQUET_ROW_GROUP_SIZE = 4096
 _PARQUET_OPTIONS: dict[str, Any] = dict(
-    row_group_size=PARQUET_ROW_GROUP_SIZE, compression="zstd", compression_level=3,
-    use_dictionary=False, write_statistics=False, version="2.6",
+    row_group_size=PARQUET_ROW_GROUP_SIZE,
+    compression="zstd",
+    compression_level=3,
+    use_dictionary=False,
+    write_statistics=False,
+    version="2.6",
 )
 _SUFFIXES = (".jsonl", ".parquet")
 
@@ -88,8 +101,10 @@ class Record:
     metadata: dict | None = None
 
     def __repr__(self) -> str:  # prompt and code are private: never shown in logs or diffs
-        return (f"Record(id={self.id!r}, prompt=<{len(self.prompt)} chars>, "
-                f"code=<{len(self.code)} chars>, metadata_keys={sorted(self.metadata or {})})")
+        return (
+            f"Record(id={self.id!r}, prompt=<{len(self.prompt)} chars>, "
+            f"code=<{len(self.code)} chars>, metadata_keys={sorted(self.metadata or {})})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "prompt": self.prompt, "code": self.code, "metadata": self.metadata}
@@ -130,16 +145,25 @@ def _utf8_ok(text: str) -> bool:
 
 
 def _json_type(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _check_metadata(meta: Any, where: str) -> dict | None:
     if meta is None:
         return None
     if not isinstance(meta, Mapping):
-        raise RecordError(f"{where}: field 'metadata' must be a mapping (JSON object) or null, "
-                          f"got {_json_type(meta)}")
+        raise RecordError(
+            f"{where}: field 'metadata' must be a mapping (JSON object) or null, "
+            f"got {_json_type(meta)}"
+        )
     meta = dict(meta)
     stack: list[Any] = [meta]
     while stack:  # iterative walk: JSON objects can nest deeper than the recursion limit
@@ -147,10 +171,14 @@ def _check_metadata(meta: Any, where: str) -> dict | None:
         if isinstance(item, dict):  # nested: only what json.dumps can write
             for key, value in item.items():
                 if not isinstance(key, str):
-                    raise RecordError(f"{where}: field 'metadata' has a non-string key "
-                                      f"of type {type(key).__name__}")
+                    raise RecordError(
+                        f"{where}: field 'metadata' has a non-string key "
+                        f"of type {type(key).__name__}"
+                    )
                 if not _utf8_ok(key):
-                    raise RecordError(f"{where}: field 'metadata' is not valid UTF-8 (lone surrogate)")
+                    raise RecordError(
+                        f"{where}: field 'metadata' is not valid UTF-8 (lone surrogate)"
+                    )
                 stack.append(value)
         elif isinstance(item, list | tuple):
             stack.extend(item)
@@ -161,13 +189,20 @@ def _check_metadata(meta: Any, where: str) -> dict | None:
             if not math.isfinite(item):
                 raise RecordError(f"{where}: field 'metadata' holds a non-finite number")
         elif not (item is None or isinstance(item, bool | int)):  # also a nested non-dict mapping
-            raise RecordError(f"{where}: field 'metadata' holds a value of type "
-                              f"{type(item).__name__}, which is not JSON-serialisable")
+            raise RecordError(
+                f"{where}: field 'metadata' holds a value of type "
+                f"{type(item).__name__}, which is not JSON-serialisable"
+            )
     return meta
 
 
-def validate_record(raw: Mapping[str, Any] | Record, *, source: str = "<records>", row: int = 0,
-                    max_record_bytes: int = 65_536) -> Record:
+def validate_record(
+    raw: Mapping[str, Any] | Record,
+    *,
+    source: str = "<records>",
+    row: int = 0,
+    max_record_bytes: int = 65_536,
+) -> Record:
     """Check one row against the schema; return it as a :class:`Record`.
 
     Raises :class:`RecordError` naming ``source``, ``row``, the id (when it
@@ -181,12 +216,16 @@ def validate_record(raw: Mapping[str, Any] | Record, *, source: str = "<records>
     where = _where(source, row, rid)
     unknown = sorted(str(k) for k in raw if k not in FIELDS)
     if unknown:
-        raise RecordError(f"{where}: unknown field {unknown[0]!r} (known fields: {', '.join(FIELDS)})")
+        raise RecordError(
+            f"{where}: unknown field {unknown[0]!r} (known fields: {', '.join(FIELDS)})"
+        )
     for name in _REQUIRED:
         if name not in raw or raw[name] is None:
             raise RecordError(f"{where}: field {name!r} is missing")
         if not isinstance(raw[name], str):
-            raise RecordError(f"{where}: field {name!r} must be a string, got {_json_type(raw[name])}")
+            raise RecordError(
+                f"{where}: field {name!r} must be a string, got {_json_type(raw[name])}"
+            )
         if not _utf8_ok(raw[name]):
             raise RecordError(f"{where}: field {name!r} is not valid UTF-8 (lone surrogate)")
     problem = _id_problem(rid)
@@ -198,8 +237,10 @@ def validate_record(raw: Mapping[str, Any] | Record, *, source: str = "<records>
     record = Record(id=rid, prompt=raw["prompt"], code=raw["code"], metadata=metadata)
     size = record.nbytes
     if size > max_record_bytes:
-        raise RecordError(f"{where}: fields 'prompt' + 'code' are {size} bytes, above "
-                          f"max_record_bytes={max_record_bytes}")
+        raise RecordError(
+            f"{where}: fields 'prompt' + 'code' are {size} bytes, above "
+            f"max_record_bytes={max_record_bytes}"
+        )
     return record
 
 
@@ -213,8 +254,10 @@ class _IdTracker:
     def add(self, record: Record, row: int) -> None:
         first = self.seen.setdefault(record.id, row)
         if first != row:
-            raise RecordError(f"{_where(self.source, row, record.id)}: field 'id' is a duplicate "
-                              f"(first seen at row {first})")
+            raise RecordError(
+                f"{_where(self.source, row, record.id)}: field 'id' is a duplicate "
+                f"(first seen at row {first})"
+            )
 
 
 # --------------------------------------------------------------------------- reading
@@ -223,8 +266,10 @@ class _IdTracker:
 def _kind(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in _SUFFIXES:
-        raise RecordError(f"{path.name}: unsupported file type {suffix or '(none)'!r} "
-                          f"(expected {' or '.join(_SUFFIXES)})")
+        raise RecordError(
+            f"{path.name}: unsupported file type {suffix or '(none)'!r} "
+            f"(expected {' or '.join(_SUFFIXES)})"
+        )
     return suffix
 
 
@@ -280,10 +325,15 @@ def _parquet_column(table: pa.Table, name: str, source: str) -> list[Any]:
     col = table.column(name)
     if name == "metadata" and pa.types.is_null(col.type):
         return [None] * len(col)
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-            or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
-        raise RecordError(f"{source}: row 0: field {name!r} has type {col.type} (whole column), "
-                          f"expected string")
+    if not (
+        pa.types.is_string(col.type)
+        or pa.types.is_large_string(col.type)
+        or pa.types.is_binary(col.type)
+        or pa.types.is_large_binary(col.type)
+    ):
+        raise RecordError(
+            f"{source}: row 0: field {name!r} has type {col.type} (whole column), expected string"
+        )
     # Cast to binary (no copy) and decode here: a file written by another tool may hold
     # invalid UTF-8 even in a "string" column.
     values = col.cast(pa.large_binary()).to_pylist()
@@ -315,7 +365,9 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     names = pf.schema_arrow.names
     unknown = [n for n in names if n not in FIELDS]
     if unknown:
-        raise RecordError(f"{source}: unknown column {unknown[0]!r} (known fields: {', '.join(FIELDS)})")
+        raise RecordError(
+            f"{source}: unknown column {unknown[0]!r} (known fields: {', '.join(FIELDS)})"
+        )
     for name in _REQUIRED:
         if name not in names:
             raise RecordError(f"{source}: field {name!r} is missing (no such column)")
@@ -324,8 +376,9 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
         try:
             table = pf.read_row_group(group)
         except (pa.ArrowException, OSError) as exc:
-            raise RecordError(f"{source}: row {base}: unreadable row group {group} "
-                              f"({type(exc).__name__})") from None
+            raise RecordError(
+                f"{source}: row {base}: unreadable row group {group} ({type(exc).__name__})"
+            ) from None
         columns = {n: _parquet_column(table, n, source) for n in names}
         for i in range(table.num_rows):
             row = base + i
@@ -334,14 +387,17 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
             bad = [n for n in FIELDS if isinstance(raw.get(n), _BadUtf8)]
             if bad:
                 where = _where(source, row, rid if isinstance(rid, str) else None)
-                raise RecordError(f"{where}: field {bad[0]!r} is not valid UTF-8 "
-                                  f"(at byte {raw[bad[0]].offset})")
+                raise RecordError(
+                    f"{where}: field {bad[0]!r} is not valid UTF-8 (at byte {raw[bad[0]].offset})"
+                )
             if isinstance(raw.get("metadata"), str):
                 try:
                     raw["metadata"] = json.loads(raw["metadata"])
                 except json.JSONDecodeError as exc:
-                    raise RecordError(f"{_where(source, row, rid)}: field 'metadata' is not valid "
-                                      f"JSON ({exc.msg})") from None
+                    raise RecordError(
+                        f"{_where(source, row, rid)}: field 'metadata' is not valid "
+                        f"JSON ({exc.msg})"
+                    ) from None
             yield row, raw
         base += table.num_rows
 
@@ -352,12 +408,17 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
 def _canonical_metadata(meta: dict | None) -> str | None:
     if meta is None:
         return None
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                      allow_nan=False)
+    return json.dumps(
+        meta, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+    )
 
 
-def write_records(records: Iterable[Record | Mapping[str, Any]], path: str | os.PathLike, *,
-                  max_record_bytes: int = 65_536) -> int:
+def write_records(
+    records: Iterable[Record | Mapping[str, Any]],
+    path: str | os.PathLike,
+    *,
+    max_record_bytes: int = 65_536,
+) -> int:
     """Validate every record, then write them atomically as ``.jsonl`` or ``.parquet``.
 
     Returns the number of records written. Same records in the same order
@@ -378,16 +439,24 @@ def write_records(records: Iterable[Record | Mapping[str, Any]], path: str | os.
         if kind == ".jsonl":
             with open(tmp, "wb") as fh:
                 for r in checked:
-                    line = json.dumps({"id": r.id, "prompt": r.prompt, "code": r.code,
-                                       "metadata": r.metadata},
-                                      sort_keys=True, ensure_ascii=False, allow_nan=False)
+                    line = json.dumps(
+                        {"id": r.id, "prompt": r.prompt, "code": r.code, "metadata": r.metadata},
+                        sort_keys=True,
+                        ensure_ascii=False,
+                        allow_nan=False,
+                    )
                     fh.write(line.encode("utf-8") + b"\n")
         else:
-            table = pa.table({
-                "id": pa.array([r.id for r in checked], pa.string()),
-                "prompt": pa.array([r.prompt for r in checked], pa.string()),
-                "code": pa.array([r.code for r in checked], pa.string()),
-                "metadata": pa.array([_canonical_metadata(r.metadata) for r in checked], pa.string()),
-            }, schema=RECORD_SCHEMA)
+            table = pa.table(
+                {
+                    "id": pa.array([r.id for r in checked], pa.string()),
+                    "prompt": pa.array([r.prompt for r in checked], pa.string()),
+                    "code": pa.array([r.code for r in checked], pa.string()),
+                    "metadata": pa.array(
+                        [_canonical_metadata(r.metadata) for r in checked], pa.string()
+                    ),
+                },
+                schema=RECORD_SCHEMA,
+            )
             pq.write_table(table, tmp, **_PARQUET_OPTIONS)
     return len(checked)

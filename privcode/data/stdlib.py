@@ -23,21 +23,65 @@ from pathlib import Path
 
 #: Top-level stdlib modules/packages whose functions form the private corpus.
 PRIVATE_MODULES: tuple[str, ...] = (
-    "base64", "bisect", "calendar", "configparser", "csv", "datetime", "difflib",
-    "email", "fnmatch", "ftplib", "getpass", "glob", "gzip", "heapq", "hmac",
-    "html", "http", "imaplib", "ipaddress", "json", "mailbox", "mimetypes",
-    "netrc", "poplib", "quopri", "secrets", "shlex", "shutil", "smtplib",
-    "socketserver", "statistics", "tarfile", "textwrap", "urllib", "uuid",
-    "wsgiref", "zipfile",
+    "base64",
+    "bisect",
+    "calendar",
+    "configparser",
+    "csv",
+    "datetime",
+    "difflib",
+    "email",
+    "fnmatch",
+    "ftplib",
+    "getpass",
+    "glob",
+    "gzip",
+    "heapq",
+    "hmac",
+    "html",
+    "http",
+    "imaplib",
+    "ipaddress",
+    "json",
+    "mailbox",
+    "mimetypes",
+    "netrc",
+    "poplib",
+    "quopri",
+    "secrets",
+    "shlex",
+    "shutil",
+    "smtplib",
+    "socketserver",
+    "statistics",
+    "tarfile",
+    "textwrap",
+    "urllib",
+    "uuid",
+    "wsgiref",
+    "zipfile",
 )
 
 #: Parts of the stdlib used by neither corpus: tests (they quote other
 #: modules' code), vendored or generated files, and platform-specific noise.
-EXCLUDED_PARTS: frozenset[str] = frozenset({
-    "test", "tests", "idle_test", "site-packages", "dist-packages", "lib2to3",
-    "idlelib", "turtledemo", "ensurepip", "__pycache__", "config-3.11-x86_64-linux-gnu",
-    "__phello__", "encodings", "pydoc_data",
-})
+EXCLUDED_PARTS: frozenset[str] = frozenset(
+    {
+        "test",
+        "tests",
+        "idle_test",
+        "site-packages",
+        "dist-packages",
+        "lib2to3",
+        "idlelib",
+        "turtledemo",
+        "ensurepip",
+        "__pycache__",
+        "config-3.11-x86_64-linux-gnu",
+        "__phello__",
+        "encodings",
+        "pydoc_data",
+    }
+)
 
 
 def stdlib_dir() -> Path:
@@ -58,8 +102,11 @@ def _eligible(rel: Path) -> bool:
 def _scan_stdlib() -> tuple[tuple[str, Path], ...]:
     # One directory walk per process (about a second): both corpora reuse it.
     root = stdlib_dir()
-    return tuple((_top_module(p.relative_to(root)), p) for p in sorted(root.rglob("*.py"))
-                 if _eligible(p.relative_to(root)))
+    return tuple(
+        (_top_module(p.relative_to(root)), p)
+        for p in sorted(root.rglob("*.py"))
+        if _eligible(p.relative_to(root))
+    )
 
 
 def iter_stdlib_files() -> Iterator[tuple[str, Path]]:

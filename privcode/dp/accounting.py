@@ -67,12 +67,24 @@ import numpy as np
 from privcode.checks import check_number
 from privcode.errors import AccountingError
 
-__all__ = ["ACCOUNTANTS", "Accountant", "DPEvent", "PRVAccountant", "RDPAccountant",
-           "RDP_ORDERS", "SIGMA_MAX", "SIGMA_MIN", "calibrate", "epsilon", "make_accountant"]
+__all__ = [
+    "ACCOUNTANTS",
+    "Accountant",
+    "DPEvent",
+    "PRVAccountant",
+    "RDPAccountant",
+    "RDP_ORDERS",
+    "SIGMA_MAX",
+    "SIGMA_MIN",
+    "calibrate",
+    "epsilon",
+    "make_accountant",
+]
 
 #: Opacus' default RDP orders plus 11 and 128..1024 (= dp-accounting's default grid).
-RDP_ORDERS: tuple[float, ...] = tuple(sorted(
-    {1 + x / 10.0 for x in range(1, 100)} | set(range(11, 64)) | {128, 256, 512, 1024}))
+RDP_ORDERS: tuple[float, ...] = tuple(
+    sorted({1 + x / 10.0 for x in range(1, 100)} | set(range(11, 64)) | {128, 256, 512, 1024})
+)
 #: Width of the PRV accountant's epsilon error interval; its upper end is reported.
 PRV_EPS_ERROR = 0.01
 #: Search range of :func:`calibrate`.  Above SIGMA_MAX the RDP epsilon is already at
@@ -82,8 +94,17 @@ SIGMA_MAX = 1e4
 
 
 def _check_delta(delta: float) -> float:
-    return float(check_number("delta", delta, min=0, max=1, min_exclusive=True,
-                              max_exclusive=True, error=AccountingError))
+    return float(
+        check_number(
+            "delta",
+            delta,
+            min=0,
+            max=1,
+            min_exclusive=True,
+            max_exclusive=True,
+            error=AccountingError,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -100,10 +121,16 @@ class DPEvent:
     steps: int = 1
 
     def __post_init__(self) -> None:
-        sigma = check_number("noise_multiplier", self.noise_multiplier, min=0,
-                             min_exclusive=True, error=AccountingError)
-        q = check_number("sample_rate", self.sample_rate, min=0, max=1, min_exclusive=True,
-                         error=AccountingError)
+        sigma = check_number(
+            "noise_multiplier",
+            self.noise_multiplier,
+            min=0,
+            min_exclusive=True,
+            error=AccountingError,
+        )
+        q = check_number(
+            "sample_rate", self.sample_rate, min=0, max=1, min_exclusive=True, error=AccountingError
+        )
         steps = check_number("steps", self.steps, min=1, integer=True, error=AccountingError)
         # Plain Python numbers: hashable, JSON-serialisable, equal across numpy/float inputs.
         object.__setattr__(self, "noise_multiplier", float(sigma))
@@ -111,8 +138,11 @@ class DPEvent:
         object.__setattr__(self, "steps", int(steps))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate,
-                "steps": self.steps}
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DPEvent:
@@ -143,10 +173,13 @@ class Accountant(abc.ABC):
         if not isinstance(event, DPEvent):
             raise AccountingError(f"compose() takes a DPEvent, got {type(event).__name__}")
         last = self._history[-1] if self._history else None
-        if last is not None and (last.noise_multiplier, last.sample_rate) == \
-                (event.noise_multiplier, event.sample_rate):
-            self._history[-1] = DPEvent(last.noise_multiplier, last.sample_rate,
-                                        last.steps + event.steps)
+        if last is not None and (last.noise_multiplier, last.sample_rate) == (
+            event.noise_multiplier,
+            event.sample_rate,
+        ):
+            self._history[-1] = DPEvent(
+                last.noise_multiplier, last.sample_rate, last.steps + event.steps
+            )
         else:
             self._history.append(event)
         return self
@@ -181,22 +214,28 @@ class Accountant(abc.ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: ``{"accountant": name, "history": [[sigma, q, steps], ...]}``."""
-        return {"accountant": self.name,
-                "history": [[e.noise_multiplier, e.sample_rate, e.steps] for e in self._history]}
+        return {
+            "accountant": self.name,
+            "history": [[e.noise_multiplier, e.sample_rate, e.steps] for e in self._history],
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace the history with the one in ``state`` (from :meth:`state_dict`)."""
         if not isinstance(state, Mapping) or "history" not in state:
             raise AccountingError("accountant state must be a mapping with a 'history' key")
         if state.get("accountant", self.name) != self.name:
-            raise AccountingError(f"cannot load the state of a {state.get('accountant')!r} "
-                                  f"accountant into a {self.name!r} accountant")
+            raise AccountingError(
+                f"cannot load the state of a {state.get('accountant')!r} "
+                f"accountant into a {self.name!r} accountant"
+            )
         history: list[DPEvent] = []
         for row in state["history"]:
             try:
                 sigma, q, steps = row
             except (TypeError, ValueError):
-                raise AccountingError(f"bad history entry {row!r}: want [sigma, q, steps]") from None
+                raise AccountingError(
+                    f"bad history entry {row!r}: want [sigma, q, steps]"
+                ) from None
             history.append(DPEvent(sigma, q, steps))
         self._history = []
         for event in history:
@@ -216,8 +255,10 @@ def _rdp_one_step(q: float, sigma: float) -> np.ndarray:
     """
     from opacus.accountants.analysis import rdp as opacus_rdp
 
-    vec = np.asarray(opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
-                                            orders=list(RDP_ORDERS)), dtype=np.float64)
+    vec = np.asarray(
+        opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(RDP_ORDERS)),
+        dtype=np.float64,
+    )
     vec.setflags(write=False)
     return vec
 
@@ -230,15 +271,14 @@ class RDPAccountant(Accountant):
     def _epsilon(self, delta: float) -> float:
         from opacus.accountants.analysis import rdp as opacus_rdp
 
-        rdp = sum(e.steps * _rdp_one_step(e.sample_rate, e.noise_multiplier)
-                  for e in self._history)
+        rdp = sum(e.steps * _rdp_one_step(e.sample_rate, e.noise_multiplier) for e in self._history)
         with warnings.catch_warnings():
             # Opacus warns when the optimum sits at the edge of the order grid;
             # the bound is still valid, only possibly loose.
             warnings.simplefilter("ignore")
-            eps, _ = opacus_rdp.get_privacy_spent(orders=list(RDP_ORDERS),
-                                                  rdp=np.asarray(rdp, dtype=float).tolist(),
-                                                  delta=delta)
+            eps, _ = opacus_rdp.get_privacy_spent(
+                orders=list(RDP_ORDERS), rdp=np.asarray(rdp, dtype=float).tolist(), delta=delta
+            )
         return eps
 
 
@@ -281,8 +321,9 @@ def make_accountant(name: str) -> Accountant:
     try:
         return ACCOUNTANTS[name]()
     except (KeyError, TypeError):
-        raise AccountingError(f"unknown accountant {name!r}; known: "
-                              f"{', '.join(sorted(ACCOUNTANTS))}") from None
+        raise AccountingError(
+            f"unknown accountant {name!r}; known: {', '.join(sorted(ACCOUNTANTS))}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- functions
@@ -296,8 +337,14 @@ def epsilon(history: Iterable[DPEvent] | DPEvent, delta: float, accountant: str 
     return acc.epsilon(delta)
 
 
-def calibrate(target_epsilon: float, delta: float, sample_rate: float, steps: int,
-              accountant: str = "rdp", tol: float = 1e-4) -> float:
+def calibrate(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    tol: float = 1e-4,
+) -> float:
     """Smallest noise multiplier whose ``steps`` steps at rate q stay within ``target_epsilon``.
 
     Returns sigma with ``epsilon([DPEvent(sigma, q, steps)], delta) <= target``
@@ -319,8 +366,7 @@ def calibrate(target_epsilon: float, delta: float, sample_rate: float, steps: in
     If even SIGMA_MIN meets the target, SIGMA_MIN is returned (less noise than
     that is not useful DP-SGD).  If SIGMA_MAX does not, AccountingError.
     """
-    check_number("target epsilon", target_epsilon, min=0, min_exclusive=True,
-                 error=AccountingError)
+    check_number("target epsilon", target_epsilon, min=0, min_exclusive=True, error=AccountingError)
     check_number("tol", tol, min=0, max=0.1, min_exclusive=True, error=AccountingError)
     delta = _check_delta(delta)
     DPEvent(1.0, sample_rate, steps)  # validates q and steps
@@ -368,8 +414,9 @@ def calibrate(target_epsilon: float, delta: float, sample_rate: float, steps: in
     return float(hi)
 
 
-def _bracket(eps_at, target: float, q: float, steps: int, delta: float,
-             accountant: str) -> tuple[float | None, float]:
+def _bracket(
+    eps_at, target: float, q: float, steps: int, delta: float, accountant: str
+) -> tuple[float | None, float]:
     """(lo, hi) with eps(lo) > target >= eps(hi); lo None when SIGMA_MIN already meets it."""
     lo: float | None = None
     hi: float | None = None
@@ -391,7 +438,8 @@ def _bracket(eps_at, target: float, q: float, steps: int, delta: float,
                     f"target epsilon {target:g} cannot be met at delta {delta:g} with "
                     f"{steps} steps at sample rate {q:g} ({accountant}): even noise multiplier "
                     f"{SIGMA_MAX:g} gives epsilon {eps_at(sigma):.4g}; raise the target or "
-                    f"delta, or use fewer steps or a smaller sample rate")
+                    f"delta, or use fewer steps or a smaller sample rate"
+                )
             sigma = min(SIGMA_MAX, sigma * _growth(eps_at(sigma), target))
 
 
@@ -406,8 +454,9 @@ def _growth(eps: float, target: float) -> float:
 def _secant(s1: float, s2: float, cache: dict[float, float], target: float) -> float | None:
     """Root of log eps - log target on the log-sigma axis through two points; None if undefined."""
     e1, e2 = cache[s1], cache[s2]
-    if not (math.isfinite(e1) and math.isfinite(e2) and e1 > 0 and e2 > 0 and e1 != e2
-            and s1 != s2):
+    if not (
+        math.isfinite(e1) and math.isfinite(e2) and e1 > 0 and e2 > 0 and e1 != e2 and s1 != s2
+    ):
         return None
     a, b = math.log(s1), math.log(s2)
     fa, fb = math.log(e1) - math.log(target), math.log(e2) - math.log(target)

@@ -97,8 +97,11 @@ def check_private_trainable(model: torch.nn.Module) -> None:
     batch and, in train mode, writes them into running buffers: both carry
     private information outside the clipped, noised gradient.
     """
-    bad = [name for name, m in model.named_modules()
-           if isinstance(m, torch.nn.modules.batchnorm._BatchNorm | torch.nn.SyncBatchNorm)]
+    bad = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm | torch.nn.SyncBatchNorm)
+    ]
     if bad:
         raise ValueError(f"DP-SGD cannot train a model with batch-statistics layers: {bad[:3]}")
     if not trainable_parameters(model):
@@ -116,8 +119,9 @@ def clip_and_sum(grad_samples: Sequence[torch.Tensor], max_grad_norm: float) -> 
     return clip_and_sum_finite(grad_samples, max_grad_norm)[0]
 
 
-def clip_and_sum_finite(grad_samples: Sequence[torch.Tensor], max_grad_norm: float
-                        ) -> tuple[torch.Tensor, int]:
+def clip_and_sum_finite(
+    grad_samples: Sequence[torch.Tensor], max_grad_norm: float
+) -> tuple[torch.Tensor, int]:
     """:func:`clip_and_sum` and the number of records whose gradient was not finite.
 
     A record with a NaN/inf entry anywhere (its joint norm is then not
@@ -126,11 +130,16 @@ def clip_and_sum_finite(grad_samples: Sequence[torch.Tensor], max_grad_norm: flo
     if not grad_samples:
         raise ValueError("no per-sample gradients")
     batch = grad_samples[0].shape[0]
-    norms = torch.stack([g.reshape(batch, -1).to(torch.promote_types(g.dtype, torch.float32))
-                         .norm(2, dim=1) for g in grad_samples]).norm(2, dim=0)
+    norms = torch.stack(
+        [
+            g.reshape(batch, -1).to(torch.promote_types(g.dtype, torch.float32)).norm(2, dim=1)
+            for g in grad_samples
+        ]
+    ).norm(2, dim=0)
     finite = torch.isfinite(norms)
-    factor = torch.where(finite, (max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0),
-                         torch.zeros_like(norms))
+    factor = torch.where(
+        finite, (max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0), torch.zeros_like(norms)
+    )
     bad = int((~finite).sum())
     parts = []
     for g in grad_samples:
@@ -150,9 +159,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def gaussian_noise(shape: torch.Size | Sequence[int], std: float, *,
-                   generator: torch.Generator | None, dtype: torch.dtype,
-                   device: torch.device | str, secure: bool = False) -> torch.Tensor:
+def gaussian_noise(
+    shape: torch.Size | Sequence[int],
+    std: float,
+    *,
+    generator: torch.Generator | None,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    secure: bool = False,
+) -> torch.Tensor:
     """``N(0, std^2 I)``; in secure mode the sum of 4 standard draws divided by 2.
 
     The 4-draw form is Opacus' ``secure_mode`` mitigation of floating-point
@@ -167,10 +182,17 @@ def gaussian_noise(shape: torch.Size | Sequence[int], std: float, *,
     return total.mul_(std / 2.0)
 
 
-def privatize(local_sum: torch.Tensor, *, noise_multiplier: float, max_grad_norm: float,
-              expected_batch_size: float, add_noise: bool, generator: torch.Generator | None,
-              all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = all_reduce_sum,
-              secure: bool = False) -> torch.Tensor:
+def privatize(
+    local_sum: torch.Tensor,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    expected_batch_size: float,
+    add_noise: bool,
+    generator: torch.Generator | None,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = all_reduce_sum,
+    secure: bool = False,
+) -> torch.Tensor:
     """The released gradient ``(sum_r s_r + [rank 0] N(0, sigma^2 C^2 I)) / (q N)``.
 
     ``local_sum`` is this rank's ``s_r`` (zeros for an empty shard sample:
@@ -186,9 +208,16 @@ def privatize(local_sum: torch.Tensor, *, noise_multiplier: float, max_grad_norm
         raise ValueError(f"noise multiplier must be >= 0, got {noise_multiplier}")
     total = local_sum.detach().clone()
     if add_noise and noise_multiplier > 0:
-        total.add_(gaussian_noise(total.shape, noise_multiplier * max_grad_norm,
-                                  generator=generator, dtype=total.dtype, device=total.device,
-                                  secure=secure))
+        total.add_(
+            gaussian_noise(
+                total.shape,
+                noise_multiplier * max_grad_norm,
+                generator=generator,
+                dtype=total.dtype,
+                device=total.device,
+                secure=secure,
+            )
+        )
     if all_reduce is not None:
         total = all_reduce(total)
     return total.div_(expected_batch_size)
@@ -199,7 +228,7 @@ def apply_flat_gradient(params: Sequence[torch.nn.Parameter], flat: torch.Tensor
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+        p.grad = flat[offset : offset + n].view_as(p).to(p.dtype).clone()
         offset += n
     if offset != flat.numel():
         raise ValueError(f"flat gradient has {flat.numel()} entries, parameters {offset}")
@@ -256,8 +285,9 @@ class PerSampleClipper:
             if hasattr(p, "_norm_sample"):
                 p._norm_sample = None
 
-    def clipped_sum(self, loss_fn: LossFn, batch: Mapping[str, Any] | None,
-                    batch_size: int) -> torch.Tensor:
+    def clipped_sum(
+        self, loss_fn: LossFn, batch: Mapping[str, Any] | None, batch_size: int
+    ) -> torch.Tensor:
         """``s_r = sum_i clip_C(grad loss_i)`` (flat) for a batch of ``batch_size`` records.
 
         ``batch_size == 0`` returns zeros without a forward pass. Gradient
@@ -271,8 +301,10 @@ class PerSampleClipper:
         try:
             losses = loss_fn(self.module, batch)
             if losses.dim() != 1 or losses.shape[0] != batch_size:
-                raise ValueError(f"loss_fn must return one loss per record, shape [{batch_size}], "
-                                 f"got {tuple(losses.shape)}")
+                raise ValueError(
+                    f"loss_fn must return one loss per record, shape [{batch_size}], "
+                    f"got {tuple(losses.shape)}"
+                )
             if self.mode == "ghost":
                 return self._ghost(losses, loss_fn, batch, batch_size)
             with warnings.catch_warnings():
@@ -280,15 +312,18 @@ class PerSampleClipper:
                 losses.sum().backward()
             samples = [p.grad_sample for p in self.params]
             if any(g is None for g in samples):
-                raise RuntimeError("a trainable parameter got no per-sample gradient: it is "
-                                   "not used by the loss, or its layer is not supported")
+                raise RuntimeError(
+                    "a trainable parameter got no per-sample gradient: it is "
+                    "not used by the loss, or its layer is not supported"
+                )
             total, self.last_nonfinite = clip_and_sum_finite(samples, self.max_grad_norm)
             return total
         finally:
             self._clear()
 
-    def _ghost(self, losses: torch.Tensor, loss_fn: LossFn, batch: Mapping[str, Any],
-               batch_size: int) -> torch.Tensor:
+    def _ghost(
+        self, losses: torch.Tensor, loss_fn: LossFn, batch: Mapping[str, Any], batch_size: int
+    ) -> torch.Tensor:
         # First backward: Opacus' hooks store per-record gradient norms only.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_HOOK_WARNING)

@@ -55,8 +55,16 @@ from privcode.errors import PrivcodeError
 
 log = logging.getLogger("privcode.dp")
 
-__all__ = ["BudgetUnavailable", "NonPrivateSum", "Privacy", "PrivateEngine", "Reserve",
-           "StepOutcome", "broadcast_ints", "make_private"]
+__all__ = [
+    "BudgetUnavailable",
+    "NonPrivateSum",
+    "Privacy",
+    "PrivateEngine",
+    "Reserve",
+    "StepOutcome",
+    "broadcast_ints",
+    "make_private",
+]
 
 DP_SGD, NON_PRIVATE = "dp-sgd", "non-private"
 
@@ -109,14 +117,20 @@ class Privacy:
             raise ValueError(f"privacy mode {self.mode!r} is not {DP_SGD!r} or {NON_PRIVATE!r}")
 
     @classmethod
-    def dp_sgd(cls, noise_multiplier: float, max_grad_norm: float,
-               grad_sample_mode: str = "hooks") -> Privacy:
+    def dp_sgd(
+        cls, noise_multiplier: float, max_grad_norm: float, grad_sample_mode: str = "hooks"
+    ) -> Privacy:
         return cls(DP_SGD, float(noise_multiplier), float(max_grad_norm), grad_sample_mode)
 
     @classmethod
-    def non_private(cls, reason: str, *, seed: int | None = None,
-                    max_grad_norm: float | None = None, grad_sample_mode: str = "hooks"
-                    ) -> Privacy:
+    def non_private(
+        cls,
+        reason: str,
+        *,
+        seed: int | None = None,
+        max_grad_norm: float | None = None,
+        grad_sample_mode: str = "hooks",
+    ) -> Privacy:
         return cls(NON_PRIVATE, 0.0, max_grad_norm, grad_sample_mode, reason, seed)
 
     @property
@@ -127,9 +141,12 @@ class Privacy:
         """What artifacts say about the training mode (public settings only)."""
         rec: dict[str, Any] = {"mode": self.mode}
         if not self.private:
-            rec.update(reason=self.reason, clipped=self.max_grad_norm is not None,
-                       fixed_seed=self.seed is not None,
-                       NOT_PRIVATE="trained WITHOUT differential privacy")
+            rec.update(
+                reason=self.reason,
+                clipped=self.max_grad_norm is not None,
+                fixed_seed=self.seed is not None,
+                NOT_PRIVATE="trained WITHOUT differential privacy",
+            )
         return rec
 
 
@@ -158,8 +175,9 @@ class NonPrivateSum:
         self.train_mode = train_mode
         self.last_nonfinite = 0
 
-    def clipped_sum(self, loss_fn: LossFn, batch: Mapping[str, Any] | None,
-                    batch_size: int) -> torch.Tensor:
+    def clipped_sum(
+        self, loss_fn: LossFn, batch: Mapping[str, Any] | None, batch_size: int
+    ) -> torch.Tensor:
         p0 = self.params[0]
         if batch_size == 0 or batch is None:
             return torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
@@ -168,8 +186,12 @@ class NonPrivateSum:
         if self.train_mode:
             self.module.train()
         loss_fn(self.module, batch).sum().backward()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.params])
+        flat = torch.cat(
+            [
+                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                for p in self.params
+            ]
+        )
         for p in self.params:
             p.grad = None
         return flat
@@ -197,8 +219,7 @@ def _seed(privacy: Privacy, device: Any) -> int:
     Fresh at every engine start: a step re-run after a restart gets a new,
     independent batch and noise draw, as its new budget charge assumes.
     """
-    seed = (int(privacy.seed) % (1 << 126) if privacy.seed is not None
-            else secrets.randbits(126))
+    seed = int(privacy.seed) % (1 << 126) if privacy.seed is not None else secrets.randbits(126)
     hi, lo = broadcast_ints([seed >> 63, seed & ((1 << 63) - 1)], device)
     return hi << 63 | lo
 
@@ -206,12 +227,23 @@ def _seed(privacy: Privacy, device: Any) -> int:
 class PrivateEngine:
     """reserve -> sample -> clip -> noise -> apply, for one data-parallel rank. See the module."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 privacy: Privacy, *, num_records: int, sample_rate: float,
-                 reserve: Reserve | None = None, rank: int = 0, world: int = 1,
-                 device: Any = "cpu", secure_rng: bool = False,
-                 sampler: Callable[[int], list[int]] | None = None,
-                 expected_batch_size: float | None = None, train_mode: bool = True):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        privacy: Privacy,
+        *,
+        num_records: int,
+        sample_rate: float,
+        reserve: Reserve | None = None,
+        rank: int = 0,
+        world: int = 1,
+        device: Any = "cpu",
+        secure_rng: bool = False,
+        sampler: Callable[[int], list[int]] | None = None,
+        expected_batch_size: float | None = None,
+        train_mode: bool = True,
+    ):
         if privacy.private:
             if rank == 0 and reserve is None:
                 raise ValueError("dp-sgd needs a budget to reserve every step from")
@@ -224,13 +256,17 @@ class PrivateEngine:
         self.optimizer = optimizer
         if privacy.max_grad_norm is not None:
             self.clipper: PerSampleClipper | NonPrivateSum = PerSampleClipper(
-                module, mode=privacy.grad_sample_mode, max_grad_norm=privacy.max_grad_norm)
+                module, mode=privacy.grad_sample_mode, max_grad_norm=privacy.max_grad_norm
+            )
         else:
             self.clipper = NonPrivateSum(module, train_mode=train_mode)
         self.params = self.clipper.params  # the flat gradient's order
         self.num_records, self.sample_rate = int(num_records), float(sample_rate)
-        self.expected_batch_size = (float(expected_batch_size) if expected_batch_size is not None
-                                    else self.sample_rate * self.num_records)
+        self.expected_batch_size = (
+            float(expected_batch_size)
+            if expected_batch_size is not None
+            else self.sample_rate * self.num_records
+        )
         seed = _seed(privacy, self.device)
         self.schedule = PoissonSchedule(self.num_records, self.sample_rate, seed)
         self.randomness = SecretRandomness(seed, secure=secure_rng and privacy.private, rank=rank)
@@ -253,8 +289,9 @@ class PrivateEngine:
                 code, reason = _ERROR, f"{type(exc).__name__}: {exc}"
         code, position = broadcast_ints([code, position], self.device)
         if code == _ERROR:
-            raise BudgetUnavailable("privacy budget unavailable, step not taken"
-                                    + (f": {reason}" if reason else ""))
+            raise BudgetUnavailable(
+                "privacy budget unavailable, step not taken" + (f": {reason}" if reason else "")
+            )
         return code, position, reason
 
     def sample(self, step: int) -> list[int]:
@@ -264,8 +301,7 @@ class PrivateEngine:
         if not self.randomness.secure:
             return [int(i) for i in self.schedule.indices(step, self.rank, self.world)]
         n = self.num_records
-        mask = (secure_poisson_mask(n, self.sample_rate) if self.rank == 0
-                else np.zeros(n, bool))
+        mask = secure_poisson_mask(n, self.sample_rate) if self.rank == 0 else np.zeros(n, bool)
         if self.world > 1:
             t = torch.from_numpy(mask.astype(np.uint8)).to(self.device)
             dist.broadcast(t, src=0)
@@ -273,34 +309,40 @@ class PrivateEngine:
         shard = shard_of(n, self.rank, self.world)
         return [int(i) for i in shard[mask[shard]]]
 
-    def step(self, step: int, batch_fn: BatchFn, loss_fn: LossFn,
-             request_id: str = "") -> StepOutcome:
+    def step(
+        self, step: int, batch_fn: BatchFn, loss_fn: LossFn, request_id: str = ""
+    ) -> StepOutcome:
         """One update (see the module). ``batch_fn`` gets this shard's local positions."""
         code, position, reason = self._reserve(request_id or f"step:{step}")
         if code == _DENIED:
             return StepOutcome(False, position, reason)
         chosen = self.sample(step)
-        local = ([(i - self.rank) // self.world for i in chosen] if self._sampler is None
-                 else chosen)
+        local = [(i - self.rank) // self.world for i in chosen] if self._sampler is None else chosen
         batch = batch_fn(local, step) if local else None
         self.randomness.seed_step(step)
         local_sum = self.clipper.clipped_sum(loss_fn, batch, len(local))
-        nonfinite = _all_reduce_count(self.clipper.last_nonfinite, self.world,
-                                      self.device)
+        nonfinite = _all_reduce_count(self.clipper.last_nonfinite, self.world, self.device)
         grad = privatize(
-            local_sum, noise_multiplier=self.privacy.noise_multiplier,
+            local_sum,
+            noise_multiplier=self.privacy.noise_multiplier,
             max_grad_norm=self.privacy.max_grad_norm or 1.0,
             expected_batch_size=self.expected_batch_size,
-            add_noise=self.rank == 0 and self.privacy.private, secure=self.randomness.secure,
-            generator=(self.randomness.noise_generator(self.device)
-                       if self.rank == 0 and self.privacy.private else None))
+            add_noise=self.rank == 0 and self.privacy.private,
+            secure=self.randomness.secure,
+            generator=(
+                self.randomness.noise_generator(self.device)
+                if self.rank == 0 and self.privacy.private
+                else None
+            ),
+        )
         apply_flat_gradient(self.params, grad)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(True, position, None, nonfinite)
 
 
-def make_private(module: torch.nn.Module, optimizer: torch.optim.Optimizer, privacy: Privacy,
-                 **kwargs: Any) -> PrivateEngine:
+def make_private(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, privacy: Privacy, **kwargs: Any
+) -> PrivateEngine:
     """The engine for ``module`` (its trainable parameters) and ``optimizer`` (over them)."""
     return PrivateEngine(module, optimizer, privacy, **kwargs)

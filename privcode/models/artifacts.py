@@ -39,8 +39,12 @@ log = logging.getLogger(__name__)
 
 #: What :func:`model_kind` can return, in the order the markers are checked.
 MODEL_KINDS = ("junior", "premium", "adapter", "nondpft", "base-stage", "model")
-_MARKERS = (("junior", "release.json"), ("premium", "premium.json"),
-            ("adapter", "adapter_config.json"), ("nondpft", "nondp.json"))
+_MARKERS = (
+    ("junior", "release.json"),
+    ("premium", "premium.json"),
+    ("adapter", "adapter_config.json"),
+    ("nondpft", "nondp.json"),
+)
 
 
 @dataclass
@@ -83,8 +87,9 @@ def model_kind(path: str | Path) -> str:
     return "model"
 
 
-def _recorded_base(meta_path: Path, meta: dict[str, Any], key: str, base_model: str | None,
-                   hint: str) -> str:
+def _recorded_base(
+    meta_path: Path, meta: dict[str, Any], key: str, base_model: str | None, hint: str
+) -> str:
     base = base_model or meta.get(key)
     if not isinstance(base, str) or not base:
         raise ModelLoadError(f"{meta_path}: no base model path ({key!r}); {hint}")
@@ -102,17 +107,20 @@ def _ready(model: Any, tokenizer: Any, device: Any) -> tuple[Any, tuple[int, ...
     from transformers import GenerationConfig
 
     eos_ids = _checkpoint_eos(model, tokenizer)
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
-                                               eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, eos_ids
 
 
-def _base_and_adapter(base: str, adapter_dir: Path, *, device: Any, dtype: Any,
-                      cache_dir: str | None) -> tuple[Any, Any, tuple[int, ...]]:
+def _base_and_adapter(
+    base: str, adapter_dir: Path, *, device: Any, dtype: Any, cache_dir: str | None
+) -> tuple[Any, Any, tuple[int, ...]]:
     from peft import PeftModel
 
     tokenizer = load_tokenizer(base, cache_dir=cache_dir)
@@ -121,14 +129,21 @@ def _base_and_adapter(base: str, adapter_dir: Path, *, device: Any, dtype: Any,
     try:
         lm = PeftModel.from_pretrained(lm, str(adapter_dir), is_trainable=False)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise ModelLoadError(f"{adapter_dir}: cannot apply the adapter to base model {base}: "
-                             f"{exc}") from exc
+        raise ModelLoadError(
+            f"{adapter_dir}: cannot apply the adapter to base model {base}: {exc}"
+        ) from exc
     model, _ = _ready(lm.merge_and_unload(), tokenizer, device)
     return model, tokenizer, eos_ids
 
 
-def load_model(path: str | Path, *, base_model: str | None = None, device: Any = "cpu",
-               dtype: Any = None, cache_dir: str | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path,
+    *,
+    base_model: str | None = None,
+    device: Any = "cpu",
+    dtype: Any = None,
+    cache_dir: str | None = None,
+) -> LoadedModel:
     """Load the artifact at ``path`` (any of the module docstring's kinds) on ``device``.
 
     ``base_model`` overrides the base path a release or adapter records (for a
@@ -144,20 +159,34 @@ def load_model(path: str | Path, *, base_model: str | None = None, device: Any =
         from privcode.release.junior import load_release
 
         rel = load_release(root, device=str(device), base_model=base_model)
-        return LoadedModel(kind, root, rel.model, rel.tokenizer,
-                           base_model=base_model or rel.meta["base_model"], meta=rel.meta,
-                           release=rel, eos_ids=_checkpoint_eos(rel.model, rel.tokenizer))
+        return LoadedModel(
+            kind,
+            root,
+            rel.model,
+            rel.tokenizer,
+            base_model=base_model or rel.meta["base_model"],
+            meta=rel.meta,
+            release=rel,
+            eos_ids=_checkpoint_eos(rel.model, rel.tokenizer),
+        )
     if kind in ("premium", "adapter"):
         marker = root / ("premium.json" if kind == "premium" else "adapter_config.json")
         meta = read_json_object(marker, ModelLoadError)
         key = "model" if kind == "premium" else "base_model_name_or_path"
-        base = _recorded_base(marker, meta, key, base_model,
-                              "if the base model lives elsewhere on this machine, pass its path")
+        base = _recorded_base(
+            marker,
+            meta,
+            key,
+            base_model,
+            "if the base model lives elsewhere on this machine, pass its path",
+        )
         adapter_dir = root / "adapter" if kind == "premium" else root
-        model, tokenizer, eos_ids = _base_and_adapter(base, adapter_dir, device=device,
-                                                      dtype=dtype, cache_dir=cache_dir)
-        return LoadedModel(kind, root, model, tokenizer, base_model=base, meta=meta,
-                           eos_ids=eos_ids)
+        model, tokenizer, eos_ids = _base_and_adapter(
+            base, adapter_dir, device=device, dtype=dtype, cache_dir=cache_dir
+        )
+        return LoadedModel(
+            kind, root, model, tokenizer, base_model=base, meta=meta, eos_ids=eos_ids
+        )
     meta = {}
     target: str | Path = root if root.exists() else str(path)  # a preset name
     if kind == "nondpft":
@@ -169,6 +198,12 @@ def load_model(path: str | Path, *, base_model: str | None = None, device: Any =
     tokenizer = load_tokenizer(target, cache_dir=cache_dir)
     lm = load_causal_lm(target, dtype=dtype, device=device, cache_dir=cache_dir)
     model, eos_ids = _ready(lm, tokenizer, device)
-    return LoadedModel(kind, root, model, tokenizer,
-                       base_model=meta.get("base_model") if kind == "nondpft" else None,
-                       meta=meta, eos_ids=eos_ids)
+    return LoadedModel(
+        kind,
+        root,
+        model,
+        tokenizer,
+        base_model=meta.get("base_model") if kind == "nondpft" else None,
+        meta=meta,
+        eos_ids=eos_ids,
+    )

@@ -55,8 +55,15 @@ from privcode.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
 from privcode.utils import ThreadTuner, atomic_write_json, stable_hash
 from privcode.utils import torch_threads as _torch_threads
 
-__all__ = ["BUILD_VERSION", "PRESETS", "Preset", "build_base", "check_complete", "config_hash",
-           "BUILD_INFO"]
+__all__ = [
+    "BUILD_VERSION",
+    "PRESETS",
+    "Preset",
+    "build_base",
+    "check_complete",
+    "config_hash",
+    "BUILD_INFO",
+]
 
 #: Bump whenever tokenizer/model training changes in a way that changes results:
 #: it is part of the cache key, so old cached builds are not reused.
@@ -109,9 +116,18 @@ class Preset:
     rope_theta: float = 10_000.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "intermediate_size", "seq_len", "batch_size", "steps",
-                     "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "seq_len",
+            "batch_size",
+            "steps",
+            "max_position_embeddings",
+        ):
             check_number(name, getattr(self, name), min=1, integer=True)
         for name in ("warmup_steps", "eval_tokens"):
             check_number(name, getattr(self, name), min=0, integer=True)
@@ -138,17 +154,51 @@ class Preset:
 #: small batches of many steps learn more per second than large batches here.
 PRESETS: dict[str, Preset] = {
     # ~0.9M parameters, 560 x 512 = 287k tokens: ~27 s of training, ~40 s in all.
-    "ci": Preset(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                 intermediate_size=384, seq_len=128, batch_size=4, steps=560, lr=2e-3,
-                 warmup_steps=20, eval_tokens=16_384, tokenizer_train_bytes=2_000_000),
+    "ci": Preset(
+        vocab_size=4096,
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=384,
+        seq_len=128,
+        batch_size=4,
+        steps=560,
+        lr=2e-3,
+        warmup_steps=20,
+        eval_tokens=16_384,
+        tokenizer_train_bytes=2_000_000,
+    ),
     # ~3.9M parameters, 520 x 1024 = 532k tokens: ~2.3 minutes of training, ~2.6 in all.
-    "demo": Preset(vocab_size=6144, hidden_size=256, num_layers=3, num_heads=4, num_kv_heads=2,
-                   intermediate_size=768, seq_len=256, batch_size=4, steps=520, lr=2e-3,
-                   warmup_steps=30, eval_tokens=32_768),
+    "demo": Preset(
+        vocab_size=6144,
+        hidden_size=256,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=768,
+        seq_len=256,
+        batch_size=4,
+        steps=520,
+        lr=2e-3,
+        warmup_steps=30,
+        eval_tokens=32_768,
+    ),
     # ~19M parameters, 800 x 2048 = 1.6M tokens (about one pass over the corpus): ~27 minutes.
-    "small": Preset(vocab_size=16384, hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=2,
-                    intermediate_size=1024, seq_len=512, batch_size=4, steps=800, lr=1e-3,
-                    warmup_steps=40, eval_tokens=65_536),
+    "small": Preset(
+        vocab_size=16384,
+        hidden_size=384,
+        num_layers=8,
+        num_heads=6,
+        num_kv_heads=2,
+        intermediate_size=1024,
+        seq_len=512,
+        batch_size=4,
+        steps=800,
+        lr=1e-3,
+        warmup_steps=40,
+        eval_tokens=65_536,
+    ),
 }
 
 
@@ -162,20 +212,24 @@ def config_hash(cfg: BaseConfig, files: list[C.SourceFile] | None = None) -> str
     ``files`` defaults to the public corpus (read from disk).
     """
     if cfg.model:
-        return stable_hash({"version": BUILD_VERSION, "model": str(Path(cfg.model).expanduser().resolve())})
+        return stable_hash(
+            {"version": BUILD_VERSION, "model": str(Path(cfg.model).expanduser().resolve())}
+        )
     import transformers
 
     preset = _preset(cfg.preset)
     files = C.public_corpus() if files is None else files
-    return stable_hash({
-        "version": BUILD_VERSION,
-        "libraries": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "preset": cfg.preset,
-        "spec": dataclasses.asdict(preset),
-        "seed": cfg.seed,
-        "heldout_fraction": HELDOUT_FRACTION,
-        "corpus": C.corpus_fingerprint(files),
-    })
+    return stable_hash(
+        {
+            "version": BUILD_VERSION,
+            "libraries": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "preset": cfg.preset,
+            "spec": dataclasses.asdict(preset),
+            "seed": cfg.seed,
+            "heldout_fraction": HELDOUT_FRACTION,
+            "corpus": C.corpus_fingerprint(files),
+        }
+    )
 
 
 def check_complete(info: dict) -> dict:
@@ -190,13 +244,18 @@ def check_complete(info: dict) -> dict:
         return info
     spec = info.get("preset_spec") or {}
     steps, wanted = info.get("steps"), spec.get("steps")
-    if info.get("stopped_early") or not isinstance(steps, int) or steps != wanted \
-            or info.get("version") != BUILD_VERSION:
+    if (
+        info.get("stopped_early")
+        or not isinstance(steps, int)
+        or steps != wanted
+        or info.get("version") != BUILD_VERSION
+    ):
         raise ModelLoadError(
             f"the base model at {info.get('path', '?')} is incomplete or stale (trained "
             f"{steps} of {wanted} steps, build version {info.get('version')} vs "
             f"{BUILD_VERSION}): delete it and rebuild (the base stage does so with "
-            "--set run.force=true)")
+            "--set run.force=true)"
+        )
     return info
 
 
@@ -204,7 +263,9 @@ def _preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ModelLoadError(f"base.preset: unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+        raise ModelLoadError(
+            f"base.preset: unknown preset {name!r} (known: {', '.join(PRESETS)})"
+        ) from None
 
 
 def _read_build(directory: Path, expected_hash: str) -> dict | None:
@@ -231,8 +292,10 @@ def _check_replaceable(directory: Path) -> None:
     if not directory.is_dir():
         raise ModelLoadError(f"base output {directory} exists and is not a directory")
     if any(directory.iterdir()) and not (directory / BUILD_INFO).is_file():
-        raise ModelLoadError(f"refusing to overwrite {directory}: it is not empty and holds no "
-                             f"{BUILD_INFO} (not a privcode base build)")
+        raise ModelLoadError(
+            f"refusing to overwrite {directory}: it is not empty and holds no "
+            f"{BUILD_INFO} (not a privcode base build)"
+        )
 
 
 @contextlib.contextmanager
@@ -375,9 +438,14 @@ def _optimizer(model: torch.nn.Module, preset: Preset) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": preset.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=preset.lr, betas=(0.9, 0.95), eps=1e-8)
+        [
+            {"params": decay, "weight_decay": preset.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=preset.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
 
 def lr_at(step: int, preset: Preset) -> float:
@@ -403,8 +471,15 @@ def _tokenizer_texts(files: list[C.SourceFile], limit: int | None) -> list[str]:
     return texts
 
 
-def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: str,
-           out: Path, progress: bool, started: float) -> dict:
+def _train(
+    cfg: BaseConfig,
+    preset: Preset,
+    files: list[C.SourceFile],
+    digest: str,
+    out: Path,
+    progress: bool,
+    started: float,
+) -> dict:
     """Train tokenizer + model into the empty directory ``out``; return the build info."""
     import transformers
     from tqdm.auto import tqdm
@@ -416,8 +491,9 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
     with torch_threads() as threads:
         t0 = time.monotonic()
         tok_texts = _tokenizer_texts(order, preset.tokenizer_train_bytes)
-        tokenizer = train_tokenizer(tok_texts, preset.vocab_size,
-                                    model_max_length=preset.max_position_embeddings)
+        tokenizer = train_tokenizer(
+            tok_texts, preset.vocab_size, model_max_length=preset.max_position_embeddings
+        )
         tokenizer_seconds = time.monotonic() - t0
 
         needed = preset.steps * preset.tokens_per_step
@@ -427,8 +503,13 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         torch.manual_seed(cfg.seed)
         model = Qwen2ForCausalLM(_model_config(preset, tokenizer))
         n_params = sum(p.numel() for p in model.parameters())
-        before = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len,
-                                 min(preset.eval_tokens, UNTRAINED_EVAL_TOKENS))
+        before = C.evaluate_loss(
+            model,
+            tokenizer,
+            heldout_stream,
+            preset.seq_len,
+            min(preset.eval_tokens, UNTRAINED_EVAL_TOKENS),
+        )
 
         optimizer = _optimizer(model, preset)
         batches = C.batches(stream, preset.seq_len, preset.batch_size, cfg.seed)
@@ -437,9 +518,15 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
         history: list[tuple[int, float]] = []  # (step, train loss), ~100 points for the report
         every = max(1, preset.steps // 100)
         # Off a terminal (Ray worker logs, CI) redraws become log lines: fewer of them.
-        bar = tqdm(total=preset.steps, desc=f"base {cfg.preset}", unit="step", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True,
-                   mininterval=0.5 if sys.stderr.isatty() else 15.0)
+        bar = tqdm(
+            total=preset.steps,
+            desc=f"base {cfg.preset}",
+            unit="step",
+            file=sys.stderr,
+            disable=not progress,
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 15.0,
+        )
         t_train = time.monotonic()
         tuner = ThreadTuner(threads)  # 1 thread when the machine is busy: faster there
         try:
@@ -462,15 +549,19 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
                     history.append((steps_done, round(last_loss, 4)))
                 elapsed = time.monotonic() - t_train
                 bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.3f}",
-                                tok_s=f"{steps_done * preset.tokens_per_step / elapsed:.0f}",
-                                refresh=False)
+                bar.set_postfix(
+                    loss=f"{last_loss:.3f}",
+                    tok_s=f"{steps_done * preset.tokens_per_step / elapsed:.0f}",
+                    refresh=False,
+                )
         finally:
             bar.close()
             torch.set_num_threads(threads)
         train_seconds = time.monotonic() - t_train
         tokens_seen = steps_done * preset.tokens_per_step
-        after = C.evaluate_loss(model, tokenizer, heldout_stream, preset.seq_len, preset.eval_tokens)
+        after = C.evaluate_loss(
+            model, tokenizer, heldout_stream, preset.seq_len, preset.eval_tokens
+        )
 
         model.eval()
         with _hf_progress(progress):
@@ -522,8 +613,11 @@ def _train(cfg: BaseConfig, preset: Preset, files: list[C.SourceFile], digest: s
             "model_max_length": tokenizer.model_max_length,
         },
         "model_config": model.config.to_diff_dict(),
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
-                     "transformers": transformers.__version__},
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
     }
     # Written last: its presence marks the directory as a complete build.
     atomic_write_json(out / BUILD_INFO, info)
@@ -537,16 +631,19 @@ def _external_base(cfg: BaseConfig) -> dict:
     """Validate the local HF causal LM ``cfg.model`` and score it on held-out public code."""
     path = Path(cfg.model).expanduser()
     if not path.exists():
-        raise ModelLoadError(f"base.model: {cfg.model!r} does not exist (only local model "
-                             "directories are supported; nothing is downloaded)")
+        raise ModelLoadError(
+            f"base.model: {cfg.model!r} does not exist (only local model "
+            "directories are supported; nothing is downloaded)"
+        )
     started = time.monotonic()
     with torch_threads() as threads:
         model = load_causal_lm(path, dtype="auto")
         tokenizer = load_tokenizer(path)
         _, heldout_files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)
         stream, _ = C.token_stream(tokenizer, heldout_files, max_tokens=EXTERNAL_EVAL_TOKENS)
-        scores = C.evaluate_loss(model, tokenizer, stream, EXTERNAL_EVAL_SEQ_LEN,
-                                 EXTERNAL_EVAL_TOKENS, batch_size=2)
+        scores = C.evaluate_loss(
+            model, tokenizer, stream, EXTERNAL_EVAL_SEQ_LEN, EXTERNAL_EVAL_TOKENS, batch_size=2
+        )
     return {
         "version": BUILD_VERSION,
         "path": str(path.resolve()),

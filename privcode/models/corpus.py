@@ -80,8 +80,9 @@ def public_corpus() -> list[SourceFile]:
     return files
 
 
-def split_heldout(files: Sequence[SourceFile], fraction: float = 0.03
-                  ) -> tuple[list[SourceFile], list[SourceFile]]:
+def split_heldout(
+    files: Sequence[SourceFile], fraction: float = 0.03
+) -> tuple[list[SourceFile], list[SourceFile]]:
     """(train, heldout): the ``fraction`` of files with the smallest path hashes is held out.
 
     At least one file is held out. Both lists keep the input order.
@@ -102,8 +103,14 @@ MAX_LITERAL_SHARE = 0.25
 
 def _literal_share(code: str) -> float:
     """Share of code tokens that are number or (non-docstring) string literals; 1.0 if untokenizable."""
-    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT,
-            tokenize.ENDMARKER}
+    skip = {
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.COMMENT,
+        tokenize.ENDMARKER,
+    }
     n = lit = 0
     try:
         for tok in tokenize.generate_tokens(io.StringIO(code).readline):
@@ -111,8 +118,9 @@ def _literal_share(code: str) -> float:
                 continue
             n += 1
             if tok.type == tokenize.NUMBER or (
-                    tok.type == tokenize.STRING
-                    and not tok.string.lstrip("rRbBuUfF").startswith(('"""', "'''"))):
+                tok.type == tokenize.STRING
+                and not tok.string.lstrip("rRbBuUfF").startswith(('"""', "'''"))
+            ):
                 lit += 1
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return 1.0
@@ -142,7 +150,7 @@ def function_units(files: Sequence[SourceFile]) -> list[SourceFile]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            text = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno]))
+            text = textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno]))
             if not UNIT_LINES[0] <= text.count("\n") <= UNIT_LINES[1]:
                 continue
             if _literal_share(text) > MAX_LITERAL_SHARE:
@@ -163,8 +171,9 @@ def shuffled(files: Sequence[SourceFile], seed: int) -> list[SourceFile]:
     return out
 
 
-def token_stream(tokenizer, files: Sequence[SourceFile], max_tokens: int | None = None,
-                 batch_files: int = 16) -> tuple[torch.Tensor, int]:
+def token_stream(
+    tokenizer, files: Sequence[SourceFile], max_tokens: int | None = None, batch_files: int = 16
+) -> tuple[torch.Tensor, int]:
     """Concatenate the files' tokens, each file followed by EOS, as one int64 tensor.
 
     Stops after the first batch of files that reaches ``max_tokens`` (the
@@ -176,7 +185,7 @@ def token_stream(tokenizer, files: Sequence[SourceFile], max_tokens: int | None 
     parts: list[torch.Tensor] = []
     total = used = 0
     for start in range(0, len(files), batch_files):
-        texts = [f.text for f in files[start:start + batch_files]]
+        texts = [f.text for f in files[start : start + batch_files]]
         if backend is not None:
             # The Rust batch encoder is parallel and skips Python-side overhead.
             ids_list = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
@@ -195,7 +204,9 @@ def token_stream(tokenizer, files: Sequence[SourceFile], max_tokens: int | None 
     return stream, used
 
 
-def batches(stream: torch.Tensor, seq_len: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+def batches(
+    stream: torch.Tensor, seq_len: int, batch_size: int, seed: int
+) -> Iterator[torch.Tensor]:
     """Endless (batch_size, seq_len) batches of packed, non-overlapping windows.
 
     Window order is reshuffled every epoch by a generator seeded with
@@ -203,8 +214,9 @@ def batches(stream: torch.Tensor, seq_len: int, batch_size: int, seed: int) -> I
     """
     n_windows = stream.numel() // seq_len
     if n_windows < 1:
-        raise ValueError(f"token stream of {stream.numel()} tokens is shorter than one "
-                         f"sequence of {seq_len}")
+        raise ValueError(
+            f"token stream of {stream.numel()} tokens is shorter than one sequence of {seq_len}"
+        )
     windows = stream[: n_windows * seq_len].view(n_windows, seq_len)
     gen = torch.Generator().manual_seed(seed)
     order = torch.empty(0, dtype=torch.long)
@@ -215,13 +227,14 @@ def batches(stream: torch.Tensor, seq_len: int, batch_size: int, seed: int) -> I
             order = torch.cat([order[pos:], torch.randperm(n_windows, generator=gen)])
             pos = 0
             continue
-        yield windows[order[pos:pos + batch_size]]
+        yield windows[order[pos : pos + batch_size]]
         pos += batch_size
 
 
 @torch.no_grad()
-def evaluate_loss(model, tokenizer, stream: torch.Tensor, seq_len: int, max_tokens: int,
-                  batch_size: int = 8) -> dict:
+def evaluate_loss(
+    model, tokenizer, stream: torch.Tensor, seq_len: int, max_tokens: int, batch_size: int = 8
+) -> dict:
     """Mean next-token cross-entropy (nats) of ``model`` on packed windows of ``stream``.
 
     Uses up to ``max_tokens`` tokens in non-overlapping windows of
@@ -242,11 +255,13 @@ def evaluate_loss(model, tokenizer, stream: torch.Tensor, seq_len: int, max_toke
     n_tokens = n_bytes = 0
     try:
         for start in range(0, n_windows, batch_size):
-            batch = windows[start:start + batch_size].to(device)
+            batch = windows[start : start + batch_size].to(device)
             logits = model(input_ids=batch).logits.float()
             loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1),
-                reduction="sum")
+                logits[:, :-1].reshape(-1, logits.size(-1)),
+                batch[:, 1:].reshape(-1),
+                reduction="sum",
+            )
             nats += float(loss)
             n_tokens += batch[:, 1:].numel()
             for row in batch[:, 1:].tolist():

@@ -51,8 +51,15 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
     "gemma2": _LLAMA_LIKE,
     "olmo": _LLAMA_LIKE,
     "cohere": _LLAMA_LIKE,
-    "deepseek_v2": ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
-                    "gate_proj", "up_proj", "down_proj"),
+    "deepseek_v2": (
+        "q_proj",
+        "kv_a_proj_with_mqa",
+        "kv_b_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ),
     "phi": ("q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"),
     "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
     "starcoder2": ("q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"),
@@ -77,8 +84,9 @@ def _is_preset(name: str) -> bool:
     return name in PRESETS
 
 
-def resolve_model_path(path_or_preset: str | Path, cache_dir: str | None = None,
-                       progress: bool = True) -> Path:
+def resolve_model_path(
+    path_or_preset: str | Path, cache_dir: str | None = None, progress: bool = True
+) -> Path:
     """A local model directory: the path itself, or the cached build of a preset name.
 
     A preset name wins only when no file or directory of that name exists in
@@ -91,11 +99,17 @@ def resolve_model_path(path_or_preset: str | Path, cache_dir: str | None = None,
         from privcode.config import BaseConfig
         from privcode.models.base import build_base
 
-        cfg = BaseConfig(preset=text) if cache_dir is None else BaseConfig(preset=text, cache_dir=cache_dir)
+        cfg = (
+            BaseConfig(preset=text)
+            if cache_dir is None
+            else BaseConfig(preset=text, cache_dir=cache_dir)
+        )
         return Path(build_base(cfg, progress=progress)["path"])
     if not path.exists():
-        raise ModelLoadError(f"model path {text!r} does not exist (expected a local HF model "
-                             "directory or a preset name: ci, demo, small)")
+        raise ModelLoadError(
+            f"model path {text!r} does not exist (expected a local HF model "
+            "directory or a preset name: ci, demo, small)"
+        )
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
     return path
@@ -144,8 +158,10 @@ def load_tokenizer(path: str | Path, *, cache_dir: str | None = None):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     directory = resolve_model_path(path, cache_dir=cache_dir)
-    generic = (_declared_tokenizer_class(directory) in _GENERIC_TOKENIZER_CLASSES
-               and (directory / "tokenizer.json").is_file())
+    generic = (
+        _declared_tokenizer_class(directory) in _GENERIC_TOKENIZER_CLASSES
+        and (directory / "tokenizer.json").is_file()
+    )
     loader = PreTrainedTokenizerFast if generic else AutoTokenizer
     try:
         tokenizer = loader.from_pretrained(directory, local_files_only=True)
@@ -156,8 +172,13 @@ def load_tokenizer(path: str | Path, *, cache_dir: str | None = None):
     return tokenizer
 
 
-def load_causal_lm(path_or_preset: str | Path, dtype: Any = None,
-                   device: str | torch.device | None = None, *, cache_dir: str | None = None):
+def load_causal_lm(
+    path_or_preset: str | Path,
+    dtype: Any = None,
+    device: str | torch.device | None = None,
+    *,
+    cache_dir: str | None = None,
+):
     """Load a causal LM from a local HF directory or a preset name, in eval mode.
 
     ``dtype``: None -> float32; ``"auto"`` -> the checkpoint's dtype; or a
@@ -173,13 +194,18 @@ def load_causal_lm(path_or_preset: str | Path, dtype: Any = None,
     try:
         config = AutoConfig.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{directory}: config.json is not a usable model config: {exc}") from exc
+        raise ModelLoadError(
+            f"{directory}: config.json is not a usable model config: {exc}"
+        ) from exc
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ModelLoadError(f"{directory}: a {config.model_type!r} model is not a causal LM "
-                             "(AutoModelForCausalLM has no class for it)")
+        raise ModelLoadError(
+            f"{directory}: a {config.model_type!r} model is not a causal LM "
+            "(AutoModelForCausalLM has no class for it)"
+        )
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
-                                                     dtype=_torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, dtype=_torch_dtype(dtype)
+        )
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"{directory}: cannot load the model weights: {exc}") from exc
     if device is not None:
@@ -194,16 +220,22 @@ def load_causal_lm(path_or_preset: str | Path, dtype: Any = None,
 def _linear_leaf_names(model: torch.nn.Module) -> set[str]:
     from transformers.pytorch_utils import Conv1D
 
-    return {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-            if name and isinstance(module, torch.nn.Linear | Conv1D)}
+    return {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if name and isinstance(module, torch.nn.Linear | Conv1D)
+    }
 
 
 def _output_head_names(model: torch.nn.Module) -> set[str]:
     names = {"lm_head"}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:
-        names |= {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                  if module is head and name}
+        names |= {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if module is head and name
+        }
     return names
 
 
@@ -222,13 +254,21 @@ def lora_target_modules(model: torch.nn.Module) -> list[str]:
     fallback = sorted(present - _output_head_names(model))
     if not fallback:
         raise ValueError(f"model of type {model_type!r} has no linear layers to adapt with LoRA")
-    warnings.warn(f"no LoRA target table for model_type {model_type!r}: adapting every linear "
-                  f"layer except the output head ({', '.join(fallback)})", stacklevel=2)
+    warnings.warn(
+        f"no LoRA target table for model_type {model_type!r}: adapting every linear "
+        f"layer except the output head ({', '.join(fallback)})",
+        stacklevel=2,
+    )
     return fallback
 
 
-def attach_lora(model: torch.nn.Module, r: int = 16, alpha: int = 32, dropout: float = 0.0,
-                target_modules: list[str] | tuple[str, ...] | None = None):
+def attach_lora(
+    model: torch.nn.Module,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: list[str] | tuple[str, ...] | None = None,
+):
     """Wrap ``model`` in a peft ``PeftModel`` with LoRA adapters (base weights frozen).
 
     ``target_modules`` defaults to :func:`lora_target_modules`. The model is
@@ -240,8 +280,13 @@ def attach_lora(model: torch.nn.Module, r: int = 16, alpha: int = 32, dropout: f
     return get_peft_model(model, lora_config(model, r, alpha, dropout, target_modules))
 
 
-def lora_config(model: torch.nn.Module, r: int = 16, alpha: int = 32, dropout: float = 0.0,
-                target_modules: list[str] | tuple[str, ...] | None = None):
+def lora_config(
+    model: torch.nn.Module,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: list[str] | tuple[str, ...] | None = None,
+):
     """The peft ``LoraConfig`` :func:`attach_lora` uses for ``model`` (targets per model type)."""
     from peft import LoraConfig
 
@@ -249,9 +294,15 @@ def lora_config(model: torch.nn.Module, r: int = 16, alpha: int = 32, dropout: f
         raise ValueError(f"LoRA rank must be >= 1, got {r}")
     targets = list(target_modules) if target_modules else lora_target_modules(model)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return LoraConfig(task_type="CAUSAL_LM", r=r, lora_alpha=alpha, lora_dropout=dropout,
-                      target_modules=targets, bias="none",
-                      fan_in_fan_out=model_type in _CONV1D_TYPES)
+    return LoraConfig(
+        task_type="CAUSAL_LM",
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        bias="none",
+        fan_in_fan_out=model_type in _CONV1D_TYPES,
+    )
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -38,8 +38,7 @@ class NucleusFilter(LogitsProcessor):
     untempered, for ``generate`` to divide afterwards.
     """
 
-    def __init__(self, top_p: float, temperature: float = 1.0,
-                 filter_value: float = -float("inf")):
+    def __init__(self, top_p: float, temperature: float = 1.0, filter_value: float = -float("inf")):
         if not 0 < float(top_p) <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         if not float(temperature) > 0:
@@ -76,8 +75,12 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0) -> dict[str, Any]:
     """
     if float(temperature) == 0.0:
         return {"do_sample": False}
-    kwargs: dict[str, Any] = {"do_sample": True, "temperature": float(temperature),
-                              "top_p": 1.0, "top_k": 0}
+    kwargs: dict[str, Any] = {
+        "do_sample": True,
+        "temperature": float(temperature),
+        "top_p": 1.0,
+        "top_k": 0,
+    }
     if float(top_p) < 1.0:
         kwargs["logits_processor"] = LogitsProcessorList([NucleusFilter(top_p, temperature)])
     return kwargs

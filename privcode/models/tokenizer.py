@@ -79,11 +79,13 @@ SPLIT_PATTERN = (
 
 def _empty_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
-        # use_regex=False: the Split above already did the (better) splitting.
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+            # use_regex=False: the Split above already did the (better) splitting.
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     # trim_offsets=False keeps a token's leading space inside its offsets, so
     # the spans tile the text; adds no tokens.
@@ -91,8 +93,9 @@ def _empty_tokenizer() -> Tokenizer:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, *, model_max_length: int = 2048,
-                    min_frequency: int = 2) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, *, model_max_length: int = 2048, min_frequency: int = 2
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` and wrap it for transformers.
 
     ``vocab_size`` counts everything: the special tokens, the 256 byte

@@ -41,9 +41,17 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["anisotropic_noise_variances", "bernoulli_kl", "charged_mi", "gaussian_mi_bound",
-           "measured_leakage", "mia_success_bound", "posterior_entropy", "success_bound",
-           "world_identification_bound"]
+__all__ = [
+    "anisotropic_noise_variances",
+    "bernoulli_kl",
+    "charged_mi",
+    "gaussian_mi_bound",
+    "measured_leakage",
+    "mia_success_bound",
+    "posterior_entropy",
+    "success_bound",
+    "world_identification_bound",
+]
 
 
 def _check_mi(mi: float) -> float:
@@ -127,8 +135,9 @@ def anisotropic_noise_variances(eigenvalues: Sequence[float] | np.ndarray, b: fl
     return roots * roots.sum() / (2.0 * float(b))
 
 
-def gaussian_mi_bound(eigenvalues: Sequence[float] | np.ndarray,
-                      noise_variances: Sequence[float] | np.ndarray) -> float:
+def gaussian_mi_bound(
+    eigenvalues: Sequence[float] | np.ndarray, noise_variances: Sequence[float] | np.ndarray
+) -> float:
     """PAC bound ``(1/2) sum_j lambda_j / lambda_B,j`` (directions without variance count 0).
 
     A direction with vote variance but no noise leaks without bound: ``inf``.
@@ -146,8 +155,7 @@ def gaussian_mi_bound(eigenvalues: Sequence[float] | np.ndarray,
 def posterior_entropy(posterior: Sequence[float] | np.ndarray) -> float:
     """Shannon entropy (nats) of a distribution over worlds; it must sum to 1."""
     p = np.asarray(posterior, dtype=np.float64)
-    if p.ndim != 1 or p.size == 0 or np.any(p < 0) or not math.isclose(p.sum(), 1.0,
-                                                                        rel_tol=1e-9):
+    if p.ndim != 1 or p.size == 0 or np.any(p < 0) or not math.isclose(p.sum(), 1.0, rel_tol=1e-9):
         raise ValueError("posterior must be a non-empty 1-d probability vector summing to 1")
     nz = p[p > 0]
     return float(-np.sum(nz * np.log(nz)))

@@ -80,8 +80,16 @@ from privcode.utils import atomic_path, canonical_json
 
 log = logging.getLogger("privcode.pac")
 
-__all__ = ["STATE_FILE", "STATE_FORMAT", "Curator", "CuratorError", "CuratorStateError",
-           "SessionScopeWarning", "StepOutcome", "UnknownSessionError"]
+__all__ = [
+    "STATE_FILE",
+    "STATE_FORMAT",
+    "Curator",
+    "CuratorError",
+    "CuratorStateError",
+    "SessionScopeWarning",
+    "StepOutcome",
+    "UnknownSessionError",
+]
 
 STATE_FILE = "curator.json"
 STATE_FORMAT = "privcode-pac-curator/1"
@@ -113,8 +121,8 @@ class SessionScopeWarning(UserWarning):
 class StepOutcome:
     """One token's outcome; safe to show the caller (no secret-dependent state but the release)."""
 
-    index: int | None    #: released candidate index; None = fallback (emit the public token)
-    charged: float       #: nats charged: b for a private step, else 0
+    index: int | None  #: released candidate index; None = fallback (emit the public token)
+    charged: float  #: nats charged: b for a private step, else 0
     kind: Literal["free", "private", "fallback"]
 
 
@@ -128,8 +136,12 @@ class _Session:
 
 
 def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-            value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise CuratorError(f"{name} must be a finite number of nats > 0, got {value!r}")
     return float(value)
 
@@ -148,9 +160,18 @@ class Curator:
     draws it from ``secrets``. The secret is always drawn with ``secrets``.
     """
 
-    def __init__(self, m: int, b: float, *, deployment_budget: float, session_budget: float,
-                 scope: str = "deployment", state_dir: str | os.PathLike | None = None,
-                 rng_seed: int | None = None, max_sessions: int = 4096):
+    def __init__(
+        self,
+        m: int,
+        b: float,
+        *,
+        deployment_budget: float,
+        session_budget: float,
+        scope: str = "deployment",
+        state_dir: str | os.PathLike | None = None,
+        rng_seed: int | None = None,
+        max_sessions: int = 4096,
+    ):
         if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 2:
             raise CuratorError(f"m (number of worlds) must be an integer >= 2, got {m!r}")
         if scope not in _SCOPES:
@@ -168,37 +189,56 @@ class Curator:
         self._steps = 0  # charged steps of the deployment, all sessions, closed ones included
         self._path = None if state_dir is None else Path(state_dir).expanduser() / STATE_FILE
         if scope == "session":
-            msg = ("PAC curator scope 'session': each session has its own posterior starting "
-                   "uniform, so the bound I(S; release) <= b * tokens holds PER SESSION only, "
-                   "against an attacker who sees a single session; it does NOT bound what an "
-                   "attacker seeing several sessions learns. Use scope 'deployment' for that.")
+            msg = (
+                "PAC curator scope 'session': each session has its own posterior starting "
+                "uniform, so the bound I(S; release) <= b * tokens holds PER SESSION only, "
+                "against an attacker who sees a single session; it does NOT bound what an "
+                "attacker seeing several sessions learns. Use scope 'deployment' for that."
+            )
             warnings.warn(msg, SessionScopeWarning, stacklevel=2)
             log.error(msg)
         if self._path is not None and self._path.exists():
             self._load(self._path)
-            log.info("PAC curator restored from %s: m=%d b=%.3g scope=%s charged=%.6g nats, "
-                     "%d open sessions", self._path, self.m, self.b, scope, self._charged(),
-                     len(self._sessions))
+            log.info(
+                "PAC curator restored from %s: m=%d b=%.3g scope=%s charged=%.6g nats, "
+                "%d open sessions",
+                self._path,
+                self.m,
+                self.b,
+                scope,
+                self._charged(),
+                len(self._sessions),
+            )
         else:
             self._secret = secrets.randbelow(self.m)
-            self._posterior = (np.full(self.m, 1.0 / self.m) if scope == "deployment" else None)
+            self._posterior = np.full(self.m, 1.0 / self.m) if scope == "deployment" else None
             if self._path is not None:
                 self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._write(self._snapshot())
-            log.info("PAC curator started: m=%d b=%.3g scope=%s deployment budget %.6g nats, "
-                     "state %s", self.m, self.b, scope, self.deployment_budget,
-                     self._path or "in memory only")
+            log.info(
+                "PAC curator started: m=%d b=%.3g scope=%s deployment budget %.6g nats, state %s",
+                self.m,
+                self.b,
+                scope,
+                self.deployment_budget,
+                self._path or "in memory only",
+            )
 
     # -- public API
 
     def open_session(self, budget: float | None = None) -> str:
         """A new session id (random); its budget is ``min(budget, session_budget)`` nats."""
-        budget = self.session_budget if budget is None else min(
-            _check_positive("session budget", budget), self.session_budget)
+        budget = (
+            self.session_budget
+            if budget is None
+            else min(_check_positive("session budget", budget), self.session_budget)
+        )
         with self._lock:
             if len(self._sessions) >= self.max_sessions:
-                raise CuratorError(f"too many open sessions ({len(self._sessions)}; "
-                                   f"max_sessions={self.max_sessions}): close some first")
+                raise CuratorError(
+                    f"too many open sessions ({len(self._sessions)}; "
+                    f"max_sessions={self.max_sessions}): close some first"
+                )
             sid = secrets.token_hex(16)
             session = _Session(budget=budget)
             if self.scope == "session":
@@ -223,28 +263,44 @@ class Curator:
         with self._lock:
             s = self._get(sid)
             charged = self.b * s.private
-            return {"session": sid, "budget": s.budget, "charged": charged,
-                    "remaining": max(s.budget - charged, 0.0), "private_tokens": s.private,
-                    "free_tokens": s.free, "fallback_tokens": s.fallback}
+            return {
+                "session": sid,
+                "budget": s.budget,
+                "charged": charged,
+                "remaining": max(s.budget - charged, 0.0),
+                "private_tokens": s.private,
+                "free_tokens": s.free,
+                "fallback_tokens": s.fallback,
+            }
 
     def deployment_info(self) -> dict[str, Any]:
         """Deployment-wide parameters and budget (never the posterior or the secret)."""
         with self._lock:
             charged = self._charged()
-            return {"m": self.m, "b": self.b, "scope": self.scope,
-                    "deployment_budget": self.deployment_budget,
-                    "deployment_charged": charged,
-                    "deployment_remaining": max(self.deployment_budget - charged, 0.0),
-                    "private_tokens": self._steps, "session_budget": self.session_budget,
-                    "sessions_open": len(self._sessions)}
+            return {
+                "m": self.m,
+                "b": self.b,
+                "scope": self.scope,
+                "deployment_budget": self.deployment_budget,
+                "deployment_charged": charged,
+                "deployment_remaining": max(self.deployment_budget - charged, 0.0),
+                "private_tokens": self._steps,
+                "session_budget": self.session_budget,
+                "sessions_open": len(self._sessions),
+            }
 
     def step(self, sid: str, votes: np.ndarray) -> StepOutcome:
         """One token of session ``sid`` from the worlds' ``votes[m]`` (candidate indices)."""
         votes = np.asarray(votes)
-        if votes.shape != (self.m,) or not np.issubdtype(votes.dtype, np.integer) or (
-                votes.size and votes.min() < 0):
-            raise CuratorError(f"votes must be {self.m} candidate indices >= 0 (one per world), "
-                               f"got {votes.dtype} {votes.shape}")
+        if (
+            votes.shape != (self.m,)
+            or not np.issubdtype(votes.dtype, np.integer)
+            or (votes.size and votes.min() < 0)
+        ):
+            raise CuratorError(
+                f"votes must be {self.m} candidate indices >= 0 (one per world), "
+                f"got {votes.dtype} {votes.shape}"
+            )
         with self._lock:
             session = self._get(sid)
             prior = self._posterior if self.scope == "deployment" else session.posterior
@@ -252,8 +308,10 @@ class Curator:
             if active.size == 1:
                 session.free += 1
                 return StepOutcome(int(active[0]), 0.0, "free")
-            if not (_fits(session.private + 1, self.b, session.budget)
-                    and _fits(self._steps + 1, self.b, self.deployment_budget)):
+            if not (
+                _fits(session.private + 1, self.b, session.budget)
+                and _fits(self._steps + 1, self.b, self.deployment_budget)
+            ):
                 session.fallback += 1
                 return StepOutcome(None, 0.0, "fallback")
             out = pac_step(votes, prior, self._secret, self.b, self._rng)
@@ -261,8 +319,9 @@ class Curator:
             # nothing is released (the in-memory state is only updated after it).
             if self._path is not None:
                 if self.scope == "deployment":
-                    snap = self._snapshot(steps=self._steps + 1, posterior=out.posterior,
-                                          bump=(sid, None))
+                    snap = self._snapshot(
+                        steps=self._steps + 1, posterior=out.posterior, bump=(sid, None)
+                    )
                 else:
                     snap = self._snapshot(steps=self._steps + 1, bump=(sid, out.posterior))
                 self._write(snap)
@@ -286,23 +345,30 @@ class Curator:
         with self._lock:
             if self.scope == "deployment":
                 if sid is not None:
-                    raise CuratorError("scope 'deployment' has one posterior: call "
-                                       "measured_leakage_nats() without a session id")
+                    raise CuratorError(
+                        "scope 'deployment' has one posterior: call "
+                        "measured_leakage_nats() without a session id"
+                    )
                 posterior = self._posterior
             else:
                 if sid is None:
-                    raise CuratorError("scope 'session': pass the session id whose leakage "
-                                       "to measure")
+                    raise CuratorError(
+                        "scope 'session': pass the session id whose leakage to measure"
+                    )
                 posterior = self._get(sid).posterior
             return math.log(self.m) - posterior_entropy(posterior)
 
     def __repr__(self) -> str:
-        return (f"Curator(m={self.m}, b={self.b!r}, scope={self.scope!r}, "
-                f"sessions={len(self._sessions)}, state={str(self._path) if self._path else None})")
+        return (
+            f"Curator(m={self.m}, b={self.b!r}, scope={self.scope!r}, "
+            f"sessions={len(self._sessions)}, state={str(self._path) if self._path else None})"
+        )
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("a Curator holds the realised world and is never serialised or copied; "
-                        "its state persists only through state_dir")
+        raise TypeError(
+            "a Curator holds the realised world and is never serialised or copied; "
+            "its state persists only through state_dir"
+        )
 
     # -- internals
 
@@ -312,13 +378,19 @@ class Curator:
     def _get(self, sid: str) -> _Session:
         session = self._sessions.get(sid) if isinstance(sid, str) else None
         if session is None:
-            raise UnknownSessionError("unknown or closed PAC session id (open one with "
-                                      "open_session)")
+            raise UnknownSessionError(
+                "unknown or closed PAC session id (open one with open_session)"
+            )
         return session
 
-    def _snapshot(self, *, steps: int | None = None, posterior: np.ndarray | None = None,
-                  sessions: dict[str, _Session] | None = None,
-                  bump: tuple[str, np.ndarray | None] | None = None) -> dict[str, Any]:
+    def _snapshot(
+        self,
+        *,
+        steps: int | None = None,
+        posterior: np.ndarray | None = None,
+        sessions: dict[str, _Session] | None = None,
+        bump: tuple[str, np.ndarray | None] | None = None,
+    ) -> dict[str, Any]:
         """The state as JSON, with the given replacements (``bump``: one more private step)."""
         post = self._posterior if posterior is None else posterior
         out_sessions = {}
@@ -327,18 +399,29 @@ class Curator:
             if bump is not None and bump[0] == sid:
                 private += 1
                 spost = bump[1] if bump[1] is not None else spost
-            entry: dict[str, Any] = {"budget": s.budget, "private_tokens": private,
-                                     "free_tokens": s.free, "fallback_tokens": s.fallback}
+            entry: dict[str, Any] = {
+                "budget": s.budget,
+                "private_tokens": private,
+                "free_tokens": s.free,
+                "fallback_tokens": s.fallback,
+            }
             if self.scope == "session":
                 entry["posterior"] = [float(x) for x in spost]
             out_sessions[sid] = entry
         steps = self._steps if steps is None else steps
-        return {"format": STATE_FORMAT, "m": self.m, "b": self.b, "scope": self.scope,
-                "secret": int(self._secret), "deployment_budget": self.deployment_budget,
-                "deployment_steps": steps, "deployment_charged": self.b * steps,
-                "posterior": None if post is None else [float(x) for x in post],
-                "sessions": out_sessions,
-                "NOT_PUBLIC": "holds the realised world: readable by the PAC server only"}
+        return {
+            "format": STATE_FORMAT,
+            "m": self.m,
+            "b": self.b,
+            "scope": self.scope,
+            "secret": int(self._secret),
+            "deployment_budget": self.deployment_budget,
+            "deployment_steps": steps,
+            "deployment_charged": self.b * steps,
+            "posterior": None if post is None else [float(x) for x in post],
+            "sessions": out_sessions,
+            "NOT_PUBLIC": "holds the realised world: readable by the PAC server only",
+        }
 
     def _write(self, state: dict[str, Any]) -> None:
         with atomic_path(self._path) as tmp:
@@ -347,9 +430,11 @@ class Curator:
 
     def _load(self, path: Path) -> None:
         def bad(why: str) -> CuratorStateError:
-            return CuratorStateError(f"{path}: {why}; refusing to start (the secret is never "
-                                     "redrawn: fix or restore the file, or remove it to start "
-                                     "a NEW deployment with a fresh budget)")
+            return CuratorStateError(
+                f"{path}: {why}; refusing to start (the secret is never "
+                "redrawn: fix or restore the file, or remove it to start "
+                "a NEW deployment with a fresh budget)"
+            )
 
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
@@ -378,8 +463,11 @@ class Curator:
             if not isinstance(entry, dict):
                 raise bad(f"a {where} is not an object")
             budget = entry.get("budget")
-            if isinstance(budget, bool) or not isinstance(budget, int | float) or not (
-                    math.isfinite(budget) and budget > 0):
+            if (
+                isinstance(budget, bool)
+                or not isinstance(budget, int | float)
+                or not (math.isfinite(budget) and budget > 0)
+            ):
                 raise bad(f"a {where} has no valid 'budget'")
             counts = [entry.get(k) for k in ("private_tokens", "free_tokens", "fallback_tokens")]
             if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
@@ -388,20 +476,29 @@ class Curator:
                 raise bad(f"a {where} has more private tokens than the deployment")
             session = _Session(float(budget), *counts)
             if self.scope == "session":
-                session.posterior = self._read_posterior(entry.get("posterior"),
-                                                         f"{where} posterior", bad)
+                session.posterior = self._read_posterior(
+                    entry.get("posterior"), f"{where} posterior", bad
+                )
             self._sessions[str(sid)] = session
         if "deployment_budget" in state and state["deployment_budget"] != self.deployment_budget:
-            log.warning("PAC curator: deployment budget changed from %r to %r nats across a "
-                        "restart (charges are kept)", state["deployment_budget"],
-                        self.deployment_budget)
+            log.warning(
+                "PAC curator: deployment budget changed from %r to %r nats across a "
+                "restart (charges are kept)",
+                state["deployment_budget"],
+                self.deployment_budget,
+            )
 
     def _read_posterior(self, value: Any, name: str, bad: Any) -> np.ndarray:
         try:
             p = np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError):
             raise bad(f"{name!r} is not a list of numbers") from None
-        if p.shape != (self.m,) or not np.all(np.isfinite(p)) or np.any(p < 0) or not math.isclose(
-                float(p.sum()), 1.0, rel_tol=1e-9) or p[self._secret] <= 0:
+        if (
+            p.shape != (self.m,)
+            or not np.all(np.isfinite(p))
+            or np.any(p < 0)
+            or not math.isclose(float(p.sum()), 1.0, rel_tol=1e-9)
+            or p[self._secret] <= 0
+        ):
             raise bad(f"{name!r} is not a valid posterior over {self.m} worlds")
         return p

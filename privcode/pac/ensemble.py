@@ -59,8 +59,16 @@ from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.pac")
 
-__all__ = ["BASE_ROW", "MANIFEST", "WORLDS_FORMAT", "PacCompletion", "PacEnsemble",
-           "PacEnsembleError", "StepLogprobs", "read_manifest"]
+__all__ = [
+    "BASE_ROW",
+    "MANIFEST",
+    "WORLDS_FORMAT",
+    "PacCompletion",
+    "PacEnsemble",
+    "PacEnsembleError",
+    "StepLogprobs",
+    "read_manifest",
+]
 
 WORLDS_FORMAT = "privcode-pac-worlds/1"
 MANIFEST = "pac.json"
@@ -79,9 +87,9 @@ class PacEnsembleError(PrivcodeError, ValueError):
 class StepLogprobs:
     """Next-token log-probabilities over the candidate set ``V_t`` (SERVER-INTERNAL)."""
 
-    candidates: np.ndarray   #: [k] token ids, the public row's top-k, best first
-    worlds: np.ndarray       #: [m, k] float64: world s's log-softmax at the candidates
-    public: np.ndarray       #: [k] float64: the public base's log-softmax at the candidates
+    candidates: np.ndarray  #: [k] token ids, the public row's top-k, best first
+    worlds: np.ndarray  #: [m, k] float64: world s's log-softmax at the candidates
+    public: np.ndarray  #: [k] float64: the public base's log-softmax at the candidates
 
 
 @dataclass(frozen=True)
@@ -90,12 +98,12 @@ class PacCompletion:
 
     text: str
     token_ids: tuple[int, ...]  #: every released token, EOS included when it ended the text
-    finish_reason: str          #: "stop" (EOS or a stop string) or "length"
+    finish_reason: str  #: "stop" (EOS or a stop string) or "length"
     prompt_tokens: int
-    private_tokens: int         #: tokens charged b nats each
-    free_tokens: int            #: unanimous tokens (no charge)
-    fallback_tokens: int        #: public-model tokens emitted because a budget was spent
-    charged_nats: float         #: b * private_tokens
+    private_tokens: int  #: tokens charged b nats each
+    free_tokens: int  #: unanimous tokens (no charge)
+    fallback_tokens: int  #: public-model tokens emitted because a budget was spent
+    charged_nats: float  #: b * private_tokens
 
 
 def read_manifest(worlds_dir: str | Path, *, model: str | None = None) -> dict[str, Any]:
@@ -109,39 +117,50 @@ def read_manifest(worlds_dir: str | Path, *, model: str | None = None) -> dict[s
     root = Path(worlds_dir).expanduser()
     path = root / MANIFEST
     if not path.is_file():
-        raise PacEnsembleError(f"{root}: not a PAC worlds artifact (no {MANIFEST}); pass the "
-                               "directory `privcode pac worlds` wrote")
+        raise PacEnsembleError(
+            f"{root}: not a PAC worlds artifact (no {MANIFEST}); pass the "
+            "directory `privcode pac worlds` wrote"
+        )
     info = read_json_object(path, PacEnsembleError)
     for key in ("format", "m", "worlds"):
         if key not in info:
             raise PacEnsembleError(f"{path}: missing key {key!r}")
     if info["format"] != WORLDS_FORMAT:
-        raise PacEnsembleError(f"{path}: 'format' must be {WORLDS_FORMAT!r}, got "
-                               f"{info['format']!r}")
+        raise PacEnsembleError(
+            f"{path}: 'format' must be {WORLDS_FORMAT!r}, got {info['format']!r}"
+        )
     m = info["m"]
     if isinstance(m, bool) or not isinstance(m, int) or m < 2:
         raise PacEnsembleError(f"{path}: 'm' must be an integer >= 2, got {m!r}")
     worlds = info["worlds"]
     if not isinstance(worlds, list) or len(worlds) != m:
-        raise PacEnsembleError(f"{path}: 'worlds' must list m={m} world names, got "
-                               f"{len(worlds) if isinstance(worlds, list) else type(worlds).__name__}")
+        raise PacEnsembleError(
+            f"{path}: 'worlds' must list m={m} world names, got "
+            f"{len(worlds) if isinstance(worlds, list) else type(worlds).__name__}"
+        )
     for name in worlds:
         if not isinstance(name, str) or not _WORLD_NAME.match(name) or name == BASE_ROW:
-            raise PacEnsembleError(f"{path}: 'worlds' has an invalid world name {name!r} "
-                                   "(letters, digits, '_', '.', '-'; not starting with '.')")
+            raise PacEnsembleError(
+                f"{path}: 'worlds' has an invalid world name {name!r} "
+                "(letters, digits, '_', '.', '-'; not starting with '.')"
+            )
     if len(set(worlds)) != m:
         raise PacEnsembleError(f"{path}: 'worlds' names must be distinct")
     base = model if model is not None else info.get("base_model")
     if not isinstance(base, str) or not base.strip():
-        raise PacEnsembleError(f"{path}: 'base_model' must be a model directory path (or pass "
-                               f"the model override), got {base!r}")
+        raise PacEnsembleError(
+            f"{path}: 'base_model' must be a model directory path (or pass "
+            f"the model override), got {base!r}"
+        )
     if "lora" in info and not isinstance(info["lora"], dict):
         raise PacEnsembleError(f"{path}: 'lora' must be an object, got {info['lora']!r}")
     for name in worlds:
         adapter = root / "adapters" / name
         if not (adapter / "adapter_config.json").is_file():
-            raise PacEnsembleError(f"{adapter}: missing adapter of world {name!r} (expected "
-                                   "adapter_config.json from PeftModel.save_pretrained)")
+            raise PacEnsembleError(
+                f"{adapter}: missing adapter of world {name!r} (expected "
+                "adapter_config.json from PeftModel.save_pretrained)"
+            )
     return {**info, "base_model": base}
 
 
@@ -165,8 +184,15 @@ class PacEnsemble:
     torch dtype or its name. ``top_k``: size of the candidate set ``V_t``.
     """
 
-    def __init__(self, worlds_dir: str | Path, *, model: str | None = None,
-                 device: str = "auto", top_k: int = 50, dtype: Any = None):
+    def __init__(
+        self,
+        worlds_dir: str | Path,
+        *,
+        model: str | None = None,
+        device: str = "auto",
+        top_k: int = 50,
+        dtype: Any = None,
+    ):
         import torch
         from peft import PeftModel
 
@@ -189,8 +215,9 @@ class PacEnsemble:
             lm = load_causal_lm(self.base, dtype=dtype, device=self.device)
         except ModelLoadError as exc:
             how = "" if model else "; pass the model override if the base lives elsewhere"
-            raise PacEnsembleError(f"worlds artifact {root}: cannot load the base model: "
-                                   f"{exc}{how}") from exc
+            raise PacEnsembleError(
+                f"worlds artifact {root}: cannot load the base model: {exc}{how}"
+            ) from exc
         keep = inspect.signature(type(lm).forward).parameters
         # Only the last position's logits are needed: [m+1, vocab], not [m+1, prompt, vocab].
         self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in keep else {}
@@ -199,14 +226,15 @@ class PacEnsemble:
         adapters = root / "adapters"
         first = name = self.worlds[0]
         try:
-            peft_model = PeftModel.from_pretrained(lm, str(adapters / first), adapter_name=first,
-                                                   is_trainable=False)
+            peft_model = PeftModel.from_pretrained(
+                lm, str(adapters / first), adapter_name=first, is_trainable=False
+            )
             for name in self.worlds[1:]:
-                peft_model.load_adapter(str(adapters / name), adapter_name=name,
-                                        is_trainable=False)
+                peft_model.load_adapter(str(adapters / name), adapter_name=name, is_trainable=False)
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            raise PacEnsembleError(f"{adapters / name}: cannot load world {name!r} onto base "
-                                   f"model {self.base}: {exc}") from exc
+            raise PacEnsembleError(
+                f"{adapters / name}: cannot load world {name!r} onto base model {self.base}: {exc}"
+            ) from exc
         self.model = peft_model.to(self.device).eval()  # peft mixes adapters in eval mode only
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -214,18 +242,29 @@ class PacEnsemble:
         tok = self.tokenizer
         eos = lm.generation_config.eos_token_id if lm.generation_config else None
         eos = eos if eos is not None else tok.eos_token_id
-        self.eos_ids = frozenset(eos if isinstance(eos, list | tuple) else
-                                 ([] if eos is None else [eos]))
-        self.start_id = next(i for i in (tok.bos_token_id, *sorted(self.eos_ids),
-                                         tok.pad_token_id, 0) if i is not None)
+        self.eos_ids = frozenset(
+            eos if isinstance(eos, list | tuple) else ([] if eos is None else [eos])
+        )
+        self.start_id = next(
+            i
+            for i in (tok.bos_token_id, *sorted(self.eos_ids), tok.pad_token_id, 0)
+            if i is not None
+        )
         ctx = getattr(lm.config, "max_position_embeddings", None)
         tmax = getattr(tok, "model_max_length", None)
         self.context = ctx or (tmax if tmax and tmax < 1_000_000 else None)
         self._lock = threading.Lock()
-        log.info("PAC ensemble loaded: m=%d worlds, base=%s, device=%s, dtype=%s, top_k=%d, "
-                 "in %.1f s (worlds are NOT private on their own: serve them only through the "
-                 "curator)", self.m, self.base, self.device, dtype, top_k,
-                 time.perf_counter() - start)
+        log.info(
+            "PAC ensemble loaded: m=%d worlds, base=%s, device=%s, dtype=%s, top_k=%d, "
+            "in %.1f s (worlds are NOT private on their own: serve them only through the "
+            "curator)",
+            self.m,
+            self.base,
+            self.device,
+            dtype,
+            top_k,
+            time.perf_counter() - start,
+        )
 
     # -- model
 
@@ -251,14 +290,22 @@ class PacEnsemble:
             raise PacEnsembleError("step_logprobs needs at least one token id")
         rows = torch.tensor([ids] * (self.m + 1), dtype=torch.long, device=self.device)
         with self._lock, torch.inference_mode():
-            out = self.model(input_ids=rows, use_cache=True, adapter_names=self._rows,
-                             **{self._cache_arg: past}, **self._forward_kwargs)
+            out = self.model(
+                input_ids=rows,
+                use_cache=True,
+                adapter_names=self._rows,
+                **{self._cache_arg: past},
+                **self._forward_kwargs,
+            )
             logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # [m+1, vocab]
             k = min(self.top_k, logprobs.shape[-1])
             candidates = torch.topk(logprobs[self.m], k).indices
             chosen = logprobs[:, candidates].double().cpu().numpy()
-        step = StepLogprobs(candidates=candidates.cpu().numpy().astype(np.int64),
-                            worlds=chosen[:self.m], public=chosen[self.m])
+        step = StepLogprobs(
+            candidates=candidates.cpu().numpy().astype(np.int64),
+            worlds=chosen[: self.m],
+            public=chosen[self.m],
+        )
         cache = getattr(out, "cache", None)
         return step, cache if cache is not None else out.past_key_values
 
@@ -274,13 +321,22 @@ class PacEnsemble:
         with self._lock, torch.inference_mode():
             logits = self.model(input_ids=rows, adapter_names=self._rows).logits
             lp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        return lp[self.m], lp[:self.m]
+        return lp[self.m], lp[: self.m]
 
     # -- generation
 
-    def generate(self, curator: Any, session_id: str, prompt: str, max_tokens: int, *,
-                 decoder: str = "greedy", temperature: float = 1.0, seed: int | None = None,
-                 stop: Sequence[str] = ()) -> PacCompletion:
+    def generate(
+        self,
+        curator: Any,
+        session_id: str,
+        prompt: str,
+        max_tokens: int,
+        *,
+        decoder: str = "greedy",
+        temperature: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> PacCompletion:
         """A PAC-private completion of ``prompt`` in session ``session_id`` of ``curator``.
 
         ``decoder``: ``"greedy"`` or ``"gumbel"`` (coupled Gumbel at
@@ -288,26 +344,32 @@ class PacEnsemble:
         ``stop``: strings that end the completion (cut before the first one).
         """
         if getattr(curator, "m", None) != self.m:
-            raise PacEnsembleError(f"the curator has m={getattr(curator, 'm', None)!r} worlds, "
-                                   f"this ensemble {self.m}")
+            raise PacEnsembleError(
+                f"the curator has m={getattr(curator, 'm', None)!r} worlds, this ensemble {self.m}"
+            )
         if decoder not in _DECODERS:
-            raise PacEnsembleError(f"decoder must be one of {', '.join(_DECODERS)}, got "
-                                   f"{decoder!r}")
+            raise PacEnsembleError(
+                f"decoder must be one of {', '.join(_DECODERS)}, got {decoder!r}"
+            )
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise PacEnsembleError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not (
-                math.isfinite(temperature) and temperature > 0):
-            raise PacEnsembleError(f"temperature must be a finite number > 0, got "
-                                   f"{temperature!r}")
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not (math.isfinite(temperature) and temperature > 0)
+        ):
+            raise PacEnsembleError(f"temperature must be a finite number > 0, got {temperature!r}")
         stop = tuple(stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise PacEnsembleError("stop must be a sequence of non-empty strings")
         curator.session_info(session_id)  # an unknown session fails before any compute
         ids = self.encode(prompt)
         if self.context is not None and len(ids) + max_tokens > self.context:
-            raise PacEnsembleError(f"the prompt ({len(ids)} tokens) plus max_tokens "
-                                   f"({max_tokens}) exceed the model's context of "
-                                   f"{self.context} tokens")
+            raise PacEnsembleError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens "
+                f"({max_tokens}) exceed the model's context of "
+                f"{self.context} tokens"
+            )
         gumbel = decoder == "gumbel"
         public_rng = np.random.default_rng(seed)  # public randomness: never the curator's
         window = 4 * max((len(s) for s in stop), default=0) + 8
@@ -342,11 +404,25 @@ class PacEnsemble:
         text = self.tokenizer.decode(shown, skip_special_tokens=True)
         hits = [pos for pos in (text.find(s) for s in stop) if pos >= 0]
         if hits:
-            text, finish = text[:min(hits)], "stop"
-        log.info("PAC completion: %d prompt tokens, %d new (%d private, %d free, %d fallback), "
-                 "%.3g nats, %.2f s", len(ids), len(tokens), counts["private"], counts["free"],
-                 counts["fallback"], charged, time.perf_counter() - started)
-        return PacCompletion(text=text, token_ids=tuple(tokens), finish_reason=finish,
-                             prompt_tokens=len(ids), private_tokens=counts["private"],
-                             free_tokens=counts["free"], fallback_tokens=counts["fallback"],
-                             charged_nats=charged)
+            text, finish = text[: min(hits)], "stop"
+        log.info(
+            "PAC completion: %d prompt tokens, %d new (%d private, %d free, %d fallback), "
+            "%.3g nats, %.2f s",
+            len(ids),
+            len(tokens),
+            counts["private"],
+            counts["free"],
+            counts["fallback"],
+            charged,
+            time.perf_counter() - started,
+        )
+        return PacCompletion(
+            text=text,
+            token_ids=tuple(tokens),
+            finish_reason=finish,
+            prompt_tokens=len(ids),
+            private_tokens=counts["private"],
+            free_tokens=counts["free"],
+            fallback_tokens=counts["fallback"],
+            charged_nats=charged,
+        )

@@ -50,8 +50,13 @@ from privcode.pac.bounds import (
 from privcode.pac.curator import StepOutcome
 from privcode.pac.mechanism import pac_step
 
-__all__ = ["KnownSecretCurator", "canary_emission", "evaluate_pac", "simulate_sessions",
-           "teacher_forced_accuracy"]
+__all__ = [
+    "KnownSecretCurator",
+    "canary_emission",
+    "evaluate_pac",
+    "simulate_sessions",
+    "teacher_forced_accuracy",
+]
 
 
 class KnownSecretCurator:
@@ -80,8 +85,9 @@ class KnownSecretCurator:
         return StepOutcome(out.token, 0.0, "free")
 
 
-def teacher_forced_accuracy(ens: Any, texts: Sequence[str], *, b: float, positions: int,
-                            seed: int, max_length: int = 256) -> dict[str, Any]:
+def teacher_forced_accuracy(
+    ens: Any, texts: Sequence[str], *, b: float, positions: int, seed: int, max_length: int = 256
+) -> dict[str, Any]:
     """Next-token accuracy at up to ``positions`` positions of ``texts`` (see the module doc)."""
     import torch
 
@@ -113,16 +119,28 @@ def teacher_forced_accuracy(ens: Any, texts: Sequence[str], *, b: float, positio
     n = max(seen, 1)
     acc = {k: round(v / n, 4) for k, v in hits.items()}
     gain = acc["world"] - acc["public"]
-    return {"positions": seen, "accuracy": acc,
-            "gain_retained": round((acc["pac"] - acc["public"]) / gain, 3) if gain > 0 else None,
-            "unanimity_rate": round(1 - dissent / n, 4),
-            "mean_active_at_dissent": round(active_sum / dissent, 2) if dissent else None,
-            "charged_nats": b * cur.private}
+    return {
+        "positions": seen,
+        "accuracy": acc,
+        "gain_retained": round((acc["pac"] - acc["public"]) / gain, 3) if gain > 0 else None,
+        "unanimity_rate": round(1 - dissent / n, 4),
+        "mean_active_at_dissent": round(active_sum / dissent, 2) if dissent else None,
+        "charged_nats": b * cur.private,
+    }
 
 
-def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, *, b: float,
-                      tokens: int, sessions: int, decoder: str, seed: int,
-                      progress: bool = False) -> dict[str, Any]:
+def simulate_sessions(
+    ens: Any,
+    prompts: Sequence[str],
+    assignment: np.ndarray,
+    *,
+    b: float,
+    tokens: int,
+    sessions: int,
+    decoder: str,
+    seed: int,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Leakage and attack success over ``sessions`` generated sessions (see the module doc)."""
     from tqdm.auto import tqdm
 
@@ -131,28 +149,35 @@ def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, 
     rng = np.random.default_rng(seed)
     m = ens.m
     posteriors, private, wid, mia = [], [], 0, []
-    for k in tqdm(range(sessions), desc="pac sessions", disable=not progress,
-                  mininterval=10.0):
+    for k in tqdm(range(sessions), desc="pac sessions", disable=not progress, mininterval=10.0):
         secret = int(rng.integers(m))
         cur = KnownSecretCurator(m, b, secret, rng)
-        ens.generate(cur, "sim", prompts[k % len(prompts)], tokens, decoder=decoder,
-                     seed=int(rng.integers(2**31)))
+        ens.generate(
+            cur,
+            "sim",
+            prompts[k % len(prompts)],
+            tokens,
+            decoder=decoder,
+            seed=int(rng.integers(2**31)),
+        )
         p = cur.posterior
         posteriors.append(p)
         private.append(cur.private)
         wid += int(np.argmax(p) == secret)
         # Bayes attacker on every record: P(i in S | H) = sum_s P(s) [i in s].
         member_prob = assignment @ p
-        guess = np.where(np.isclose(member_prob, 0.5), rng.random(member_prob.size) < 0.5,
-                         member_prob > 0.5)
+        guess = np.where(
+            np.isclose(member_prob, 0.5), rng.random(member_prob.size) < 0.5, member_prob > 0.5
+        )
         mia.append(float((guess == assignment[:, secret]).mean()))
     charged = b * float(np.mean(private))
     measured = measured_leakage(m, posteriors)
     # Sessions are independent: standard errors over sessions (a session's record-level
     # guesses share one posterior, so records are not independent samples).
     drops = [math.log(m) - posterior_entropy(p) for p in posteriors]
+
     def se(xs):
-        return (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+        return float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None
 
     def rate_se(xs):
         # A session's MIA success is a step function of its posterior's ranking, so
@@ -161,17 +186,25 @@ def simulate_sessions(ens: Any, prompts: Sequence[str], assignment: np.ndarray, 
         # (Bhatia-Davis: var <= p (1 - p)): the 3-se check then stays honest.
         p = float(np.mean(xs))
         return se(xs) if len(xs) >= 10 else math.sqrt(p * (1 - p) / len(xs))
-    return {"sessions": sessions, "tokens": tokens, "decoder": decoder, "b": b,
-            "mean_private_tokens": round(float(np.mean(private)), 2),
-            "charged_nats": charged, "measured_nats": measured,
-            "measured_nats_se": se(drops),
-            "measured_over_charged": round(measured / charged, 4) if charged > 0 else None,
-            "world_id_success": round(wid / sessions, 4),
-            "world_id_success_se": math.sqrt(wid / sessions * (1 - wid / sessions) / sessions),
-            "world_id_bound": world_identification_bound(charged, m),
-            "world_id_prior": 1.0 / m,
-            "mia_success": round(float(np.mean(mia)), 4), "mia_success_se": rate_se(mia),
-            "mia_bound": mia_success_bound(charged)}
+
+    return {
+        "sessions": sessions,
+        "tokens": tokens,
+        "decoder": decoder,
+        "b": b,
+        "mean_private_tokens": round(float(np.mean(private)), 2),
+        "charged_nats": charged,
+        "measured_nats": measured,
+        "measured_nats_se": se(drops),
+        "measured_over_charged": round(measured / charged, 4) if charged > 0 else None,
+        "world_id_success": round(wid / sessions, 4),
+        "world_id_success_se": math.sqrt(wid / sessions * (1 - wid / sessions) / sessions),
+        "world_id_bound": world_identification_bound(charged, m),
+        "world_id_prior": 1.0 / m,
+        "mia_success": round(float(np.mean(mia)), 4),
+        "mia_success_se": rate_se(mia),
+        "mia_bound": mia_success_bound(charged),
+    }
 
 
 class _OneWorld:
@@ -194,8 +227,9 @@ class _PublicOnly(_OneWorld):
         return StepOutcome(None, 0.0, "fallback")
 
 
-def canary_emission(ens: Any, canaries: Sequence[dict[str, Any]], *, b: float, limit: int,
-                    tokens: int, seed: int) -> dict[str, Any]:
+def canary_emission(
+    ens: Any, canaries: Sequence[dict[str, Any]], *, b: float, limit: int, tokens: int, seed: int
+) -> dict[str, Any]:
     """How often the canaries' values are emitted (greedy) after their own contexts.
 
     The ``limit`` most repeated canaries (a canary repeated in many records
@@ -208,8 +242,11 @@ def canary_emission(ens: Any, canaries: Sequence[dict[str, Any]], *, b: float, l
     """
     rng = np.random.default_rng(seed)
     secret = int(rng.integers(ens.m))
-    curators = {"public": _PublicOnly(ens.m, secret), "world": _OneWorld(ens.m, secret),
-                "pac": KnownSecretCurator(ens.m, b, secret, rng)}
+    curators = {
+        "public": _PublicOnly(ens.m, secret),
+        "world": _OneWorld(ens.m, secret),
+        "pac": KnownSecretCurator(ens.m, b, secret, rng),
+    }
     chosen = sorted(canaries, key=lambda c: (-int(c.get("repetitions", 0)), c["id"]))[:limit]
     emitted = dict.fromkeys(curators, 0)
     used = 0
@@ -222,12 +259,18 @@ def canary_emission(ens: Any, canaries: Sequence[dict[str, Any]], *, b: float, l
             out = ens.generate(cur, "canary", str(context), tokens, decoder="greedy")
             emitted[name] += int(str(c["value"]) in out.text)
     reps = sorted({int(c.get("repetitions", 0)) for c in chosen})
-    return {"canaries": used, "repetitions": reps, "tokens": tokens, "emitted": emitted,
-            "pac_private_tokens": curators["pac"].private}
+    return {
+        "canaries": used,
+        "repetitions": reps,
+        "tokens": tokens,
+        "emitted": emitted,
+        "pac_private_tokens": curators["pac"].private,
+    }
 
 
-def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, canaries: str | None = None,
-                 progress: bool = False) -> dict[str, Any]:
+def evaluate_pac(
+    cfg: Any, worlds: str, *, heldout: str, canaries: str | None = None, progress: bool = False
+) -> dict[str, Any]:
     """Both measurements for the ``pac`` stage; aggregates only (``cfg``: a PacConfig)."""
     from privcode.data.public import public_prompts
     from privcode.data.records import read_records
@@ -236,27 +279,52 @@ def evaluate_pac(cfg: Any, worlds: str, *, heldout: str, canaries: str | None = 
     started = time.time()
     ens = PacEnsemble(worlds, top_k=cfg.top_k, device="cuda" if cfg.use_gpu else "cpu")
     texts = [r.code for r in read_records(heldout)]
-    utility = teacher_forced_accuracy(ens, texts, b=cfg.b, positions=cfg.eval_positions,
-                                      seed=cfg.seed, max_length=cfg.max_length)
+    utility = teacher_forced_accuracy(
+        ens, texts, b=cfg.b, positions=cfg.eval_positions, seed=cfg.seed, max_length=cfg.max_length
+    )
     assignment = np.load(f"{worlds}/assignment.npy")
-    leakage = simulate_sessions(ens, public_prompts(max(cfg.eval_sessions, 1), seed=cfg.seed),
-                                assignment, b=cfg.b, tokens=cfg.eval_tokens,
-                                sessions=cfg.eval_sessions, decoder=cfg.decoder,
-                                seed=cfg.seed, progress=progress)
+    leakage = simulate_sessions(
+        ens,
+        public_prompts(max(cfg.eval_sessions, 1), seed=cfg.seed),
+        assignment,
+        b=cfg.b,
+        tokens=cfg.eval_tokens,
+        sessions=cfg.eval_sessions,
+        decoder=cfg.decoder,
+        seed=cfg.seed,
+        progress=progress,
+    )
     emission = None
     if canaries and cfg.eval_canaries:
         import json
 
         planted = json.loads(open(canaries, encoding="utf-8").read())["canaries"]
-        emission = canary_emission(ens, planted, b=cfg.b, limit=cfg.eval_canaries,
-                                   tokens=cfg.eval_canary_tokens, seed=cfg.seed)
-    budget = {"b": cfg.b, "session_budget": cfg.session_budget,
-              "deployment_budget": cfg.deployment_budget,
-              "mia_bound_at_deployment_budget": mia_success_bound(cfg.deployment_budget),
-              "world_id_bound_at_deployment_budget":
-                  world_identification_bound(cfg.deployment_budget, ens.m),
-              "private_tokens_per_session": math.floor(cfg.session_budget / cfg.b + 1e-9)
-              if cfg.b > 0 else None}
-    return {"m": ens.m, "top_k": cfg.top_k, "utility": utility, "leakage": leakage,
-            "canary_emission": emission, "budget": budget,
-            "seconds": round(time.time() - started, 1)}
+        emission = canary_emission(
+            ens,
+            planted,
+            b=cfg.b,
+            limit=cfg.eval_canaries,
+            tokens=cfg.eval_canary_tokens,
+            seed=cfg.seed,
+        )
+    budget = {
+        "b": cfg.b,
+        "session_budget": cfg.session_budget,
+        "deployment_budget": cfg.deployment_budget,
+        "mia_bound_at_deployment_budget": mia_success_bound(cfg.deployment_budget),
+        "world_id_bound_at_deployment_budget": world_identification_bound(
+            cfg.deployment_budget, ens.m
+        ),
+        "private_tokens_per_session": math.floor(cfg.session_budget / cfg.b + 1e-9)
+        if cfg.b > 0
+        else None,
+    }
+    return {
+        "m": ens.m,
+        "top_k": cfg.top_k,
+        "utility": utility,
+        "leakage": leakage,
+        "canary_emission": emission,
+        "budget": budget,
+        "seconds": round(time.time() - started, 1),
+    }

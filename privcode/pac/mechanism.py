@@ -114,21 +114,23 @@ def noise_model(sigma: np.ndarray, b: float) -> tuple[np.ndarray, np.ndarray]:
 class PacStep:
     """What one step produced. Only ``token`` may leave the server."""
 
-    token: int                 #: the released candidate index Y_t
-    posterior: np.ndarray      #: P_t over worlds (secret-dependent: never released)
-    charged: float             #: nats charged: b, or 0 at unanimity
-    active: int                #: a_t, candidates voted for by worlds of positive posterior
+    token: int  #: the released candidate index Y_t
+    posterior: np.ndarray  #: P_t over worlds (secret-dependent: never released)
+    charged: float  #: nats charged: b, or 0 at unanimity
+    active: int  #: a_t, candidates voted for by worlds of positive posterior
 
 
-def pac_step(votes: np.ndarray, posterior: np.ndarray, secret: int, b: float,
-             rng: np.random.Generator) -> PacStep:
+def pac_step(
+    votes: np.ndarray, posterior: np.ndarray, secret: int, b: float, rng: np.random.Generator
+) -> PacStep:
     """One PAC-private token (see the module docstring) from the worlds' ``votes[m]``."""
     votes = np.asarray(votes)
     prior = np.asarray(posterior, dtype=np.float64)
     m = prior.shape[0] if prior.ndim == 1 else -1
     if votes.shape != (m,) or not np.issubdtype(votes.dtype, np.integer):
-        raise ValueError(f"votes must be integer indices, one per world ({m}), got "
-                         f"{votes.dtype} {votes.shape}")
+        raise ValueError(
+            f"votes must be integer indices, one per world ({m}), got {votes.dtype} {votes.shape}"
+        )
     if np.any(prior < 0) or not math.isclose(prior.sum(), 1.0, rel_tol=1e-9):
         raise ValueError("posterior must be a probability vector over the worlds")
     if not 0 <= secret < m or prior[secret] <= 0:

@@ -59,14 +59,15 @@ from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.pac")
 
-__all__ = ["FORMAT", "MANIFEST", "NOT_PRIVATE_NOTE", "WorldsError", "train_worlds",
-           "world_names"]
+__all__ = ["FORMAT", "MANIFEST", "NOT_PRIVATE_NOTE", "WorldsError", "train_worlds", "world_names"]
 
 FORMAT = "privcode-pac-worlds/1"
 MANIFEST = "pac.json"
-NOT_PRIVATE_NOTE = ("m LoRA worlds fine-tuned WITHOUT differential privacy on the private "
-                    "corpus: serve them only through the PAC curator; never copy them out of "
-                    "the private boundary")
+NOT_PRIVATE_NOTE = (
+    "m LoRA worlds fine-tuned WITHOUT differential privacy on the private "
+    "corpus: serve them only through the PAC curator; never copy them out of "
+    "the private boundary"
+)
 #: Why the worlds train without DP, as the DP engine records it (pac.json ``training_mode``).
 REASON = "pac worlds: protected by the PAC curator's noisy release at serving, not by DP-SGD"
 
@@ -80,11 +81,14 @@ def world_names(m: int) -> list[str]:
     return [f"w{s:0{width}d}" for s in range(m)]
 
 
-def _sample_batches(members: list[np.ndarray], batch: int, rngs: list[np.random.Generator]
-                    ) -> list[np.ndarray]:
+def _sample_batches(
+    members: list[np.ndarray], batch: int, rngs: list[np.random.Generator]
+) -> list[np.ndarray]:
     """``batch`` distinct members of every world (all of them when a world is smaller)."""
-    return [rng.choice(idx, size=min(batch, idx.size), replace=False)
-            for idx, rng in zip(members, rngs, strict=True)]
+    return [
+        rng.choice(idx, size=min(batch, idx.size), replace=False)
+        for idx, rng in zip(members, rngs, strict=True)
+    ]
 
 
 def _world_seed(seed: int, s: int) -> list[int]:
@@ -104,9 +108,16 @@ def _row_losses(model: Any, rows: dict[str, Any], names: list[str]) -> Any:
     return (token_ce(logits, ids[:, 1:]) * tmask).sum(1) / tmask.sum(1).clamp_min(1.0)
 
 
-def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
-                 assignment: np.ndarray, worlds: list[int], out_dir: str,
-                 progress: bool) -> dict[str, Any]:
+def _train_group(
+    cfg: PacConfig,
+    base: str,
+    encoded: list[Any],
+    pad_id: int,
+    assignment: np.ndarray,
+    worlds: list[int],
+    out_dir: str,
+    progress: bool,
+) -> dict[str, Any]:
     """Train the adapters of ``worlds`` (world indices) and save them under ``out_dir``."""
     started = time.time()
     device = torch.device("cuda" if cfg.use_gpu and torch.cuda.is_available() else "cpu")
@@ -140,8 +151,9 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
         rows = collate([encoded[i] for _, i in picked], pad_id, device=device)
         per_world = {s: sum(1 for t, _ in picked if t == s) for s in worlds}
         rows["adapter_names"] = [names[s] for s, _ in picked]
-        rows["sizes"] = torch.tensor([per_world[s] for s, _ in picked], dtype=torch.float32,
-                                     device=device)
+        rows["sizes"] = torch.tensor(
+            [per_world[s] for s, _ in picked], dtype=torch.float32, device=device
+        )
         return rows
 
     def loss_fn(module: Any, rows: dict[str, Any]) -> Any:
@@ -149,11 +161,23 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
 
     model.eval()  # mixed-adapter batches need eval mode; see the module docstring
     # The DP engine's non-private mode: sum_s (1/B_s) sum_{i in batch_s} loss_i, no noise.
-    engine = make_private(model, optimizer, Privacy.non_private(REASON), num_records=len(pairs),
-                          sample_rate=1.0, sampler=sample, expected_batch_size=1.0,
-                          train_mode=False, device=device)
-    for step in tqdm(range(cfg.steps), desc=f"pac worlds {worlds[0]}..{worlds[-1]}",
-                     mininterval=10.0, disable=not progress):
+    engine = make_private(
+        model,
+        optimizer,
+        Privacy.non_private(REASON),
+        num_records=len(pairs),
+        sample_rate=1.0,
+        sampler=sample,
+        expected_batch_size=1.0,
+        train_mode=False,
+        device=device,
+    )
+    for step in tqdm(
+        range(cfg.steps),
+        desc=f"pac worlds {worlds[0]}..{worlds[-1]}",
+        mininterval=10.0,
+        disable=not progress,
+    ):
         engine.step(step, rows_of, loss_fn)
     out = Path(out_dir) / "adapters"
     for s in worlds:
@@ -164,20 +188,31 @@ def _train_group(cfg: PacConfig, base: str, encoded: list[Any], pad_id: int,
         # peft writes a non-default adapter under <dir>/<name>/.
         (tmp / names[s] if (tmp / names[s]).is_dir() else tmp).rename(out / names[s])
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"worlds": len(worlds), "seconds": round(time.time() - started, 1),
-            "device": str(device)}
+    return {
+        "worlds": len(worlds),
+        "seconds": round(time.time() - started, 1),
+        "device": str(device),
+    }
 
 
-def train_worlds(cfg: PacConfig, *, data: str | Path, base: str | Path, out_dir: str | Path,
-                 progress: bool = True) -> dict[str, Any]:
+def train_worlds(
+    cfg: PacConfig,
+    *,
+    data: str | Path,
+    base: str | Path,
+    out_dir: str | Path,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train ``cfg.worlds`` adapters on ``data`` (private records) into ``out_dir``.
 
     Returns the public summary (settings, sizes, timings: nothing about a
     record). The adapters are NOT private on their own (see the module
     docstring).
     """
-    msg = (f"pac: training {cfg.worlds} worlds WITHOUT DP on the private corpus (NOT PRIVATE "
-           "on their own: only the PAC curator's release is private)")
+    msg = (
+        f"pac: training {cfg.worlds} worlds WITHOUT DP on the private corpus (NOT PRIVATE "
+        "on their own: only the PAC curator's release is private)"
+    )
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
     log.warning(msg)
     started = time.time()
@@ -194,22 +229,41 @@ def train_worlds(cfg: PacConfig, *, data: str | Path, base: str | Path, out_dir:
     np.save(out / "assignment.npy", assignment)
     groups = [list(g) for g in np.array_split(np.arange(cfg.worlds), cfg.world_groups)]
     if len(groups) == 1:
-        results = [_train_group(cfg, str(base), encoded, pad, assignment, groups[0], str(out),
-                                progress)]
+        results = [
+            _train_group(cfg, str(base), encoded, pad, assignment, groups[0], str(out), progress)
+        ]
     else:
         task = ray.remote(_train_group).options(num_cpus=1, num_gpus=1 if cfg.use_gpu else 0)
         enc_ref, asg_ref = ray.put(encoded), ray.put(assignment)
-        results = ray.get([task.remote(cfg, str(base), enc_ref, pad, asg_ref, g, str(out),
-                                       progress) for g in groups])
-    summary = {"m": cfg.worlds, "records": len(encoded), "steps": cfg.steps,
-               "batch_size_per_world": cfg.batch_size, "lr": cfg.lr,
-               "max_length": cfg.max_length, "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha},
-               "groups": [{k: r[k] for k in ("worlds", "seconds", "device")} for r in results],
-               "seconds": round(time.time() - started, 1)}
-    atomic_write_json(out / MANIFEST, {"format": FORMAT, "m": cfg.worlds,
-                                       "training_mode": Privacy.non_private(REASON).record(),
-                                       "base_model": str(Path(base).resolve()),
-                                       "worlds": world_names(cfg.worlds),
-                                       "NOT_PRIVATE": NOT_PRIVATE_NOTE, "dp": False,
-                                       "seed": cfg.seed, **summary})
+        results = ray.get(
+            [
+                task.remote(cfg, str(base), enc_ref, pad, asg_ref, g, str(out), progress)
+                for g in groups
+            ]
+        )
+    summary = {
+        "m": cfg.worlds,
+        "records": len(encoded),
+        "steps": cfg.steps,
+        "batch_size_per_world": cfg.batch_size,
+        "lr": cfg.lr,
+        "max_length": cfg.max_length,
+        "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha},
+        "groups": [{k: r[k] for k in ("worlds", "seconds", "device")} for r in results],
+        "seconds": round(time.time() - started, 1),
+    }
+    atomic_write_json(
+        out / MANIFEST,
+        {
+            "format": FORMAT,
+            "m": cfg.worlds,
+            "training_mode": Privacy.non_private(REASON).record(),
+            "base_model": str(Path(base).resolve()),
+            "worlds": world_names(cfg.worlds),
+            "NOT_PRIVATE": NOT_PRIVATE_NOTE,
+            "dp": False,
+            "seed": cfg.seed,
+            **summary,
+        },
+    )
     return summary

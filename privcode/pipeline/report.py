@@ -95,14 +95,18 @@ def plot_base(info: dict[str, Any], path: Path) -> bool:
     if info.get("untrained_heldout_loss") is not None:
         labels.insert(0, "untrained")
         values.insert(0, info["untrained_heldout_loss"])
-    ax.bar(labels, values, color=["#b0b0b0", "#4a7ab5"][-len(values):])
+    ax.bar(labels, values, color=["#b0b0b0", "#4a7ab5"][-len(values) :])
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=9)
     ax.set_ylabel("held-out cross-entropy (nats/token)")
     ax.set_title("Public base model on held-out public code")
     if history:
         ax = axes[0][1]
-        steps = [h[0] for h in history] if isinstance(history[0], list | tuple) else list(range(len(history)))
+        steps = (
+            [h[0] for h in history]
+            if isinstance(history[0], list | tuple)
+            else list(range(len(history)))
+        )
         losses = [h[1] for h in history] if isinstance(history[0], list | tuple) else history
         ax.plot(steps, losses, color="#4a7ab5")
         ax.set_xlabel("step")
@@ -150,20 +154,32 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
     sigma = info.get("noise_multiplier")
     rows = [
         ("method", info.get("method")),
-        ("Stage II conditions generation on", {
-            "latent": "a latent z ~ N(0, I) through the released prefix decoder D",
-            "prompt": "public prompts", "none": "nothing (unconditional)"}.get(
-            info.get("conditioning"), info.get("conditioning"))),
+        (
+            "Stage II conditions generation on",
+            {
+                "latent": "a latent z ~ N(0, I) through the released prefix decoder D",
+                "prompt": "public prompts",
+                "none": "nothing (unconditional)",
+            }.get(info.get("conditioning"), info.get("conditioning")),
+        ),
         ("epsilon, RDP accountant", info.get("epsilon_rdp")),
         ("epsilon, PRV accountant", info.get("epsilon_prv")),
-        ("epsilon budget (enforced with the " + str(info.get("accountant")) + " accountant)",
-         info.get("epsilon_budget")),
+        (
+            "epsilon budget (enforced with the " + str(info.get("accountant")) + " accountant)",
+            info.get("epsilon_budget"),
+        ),
         ("delta", info.get("delta")),
         ("DP-SGD steps taken", steps),
-        ("stopped because", {"steps": "all steps done", "budget": "budget spent"}.get(
-            info.get("stop_reason"), info.get("stop_reason"))),
-        ("noise multiplier sigma" + (" (calibrated)" if info.get("noise_calibrated") else ""),
-         sigma),
+        (
+            "stopped because",
+            {"steps": "all steps done", "budget": "budget spent"}.get(
+                info.get("stop_reason"), info.get("stop_reason")
+            ),
+        ),
+        (
+            "noise multiplier sigma" + (" (calibrated)" if info.get("noise_calibrated") else ""),
+            sigma,
+        ),
         ("sample rate q", info.get("sample_rate")),
         ("expected batch size qN", info.get("expected_batch_size")),
         ("clipping norm C", info.get("max_grad_norm")),
@@ -177,9 +193,12 @@ def _train_section(train: dict[str, Any] | None) -> list[str]:
     lines = ["## DP training (Stage I)", ""]
     if not info.get("dp", True):
         reason = (info.get("training_mode") or {}).get("reason", "method nondpft")
-        lines += ["**WARNING: NOT PRIVATE. This run trained without differential privacy "
-                  f"(the DP engine's non-private mode: {reason}); its release must never be "
-                  "treated as a DP artifact.**", ""]
+        lines += [
+            "**WARNING: NOT PRIVATE. This run trained without differential privacy "
+            f"(the DP engine's non-private mode: {reason}); its release must never be "
+            "treated as a DP artifact.**",
+            "",
+        ]
     lines += [
         "The junior model (LoRA adapter, plus the PrivLC encoders and prefix decoder for "
         "latent methods), trained with DP-SGD on Ray Train: per-record clipping to C of the "
@@ -301,28 +320,45 @@ def _synth_section(synth: dict[str, Any] | None) -> list[str]:
         return f"{info.get(key, 0)} ({100.0 * info.get(key, 0) / g:.1f}%)"
 
     rows = [
-        ("released artifact (the only input)", f"method {info.get('method')}, conditioning "
-                                               f"{info.get('conditioning')}, dp {info.get('dp')}"),
+        (
+            "released artifact (the only input)",
+            f"method {info.get('method')}, conditioning "
+            f"{info.get('conditioning')}, dp {info.get('dp')}",
+        ),
         ("generated", info.get("generated")),
         ("removed by the execution filter (sandbox)", pct("removed_execution")),
         ("removed by the round-trip filter", pct("removed_roundtrip")),
         ("removed as exact / near duplicates", pct("removed_duplicate")),
         ("kept (synthetic.parquet)", pct("kept")),
-        ("execution verdicts", ", ".join(f"{k} {v}" for k, v in
-                                         (info.get("execution_statuses") or {}).items())),
+        (
+            "execution verdicts",
+            ", ".join(f"{k} {v}" for k, v in (info.get("execution_statuses") or {}).items()),
+        ),
         ("samples/s (end to end)", info.get("samples_per_second")),
-        ("shards (resumed from a previous run)", f"{info.get('shards')} "
-                                                 f"({info.get('shards_resumed')})"),
+        (
+            "shards (resumed from a previous run)",
+            f"{info.get('shards')} ({info.get('shards_resumed')})",
+        ),
     ]
     lines = ["## Synthetic data (Stage II)", ""]
     dp = info.get("dp") is True
     if not dp:
-        lines += ["**WARNING: NO differential-privacy guarantee. "
-                  + str(info.get("privacy_warning") or "The input release is NOT PRIVATE; so "
-                                                       "is this dataset.") + "**", ""]
+        lines += [
+            "**WARNING: NO differential-privacy guarantee. "
+            + str(
+                info.get("privacy_warning")
+                or "The input release is NOT PRIVATE; so is this dataset."
+            )
+            + "**",
+            "",
+        ]
     lines += [
-        ("Generated from the released DP artifact only (post-processing: the guarantee "
-         "carries over), streamed" if dp else "Generated from the release only, streamed")
+        (
+            "Generated from the released DP artifact only (post-processing: the guarantee "
+            "carries over), streamed"
+            if dp
+            else "Generated from the release only, streamed"
+        )
         + " through Ray Data: generation by the junior, prompt "
         "extraction, execution of every snippet in the sandbox (no network, unprivileged "
         "uid, rlimits, wall-clock kill), round-trip filtering, deduplication. For "
@@ -340,21 +376,38 @@ def _premium_section(premium: dict[str, Any] | None) -> list[str]:
         return []
     info = premium.get("summary", {})
     curve = info.get("curve") or []
-    rows = [("premium base model", info.get("model")), ("synthetic records", info.get("records")),
-            ("training seconds", info.get("train_seconds"))]
-    rows += [(f"epoch {p['epoch']}: train / held-out synthetic loss",
-              f"{_fmt(p.get('train_loss'))} / {_fmt(p.get('eval_loss'))}") for p in curve]
+    rows = [
+        ("premium base model", info.get("model")),
+        ("synthetic records", info.get("records")),
+        ("training seconds", info.get("train_seconds")),
+    ]
+    rows += [
+        (
+            f"epoch {p['epoch']}: train / held-out synthetic loss",
+            f"{_fmt(p.get('train_loss'))} / {_fmt(p.get('eval_loss'))}",
+        )
+        for p in curve
+    ]
     privacy = info.get("privacy") or {}
     if privacy.get("dp") is True:
-        head = ["LoRA fine-tuning of the premium base on the synthetic data only, without DP: "
-                "the data is a function of the DP release, so the premium model inherits its "
-                f"guarantee by post-processing: {privacy.get('guarantee')}. Losses are on "
-                "synthetic (public) data."]
+        head = [
+            "LoRA fine-tuning of the premium base on the synthetic data only, without DP: "
+            "the data is a function of the DP release, so the premium model inherits its "
+            f"guarantee by post-processing: {privacy.get('guarantee')}. Losses are on "
+            "synthetic (public) data."
+        ]
     else:
-        head = ["**WARNING: NO differential-privacy guarantee holds for the premium model: "
-                + str(privacy.get("guarantee") or privacy.get("privacy_warning")
-                      or "its source is not a DP release") + "**", "",
-                "LoRA fine-tuning of the premium base on the synthetic data, without DP."]
+        head = [
+            "**WARNING: NO differential-privacy guarantee holds for the premium model: "
+            + str(
+                privacy.get("guarantee")
+                or privacy.get("privacy_warning")
+                or "its source is not a DP release"
+            )
+            + "**",
+            "",
+            "LoRA fine-tuning of the premium base on the synthetic data, without DP.",
+        ]
     return ["## Premium model", "", *head, "", _table([(k, _number(v)) for k, v in rows]), ""]
 
 
@@ -383,11 +436,15 @@ def render_html(markdown_text: str, image_dir: Path, title: str) -> str:
         return f'{match.group(1)}"data:image/png;base64,{data}"'
 
     body = re.sub(r'(<img[^>]*?src=)"([^"/]+\.png)"', inline, body)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{_CSS}</style></head><body>{body}</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+        f"</title><style>{_CSS}</style></head><body>{body}</body></html>"
+    )
 
 
-def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _complete_inputs(
+    cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """``inputs`` plus the current on-disk manifests of configured stages the runner left out.
 
     ``privcode report`` passes only the report's required inputs
@@ -401,8 +458,12 @@ def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> 
 
     manifests = dict(inputs)
     for name, stage in STAGES.items():
-        if name in manifests or name not in cfg.run.stages or name not in STAGES["report"].after \
-                or any(dep not in manifests for dep in stage.needs):
+        if (
+            name in manifests
+            or name not in cfg.run.stages
+            or name not in STAGES["report"].after
+            or any(dep not in manifests for dep in stage.needs)
+        ):
             continue
         directory = RunLayout.of(cfg).stage(name)
         if is_current(directory, fingerprint(cfg, stage, manifests), stage):
@@ -414,10 +475,12 @@ def _complete_inputs(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) -> 
 #: withdrawn from the published directory when an older version put them there.
 OWNER_ONLY_PLOTS = ("corpus.png", *AUDIT_OWNER_ONLY_PLOTS)
 
-_OWNER_HEADER = ("> **PRIVATE: owner-only report.** It holds un-noised statistics of the private "
-                 "corpus and plots with one point per private record. It lives in the run's "
-                 "private storage, for the data owner, inside the privacy boundary: do not "
-                 "share, publish, or attach it to a release or to the shareable report.")
+_OWNER_HEADER = (
+    "> **PRIVATE: owner-only report.** It holds un-noised statistics of the private "
+    "corpus and plots with one point per private record. It lives in the run's "
+    "private storage, for the data owner, inside the privacy boundary: do not "
+    "share, publish, or attach it to a release or to the shareable report."
+)
 
 
 def private_report_dir(cfg: PipelineConfig) -> Path:
@@ -443,12 +506,16 @@ def _write_owner_report(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) 
     lines = [f"# {title}", "", _OWNER_HEADER, "", f"Run `{cfg.run.name}`.", ""]
     lines += _owner_corpus_section(data)
     plots: list[str] = []
-    if cfg.report.plots and data and plot_corpus(data.get("summary", {}).get("counts", {}),
-                                                 directory / "corpus.png"):
+    if (
+        cfg.report.plots
+        and data
+        and plot_corpus(data.get("summary", {}).get("counts", {}), directory / "corpus.png")
+    ):
         lines += ["![corpus composition](corpus.png)", ""]
         plots.append("corpus.png")
-    extra, names = audit_owner_section(audit, RunLayout.of(cfg).stage("audit") if audit else None,
-                                       directory, cfg.report.plots)
+    extra, names = audit_owner_section(
+        audit, RunLayout.of(cfg).stage("audit") if audit else None, directory, cfg.report.plots
+    )
     lines += extra
     plots += names
     text = "\n".join(lines)
@@ -463,7 +530,9 @@ def _write_owner_report(cfg: PipelineConfig, inputs: dict[str, dict[str, Any]]) 
     return directory / "report.md"
 
 
-def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def write_report(
+    cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """Write the shareable report into ``out_dir``, publish it, and write the owner-only one.
 
     ``out_dir`` (the report stage's artifact directory) and the published
@@ -478,8 +547,10 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     lines = [f"# {cfg.report.title}", "", f"Run `{cfg.run.name}` (config `{cfg.source}`).", ""]
     lines += ["## Stages", "", "| stage | fingerprint | seconds |", "|---|---|---|"]
     for name, manifest in inputs.items():
-        lines.append(f"| {name} | `{manifest.get('fingerprint')}` | "
-                     f"{_fmt(manifest.get('timings', {}).get('seconds'), 1)} |")
+        lines.append(
+            f"| {name} | `{manifest.get('fingerprint')}` | "
+            f"{_fmt(manifest.get('timings', {}).get('seconds'), 1)} |"
+        )
     lines.append("")
     lines += _corpus_section(data, train)
     plots: list[str] = []
@@ -488,7 +559,11 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
         lines += ["![base model loss](base_loss.png)", ""]
         plots.append("base_loss.png")
     lines += _train_section(train)
-    if cfg.report.plots and train and plot_train(train.get("summary", {}), out_dir / "train_loss.png"):
+    if (
+        cfg.report.plots
+        and train
+        and plot_train(train.get("summary", {}), out_dir / "train_loss.png")
+    ):
         lines += ["![DP training: public held-out loss](train_loss.png)", ""]
         plots.append("train_loss.png")
     from privcode.pipeline.report_sweep import privacy_utility, sweep_section
@@ -499,8 +574,11 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     plots += names
     synth = inputs.get("synth")
     lines += _synth_section(synth)
-    if cfg.report.plots and synth and plot_synth(synth.get("summary", {}),
-                                                 out_dir / "synth_funnel.png"):
+    if (
+        cfg.report.plots
+        and synth
+        and plot_synth(synth.get("summary", {}), out_dir / "synth_funnel.png")
+    ):
         lines += ["![Stage II funnel](synth_funnel.png)", ""]
         plots.append("synth_funnel.png")
     lines += _premium_section(inputs.get("premium"))
@@ -523,18 +601,31 @@ def write_report(cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str,
     if leaked:  # a section must never put a per-record plot in the shareable report
         raise AssertionError(f"owner-only plots in the shareable report: {leaked}")
     atomic_write_text(out_dir / "report.md", "\n".join(lines))
-    atomic_write_text(out_dir / "report.html", render_html("\n".join(lines), out_dir,
-                                                          cfg.report.title))
+    atomic_write_text(
+        out_dir / "report.html", render_html("\n".join(lines), out_dir, cfg.report.title)
+    )
     summary = {
         "report": str(RunLayout.of(cfg).public_reports / "report.md"),
         "plots": plots,
         "base_heldout_loss": (base or {}).get("summary", {}).get("heldout_loss"),
         "training_records": _training_records(data, train) if data or train else None,
-        "train_epsilon": {k: (train or {}).get("summary", {}).get(f"epsilon_{k}")
-                          for k in ("rdp", "prv")} if train else None,
-        "synth_funnel": {k: (synth or {}).get("summary", {}).get(k) for k in (
-            "generated", "removed_execution", "removed_roundtrip", "removed_duplicate",
-            "kept")} if synth else None,
+        "train_epsilon": {
+            k: (train or {}).get("summary", {}).get(f"epsilon_{k}") for k in ("rdp", "prv")
+        }
+        if train
+        else None,
+        "synth_funnel": {
+            k: (synth or {}).get("summary", {}).get(k)
+            for k in (
+                "generated",
+                "removed_execution",
+                "removed_roundtrip",
+                "removed_duplicate",
+                "kept",
+            )
+        }
+        if synth
+        else None,
         "privacy_utility": sweep,
         # Stages not passed by the runner (privcode report), read from disk.
         "inputs_read_from_disk": [name for name in inputs if name not in given],

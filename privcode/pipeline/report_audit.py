@@ -93,29 +93,42 @@ def plot_pass_at_k(models: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def eval_section(evaluation: dict[str, Any] | None, out_dir: Path,
-                 plots: bool) -> tuple[list[str], list[str]]:
+def eval_section(
+    evaluation: dict[str, Any] | None, out_dir: Path, plots: bool
+) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the utility section."""
     if not evaluation:
         return [], []
     info = evaluation.get("summary", {})
     models = info.get("models", {})
-    keys = sorted({k for r in models.values() for k in (r.get("pass_at_k") or {})},
-                  key=lambda k: int(k.split("@")[1]))
+    keys = sorted(
+        {k for r in models.values() for k in (r.get("pass_at_k") or {})},
+        key=lambda k: int(k.split("@")[1]),
+    )
     rows = []
     for name, r in models.items():
         if "skipped" in r:
             rows.append([name, *(["-"] * len(keys)), "-", r["skipped"]])
             continue
-        rows.append([name, *[100 * r["pass_at_k"].get(k, 0.0) for k in keys], r.get("n_tasks"),
-                     "; ".join(r.get("notes") or []) or ""])
+        rows.append(
+            [
+                name,
+                *[100 * r["pass_at_k"].get(k, 0.0) for k in keys],
+                r.get("n_tasks"),
+                "; ".join(r.get("notes") or []) or "",
+            ]
+        )
     limit = info.get("limit")
-    lines = ["## Utility: pass@k", "",
-             f"Benchmark `{info.get('benchmark')}`"
-             + (f" (first {limit} tasks)" if limit else "")
-             + ": completions executed against the benchmark's tests in the project's sandbox, "
-             "never with the benchmark's own unsandboxed `exec`. pass@k in % of tasks "
-             "(unbiased estimator).", ""]
+    lines = [
+        "## Utility: pass@k",
+        "",
+        f"Benchmark `{info.get('benchmark')}`"
+        + (f" (first {limit} tasks)" if limit else "")
+        + ": completions executed against the benchmark's tests in the project's sandbox, "
+        "never with the benchmark's own unsandboxed `exec`. pass@k in % of tasks "
+        "(unbiased estimator).",
+        "",
+    ]
     lines += _grid(["model", *keys, "tasks", "notes"], rows)
     names = []
     if plots and plot_pass_at_k(models, out_dir / "pass_at_k.png"):
@@ -127,25 +140,37 @@ def eval_section(evaluation: dict[str, Any] | None, out_dir: Path,
 # --------------------------------------------------------------------------- audits
 
 
-def audit_section(audit: dict[str, Any] | None, audit_dir: Path | None, out_dir: Path,
-                  plots: bool) -> tuple[list[str], list[str]]:
+def audit_section(
+    audit: dict[str, Any] | None, audit_dir: Path | None, out_dir: Path, plots: bool
+) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the privacy-audit section."""
     if not audit:
         return [], []
     info = audit.get("summary", {})
-    lines = ["## Privacy audits", "",
-             "Run inside the private boundary; only aggregates appear here (rates, counts, "
-             "AUCs, exposure in bits). The per-canary and per-leak details and any per-record "
-             "plot stay inside the boundary, with the data owner.", ""]
+    lines = [
+        "## Privacy audits",
+        "",
+        "Run inside the private boundary; only aggregates appear here (rates, counts, "
+        "AUCs, exposure in bits). The per-canary and per-leak details and any per-record "
+        "plot stay inside the boundary, with the data owner.",
+        "",
+    ]
     models = info.get("models", {})
     if any(m.get("non_private") for m in models.values()):
         how = info.get("nondpft_training") or {}
-        detail = (f" ({'every weight' if how.get('finetune') == 'full' else 'LoRA adapter'}, "
-                  f"{how.get('steps')} steps, lr {how.get('lr')}, expected batch "
-                  f"{how.get('expected_batch_size')})" if how else "")
-        lines += ["> The `nondpft` model is a comparison fine-tuned WITHOUT differential "
-                  f"privacy on the same data{detail}; it shows what the audits detect when "
-                  "nothing protects the data. It is never released.", ""]
+        detail = (
+            f" ({'every weight' if how.get('finetune') == 'full' else 'LoRA adapter'}, "
+            f"{how.get('steps')} steps, lr {how.get('lr')}, expected batch "
+            f"{how.get('expected_batch_size')})"
+            if how
+            else ""
+        )
+        lines += [
+            "> The `nondpft` model is a comparison fine-tuned WITHOUT differential "
+            f"privacy on the same data{detail}; it shows what the audits detect when "
+            "nothing protects the data. It is never released.",
+            "",
+        ]
     names: list[str] = []
     lines += _canary_lines(models)
     lines += _exposure_lines(models)
@@ -164,16 +189,27 @@ def _canary_lines(models: dict[str, Any]) -> list[str]:
         if not c:
             continue
         for cell in c.get("table", []):
-            rows.append([name, cell["placement"], cell["repetitions"], cell["leaked"],
-                         cell["categories"], 100 * cell["rate"]])
+            rows.append(
+                [
+                    name,
+                    cell["placement"],
+                    cell["repetitions"],
+                    cell["leaked"],
+                    cell["categories"],
+                    100 * cell["rate"],
+                ]
+            )
     if not rows:
         return []
-    return ["### Canary leakage", "",
-            "Each canary is prompted with its own context and kind-specific inducing prompts, "
-            "sampled at temperature 1; a category leaks when its value appears verbatim in any "
-            "output. Rate = leaked categories / categories, in %.", "",
-            *_grid(["model", "placement", "repetitions", "leaked", "categories", "rate %"],
-                   rows)]
+    return [
+        "### Canary leakage",
+        "",
+        "Each canary is prompted with its own context and kind-specific inducing prompts, "
+        "sampled at temperature 1; a category leaks when its value appears verbatim in any "
+        "output. Rate = leaked categories / categories, in %.",
+        "",
+        *_grid(["model", "placement", "repetitions", "leaked", "categories", "rate %"], rows),
+    ]
 
 
 def _exposure_lines(models: dict[str, Any]) -> list[str]:
@@ -182,42 +218,72 @@ def _exposure_lines(models: dict[str, Any]) -> list[str]:
         e = m.get("exposure")
         if not e:
             continue
-        rows.append([name, e.get("candidates"), e.get("mean_bits"), e.get("max_bits"),
-                     e.get("max_possible_bits"), e.get("top_rank_count")])
+        rows.append(
+            [
+                name,
+                e.get("candidates"),
+                e.get("mean_bits"),
+                e.get("max_bits"),
+                e.get("max_possible_bits"),
+                e.get("top_rank_count"),
+            ]
+        )
     if not rows:
         return []
-    return ["### Exposure", "",
-            "Rank of each canary among K random values of the same format by model "
-            "log-likelihood; exposure = log2(K+1) - log2(rank) bits (max log2(K+1): the canary "
-            "is the single most likely value).", "",
-            *_grid(["model", "K", "mean bits", "max bits", "max possible", "canaries ranked 1st"],
-                   rows)]
+    return [
+        "### Exposure",
+        "",
+        "Rank of each canary among K random values of the same format by model "
+        "log-likelihood; exposure = log2(K+1) - log2(rank) bits (max log2(K+1): the canary "
+        "is the single most likely value).",
+        "",
+        *_grid(
+            ["model", "K", "mean bits", "max bits", "max possible", "canaries ranked 1st"], rows
+        ),
+    ]
 
 
-def _mia_lines(info: dict[str, Any], audit_dir: Path | None, out_dir: Path,
-               plots: bool) -> tuple[list[str], list[str]]:
+def _mia_lines(
+    info: dict[str, Any], audit_dir: Path | None, out_dir: Path, plots: bool
+) -> tuple[list[str], list[str]]:
     rows, flags = [], []
     for name, m in info.get("models", {}).items():
         for attack, r in (m.get("mia") or {}).get("attacks", {}).items():
-            rows.append([name, attack, r.get("auc"), 100 * r.get("tpr_at_1pct_fpr", 0.0),
-                         100 * r.get("tpr_at_10pct_fpr", 0.0)])
+            rows.append(
+                [
+                    name,
+                    attack,
+                    r.get("auc"),
+                    100 * r.get("tpr_at_1pct_fpr", 0.0),
+                    100 * r.get("tpr_at_10pct_fpr", 0.0),
+                ]
+            )
             if r.get("dp_violation"):
                 flags.append(f"{name} / {attack}")
     if not rows:
         return [], []
-    lines = ["### Membership inference", "",
-             "Loss attack (score = -loss) and reference-calibrated attack (score = base loss - "
-             "model loss) on members (training records) vs held-out non-members. TPR in %.", "",
-             *_grid(["model", "attack", "AUC", "TPR@1%FPR", "TPR@10%FPR"], rows)]
+    lines = [
+        "### Membership inference",
+        "",
+        "Loss attack (score = -loss) and reference-calibrated attack (score = base loss - "
+        "model loss) on members (training records) vs held-out non-members. TPR in %.",
+        "",
+        *_grid(["model", "attack", "AUC", "TPR@1%FPR", "TPR@10%FPR"], rows),
+    ]
     bound = info.get("dp_bound")
     if bound:
-        lines += [f"DP ceiling at the junior's (epsilon {_fmt(bound.get('epsilon'), 2)}, delta "
-                  f"{bound.get('delta')}): TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta "
-                  f"- FPR)); at 1% FPR that is {_fmt(100 * bound.get('tpr_at_1pct_fpr', 0), 1)}%.",
-                  ""]
+        lines += [
+            f"DP ceiling at the junior's (epsilon {_fmt(bound.get('epsilon'), 2)}, delta "
+            f"{bound.get('delta')}): TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta "
+            f"- FPR)); at 1% FPR that is {_fmt(100 * bound.get('tpr_at_1pct_fpr', 0), 1)}%.",
+            "",
+        ]
     if flags:
-        lines += [f"> **WARNING: measured TPR above the DP ceiling ({', '.join(flags)}), beyond "
-                  "statistical error. That contradicts the accountant: look for a bug.**", ""]
+        lines += [
+            f"> **WARNING: measured TPR above the DP ceiling ({', '.join(flags)}), beyond "
+            "statistical error. That contradicts the accountant: look for a bug.**",
+            "",
+        ]
     names = []
     if plots and audit_dir is not None:
         name = _copy_plot(audit_dir / "mia_roc.png", out_dir, "mia_roc.png")
@@ -227,24 +293,37 @@ def _mia_lines(info: dict[str, Any], audit_dir: Path | None, out_dir: Path,
     return lines, names
 
 
-_FIDELITY_METRICS = ("bleu4", "bleu4_corpus", "ast_similarity", "nn_cosine_mean", "frechet",
-                     "centroid_cosine", "n_synthetic", "n_private")
+_FIDELITY_METRICS = (
+    "bleu4",
+    "bleu4_corpus",
+    "ast_similarity",
+    "nn_cosine_mean",
+    "frechet",
+    "centroid_cosine",
+    "n_synthetic",
+    "n_private",
+)
 
 
 def _fidelity_lines(fid: dict[str, Any] | None) -> list[str]:
     """The fidelity aggregates (means, distances, counts); never the t-SNE (per-record)."""
     if not fid:
         return []
-    return ["### Fidelity of the synthetic data", "",
-            "Synthetic code vs the private corpus (each synthetic sample paired with its "
-            "nearest private neighbour in embedding space; MiniLM embeddings). Aggregates "
-            "only: the embedding plot shows one point per private record and is not part of "
-            "this report.", "",
-            *_grid(["metric", "value"], [[k, fid.get(k)] for k in _FIDELITY_METRICS])]
+    return [
+        "### Fidelity of the synthetic data",
+        "",
+        "Synthetic code vs the private corpus (each synthetic sample paired with its "
+        "nearest private neighbour in embedding space; MiniLM embeddings). Aggregates "
+        "only: the embedding plot shows one point per private record and is not part of "
+        "this report.",
+        "",
+        *_grid(["metric", "value"], [[k, fid.get(k)] for k in _FIDELITY_METRICS]),
+    ]
 
 
-def audit_owner_section(audit: dict[str, Any] | None, audit_dir: Path | None,
-                        private_dir: Path, plots: bool) -> tuple[list[str], list[str]]:
+def audit_owner_section(
+    audit: dict[str, Any] | None, audit_dir: Path | None, private_dir: Path, plots: bool
+) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the audit part of the OWNER-ONLY report.
 
     The fidelity t-SNE (``<audit_dir>/fidelity/fidelity_tsne.png``: one point
@@ -254,11 +333,15 @@ def audit_owner_section(audit: dict[str, Any] | None, audit_dir: Path | None,
     fid = ((audit or {}).get("summary") or {}).get("fidelity")
     if not fid:
         return [], []
-    lines = ["## Fidelity: synthetic vs private code embeddings", "",
-             "A 2-D projection (t-SNE, or PCA for fewer than 5 points) of the code embeddings "
-             "of the sampled synthetic and private snippets: ONE POINT PER PRIVATE RECORD. "
-             "It is private data and must not be shared or released.", "",
-             *_grid(["metric", "value"], [[k, fid.get(k)] for k in _FIDELITY_METRICS])]
+    lines = [
+        "## Fidelity: synthetic vs private code embeddings",
+        "",
+        "A 2-D projection (t-SNE, or PCA for fewer than 5 points) of the code embeddings "
+        "of the sampled synthetic and private snippets: ONE POINT PER PRIVATE RECORD. "
+        "It is private data and must not be shared or released.",
+        "",
+        *_grid(["metric", "value"], [[k, fid.get(k)] for k in _FIDELITY_METRICS]),
+    ]
     names = []
     if plots and audit_dir is not None:
         name = _copy_plot(audit_dir / "fidelity" / TSNE_PLOT, private_dir, TSNE_PLOT)
@@ -275,13 +358,23 @@ def _probe_lines(models: dict[str, Any]) -> list[str]:
         if not p:
             continue
         for category, metrics in sorted((p.get("per_category") or {}).items()):
-            rows.append([name, category, *[metrics.get(k) for k in ("LP-1", "LP-2", "IL-2")],
-                         metrics.get("confirmed")])
+            rows.append(
+                [
+                    name,
+                    category,
+                    *[metrics.get(k) for k in ("LP-1", "LP-2", "IL-2")],
+                    metrics.get("confirmed"),
+                ]
+            )
     if not rows:
         return []
-    return ["### Leak probing by test generation", "",
-            "The model writes a function, then unit tests with realistic inputs; PII in the "
-            "test inputs is extracted, judged (format validators) and verified against the "
-            "private corpus (1 to 100 hits). LP-L: responses with >= L confirmed leaked "
-            "elements; IL-L: with >= L interconnected ones.", "",
-            *_grid(["model", "category", "LP-1", "LP-2", "IL-2", "confirmed leaks"], rows)]
+    return [
+        "### Leak probing by test generation",
+        "",
+        "The model writes a function, then unit tests with realistic inputs; PII in the "
+        "test inputs is extracted, judged (format validators) and verified against the "
+        "private corpus (1 to 100 hits). LP-L: responses with >= L confirmed leaked "
+        "elements; IL-L: with >= L interconnected ones.",
+        "",
+        *_grid(["model", "category", "LP-1", "LP-2", "IL-2", "confirmed leaks"], rows),
+    ]

@@ -44,8 +44,13 @@ from typing import Any
 from privcode.layout import RunLayout
 from privcode.pipeline.report_audit import _grid, _plt, _save
 
-__all__ = ["collect_points", "plot_privacy_utility", "privacy_utility", "sweep_section",
-           "within_run_curve"]
+__all__ = [
+    "collect_points",
+    "plot_privacy_utility",
+    "privacy_utility",
+    "sweep_section",
+    "within_run_curve",
+]
 
 log = logging.getLogger("privcode.pipeline.report")
 
@@ -97,11 +102,18 @@ def _point(run: RunLayout, manifest: dict[str, Any]) -> dict[str, Any] | None:
     s = manifest["summary"]
     if not s.get("dp") or s.get("epsilon") is None:
         return None
-    point = {"run": run.name, "epsilon": _num(s["epsilon"]), "delta": _num(s.get("delta")),
-             "accountant": s.get("accountant"), "steps": s.get("steps_taken"),
-             "noise_multiplier": _num(s.get("noise_multiplier")),
-             "heldout_loss": _final_loss(s.get("public_heldout_loss_curve")),
-             "pass1_junior": None, "pass1_premium": None, "mia_tpr_at_1pct_fpr": None}
+    point = {
+        "run": run.name,
+        "epsilon": _num(s["epsilon"]),
+        "delta": _num(s.get("delta")),
+        "accountant": s.get("accountant"),
+        "steps": s.get("steps_taken"),
+        "noise_multiplier": _num(s.get("noise_multiplier")),
+        "heldout_loss": _final_loss(s.get("public_heldout_loss_curve")),
+        "pass1_junior": None,
+        "pass1_premium": None,
+        "mia_tpr_at_1pct_fpr": None,
+    }
     fp = manifest.get("fingerprint")
     for stage, fill in (("eval", _fill_eval), ("audit", _fill_audit)):
         summary = _stage_numbers(run, stage, fp)
@@ -125,8 +137,9 @@ def _fill_audit(point: dict[str, Any], summary: dict[str, Any]) -> None:
     point["mia_tpr_at_1pct_fpr"] = _num(attack.get("tpr_at_1pct_fpr"))
 
 
-def collect_points(out_root: Path, current_run: str,
-                   reference: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def collect_points(
+    out_root: Path, current_run: str, reference: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """One point per DP run under ``out_root`` on this run's corpus and method, by epsilon.
 
     ``reference`` is the current run's train manifest (read from
@@ -136,7 +149,8 @@ def collect_points(out_root: Path, current_run: str,
     """
     layout = RunLayout(Path(out_root), current_run)
     manifests: dict[str, dict[str, Any] | None] = {
-        run: _load(path) for run, path in layout.manifests_of_every_run("train").items()}
+        run: _load(path) for run, path in layout.manifests_of_every_run("train").items()
+    }
     if reference is not None:
         manifests[current_run] = reference
     ref = (manifests.get(current_run) or {}).get("summary") or {}
@@ -153,8 +167,12 @@ def collect_points(out_root: Path, current_run: str,
                 continue
             point = _point(RunLayout(layout.out_dir, run), manifest)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            log.warning("privacy-utility: skipping run %s: bad %s (%s)", run,
-                        RunLayout(layout.out_dir, run).manifest("train"), exc)
+            log.warning(
+                "privacy-utility: skipping run %s: bad %s (%s)",
+                run,
+                RunLayout(layout.out_dir, run).manifest("train"),
+                exc,
+            )
             continue
         if point is not None:
             points.append({**point, "current": run == current_run})
@@ -187,9 +205,10 @@ def privacy_utility(cfg: Any, train_manifest: dict[str, Any] | None) -> dict[str
     """``{"runs": collect_points(...), "within_run": within_run_curve(...)}``; None without train."""
     if not train_manifest:
         return None
-    return {"runs": collect_points(RunLayout.of(cfg).out_dir, cfg.run.name,
-                                   reference=train_manifest),
-            "within_run": within_run_curve(train_manifest.get("summary") or {})}
+    return {
+        "runs": collect_points(RunLayout.of(cfg).out_dir, cfg.run.name, reference=train_manifest),
+        "within_run": within_run_curve(train_manifest.get("summary") or {}),
+    }
 
 
 def _epsilon_axis(ax: Any, values: list[float]) -> None:
@@ -202,19 +221,22 @@ def _epsilon_axis(ax: Any, values: list[float]) -> None:
             axis(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
-def plot_privacy_utility(points: list[dict[str, Any]], within_run: list[dict[str, Any]],
-                         path: Path) -> bool:
+def plot_privacy_utility(
+    points: list[dict[str, Any]], within_run: list[dict[str, Any]], path: Path
+) -> bool:
     """Loss (and pass@1) against epsilon; False when there is nothing to plot."""
     line = [(p["epsilon"], p["loss"]) for p in within_run]
     marks = [p for p in points if p.get("heldout_loss") is not None]
     if not line and not marks:
         return False
-    scored = [p for p in points
-              if p.get("pass1_junior") is not None or p.get("pass1_premium") is not None]
+    scored = [
+        p for p in points if p.get("pass1_junior") is not None or p.get("pass1_premium") is not None
+    ]
     right = len(scored) >= 2
     plt = _plt()
-    fig, axes = plt.subplots(1, 2 if right else 1, figsize=(11.5 if right else 6.4, 3.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, 2 if right else 1, figsize=(11.5 if right else 6.4, 3.8), squeeze=False
+    )
     ax = axes[0][0]
     positive = [e for e, _ in line if e > 0] + [p["epsilon"] for p in marks]
     _epsilon_axis(ax, positive)
@@ -224,31 +246,53 @@ def plot_privacy_utility(points: list[dict[str, Any]], within_run: list[dict[str
                 ax.axhline(loss, ls=":", color="#7f7f7f", label="step 0 (epsilon 0)")
         line = [(e, v) for e, v in line if e > 0]
     if line:
-        ax.plot([e for e, _ in line], [v for _, v in line], marker=".", color="#4a7ab5",
-                label="this run, by checkpoint")
+        ax.plot(
+            [e for e, _ in line],
+            [v for _, v in line],
+            marker=".",
+            color="#4a7ab5",
+            label="this run, by checkpoint",
+        )
     for i, p in enumerate(marks):
-        ax.scatter([p["epsilon"]], [p["heldout_loss"]], color="#c0504d", zorder=3,
-                   marker="*" if p.get("current") else "o", s=70 if p.get("current") else 30,
-                   label="runs (final)" if i == 0 else None)
-        ax.annotate(p["run"], (p["epsilon"], p["heldout_loss"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)
+        ax.scatter(
+            [p["epsilon"]],
+            [p["heldout_loss"]],
+            color="#c0504d",
+            zorder=3,
+            marker="*" if p.get("current") else "o",
+            s=70 if p.get("current") else 30,
+            label="runs (final)" if i == 0 else None,
+        )
+        ax.annotate(
+            p["run"],
+            (p["epsilon"], p["heldout_loss"]),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=8,
+        )
     deltas = {p.get("delta") for p in points}
-    ax.set_xlabel("epsilon" + (f" (delta {deltas.pop():g})" if len(deltas) == 1
-                               and None not in deltas else ""))
+    ax.set_xlabel(
+        "epsilon"
+        + (f" (delta {deltas.pop():g})" if len(deltas) == 1 and None not in deltas else "")
+    )
     ax.set_ylabel("public held-out loss (nats/token)")
     ax.set_title("Loss on public held-out code vs privacy")
     ax.legend(fontsize=8)
     if right:
         ax = axes[0][1]
-        for key, label, color in (("pass1_junior", "junior", "#4a7ab5"),
-                                  ("pass1_premium", "premium", "#e39a3b")):
+        for key, label, color in (
+            ("pass1_junior", "junior", "#4a7ab5"),
+            ("pass1_premium", "premium", "#e39a3b"),
+        ):
             pts = [(p["epsilon"], 100 * p[key]) for p in scored if p.get(key) is not None]
             if pts:
-                ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", color=color,
-                        label=label)
+                ax.plot(
+                    [e for e, _ in pts], [v for _, v in pts], marker="o", color=color, label=label
+                )
         _epsilon_axis(ax, [p["epsilon"] for p in scored])
-        top = max(100 * (p.get(k) or 0.0) for p in scored for k in ("pass1_junior",
-                                                                      "pass1_premium"))
+        top = max(
+            100 * (p.get(k) or 0.0) for p in scored for k in ("pass1_junior", "pass1_premium")
+        )
         ax.set_ylim(0, max(5.0, 1.15 * top))
         ax.set_xlabel("epsilon")
         ax.set_ylabel("pass@1 (% of tasks)")
@@ -267,8 +311,13 @@ def _g(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def sweep_section(cfg: Any, train_manifest: dict[str, Any] | None, out_dir: Path, plots: bool,
-                  data: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
+def sweep_section(
+    cfg: Any,
+    train_manifest: dict[str, Any] | None,
+    out_dir: Path,
+    plots: bool,
+    data: dict[str, Any] | None = None,
+) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of "### Privacy-utility" (``data``: :func:`privacy_utility`)."""
     if not train_manifest:
         return [], []
@@ -287,27 +336,56 @@ def sweep_section(cfg: Any, train_manifest: dict[str, Any] | None, out_dir: Path
         f"{info.get('accountant')} accountant). The markers are the final epsilon and loss of "
         f"each run of this output directory trained on the same dataset "
         + (f"(opaque id `{dataset}`) " if dataset else "")
-        + f"with the same method (`{info.get('method')}`); other runs are not comparable.", ""]
+        + f"with the same method (`{info.get('method')}`); other runs are not comparable.",
+        "",
+    ]
     if (info.get("ledger_steps") or 0) > (info.get("steps_taken") or 0):
-        lines += [f"The ledger of this run also holds earlier steps on this corpus "
-                  f"({info.get('ledger_steps')} in all, {info.get('steps_taken')} in this "
-                  "training): the run's epsilon is above the end of the line.", ""]
+        lines += [
+            f"The ledger of this run also holds earlier steps on this corpus "
+            f"({info.get('ledger_steps')} in all, {info.get('steps_taken')} in this "
+            "training): the run's epsilon is above the end of the line.",
+            "",
+        ]
     if len(points) >= 2:
-        rows = [[f"{p['run']}" + (" (this run)" if p.get("current") else ""),
-                 f"{p['epsilon']:.3f}", p.get("steps"), _g(p.get("noise_multiplier"), ".4g"),
-                 _g(p.get("heldout_loss"), ".4f"), _pct(p.get("pass1_junior")),
-                 _pct(p.get("pass1_premium")), _pct(p.get("mia_tpr_at_1pct_fpr"))]
-                for p in points]
-        lines += _grid(["run", "epsilon", "steps", "sigma", "held-out loss",
-                        "pass@1 junior %", "pass@1 premium %", "MIA TPR@1%FPR %"], rows)
-        lines += ["pass@1 and MIA (reference-calibrated attack on the junior) are shown when "
-                  "the run's eval / audit stage used its current DP model; n/a otherwise.", ""]
+        rows = [
+            [
+                f"{p['run']}" + (" (this run)" if p.get("current") else ""),
+                f"{p['epsilon']:.3f}",
+                p.get("steps"),
+                _g(p.get("noise_multiplier"), ".4g"),
+                _g(p.get("heldout_loss"), ".4f"),
+                _pct(p.get("pass1_junior")),
+                _pct(p.get("pass1_premium")),
+                _pct(p.get("mia_tpr_at_1pct_fpr")),
+            ]
+            for p in points
+        ]
+        lines += _grid(
+            [
+                "run",
+                "epsilon",
+                "steps",
+                "sigma",
+                "held-out loss",
+                "pass@1 junior %",
+                "pass@1 premium %",
+                "MIA TPR@1%FPR %",
+            ],
+            rows,
+        )
+        lines += [
+            "pass@1 and MIA (reference-calibrated attack on the junior) are shown when "
+            "the run's eval / audit stage used its current DP model; n/a otherwise.",
+            "",
+        ]
     else:
-        lines += [f"Only this run's epsilon ({_g(info.get('epsilon'), '.3f')}) has been trained "
-                  f"on this corpus with this method. `make sweep EPSILONS=\"1 8\"` trains and "
-                  f"evaluates the same config at other budgets (runs `{cfg.run.name}-eps1`, "
-                  f"`{cfg.run.name}-eps8`) and re-renders this report with one point per run.",
-                  ""]
+        lines += [
+            f"Only this run's epsilon ({_g(info.get('epsilon'), '.3f')}) has been trained "
+            f'on this corpus with this method. `make sweep EPSILONS="1 8"` trains and '
+            f"evaluates the same config at other budgets (runs `{cfg.run.name}-eps1`, "
+            f"`{cfg.run.name}-eps8`) and re-renders this report with one point per run.",
+            "",
+        ]
     names = []
     if plots and plot_privacy_utility(points, within, Path(out_dir) / "privacy_utility.png"):
         lines += ["![privacy-utility curve](privacy_utility.png)", ""]

@@ -45,14 +45,20 @@ log = logging.getLogger("privcode.pipeline")
 MANIFEST = "manifest.json"
 
 
-def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dict[str, Any]]) -> str:
-    return stable_hash({
-        "stage": stage.name,
-        "version": stage.version,
-        "config": stage.config_read(cfg),
-        "run": None,  # (was run.name/reports_dir, now in "config"): unchanged stages keep their hash
-        "inputs": {name: upstream[name]["fingerprint"] for name in _input_names(stage, upstream)},
-    })
+def fingerprint(
+    cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dict[str, Any]]
+) -> str:
+    return stable_hash(
+        {
+            "stage": stage.name,
+            "version": stage.version,
+            "config": stage.config_read(cfg),
+            "run": None,  # (was run.name/reports_dir, now in "config"): unchanged stages keep their hash
+            "inputs": {
+                name: upstream[name]["fingerprint"] for name in _input_names(stage, upstream)
+            },
+        }
+    )
 
 
 def _input_names(stage: type[Stage], available: dict[str, Any]) -> list[str]:
@@ -85,8 +91,11 @@ def is_current(directory: Path, fp: str, stage: type[Stage] | None = None) -> bo
 
 
 def _hash_outputs(directory: Path) -> dict[str, str]:
-    return {str(p.relative_to(directory)): sha256_file(p)
-            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    return {
+        str(p.relative_to(directory)): sha256_file(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
 
 
 @contextlib.contextmanager
@@ -106,8 +115,9 @@ def _stage_threads(stage: type[Stage], cfg: PipelineConfig) -> Iterator[None]:
         yield
 
 
-def execute_stage(name: str, cfg: PipelineConfig, final_dir: str, fp: str,
-                  inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def execute_stage(
+    name: str, cfg: PipelineConfig, final_dir: str, fp: str, inputs: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """Run one stage into a temporary directory, then swap it in. Returns its manifest.
 
     This function is what runs inside the Ray task.
@@ -156,8 +166,9 @@ def _ray_resources(stage: type[Stage], cfg: PipelineConfig) -> dict[str, float]:
     return {"num_cpus": max(1.0, min(total, float(os.cpu_count() or 1)))}
 
 
-def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
-                 use_ray: bool = True) -> dict[str, Any]:
+def run_pipeline(
+    cfg: PipelineConfig, stages: list[str] | None = None, use_ray: bool = True
+) -> dict[str, Any]:
     """Run ``stages`` (default ``cfg.run.stages``); returns a summary per stage.
 
     Stages not selected but needed by a selected one must already have a
@@ -196,8 +207,7 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
                 directory = RunLayout.of(cfg).stage(name)
                 if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
                     manifests[name] = read_manifest(directory)
-                    results[name] = {"status": "skipped", "dir": str(directory),
-                                     "fingerprint": fp}
+                    results[name] = {"status": "skipped", "dir": str(directory), "fingerprint": fp}
                     _say(f"[{name}] unchanged, skipped ({directory})")
                     progressed = True
                     continue
@@ -211,8 +221,9 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
                     continue
                 import ray
 
-                task = ray.remote(execute_stage).options(name=f"privcode:{name}",
-                                                         **_ray_resources(stage, cfg))
+                task = ray.remote(execute_stage).options(
+                    name=f"privcode:{name}", **_ray_resources(stage, cfg)
+                )
                 ref = task.remote(name, cfg, str(directory), fp, inputs)
                 running[ref] = (name, fp, time.time())
                 progressed = True
@@ -238,32 +249,47 @@ def run_pipeline(cfg: PipelineConfig, stages: list[str] | None = None,
         raise
     report = manifests.get("report", {}).get("summary", {})
     summary = run_summary(cfg.run.name, results, manifests, time.time() - started)
-    return {"run": cfg.run.name, "stages": {n: results[n] for n in order if n in results},
-            "report": report.get("report"), "private_report": report.get("private_report"),
-            "summary": summary.format()}
+    return {
+        "run": cfg.run.name,
+        "stages": {n: results[n] for n in order if n in results},
+        "report": report.get("report"),
+        "private_report": report.get("private_report"),
+        "summary": summary.format(),
+    }
 
 
-def _ready(name: str, order: list[str], done: dict[str, Any],
-           running: dict[Any, tuple[str, str, float]] | None = None) -> bool:
+def _ready(
+    name: str,
+    order: list[str],
+    done: dict[str, Any],
+    running: dict[Any, tuple[str, str, float]] | None = None,
+) -> bool:
     """Every stage that ``name`` reads and that is part of this run has finished.
 
     A ``late`` input (:attr:`Stage.late`) may still be running instead.
     """
     stage = STAGES[name]
     started = {n for n, _, _ in (running or {}).values()} & set(stage.late)
-    return all(dep in done or dep in started
-               for dep in (*stage.needs, *(a for a in stage.after if a in order)))
+    return all(
+        dep in done or dep in started
+        for dep in (*stage.needs, *(a for a in stage.after if a in order))
+    )
 
 
-def _late_inputs(stage: type[Stage], running: dict[Any, tuple[str, str, float]]
-                 ) -> dict[str, dict[str, Any]]:
+def _late_inputs(
+    stage: type[Stage], running: dict[Any, tuple[str, str, float]]
+) -> dict[str, dict[str, Any]]:
     """The running ``late`` inputs of ``stage``: fingerprint and pending Ray result each."""
-    return {name: {"fingerprint": fp, "pending": [ref]}
-            for ref, (name, fp, _) in running.items() if name in stage.late}
+    return {
+        name: {"fingerprint": fp, "pending": [ref]}
+        for ref, (name, fp, _) in running.items()
+        if name in stage.late
+    }
 
 
-def _fits(stage: type[Stage], cfg: PipelineConfig, running: dict[Any, tuple[str, str, float]]
-          ) -> bool:
+def _fits(
+    stage: type[Stage], cfg: PipelineConfig, running: dict[Any, tuple[str, str, float]]
+) -> bool:
     """Whether ``stage``'s CPU footprint fits beside the running stages' on this cluster.
 
     Footprints count the workers a stage starts later (Ray Train's), so a
@@ -292,10 +318,15 @@ def _get(ref: Any) -> dict[str, Any]:
         raise
 
 
-def _done(results: dict[str, dict[str, Any]], name: str, directory: Path, fp: str,
-          t0: float) -> None:
-    results[name] = {"status": "ran", "dir": str(directory), "fingerprint": fp,
-                     "seconds": round(time.time() - t0, 2)}
+def _done(
+    results: dict[str, dict[str, Any]], name: str, directory: Path, fp: str, t0: float
+) -> None:
+    results[name] = {
+        "status": "ran",
+        "dir": str(directory),
+        "fingerprint": fp,
+        "seconds": round(time.time() - t0, 2),
+    }
     _say(f"[{name}] done in {time.time() - t0:.1f}s ({directory})")
 
 

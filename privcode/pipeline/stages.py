@@ -24,13 +24,22 @@ from privcode.layout import RunLayout
 
 #: The train fields the non-DP comparison reads (:func:`privcode.audit.nondp.train_nondp_comparison`
 #: and the ``nondpft`` objective it builds); a test scans that module so none is missed.
-NONDP_TRAIN_FIELDS = ("train.steps", "train.lr", "train.expected_batch_size", "train.max_length",
-                      "train.weight_decay", "train.use_gpu", "train.lora_r", "train.lora_alpha",
-                      "train.lora_dropout")
+NONDP_TRAIN_FIELDS = (
+    "train.steps",
+    "train.lr",
+    "train.expected_batch_size",
+    "train.max_length",
+    "train.weight_decay",
+    "train.use_gpu",
+    "train.lora_r",
+    "train.lora_alpha",
+    "train.lora_dropout",
+)
 
 
-def wait_input(inputs: dict[str, dict[str, Any]], name: str,
-               timeout: float | None = None) -> dict[str, Any] | None:
+def wait_input(
+    inputs: dict[str, dict[str, Any]], name: str, timeout: float | None = None
+) -> dict[str, Any] | None:
     """The manifest of upstream stage ``name`` (None if not an input or, after ``timeout``
     seconds, still running), waiting while it runs (``timeout`` None: until it is done).
 
@@ -83,7 +92,9 @@ class Stage:
     #: Whether the stage's artifacts hold private data (inside the boundary).
     private: ClassVar[bool] = False
 
-    def run(self, cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def run(
+        self, cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     @classmethod
@@ -102,8 +113,11 @@ class Stage:
             if not pattern:
                 out[name] = values
                 continue
-            chosen = {k: v for k, v in values.items()
-                      if (k.startswith(pattern[:-1]) if pattern.endswith("*") else k == pattern)}
+            chosen = {
+                k: v
+                for k, v in values.items()
+                if (k.startswith(pattern[:-1]) if pattern.endswith("*") else k == pattern)
+            }
             if not chosen:
                 raise ValueError(f"stage {cls.name!r}: {entry!r} names no field of '{name}'")
             out.setdefault(name, {}).update(chosen)
@@ -214,11 +228,16 @@ class TrainStage(Stage):
         layout = RunLayout.of(cfg)
         data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         digest = sha256_file(data)  # names a PRIVATE directory only
-        summary = run_training(cfg.train, data_path=data, base_path=base_path(inputs),
-                               out_dir=layout.release_in(out_dir),
-                               ledger_dir=layout.root / "ledger" / digest[:16],
-                               run_name=cfg.run.name, storage_dir=layout.work("train"),
-                               privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir))
+        summary = run_training(
+            cfg.train,
+            data_path=data,
+            base_path=base_path(inputs),
+            out_dir=layout.release_in(out_dir),
+            ledger_dir=layout.root / "ledger" / digest[:16],
+            run_name=cfg.run.name,
+            storage_dir=layout.work("train"),
+            privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir),
+        )
         summary.pop("audit_log", None)  # a path in private storage, removed on success
         return {**summary, "data_path": str(data.resolve())}
 
@@ -266,8 +285,9 @@ class SynthStage(Stage):
 
         layout = RunLayout.of(cfg)
         release = Path(cfg.synth.release) if cfg.synth.release else layout.release
-        return run_synthesis(cfg.synth, release=release, out_dir=out_dir,
-                             work_root=layout.work("synth"))
+        return run_synthesis(
+            cfg.synth, release=release, out_dir=out_dir, work_root=layout.work("synth")
+        )
 
     def still_valid(self, summary):
         from privcode.utils import sha256_bytes
@@ -279,8 +299,9 @@ class SynthStage(Stage):
             meta = verify_release(summary.get("release", ""))
         except Exception:  # noqa: BLE001 - gone or corrupt: run again
             return False
-        return sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode()) == \
-            summary.get("release_sha256")
+        return sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode()) == summary.get(
+            "release_sha256"
+        )
 
 
 class PremiumStage(Stage):
@@ -311,10 +332,18 @@ class PremiumStage(Stage):
 
         layout = RunLayout.of(cfg)
         data = Path(cfg.premium.data) if cfg.premium.data else layout.synthetic
-        model = (resolve_model_path(cfg.premium.model, cache_dir=cfg.base.cache_dir)
-                 if cfg.premium.model else Path(base_path(inputs)))
-        return run_premium(cfg.premium, data_path=data, model_path=model, out_dir=out_dir,
-                           storage_dir=layout.work("premium"))
+        model = (
+            resolve_model_path(cfg.premium.model, cache_dir=cfg.base.cache_dir)
+            if cfg.premium.model
+            else Path(base_path(inputs))
+        )
+        return run_premium(
+            cfg.premium,
+            data_path=data,
+            model_path=model,
+            out_dir=out_dir,
+            storage_dir=layout.work("premium"),
+        )
 
 
 class EvalStage(Stage):
@@ -348,19 +377,39 @@ class EvalStage(Stage):
             if name not in available:
                 models[name] = {"skipped": f"the {name} model's stage is not part of this run"}
                 continue
-            result = evaluate(model=available[name], benchmark=e.benchmark,
-                              benchmark_file=e.benchmark_file or None, n=e.n,
-                              temperature=e.temperature, ks=e.ks, limit=e.limit or None,
-                              max_new_tokens=e.max_new_tokens, seed=e.seed,
-                              workers=e.sandbox_workers,
-                              samples_out=Path(out_dir) / f"{name}.samples.jsonl",
-                              progress=False)
+            result = evaluate(
+                model=available[name],
+                benchmark=e.benchmark,
+                benchmark_file=e.benchmark_file or None,
+                n=e.n,
+                temperature=e.temperature,
+                ks=e.ks,
+                limit=e.limit or None,
+                max_new_tokens=e.max_new_tokens,
+                seed=e.seed,
+                workers=e.sandbox_workers,
+                samples_out=Path(out_dir) / f"{name}.samples.jsonl",
+                progress=False,
+            )
             atomic_write_json(Path(out_dir) / f"{name}.json", result)
-            models[name] = {k: result.get(k) for k in (
-                "pass_at_k", "n_tasks", "n_samples_per_task", "status_counts", "sandbox",
-                "notes", "seconds")}
-        return {"benchmark": e.benchmark, "benchmark_file": e.benchmark_file,
-                "limit": e.limit, "models": models}
+            models[name] = {
+                k: result.get(k)
+                for k in (
+                    "pass_at_k",
+                    "n_tasks",
+                    "n_samples_per_task",
+                    "status_counts",
+                    "sandbox",
+                    "notes",
+                    "seconds",
+                )
+            }
+        return {
+            "benchmark": e.benchmark,
+            "benchmark_file": e.benchmark_file,
+            "limit": e.limit,
+            "models": models,
+        }
 
 
 class AuditStage(Stage):
@@ -403,9 +452,13 @@ class AuditStage(Stage):
 
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
-        run = {"canaries": layout.canaries, "train": train_data,
-               "heldout": layout.heldout_data, "base": Path(base_path(inputs)),
-               "release": layout.release}
+        run = {
+            "canaries": layout.canaries,
+            "train": train_data,
+            "heldout": layout.heldout_data,
+            "base": Path(base_path(inputs)),
+            "release": layout.release,
+        }
         if "synth" in inputs:
             run["synthetic"] = layout.synthetic
         models = {"junior": run["release"]}
@@ -416,11 +469,15 @@ class AuditStage(Stage):
             comparison = inputs["nondp"]["summary"]
             models["nondpft"] = layout.nondp_model
         elif cfg.audit.compare_nondp:
-            comparison = train_nondp_comparison(cfg, data=train_data, base=str(run["base"]),
-                                                out_dir=layout.nondp_model_in(out_dir))
+            comparison = train_nondp_comparison(
+                cfg, data=train_data, base=str(run["base"]), out_dir=layout.nondp_model_in(out_dir)
+            )
             models["nondpft"] = layout.nondp_model_in(out_dir)
-        pending = {"premium": lambda timeout: wait_input(inputs, "premium", timeout) is not None
-                   } if "premium" in models else {}
+        pending = (
+            {"premium": lambda timeout: wait_input(inputs, "premium", timeout) is not None}
+            if "premium" in models
+            else {}
+        )
         summary = run_audits(cfg, Path(out_dir), run, models, pending)
         if comparison:
             summary["nondpft_training"] = comparison
@@ -455,11 +512,16 @@ class PacStage(Stage):
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         worlds = layout.pac_worlds_in(out_dir)
-        trained = train_worlds(cfg.pac, data=train_data, base=base_path(inputs), out_dir=worlds,
-                               progress=False)
+        trained = train_worlds(
+            cfg.pac, data=train_data, base=base_path(inputs), out_dir=worlds, progress=False
+        )
         canaries = layout.canaries
-        result = evaluate_pac(cfg.pac, str(worlds), heldout=str(layout.heldout_data),
-                              canaries=str(canaries) if canaries.is_file() else None)
+        result = evaluate_pac(
+            cfg.pac,
+            str(worlds),
+            heldout=str(layout.heldout_data),
+            canaries=str(canaries) if canaries.is_file() else None,
+        )
         atomic_write_json(Path(out_dir) / "pac_eval.json", result)
         # The runner renames this stage's temporary directory to its own: name the final one.
         return {**result, "worlds": trained, "worlds_dir": str(layout.pac_worlds)}
@@ -476,8 +538,15 @@ class NondpStage(Stage):
     """
 
     name = "nondp"
-    sections = ("audit.nondp_finetune", "audit.nondp_steps", "audit.nondp_lr",
-                "audit.nondp_batch_size", "audit.seed", "train.data", *NONDP_TRAIN_FIELDS)
+    sections = (
+        "audit.nondp_finetune",
+        "audit.nondp_steps",
+        "audit.nondp_lr",
+        "audit.nondp_batch_size",
+        "audit.seed",
+        "train.data",
+        *NONDP_TRAIN_FIELDS,
+    )
     needs = ("data", "base")
     private = True
     num_cpus = None
@@ -491,8 +560,9 @@ class NondpStage(Stage):
 
         layout = RunLayout.of(cfg)
         data = Path(cfg.train.data) if cfg.train.data else layout.train_data
-        return train_nondp_comparison(cfg, data=data, base=base_path(inputs),
-                                      out_dir=layout.nondp_model_in(out_dir))
+        return train_nondp_comparison(
+            cfg, data=data, base=base_path(inputs), out_dir=layout.nondp_model_in(out_dir)
+        )
 
 
 class ReportStage(Stage):
@@ -516,6 +586,17 @@ class ReportStage(Stage):
 #: Stage name -> class. Later stages (train, synth, premium, eval, audit,
 #: serve) register here; ``run.stages`` picks from these names.
 STAGES: dict[str, type[Stage]] = {
-    cls.name: cls for cls in (DataStage, BaseStage, TrainStage, SynthStage, PremiumStage,
-                              EvalStage, NondpStage, AuditStage, PacStage, ReportStage)
+    cls.name: cls
+    for cls in (
+        DataStage,
+        BaseStage,
+        TrainStage,
+        SynthStage,
+        PremiumStage,
+        EvalStage,
+        NondpStage,
+        AuditStage,
+        PacStage,
+        ReportStage,
+    )
 }

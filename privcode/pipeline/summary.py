@@ -30,15 +30,18 @@ class RunSummary:
     private_report: str | None = None
 
     def format(self) -> str:
-        head = (f"privcode run '{self.run}' done in {_duration(self.wall_seconds)}: "
-                f"{len(self.ran)} stage(s) ran"
-                + (f", {len(self.skipped)} unchanged (cached)" if self.skipped else ""))
+        head = (
+            f"privcode run '{self.run}' done in {_duration(self.wall_seconds)}: "
+            f"{len(self.ran)} stage(s) ran"
+            + (f", {len(self.skipped)} unchanged (cached)" if self.skipped else "")
+        )
         out = [head, "-" * min(len(head), 78)]
         out += [f"  {label:<10} {text}" for label, text in self.lines]
         if self.ran:
             times = ", ".join(f"{s} {_duration(self.seconds.get(s, 0.0))}" for s in self.ran)
-            out += textwrap.wrap(times, 78, initial_indent=f"  {'time':<10} ",
-                                 subsequent_indent=" " * 13)
+            out += textwrap.wrap(
+                times, 78, initial_indent=f"  {'time':<10} ", subsequent_indent=" " * 13
+            )
         if self.report:
             out.append(f"  {'report':<10} {self.report} (aggregates only, shareable)")
         if self.private_report:
@@ -46,15 +49,25 @@ class RunSummary:
         return "\n".join(out)
 
 
-def run_summary(run: str, stages: dict[str, dict[str, Any]],
-                manifests: dict[str, dict[str, Any]], wall_seconds: float = 0.0) -> RunSummary:
+def run_summary(
+    run: str,
+    stages: dict[str, dict[str, Any]],
+    manifests: dict[str, dict[str, Any]],
+    wall_seconds: float = 0.0,
+) -> RunSummary:
     """The summary of one run from the runner's stage results and manifests."""
     s = {name: (m.get("summary") or {}) for name, m in manifests.items()}
     lines: list[tuple[str, str]] = []
-    for label, make in (("privacy", _privacy), ("synthesis", _synthesis), ("premium", _premium),
-                        ("pass@1", _pass_at_1), ("leakage", _leakage),
-                        ("exposure", _exposure), ("MIA", _mia),
-                        ("PAC", _pac)):
+    for label, make in (
+        ("privacy", _privacy),
+        ("synthesis", _synthesis),
+        ("premium", _premium),
+        ("pass@1", _pass_at_1),
+        ("leakage", _leakage),
+        ("exposure", _exposure),
+        ("MIA", _mia),
+        ("PAC", _pac),
+    ):
         text = make(s)
         if text:
             lines.append((label, text))
@@ -65,8 +78,10 @@ def run_summary(run: str, stages: dict[str, dict[str, Any]],
         skipped=tuple(n for n, r in stages.items() if r.get("status") == "skipped"),
         seconds={n: float(r.get("seconds") or 0.0) for n, r in stages.items()},
         wall_seconds=float(wall_seconds),
-        lines=tuple(lines), report=report.get("report"),
-        private_report=report.get("private_report"))
+        lines=tuple(lines),
+        report=report.get("report"),
+        private_report=report.get("private_report"),
+    )
 
 
 # --------------------------------------------------------------------------- lines
@@ -78,18 +93,22 @@ def _privacy(s: dict[str, dict[str, Any]]) -> str | None:
         return None
     if not t.get("dp", True):
         return f"NO DP: method {t.get('method')} (not private)"
-    return (f"epsilon {_f(t.get('epsilon'), 2)} of {_f(t.get('epsilon_budget'), 2)} "
-            f"(delta {t.get('delta')}, {t.get('accountant')}); {t.get('steps_taken')} steps, "
-            f"sigma {_f(t.get('noise_multiplier'), 2)}, {t.get('method')}")
+    return (
+        f"epsilon {_f(t.get('epsilon'), 2)} of {_f(t.get('epsilon_budget'), 2)} "
+        f"(delta {t.get('delta')}, {t.get('accountant')}); {t.get('steps_taken')} steps, "
+        f"sigma {_f(t.get('noise_multiplier'), 2)}, {t.get('method')}"
+    )
 
 
 def _synthesis(s: dict[str, dict[str, Any]]) -> str | None:
     y = s.get("synth")
     if not y or not y.get("generated"):
         return None
-    return (f"kept {y['kept']}/{y['generated']} ({y['kept'] / y['generated']:.0%}); removed: "
-            f"exec {y.get('removed_execution', 0)}, round-trip {y.get('removed_roundtrip', 0)}, "
-            f"dup {y.get('removed_duplicate', 0)}")
+    return (
+        f"kept {y['kept']}/{y['generated']} ({y['kept'] / y['generated']:.0%}); removed: "
+        f"exec {y.get('removed_execution', 0)}, round-trip {y.get('removed_roundtrip', 0)}, "
+        f"dup {y.get('removed_duplicate', 0)}"
+    )
 
 
 def _premium(s: dict[str, dict[str, Any]]) -> str | None:
@@ -106,8 +125,9 @@ def _pass_at_1(s: dict[str, dict[str, Any]]) -> str | None:
     e = s.get("eval")
     if not e or not e.get("models"):
         return None
-    cells = [f"{m} {_pct((r.get('pass_at_k') or {}).get('pass@1'))}"
-             for m, r in e["models"].items()]
+    cells = [
+        f"{m} {_pct((r.get('pass_at_k') or {}).get('pass@1'))}" for m, r in e["models"].items()
+    ]
     return ", ".join(cells) + f" ({e.get('benchmark')}, {_tasks(e)} problems)"
 
 
@@ -115,20 +135,27 @@ def _models(s: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """The audited models, private ones first, in one order whether the run audited them
     now or read a manifest back (whose keys are sorted)."""
     a = s.get("audit") or {}
-    models = sorted((a.get("models") or {}).items(),
-                    key=lambda kv: (bool(kv[1].get("non_private")), kv[0]))
+    models = sorted(
+        (a.get("models") or {}).items(), key=lambda kv: (bool(kv[1].get("non_private")), kv[0])
+    )
     return [("non-DP" if r.get("non_private") else name, r) for name, r in models]
 
 
 def _leakage(s: dict[str, dict[str, Any]]) -> str | None:
-    cells = [f"{label} {r['canaries'].get('leaked')}/{r['canaries'].get('total')}"
-             for label, r in _models(s) if r.get("canaries")]
+    cells = [
+        f"{label} {r['canaries'].get('leaked')}/{r['canaries'].get('total')}"
+        for label, r in _models(s)
+        if r.get("canaries")
+    ]
     return ("canaries leaked: " + ", ".join(cells)) if cells else None
 
 
 def _exposure(s: dict[str, dict[str, Any]]) -> str | None:
-    cells = [f"{label} {_f(r['exposure']['mean_bits'], 1)}" for label, r in _models(s)
-             if (r.get("exposure") or {}).get("mean_bits") is not None]
+    cells = [
+        f"{label} {_f(r['exposure']['mean_bits'], 1)}"
+        for label, r in _models(s)
+        if (r.get("exposure") or {}).get("mean_bits") is not None
+    ]
     return ("mean canary exposure (bits): " + ", ".join(cells)) if cells else None
 
 
@@ -150,9 +177,11 @@ def _pac(s: dict[str, dict[str, Any]]) -> str | None:
     if not acc:
         return None
     leak = p.get("leakage") or {}
-    return (f"accuracy {_pct(acc.get('pac'))} (one world {_pct(acc.get('world'))}, public "
-            f"{_pct(acc.get('public'))}), m={p.get('m')}; {_f(leak.get('charged_nats'), 2)} "
-            f"nats/session")
+    return (
+        f"accuracy {_pct(acc.get('pac'))} (one world {_pct(acc.get('world'))}, public "
+        f"{_pct(acc.get('public'))}), m={p.get('m')}; {_f(leak.get('charged_nats'), 2)} "
+        f"nats/session"
+    )
 
 
 def _tasks(e: dict[str, Any]) -> Any:

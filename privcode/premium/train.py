@@ -91,8 +91,10 @@ def _read_synthetic(path: Path) -> list[tuple[str, str]]:
     table = pq.read_table(path)
     missing = {"prompt", "code", "provenance"} - set(table.column_names)
     if missing:
-        raise PremiumError(f"{path}: not a Stage II synthetic dataset (missing columns "
-                           f"{sorted(missing)}); the premium model trains on synthetic data only")
+        raise PremiumError(
+            f"{path}: not a Stage II synthetic dataset (missing columns "
+            f"{sorted(missing)}); the premium model trains on synthetic data only"
+        )
     rows = table.select(["prompt", "code"]).to_pylist()
     return [(r["prompt"] or "", r["code"] or "") for r in rows]
 
@@ -136,21 +138,23 @@ def premium_loop(config: dict[str, Any]) -> None:
     train_idx, eval_idx = _split(len(pairs), cfg.eval_fraction, cfg.seed)
     shard = train_idx[rank::world]
     encoded = encode_records([_Pair(*pairs[i]) for i in shard], tokenizer, cfg.max_length)
-    held = (encode_records([_Pair(*pairs[i]) for i in eval_idx], tokenizer, cfg.max_length)
-            if rank == 0 else [])
+    held = (
+        encode_records([_Pair(*pairs[i]) for i in eval_idx], tokenizer, cfg.max_length)
+        if rank == 0
+        else []
+    )
     # A small synthetic set (a weak junior keeps few samples) shrinks the batch rather
     # than fail; steps are equal on every rank (DDP synchronises each one).
     batch_size = min(cfg.batch_size, len(train_idx) // world)
     if batch_size == 0:
-        raise PremiumError(f"{len(train_idx)} training records are fewer than the {world} "
-                           "workers")
+        raise PremiumError(f"{len(train_idx)} training records are fewer than the {world} workers")
     steps = len(train_idx) // (world * batch_size)
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.deepspeed:
         deepspeed = import_extra("deepspeed", "train", f"premium.deepspeed: {cfg.deepspeed}")
         engine, optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=params,
-            config=deepspeed_config(cfg, use_bf16=cfg.use_gpu))
+            model=model, model_parameters=params, config=deepspeed_config(cfg, use_bf16=cfg.use_gpu)
+        )
         net = engine
     else:
         model = model.to(device)
@@ -163,8 +167,7 @@ def premium_loop(config: dict[str, Any]) -> None:
         net.train()
         total = 0.0
         for s in range(steps):
-            rows = [encoded[order[(s * batch_size + j) % len(order)]]
-                    for j in range(batch_size)]
+            rows = [encoded[order[(s * batch_size + j) % len(order)]] for j in range(batch_size)]
             batch = collate(rows, pad, device=device)
             loss = _code_loss(net, batch)
             if cfg.deepspeed:
@@ -179,9 +182,10 @@ def premium_loop(config: dict[str, Any]) -> None:
         if rank == 0 and held:
             net.eval()
             with torch.no_grad():
-                losses = [float(_code_loss(net, collate(held[i:i + batch_size], pad,
-                                                        device=device)))
-                          for i in range(0, len(held), batch_size)]
+                losses = [
+                    float(_code_loss(net, collate(held[i : i + batch_size], pad, device=device)))
+                    for i in range(0, len(held), batch_size)
+                ]
             point["eval_loss"] = round(sum(losses) / len(losses), 5)
         curve.append(point)
         if epoch + 1 < cfg.epochs:
@@ -190,17 +194,25 @@ def premium_loop(config: dict[str, Any]) -> None:
         gather = contextlib.nullcontext()
         if cfg.deepspeed == "zero3":  # partitioned weights: every rank joins the gather
             gather = deepspeed.zero.GatheredParameters(params)
+
         def write(d: Path) -> None:
             model.save_pretrained(str(d / "adapter"))
             atomic_write_json(d / "curve.json", curve)
 
         with gather:
-            report_checkpoint(point, write if rank == 0 else None, job.local_checkpoints or None,
-                              epoch + 1)
+            report_checkpoint(
+                point, write if rank == 0 else None, job.local_checkpoints or None, epoch + 1
+            )
 
 
-def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | Path,
-                out_dir: str | Path, storage_dir: str | Path) -> dict[str, Any]:
+def run_premium(
+    cfg: PremiumConfig,
+    *,
+    data_path: str | Path,
+    model_path: str | Path,
+    out_dir: str | Path,
+    storage_dir: str | Path,
+) -> dict[str, Any]:
     """Fine-tune the premium adapter on the synthetic data; write the release; return a summary.
 
     Refuses (PremiumError, before any training) data that is not Stage II
@@ -216,23 +228,32 @@ def run_premium(cfg: PremiumConfig, *, data_path: str | Path, model_path: str | 
             "Its funnel (stats.json beside that file) says which filter removed the samples: "
             "execution = the junior writes no runnable code (look at the base and train "
             "stages), round-trip = its code does not match its prompts, duplicates = it "
-            "repeats itself (raise synth.temperature). More samples: synth.num_samples.")
+            "repeats itself (raise synth.temperature). More samples: synth.num_samples."
+        )
     privacy = source_privacy(data_path, allow_non_dp=cfg.allow_non_dp_source)
     if cfg.deepspeed:  # here, before Ray Train starts its workers
         import_extra("deepspeed", "train", f"premium.deepspeed: {cfg.deepspeed}")
-    job = PremiumJob(cfg=cfg, data_path=str(data_path), model_path=str(model_path),
-                     num_records=len(pairs))
+    job = PremiumJob(
+        cfg=cfg, data_path=str(data_path), model_path=str(model_path), num_records=len(pairs)
+    )
     out_dir = Path(out_dir)
     curve, seconds = _fit(job, out_dir, Path(storage_dir).resolve())
-    info = {"model": str(model_path), "data": str(data_path),
-            "data_sha256": sha256_file(data_path), "records": len(pairs),
-            "curve": curve, "config": section_to_dict(cfg),
-            "train_seconds": seconds, "privacy": privacy}
+    info = {
+        "model": str(model_path),
+        "data": str(data_path),
+        "data_sha256": sha256_file(data_path),
+        "records": len(pairs),
+        "curve": curve,
+        "config": section_to_dict(cfg),
+        "train_seconds": seconds,
+        "privacy": privacy,
+    }
     atomic_write_json(out_dir / "premium.json", info)
     if not privacy["dp"]:
         log.error("premium release %s: %s", out_dir, privacy["privacy_warning"])
-    return {k: info[k] for k in ("model", "data_sha256", "records", "curve", "train_seconds",
-                                 "privacy")}
+    return {
+        k: info[k] for k in ("model", "data_sha256", "records", "curve", "train_seconds", "privacy")
+    }
 
 
 def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, Any]], float]:
@@ -245,9 +266,16 @@ def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, 
     name = f"premium-{time.strftime('%Y%m%d-%H%M%S')}"
     if cfg.num_workers == 0:  # Ray Train local mode: premium_loop runs in this process
         job = dataclasses.replace(job, local_checkpoints=str(storage / name))
-    trainer = torch_trainer(premium_loop, {"job": job}, name=name, storage=storage,
-                            num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
-                            use_gpu=cfg.use_gpu, max_failures=1)
+    trainer = torch_trainer(
+        premium_loop,
+        {"job": job},
+        name=name,
+        storage=storage,
+        num_workers=cfg.num_workers,
+        cpus_per_worker=cfg.cpus_per_worker,
+        use_gpu=cfg.use_gpu,
+        max_failures=1,
+    )
     started = time.time()
     try:
         result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)
@@ -270,19 +298,25 @@ def _provenance(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"{col.null_count} of {len(col)} rows have no provenance"
     values = col.unique().to_pylist()
     if len(values) != 1:
-        return None, (f"its rows carry {len(values)} different provenances (mixed sources); "
-                      "Stage II data from one release has exactly one")
+        return None, (
+            f"its rows carry {len(values)} different provenances (mixed sources); "
+            "Stage II data from one release has exactly one"
+        )
     try:
         prov = json.loads(values[0]) if isinstance(values[0], str) else None
     except ValueError:
         prov = None
     if not isinstance(prov, dict) or not set(PROVENANCE_KEYS) <= set(prov):
-        return None, (f"its provenance {str(values[0])[:120]!r} is not Stage II provenance "
-                      f"JSON (an object with the keys {list(PROVENANCE_KEYS)})")
+        return None, (
+            f"its provenance {str(values[0])[:120]!r} is not Stage II provenance "
+            f"JSON (an object with the keys {list(PROVENANCE_KEYS)})"
+        )
     if prov.get("dp") is not True:
-        return prov, (f"its source release (sha256 {str(prov['release_sha256'])[:16]}..., "
-                      f"method {prov['method']!r}) is NOT differentially private "
-                      f"(provenance dp: {json.dumps(prov['dp'])})")
+        return prov, (
+            f"its source release (sha256 {str(prov['release_sha256'])[:16]}..., "
+            f"method {prov['method']!r}) is NOT differentially private "
+            f"(provenance dp: {json.dumps(prov['dp'])})"
+        )
     if prov.get("no_dp_guarantee"):
         return prov, "its provenance says no_dp_guarantee"
     return prov, None
@@ -302,29 +336,50 @@ def source_privacy(path: str | Path, *, allow_non_dp: bool = False) -> dict[str,
     prov, problem = _provenance(path)
     if problem is None:
         eps, delta = prov.get("epsilon"), prov.get("delta")
-        guarantee = (f"({eps}, {delta})-DP, inherited by post-processing from the Stage I "
-                     f"release {prov['release_sha256']}" if eps is not None else
-                     f"inherited by post-processing from the Stage I release "
-                     f"{prov['release_sha256']} (its epsilon/delta are in that release's "
-                     "privacy.json; this synthetic data predates their copy in provenance)")
-        return {"dp": True, "dp_training": False, "epsilon": eps, "delta": delta,
-                "guarantee": guarantee, "no_dp_guarantee": False, "privacy_warning": None,
-                "post_processing_of": prov,
-                "statement": "trained only on Stage II synthetic data, a function of the "
-                             "released DP artifact: it inherits that release's (epsilon, "
-                             "delta) guarantee by post-processing"}
+        guarantee = (
+            f"({eps}, {delta})-DP, inherited by post-processing from the Stage I "
+            f"release {prov['release_sha256']}"
+            if eps is not None
+            else f"inherited by post-processing from the Stage I release "
+            f"{prov['release_sha256']} (its epsilon/delta are in that release's "
+            "privacy.json; this synthetic data predates their copy in provenance)"
+        )
+        return {
+            "dp": True,
+            "dp_training": False,
+            "epsilon": eps,
+            "delta": delta,
+            "guarantee": guarantee,
+            "no_dp_guarantee": False,
+            "privacy_warning": None,
+            "post_processing_of": prov,
+            "statement": "trained only on Stage II synthetic data, a function of the "
+            "released DP artifact: it inherits that release's (epsilon, "
+            "delta) guarantee by post-processing",
+        }
     if not allow_non_dp:
-        raise PremiumError(f"{path}: {problem}. The premium model inherits a DP guarantee only "
-                           "from Stage II data synthesised from a DP release; refusing to "
-                           "train. Set premium.allow_non_dp_source=true to train anyway "
-                           "(UNSAFE: premium.json then says that no DP guarantee holds)")
-    warning = (f"NO differential-privacy guarantee: the premium model was fine-tuned on {path}, "
-               f"which is not synthetic data from a DP release ({problem}); "
-               "premium.allow_non_dp_source is set. This model is NOT PRIVATE")
+        raise PremiumError(
+            f"{path}: {problem}. The premium model inherits a DP guarantee only "
+            "from Stage II data synthesised from a DP release; refusing to "
+            "train. Set premium.allow_non_dp_source=true to train anyway "
+            "(UNSAFE: premium.json then says that no DP guarantee holds)"
+        )
+    warning = (
+        f"NO differential-privacy guarantee: the premium model was fine-tuned on {path}, "
+        f"which is not synthetic data from a DP release ({problem}); "
+        "premium.allow_non_dp_source is set. This model is NOT PRIVATE"
+    )
     log.error(warning)
     warnings.warn(warning, RuntimeWarning, stacklevel=3)
-    return {"dp": False, "dp_training": False, "epsilon": None, "delta": None,
-            "guarantee": f"NONE: {problem}; no (epsilon, delta) holds for this model",
-            "no_dp_guarantee": True, "privacy_warning": warning,
-            "post_processing_of": prov, "source_problem": problem,
-            "statement": warning}
+    return {
+        "dp": False,
+        "dp_training": False,
+        "epsilon": None,
+        "delta": None,
+        "guarantee": f"NONE: {problem}; no (epsilon, delta) holds for this model",
+        "no_dp_guarantee": True,
+        "privacy_warning": warning,
+        "post_processing_of": prov,
+        "source_problem": problem,
+        "statement": warning,
+    }

@@ -9,8 +9,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["CONDITIONINGS", "FORMAT", "JuniorRelease", "ReleaseError", "load_release",
-           "scan_release", "verify_release", "write_release"]
+__all__ = [
+    "CONDITIONINGS",
+    "FORMAT",
+    "JuniorRelease",
+    "ReleaseError",
+    "load_release",
+    "scan_release",
+    "verify_release",
+    "write_release",
+]
 
 if TYPE_CHECKING:
     from privcode.release.junior import (

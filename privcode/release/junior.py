@@ -52,13 +52,25 @@ from privcode.utils import atomic_write_text, canonical_json, fsync_dir, sha256_
 
 log = logging.getLogger("privcode.release")
 
-__all__ = ["CONDITIONINGS", "FORMAT", "JuniorRelease", "ReleaseError", "load_release",
-           "scan_release", "verify_release", "write_release"]
+__all__ = [
+    "CONDITIONINGS",
+    "FORMAT",
+    "JuniorRelease",
+    "ReleaseError",
+    "load_release",
+    "scan_release",
+    "verify_release",
+    "write_release",
+]
 
 FORMAT = "privcode-junior/1"
 CONDITIONINGS = ("latent", "prompt", "none")
 RELEASE_JSON, PRIVACY_JSON, PREFIX_FILE, ADAPTER = (
-    "release.json", "privacy.json", "prefix_decoder.safetensors", "adapter")
+    "release.json",
+    "privacy.json",
+    "prefix_decoder.safetensors",
+    "adapter",
+)
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 #: The only files copied from the adapter directory (README.md: peft's model card).
 _ADAPTER_FILES = frozenset({ADAPTER_WEIGHTS, ADAPTER_CONFIG, "README.md"})
@@ -86,11 +98,15 @@ def _check_meta(meta: Any) -> dict[str, Any]:
     _need(isinstance(meta, dict), f"meta must be a dict, got {type(meta).__name__}")
     unknown = sorted(set(meta) - _META_KEYS - {"files"})
     _need(not unknown, f"meta has unknown keys {unknown} (allowed: {sorted(_META_KEYS)})")
-    _need(meta.get("format", FORMAT) == FORMAT,
-          f"format is {meta.get('format')!r}, expected {FORMAT!r}")
+    _need(
+        meta.get("format", FORMAT) == FORMAT,
+        f"format is {meta.get('format')!r}, expected {FORMAT!r}",
+    )
     method, cond, dp = meta.get("method"), meta.get("conditioning"), meta.get("dp")
-    _need(isinstance(method, str) and method.strip(),
-          f"method must be a non-empty string, got {method!r}")
+    _need(
+        isinstance(method, str) and method.strip(),
+        f"method must be a non-empty string, got {method!r}",
+    )
     _need(cond in CONDITIONINGS, f"conditioning must be one of {CONDITIONINGS}, got {cond!r}")
     expected = METHOD_CONDITIONING.get(method, cond)
     _need(expected == cond, f"method {method!r} conditions on {expected!r}, not {cond!r}")
@@ -98,20 +114,33 @@ def _check_meta(meta: Any) -> dict[str, Any]:
     _need(not (method == "nondpft" and dp), "method 'nondpft' is not private: dp must be false")
     base, alignment = meta.get("base_model"), meta.get("alignment")
     _need(isinstance(base, str) and base, f"base_model must be a non-empty path, got {base!r}")
-    _need(alignment is None or isinstance(alignment, str),
-          f"alignment must be a string or null, got {alignment!r}")
+    _need(
+        alignment is None or isinstance(alignment, str),
+        f"alignment must be a string or null, got {alignment!r}",
+    )
     prefix = meta.get("prefix")
     if cond == "latent":
-        _need(isinstance(prefix, dict) and set(prefix) == set(_PREFIX_KEYS),
-              f"a latent release needs prefix = {{{', '.join(_PREFIX_KEYS)}}}, got {prefix!r}")
+        _need(
+            isinstance(prefix, dict) and set(prefix) == set(_PREFIX_KEYS),
+            f"a latent release needs prefix = {{{', '.join(_PREFIX_KEYS)}}}, got {prefix!r}",
+        )
         for key in _PREFIX_KEYS:
-            _need(type(prefix[key]) is int and prefix[key] >= 1,
-                  f"prefix[{key!r}] must be a positive int, got {prefix[key]!r}")
+            _need(
+                type(prefix[key]) is int and prefix[key] >= 1,
+                f"prefix[{key!r}] must be a positive int, got {prefix[key]!r}",
+            )
         prefix = dict(prefix)
     else:
         _need(prefix is None, f"a {cond!r} release has no prefix decoder: prefix must be null")
-    return {"format": FORMAT, "method": method, "conditioning": cond, "dp": dp,
-            "base_model": base, "prefix": prefix, "alignment": alignment}
+    return {
+        "format": FORMAT,
+        "method": method,
+        "conditioning": cond,
+        "dp": dp,
+        "base_model": base,
+        "prefix": prefix,
+        "alignment": alignment,
+    }
 
 
 def _decoder_problem(shapes: dict[str, tuple[int, ...]], prefix: dict[str, int]) -> str | None:
@@ -122,7 +151,9 @@ def _decoder_problem(shapes: dict[str, tuple[int, ...]], prefix: dict[str, int])
         return f"tensors must be exactly ['bias', 'weight'], got {sorted(shapes)}"
     for key, shape in expected.items():
         if tuple(shapes[key]) != shape:
-            return f"{key} has shape {list(shapes[key])}, expected {list(shape)} from meta['prefix']"
+            return (
+                f"{key} has shape {list(shapes[key])}, expected {list(shape)} from meta['prefix']"
+            )
     return None
 
 
@@ -137,8 +168,7 @@ def _listing(root: Path) -> list[str]:
     """Relative POSIX paths of every file under ``root`` (a symlink is an error)."""
     out = []
     for p in sorted(root.rglob("*")):
-        _need(not p.is_symlink(), f"{p}: symbolic links are not allowed in a release",
-              ReleaseError)
+        _need(not p.is_symlink(), f"{p}: symbolic links are not allowed in a release", ReleaseError)
         if p.is_file():
             out.append(p.relative_to(root).as_posix())
     return out
@@ -148,11 +178,16 @@ def _listing(root: Path) -> list[str]:
 
 
 def _copy_adapter(src: Path, dst: Path) -> None:
-    _need((src / ADAPTER_CONFIG).is_file() and (src / ADAPTER_WEIGHTS).is_file(),
-          f"{src}: not a peft adapter directory (needs {ADAPTER_CONFIG}, {ADAPTER_WEIGHTS})")
+    _need(
+        (src / ADAPTER_CONFIG).is_file() and (src / ADAPTER_WEIGHTS).is_file(),
+        f"{src}: not a peft adapter directory (needs {ADAPTER_CONFIG}, {ADAPTER_WEIGHTS})",
+    )
     extra = sorted(p.name for p in src.iterdir() if p.name not in _ADAPTER_FILES)
-    _need(not extra, f"{src}: unexpected files {extra} (a release takes only "
-                     f"{sorted(_ADAPTER_FILES)}; extra tensor files are refused)")
+    _need(
+        not extra,
+        f"{src}: unexpected files {extra} (a release takes only "
+        f"{sorted(_ADAPTER_FILES)}; extra tensor files are refused)",
+    )
     dst.mkdir()
     for name in sorted(_ADAPTER_FILES):
         if (src / name).is_file():
@@ -161,40 +196,57 @@ def _copy_adapter(src: Path, dst: Path) -> None:
         config = json.loads((dst / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ValueError(f"{src / ADAPTER_CONFIG}: not JSON: {exc}") from exc
-    _need(isinstance(config, dict) and config.get("peft_type") == "LORA",
-          f"{src / ADAPTER_CONFIG}: peft_type must be 'LORA'")
+    _need(
+        isinstance(config, dict) and config.get("peft_type") == "LORA",
+        f"{src / ADAPTER_CONFIG}: peft_type must be 'LORA'",
+    )
     try:
         bad = sorted(k for k in _tensor_shapes(dst / ADAPTER_WEIGHTS) if "lora_" not in k)
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
         raise ValueError(f"{src / ADAPTER_WEIGHTS}: not a safetensors file: {exc}") from exc
-    _need(not bad, f"{src / ADAPTER_WEIGHTS}: tensors that are not LoRA weights (no 'lora_' "
-                   f"in the key) must not be released: {bad[:5]}"
-                   + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+    _need(
+        not bad,
+        f"{src / ADAPTER_WEIGHTS}: tensors that are not LoRA weights (no 'lora_' "
+        f"in the key) must not be released: {bad[:5]}"
+        + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""),
+    )
 
 
 def _write_decoder(path: Path, decoder: Any, prefix: dict[str, int]) -> None:
     from safetensors.torch import save_file
 
-    _need(isinstance(decoder, dict) and all(isinstance(v, torch.Tensor) for v in decoder.values()),
-          "prefix_decoder must be a dict of tensors {'weight', 'bias'}")
+    _need(
+        isinstance(decoder, dict) and all(isinstance(v, torch.Tensor) for v in decoder.values()),
+        "prefix_decoder must be a dict of tensors {'weight', 'bias'}",
+    )
     problem = _decoder_problem({k: tuple(v.shape) for k, v in decoder.items()}, prefix)
     _need(problem is None, f"prefix_decoder: {problem}")
-    _need(all(v.is_floating_point() for v in decoder.values()),
-          "prefix_decoder: weight and bias must be floating-point tensors")
-    save_file({k: decoder[k].detach().cpu().contiguous().clone() for k in ("weight", "bias")},
-              str(path))
+    _need(
+        all(v.is_floating_point() for v in decoder.values()),
+        "prefix_decoder: weight and bias must be floating-point tensors",
+    )
+    save_file(
+        {k: decoder[k].detach().cpu().contiguous().clone() for k in ("weight", "bias")}, str(path)
+    )
 
 
 def _replaceable(out: Path) -> bool:
     """``out`` is absent, empty, or holds only release entries (never, say, a home directory)."""
     if not out.exists() and not out.is_symlink():
         return True
-    return out.is_dir() and not out.is_symlink() and all(p.name in _TOP_LEVEL
-                                                         for p in out.iterdir())
+    return (
+        out.is_dir() and not out.is_symlink() and all(p.name in _TOP_LEVEL for p in out.iterdir())
+    )
 
 
-def write_release(out_dir: str | os.PathLike, *, adapter_dir: str | os.PathLike, meta: dict,
-                  privacy: dict, prefix_decoder: dict[str, torch.Tensor] | None = None) -> Path:
+def write_release(
+    out_dir: str | os.PathLike,
+    *,
+    adapter_dir: str | os.PathLike,
+    meta: dict,
+    privacy: dict,
+    prefix_decoder: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write a release to ``out_dir`` atomically; returns its path (see the module docstring).
 
     Everything is built in a temporary sibling directory, ``release.json``
@@ -204,18 +256,28 @@ def write_release(out_dir: str | os.PathLike, *, adapter_dir: str | os.PathLike,
     bad or extra tensor or file, or an ``out_dir`` that is not a release.
     """
     out, adapter_dir = Path(out_dir), Path(adapter_dir)
-    _need(not (isinstance(meta, dict) and "files" in meta),
-          "meta must not contain 'files': write_release computes it")
+    _need(
+        not (isinstance(meta, dict) and "files" in meta),
+        "meta must not contain 'files': write_release computes it",
+    )
     meta = _check_meta(meta)
     latent = meta["conditioning"] == "latent"
-    _need(isinstance(privacy, dict) and {"dp", "epsilon"} <= set(privacy),
-          "privacy must be a dict with at least the keys 'dp' and 'epsilon'")
-    _need(privacy["dp"] is meta["dp"],
-          f"privacy['dp'] = {privacy['dp']!r} disagrees with meta['dp'] = {meta['dp']!r}")
-    _need(not latent or prefix_decoder is not None,
-          "a latent release needs its prefix decoder (prefix_decoder=None given)")
-    _need(latent or prefix_decoder is None,
-          f"a {meta['conditioning']!r} release must not contain a prefix decoder")
+    _need(
+        isinstance(privacy, dict) and {"dp", "epsilon"} <= set(privacy),
+        "privacy must be a dict with at least the keys 'dp' and 'epsilon'",
+    )
+    _need(
+        privacy["dp"] is meta["dp"],
+        f"privacy['dp'] = {privacy['dp']!r} disagrees with meta['dp'] = {meta['dp']!r}",
+    )
+    _need(
+        not latent or prefix_decoder is not None,
+        "a latent release needs its prefix decoder (prefix_decoder=None given)",
+    )
+    _need(
+        latent or prefix_decoder is None,
+        f"a {meta['conditioning']!r} release must not contain a prefix decoder",
+    )
     _need(_replaceable(out), f"{out} exists and is not a release: refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -272,8 +334,11 @@ def verify_release(path: str | os.PathLike) -> dict:
     root = Path(path)
     manifest = root / RELEASE_JSON
     _need(root.is_dir(), f"{root}: release directory does not exist", ReleaseError)
-    _need(manifest.is_file(), f"{manifest}: missing (not a release, or an interrupted write)",
-          ReleaseError)
+    _need(
+        manifest.is_file(),
+        f"{manifest}: missing (not a release, or an interrupted write)",
+        ReleaseError,
+    )
     meta = _read_json(manifest)
     found = meta.get("format") if isinstance(meta, dict) else None
     _need(found == FORMAT, f"{manifest}: format is {found!r}, expected {FORMAT!r}", ReleaseError)
@@ -282,29 +347,55 @@ def verify_release(path: str | os.PathLike) -> dict:
     except ValueError as exc:
         raise ReleaseError(f"{manifest}: {exc}") from exc
     files, cond = meta.get("files"), checked["conditioning"]
-    _need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()),
-          f"{manifest}: 'files' must map relative paths to sha256 digests", ReleaseError)
+    _need(
+        isinstance(files, dict) and all(isinstance(v, str) for v in files.values()),
+        f"{manifest}: 'files' must map relative paths to sha256 digests",
+        ReleaseError,
+    )
     for rel, digest in sorted(files.items()):
-        _need(not (rel.startswith("/") or "\\" in rel or ".." in rel.split("/")
-                   or rel == RELEASE_JSON), f"{manifest}: invalid file entry {rel!r}", ReleaseError)
-        _need((root / rel).is_file(), f"{root / rel}: listed in {RELEASE_JSON} but missing",
-              ReleaseError)
-        _need(sha256_file(root / rel) == digest,
-              f"{root / rel}: sha256 mismatch (modified or corrupted)", ReleaseError)
+        _need(
+            not (
+                rel.startswith("/") or "\\" in rel or ".." in rel.split("/") or rel == RELEASE_JSON
+            ),
+            f"{manifest}: invalid file entry {rel!r}",
+            ReleaseError,
+        )
+        _need(
+            (root / rel).is_file(),
+            f"{root / rel}: listed in {RELEASE_JSON} but missing",
+            ReleaseError,
+        )
+        _need(
+            sha256_file(root / rel) == digest,
+            f"{root / rel}: sha256 mismatch (modified or corrupted)",
+            ReleaseError,
+        )
     unlisted = [rel for rel in _listing(root) if rel != RELEASE_JSON and rel not in files]
-    _need(not unlisted, f"{root / (unlisted or [''])[0]}: not listed in {RELEASE_JSON} "
-                        "(unexpected file)", ReleaseError)
+    _need(
+        not unlisted,
+        f"{root / (unlisted or [''])[0]}: not listed in {RELEASE_JSON} (unexpected file)",
+        ReleaseError,
+    )
     required = [PRIVACY_JSON, f"{ADAPTER}/{ADAPTER_CONFIG}", f"{ADAPTER}/{ADAPTER_WEIGHTS}"]
     for rel in required + ([PREFIX_FILE] if cond == "latent" else []):
-        _need(rel in files, f"{root / rel}: missing (required in a {cond!r} release)",
-              ReleaseError)
-    _need(cond == "latent" or PREFIX_FILE not in files,
-          f"{root / PREFIX_FILE}: present in a {cond!r} release", ReleaseError)
+        _need(rel in files, f"{root / rel}: missing (required in a {cond!r} release)", ReleaseError)
+    _need(
+        cond == "latent" or PREFIX_FILE not in files,
+        f"{root / PREFIX_FILE}: present in a {cond!r} release",
+        ReleaseError,
+    )
     privacy = _read_json(root / PRIVACY_JSON)
-    _need(isinstance(privacy, dict) and {"dp", "epsilon"} <= set(privacy),
-          f"{root / PRIVACY_JSON}: needs the keys 'dp' and 'epsilon'", ReleaseError)
-    _need(privacy["dp"] is checked["dp"], f"{root / PRIVACY_JSON}: dp = {privacy['dp']!r} but "
-          f"{RELEASE_JSON} says dp = {checked['dp']!r}", ReleaseError)
+    _need(
+        isinstance(privacy, dict) and {"dp", "epsilon"} <= set(privacy),
+        f"{root / PRIVACY_JSON}: needs the keys 'dp' and 'epsilon'",
+        ReleaseError,
+    )
+    _need(
+        privacy["dp"] is checked["dp"],
+        f"{root / PRIVACY_JSON}: dp = {privacy['dp']!r} but "
+        f"{RELEASE_JSON} says dp = {checked['dp']!r}",
+        ReleaseError,
+    )
     for rel in [f"{ADAPTER}/{ADAPTER_WEIGHTS}"] + ([PREFIX_FILE] if cond == "latent" else []):
         try:
             shapes = _tensor_shapes(root / rel)
@@ -354,16 +445,20 @@ class JuniorRelease:
         return (self.meta.get("prefix") or {}).get("num_virtual_tokens")
 
     def _require_latent(self) -> None:
-        _need(self.prefix_decoder is not None,
-              f"{self.path}: a {self.conditioning!r} release has no latent prefix decoder",
-              ReleaseError)
+        _need(
+            self.prefix_decoder is not None,
+            f"{self.path}: a {self.conditioning!r} release has no latent prefix decoder",
+            ReleaseError,
+        )
 
     def prefix(self, z: torch.Tensor) -> torch.Tensor:
         """Virtual-token embeddings ``D(z)``: ``[B, dz] -> [B, K, hidden]``."""
         self._require_latent()
         shape = list(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
-        _need(isinstance(z, torch.Tensor) and z.dim() == 2 and z.shape[1] == self.dz,
-              f"z must be a [B, {self.dz}] tensor, got {shape}")
+        _need(
+            isinstance(z, torch.Tensor) and z.dim() == 2 and z.shape[1] == self.dz,
+            f"z must be a [B, {self.dz}] tensor, got {shape}",
+        )
         weight = self.prefix_decoder.weight
         out = self.prefix_decoder(z.to(device=weight.device, dtype=weight.dtype))
         return out.view(z.shape[0], self.num_virtual_tokens, self.meta["prefix"]["hidden_size"])
@@ -375,10 +470,18 @@ class JuniorRelease:
         gen = torch.Generator().manual_seed(int(seed))
         return torch.randn(n, self.dz, generator=gen)
 
-    def generate(self, *, n: int | None = None, z: torch.Tensor | None = None,
-                 prompts: list[str] | None = None, max_new_tokens: int = 128,
-                 temperature: float = 0.8, top_p: float = 0.95, seed: int = 0,
-                 start: str = "") -> list[str]:
+    def generate(
+        self,
+        *,
+        n: int | None = None,
+        z: torch.Tensor | None = None,
+        prompts: list[str] | None = None,
+        max_new_tokens: int = 128,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        seed: int = 0,
+        start: str = "",
+    ) -> list[str]:
         """Sample code: the text generated after the context, up to (excluding) EOS.
 
         Latent: ``z`` [B, dz] (or ``n``: ``sample_z(n, seed)``); prompt:
@@ -390,14 +493,19 @@ class JuniorRelease:
         restored afterwards). Rows are batched (prompts are left-padded).
         """
         cond, tok = self.conditioning, self.tokenizer
-        _need(isinstance(temperature, int | float) and temperature >= 0,
-              f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        _need(
+            isinstance(temperature, int | float) and temperature >= 0,
+            f"temperature must be >= 0 (0 = greedy), got {temperature!r}",
+        )
         _need(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p!r}")
         _need(max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {max_new_tokens}")
         _need(n is None or (type(n) is int and n >= 1), f"n must be a positive int, got {n!r}")
         _need(z is None or cond == "latent", f"z given, but this is a {cond!r} release")
-        _need(prompts is None or cond == "prompt", f"prompts given, but this is a {cond!r} "
-              f"release (pass {'z or n' if cond == 'latent' else 'n'})")
+        _need(
+            prompts is None or cond == "prompt",
+            f"prompts given, but this is a {cond!r} "
+            f"release (pass {'z or n' if cond == 'latent' else 'n'})",
+        )
         _need(isinstance(start, str), f"start must be a str, got {type(start).__name__}")
         start_ids = list(tok(start, add_special_tokens=False)["input_ids"]) if start else []
         emb = self.model.get_input_embeddings().weight
@@ -414,45 +522,65 @@ class JuniorRelease:
             inputs = {"inputs_embeds": embeds, "attention_mask": mask}
         else:
             if cond == "prompt":
-                _need(isinstance(prompts, list) and prompts
-                      and all(isinstance(p, str) for p in prompts),
-                      "a prompt release needs prompts: a non-empty list of str")
+                _need(
+                    isinstance(prompts, list)
+                    and prompts
+                    and all(isinstance(p, str) for p in prompts),
+                    "a prompt release needs prompts: a non-empty list of str",
+                )
                 _need(n is None or n == len(prompts), f"n = {n} but {len(prompts)} prompts given")
                 # As in training: prompt.rstrip() + "\n"; an empty prompt gets the EOS context.
-                contexts = [list(tok(p.rstrip() + "\n", add_special_tokens=False)["input_ids"])
-                            if p.strip() else [tok.eos_token_id] for p in prompts]
+                contexts = [
+                    list(tok(p.rstrip() + "\n", add_special_tokens=False)["input_ids"])
+                    if p.strip()
+                    else [tok.eos_token_id]
+                    for p in prompts
+                ]
             else:
                 _need(n is not None, "an unconditional release needs n")
                 contexts = [[tok.eos_token_id]] * n
-            _need(all(None not in c for c in contexts), f"{self.path}: the tokenizer has no EOS",
-                  ReleaseError)
+            _need(
+                all(None not in c for c in contexts),
+                f"{self.path}: the tokenizer has no EOS",
+                ReleaseError,
+            )
             contexts = [c + start_ids for c in contexts]
             context, pad = max(len(c) for c in contexts), self._pad_id()
             ids = [[pad] * (context - len(c)) + c for c in contexts]  # left padding
             mask = [[0] * (context - len(c)) + [1] * len(c) for c in contexts]
-            inputs = {"input_ids": torch.tensor(ids, device=emb.device),
-                      "attention_mask": torch.tensor(mask, device=emb.device)}
+            inputs = {
+                "input_ids": torch.tensor(ids, device=emb.device),
+                "attention_mask": torch.tensor(mask, device=emb.device),
+            }
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        _need(not limit or context + max_new_tokens <= limit, f"context ({context} tokens) + "
-              f"max_new_tokens ({max_new_tokens}) exceeds the model's {limit} positions")
+        _need(
+            not limit or context + max_new_tokens <= limit,
+            f"context ({context} tokens) + "
+            f"max_new_tokens ({max_new_tokens}) exceeds the model's {limit} positions",
+        )
         out = self._sample(inputs, max_new_tokens, float(temperature), float(top_p), seed)
         if cond != "latent":
             out = out[:, context:]  # with input_ids, generate returns context + new tokens
         eos = tok.eos_token_id
-        rows = [r[:r.index(eos)] if eos is not None and eos in r else r for r in out.tolist()]
+        rows = [r[: r.index(eos)] if eos is not None and eos in r else r for r in out.tolist()]
         return [start + tok.decode(r, skip_special_tokens=True) for r in rows]
 
     def _pad_id(self) -> int:
         tok = self.tokenizer
         return next(t for t in (tok.pad_token_id, tok.eos_token_id, 0) if t is not None)
 
-    def _sample(self, kwargs: dict, max_new: int, temperature: float, top_p: float,
-                seed: int) -> torch.Tensor:
+    def _sample(
+        self, kwargs: dict, max_new: int, temperature: float, top_p: float, seed: int
+    ) -> torch.Tensor:
         eos = self.tokenizer.eos_token_id
         from privcode.models.sampling import sampling_kwargs
 
-        options: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self._pad_id(),
-                                   "eos_token_id": eos, **sampling_kwargs(temperature, top_p)}
+        options: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "pad_token_id": self._pad_id(),
+            "eos_token_id": eos,
+            **sampling_kwargs(temperature, top_p),
+        }
         cuda = self.model.get_input_embeddings().weight.device.type == "cuda"
         devices = list(range(torch.cuda.device_count())) if cuda else []
         with torch.random.fork_rng(devices=devices), torch.inference_mode():
@@ -462,8 +590,13 @@ class JuniorRelease:
             return self.model.generate(**kwargs, **options)
 
 
-def load_release(path: str | os.PathLike, *, device: str = "cpu",
-                 base_model: str | None = None, merge: bool = True) -> JuniorRelease:
+def load_release(
+    path: str | os.PathLike,
+    *,
+    device: str = "cpu",
+    base_model: str | None = None,
+    merge: bool = True,
+) -> JuniorRelease:
     """Verify and load a release; ``base_model`` overrides the recorded base path.
 
     ``merge`` folds the LoRA update into the base weights (``W + (alpha/r) B A``,
@@ -484,22 +617,29 @@ def load_release(path: str | os.PathLike, *, device: str = "cpu",
     meta = verify_release(root)
     privacy = json.loads((root / PRIVACY_JSON).read_text(encoding="utf-8"))
     if not meta["dp"]:
-        message = (f"release {root} (method {meta['method']}) is NOT PRIVATE: it was trained "
-                   "without differential privacy; use it for audits only, never for data "
-                   "that is shared")
+        message = (
+            f"release {root} (method {meta['method']}) is NOT PRIVATE: it was trained "
+            "without differential privacy; use it for audits only, never for data "
+            "that is shared"
+        )
         log.error(message)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
     base_path = base_model or meta["base_model"]
     tokenizer = load_tokenizer(base_path)
     base = load_causal_lm(base_path)
     prefix = meta.get("prefix")
-    _need(not prefix or base.config.hidden_size == prefix["hidden_size"],
-          f"{root / RELEASE_JSON}: prefix hidden_size {prefix and prefix['hidden_size']} != "
-          f"{base.config.hidden_size} of the base model {base_path}: wrong base?", ReleaseError)
+    _need(
+        not prefix or base.config.hidden_size == prefix["hidden_size"],
+        f"{root / RELEASE_JSON}: prefix hidden_size {prefix and prefix['hidden_size']} != "
+        f"{base.config.hidden_size} of the base model {base_path}: wrong base?",
+        ReleaseError,
+    )
     # Sampling follows generate()'s arguments only, never the base's generation defaults.
-    base.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,
-                                              eos_token_id=tokenizer.eos_token_id,
-                                              pad_token_id=tokenizer.pad_token_id)
+    base.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = PeftModel.from_pretrained(base, str(root / ADAPTER), is_trainable=False)
     if merge:
         model = model.merge_and_unload()
@@ -507,14 +647,23 @@ def load_release(path: str | os.PathLike, *, device: str = "cpu",
     decoder = None
     if prefix:
         tensors = load_file(str(root / PREFIX_FILE))
-        decoder = torch.nn.Linear(prefix["dz"], prefix["num_virtual_tokens"] * prefix["hidden_size"])
+        decoder = torch.nn.Linear(
+            prefix["dz"], prefix["num_virtual_tokens"] * prefix["hidden_size"]
+        )
         with torch.no_grad():
             decoder.weight.copy_(tensors["weight"])
             decoder.bias.copy_(tensors["bias"])
         decoder.requires_grad_(False)
         decoder.to(device).eval()
-    return JuniorRelease(path=root, meta=meta, privacy=privacy, tokenizer=tokenizer, model=model,
-                         prefix_decoder=decoder, device=str(device))
+    return JuniorRelease(
+        path=root,
+        meta=meta,
+        privacy=privacy,
+        tokenizer=tokenizer,
+        model=model,
+        prefix_decoder=decoder,
+        device=str(device),
+    )
 
 
 # --------------------------------------------------------------------------- auditing
@@ -530,8 +679,14 @@ def scan_release(path: str | os.PathLike, needles: Iterable[str]) -> list[tuple[
     root = Path(path)
     needles = list(dict.fromkeys(needles))
     _need(all(isinstance(s, str) and s for s in needles), "needles must be non-empty strings")
-    forms = {s: {s.encode("utf-8"), json.dumps(s, ensure_ascii=False)[1:-1].encode("utf-8"),
-                 json.dumps(s)[1:-1].encode("utf-8")} for s in needles}
+    forms = {
+        s: {
+            s.encode("utf-8"),
+            json.dumps(s, ensure_ascii=False)[1:-1].encode("utf-8"),
+            json.dumps(s)[1:-1].encode("utf-8"),
+        }
+        for s in needles
+    }
     overlap = max((len(f) for fs in forms.values() for f in fs), default=1) - 1
     hits: list[tuple[str, str]] = []
     for p in sorted(root.rglob("*")):
@@ -547,6 +702,7 @@ def scan_release(path: str | os.PathLike, needles: Iterable[str]) -> list[tuple[
         rel = p.relative_to(root).as_posix()
         hits += [(rel, s) for s in needles if s in found]
     if hits:
-        log.warning("scan of %s: %d needle hit(s) in %d file(s)", root, len(hits),
-                    len({f for f, _ in hits}))
+        log.warning(
+            "scan of %s: %d needle hit(s) in %d file(s)", root, len(hits), len({f for f, _ in hits})
+        )
     return hits

@@ -91,8 +91,16 @@ from privcode.serve.http import (
 
 log = logging.getLogger("privcode.serve")
 
-__all__ = ["DEFAULT_MODEL_NAME", "Ensemble", "EnsembleArgs", "EnsembleError", "PacService",
-           "app", "build_app", "parse_args"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "Ensemble",
+    "EnsembleArgs",
+    "EnsembleError",
+    "PacService",
+    "app",
+    "build_app",
+    "parse_args",
+]
 
 DEFAULT_MODEL_NAME = "privcode-pac"
 STATE_LOCK = "serve.lock"
@@ -118,10 +126,10 @@ class EnsembleArgs:
     model: str | None = None
     device: str = "auto"
     top_k: int = 50
-    b: float = 2.0 ** -16
+    b: float = 2.0**-16
     decoder: str = "gumbel"
-    session_budget: float = 2.0 ** -10
-    deployment_budget: float = 2.0 ** -4
+    session_budget: float = 2.0**-10
+    deployment_budget: float = 2.0**-4
     scope: str = "deployment"
     state_dir: str | None = None
     max_tokens_limit: int = 256
@@ -151,8 +159,10 @@ def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
     """Validate the app args; :class:`EnsembleError` names the bad (or unknown) key."""
     out = app_args(args, EnsembleArgs, "ensemble args", EnsembleError)
     if "worlds" not in out:
-        raise EnsembleError("ensemble args: 'worlds' is required (the worlds artifact dir of "
-                            "the pac stage, with pac.json and adapters/)")
+        raise EnsembleError(
+            "ensemble args: 'worlds' is required (the worlds artifact dir of "
+            "the pac stage, with pac.json and adapters/)"
+        )
     for key in ("worlds", "api_key_env", "served_model_name"):
         if key in out and (not isinstance(out[key], str) or not out[key].strip()):
             raise _bad(key, "must be a non-empty string", out[key])
@@ -165,16 +175,25 @@ def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
     check_common_args(out, (("top_k", 1, 1 << 20), ("max_tokens_limit", 1, 1 << 16)), _bad)
     for key in ("b", "session_budget", "deployment_budget"):
         if key in out and not (_is_number(out[key]) and out[key] > 0):
-            raise _bad(key, "must be a finite number of nats > 0 (e.g. 1.52587890625e-05 "
-                       "for 2^-16)", out[key])
+            raise _bad(
+                key,
+                "must be a finite number of nats > 0 (e.g. 1.52587890625e-05 for 2^-16)",
+                out[key],
+            )
     cfg = EnsembleArgs(**out)
     # Budgets that could never pay for a token are a misconfiguration, not a policy.
     if cfg.b > cfg.session_budget:
-        raise _bad("session_budget", f"must be at least b={cfg.b!r} (else no session can afford "
-                   "a single private token)", cfg.session_budget)
+        raise _bad(
+            "session_budget",
+            f"must be at least b={cfg.b!r} (else no session can afford a single private token)",
+            cfg.session_budget,
+        )
     if cfg.session_budget > cfg.deployment_budget:
-        raise _bad("session_budget", f"must be at most deployment_budget="
-                   f"{cfg.deployment_budget!r}", cfg.session_budget)
+        raise _bad(
+            "session_budget",
+            f"must be at most deployment_budget={cfg.deployment_budget!r}",
+            cfg.session_budget,
+        )
     return cfg
 
 
@@ -199,7 +218,8 @@ class _StateLock:
                     raise EnsembleError(
                         f"{path}: another process holds this PAC curator state (waited "
                         f"{wait_s:g} s); the PAC ensemble must run as ONE replica per state_dir "
-                        "(a second one would spend the budget twice)") from None
+                        "(a second one would spend the budget twice)"
+                    ) from None
                 time.sleep(0.5)
 
     def release(self) -> None:
@@ -226,8 +246,12 @@ _SESSION_FIELDS = ("budget_nats",)
 
 def _not_found_session() -> RequestError:
     # The id is never echoed: it is a capability, and the message might be logged.
-    return RequestError("unknown or closed PAC session (open one with POST /v1/sessions)",
-                        "session", status=404, code="session_not_found")
+    return RequestError(
+        "unknown or closed PAC session (open one with POST /v1/sessions)",
+        "session",
+        status=404,
+        code="session_not_found",
+    )
 
 
 class PacService:
@@ -239,12 +263,22 @@ class PacService:
     :meth:`load` builds both from :class:`EnsembleArgs`.
     """
 
-    def __init__(self, ensemble: Any, curator: Any, cfg: EnsembleArgs, *,
-                 api_key: str | None = None, logger: logging.Logger | None = None,
-                 created: int | None = None, state_lock: _StateLock | None = None):
+    def __init__(
+        self,
+        ensemble: Any,
+        curator: Any,
+        cfg: EnsembleArgs,
+        *,
+        api_key: str | None = None,
+        logger: logging.Logger | None = None,
+        created: int | None = None,
+        state_lock: _StateLock | None = None,
+    ):
         if getattr(ensemble, "m", None) != getattr(curator, "m", None):
-            raise EnsembleError(f"the ensemble has m={getattr(ensemble, 'm', None)!r} worlds, "
-                                f"the curator m={getattr(curator, 'm', None)!r}")
+            raise EnsembleError(
+                f"the ensemble has m={getattr(ensemble, 'm', None)!r} worlds, "
+                f"the curator m={getattr(curator, 'm', None)!r}"
+            )
         self.ensemble, self.curator, self.cfg = ensemble, curator, cfg
         self.api_key = api_key or None
         self.log = logger or log
@@ -259,9 +293,15 @@ class PacService:
         self.metrics: Any = None
 
     @classmethod
-    def load(cls, cfg: EnsembleArgs, *, api_key: str | None = None,
-             logger: logging.Logger | None = None, rng_seed: int | None = None,
-             lock_wait_s: float = STATE_LOCK_WAIT_S) -> PacService:
+    def load(
+        cls,
+        cfg: EnsembleArgs,
+        *,
+        api_key: str | None = None,
+        logger: logging.Logger | None = None,
+        rng_seed: int | None = None,
+        lock_wait_s: float = STATE_LOCK_WAIT_S,
+    ) -> PacService:
         """Lock ``state_dir``, load the worlds and restore (or start) the curator.
 
         ``rng_seed`` seeds the curator's NOISE only (tests); the secret is
@@ -274,12 +314,25 @@ class PacService:
         lock = _StateLock(cfg.state_path, lock_wait_s)
         try:
             ensemble = PacEnsemble(worlds, model=cfg.model, device=cfg.device, top_k=cfg.top_k)
-            curator = Curator(ensemble.m, cfg.b, deployment_budget=cfg.deployment_budget,
-                              session_budget=cfg.session_budget, scope=cfg.scope,
-                              state_dir=cfg.state_path, rng_seed=rng_seed)
+            curator = Curator(
+                ensemble.m,
+                cfg.b,
+                deployment_budget=cfg.deployment_budget,
+                session_budget=cfg.session_budget,
+                scope=cfg.scope,
+                state_dir=cfg.state_path,
+                rng_seed=rng_seed,
+            )
             created = int((worlds / MANIFEST).stat().st_mtime)
-            return cls(ensemble, curator, cfg, api_key=api_key, logger=logger, created=created,
-                       state_lock=lock)
+            return cls(
+                ensemble,
+                curator,
+                cfg,
+                api_key=api_key,
+                logger=logger,
+                created=created,
+                state_lock=lock,
+            )
         except BaseException:
             lock.release()
             raise
@@ -292,8 +345,13 @@ class PacService:
 
     # -- routing
 
-    async def handle(self, method: str, path: str, headers: Mapping[str, str],
-                     read_body: Callable[[], Awaitable[bytes]]) -> Response:
+    async def handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> Response:
         """(status, JSON body, extra headers) for one request; never raises for bad input."""
         from privcode.pac.curator import UnknownSessionError
         from privcode.pac.ensemble import PacEnsembleError
@@ -307,25 +365,44 @@ class PacService:
         except PacEnsembleError as exc:  # request-shaped values only: no prompt text
             return _error(RequestError(str(exc)))
 
-    async def _handle(self, method: str, path: str, headers: Mapping[str, str],
-                      read_body: Callable[[], Awaitable[bytes]]) -> Response:
-        if path != "/healthz" and self.api_key is not None and not bearer_ok(
-                headers.get("authorization"), self.api_key):
-            raise RequestError("missing or invalid API key (send 'Authorization: Bearer <key>')",
-                               status=401, code="invalid_api_key")
+    async def _handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> Response:
+        if (
+            path != "/healthz"
+            and self.api_key is not None
+            and not bearer_ok(headers.get("authorization"), self.api_key)
+        ):
+            raise RequestError(
+                "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                status=401,
+                code="invalid_api_key",
+            )
         allowed, rest = _EXACT.get(path), None
         if allowed is None:
             for prefix, methods in _PREFIX.items():
-                if path.startswith(prefix) and "/" not in path[len(prefix):]:
-                    allowed, rest = methods, path[len(prefix):]
+                if path.startswith(prefix) and "/" not in path[len(prefix) :]:
+                    allowed, rest = methods, path[len(prefix) :]
         if allowed is None:
             routes = [*_EXACT, *(p + "<id>" for p in _PREFIX)]
-            raise RequestError(f"no route {path[:200]!r} (routes: {', '.join(routes)})",
-                               status=404, code="not_found")
+            raise RequestError(
+                f"no route {path[:200]!r} (routes: {', '.join(routes)})",
+                status=404,
+                code="not_found",
+            )
         if method not in allowed:
-            status, body, _ = _error(RequestError(
-                f"method {method} not allowed on {path[:200]} (use "
-                f"{', '.join(sorted(allowed))})", status=405, code="method_not_allowed"))
+            status, body, _ = _error(
+                RequestError(
+                    f"method {method} not allowed on {path[:200]} (use "
+                    f"{', '.join(sorted(allowed))})",
+                    status=405,
+                    code="method_not_allowed",
+                )
+            )
             return status, body, {"Allow": ", ".join(sorted(allowed))}
         if path == "/healthz":
             return 200, {"status": "ok"}, {}
@@ -333,8 +410,12 @@ class PacService:
             return 200, {"object": "list", "data": [self._model_card()]}, {}
         if path.startswith("/v1/models/"):
             if rest != self.name:
-                raise RequestError(f"model not found (this endpoint serves {self.name!r})",
-                                   "model", status=404, code="model_not_found")
+                raise RequestError(
+                    f"model not found (this endpoint serves {self.name!r})",
+                    "model",
+                    status=404,
+                    code="model_not_found",
+                )
             return 200, self._model_card(), {}
         if path == "/v1/privacy":
             return 200, await asyncio.to_thread(self.privacy), {}
@@ -343,8 +424,11 @@ class PacService:
         if rest is not None:  # /v1/sessions/<id>
             if method == "DELETE":
                 return 200, await self._in_order(self._close_session, rest), {}
-            return 200, self._session_body(await asyncio.to_thread(
-                self.curator.session_info, rest)), {}
+            return (
+                200,
+                self._session_body(await asyncio.to_thread(self.curator.session_info, rest)),
+                {},
+            )
         return 200, await self._complete(await read_body()), {}
 
     async def _in_order(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -354,15 +438,21 @@ class PacService:
     # -- sessions
 
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.name, "object": "model", "created": self.created,
-                "owned_by": "privcode"}
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "privcode"}
 
     def _session_body(self, info: Mapping[str, Any]) -> dict[str, Any]:
-        return {"id": info["session"], "object": "pac.session", "scope": self.curator.scope,
-                "budget_nats": info["budget"], "charged_nats": info["charged"],
-                "remaining_nats": info["remaining"], "private_tokens": info["private_tokens"],
-                "free_tokens": info["free_tokens"], "fallback_tokens": info["fallback_tokens"],
-                "per_token_budget_nats": self.curator.b}
+        return {
+            "id": info["session"],
+            "object": "pac.session",
+            "scope": self.curator.scope,
+            "budget_nats": info["budget"],
+            "charged_nats": info["charged"],
+            "remaining_nats": info["remaining"],
+            "private_tokens": info["private_tokens"],
+            "free_tokens": info["free_tokens"],
+            "fallback_tokens": info["fallback_tokens"],
+            "per_token_budget_nats": self.curator.b,
+        }
 
     async def _open_session(self, raw: bytes) -> dict[str, Any]:
         from privcode.pac.curator import CuratorError
@@ -373,18 +463,22 @@ class PacService:
         for key in data:
             if key not in _SESSION_FIELDS:
                 name = key if len(key) <= 64 else key[:64] + "..."
-                raise RequestError(f"unknown field {name!r} (supported: "
-                                   f"{', '.join(_SESSION_FIELDS)})", name)
+                raise RequestError(
+                    f"unknown field {name!r} (supported: {', '.join(_SESSION_FIELDS)})", name
+                )
         budget = data.get("budget_nats")
         if budget is not None and not (_is_number(budget) and budget > 0):
-            raise RequestError("'budget_nats' must be a finite number > 0 (it is capped at "
-                               f"the session budget, {self.curator.session_budget!r} nats)",
-                               "budget_nats")
+            raise RequestError(
+                "'budget_nats' must be a finite number > 0 (it is capped at "
+                f"the session budget, {self.curator.session_budget!r} nats)",
+                "budget_nats",
+            )
         try:
             sid = await asyncio.to_thread(self.curator.open_session, budget)
         except CuratorError as exc:  # too many open sessions
-            raise RequestError(str(exc), status=429, type="rate_limit_error",
-                               code="too_many_sessions") from None
+            raise RequestError(
+                str(exc), status=429, type="rate_limit_error", code="too_many_sessions"
+            ) from None
         info = await asyncio.to_thread(self.curator.session_info, sid)
         self.log.info("pac session opened: budget_nats=%.6g", info["budget"])
         return self._session_body(info)
@@ -392,9 +486,13 @@ class PacService:
     def _close_session(self, sid: str) -> dict[str, Any]:
         info = self.curator.session_info(sid)
         self.curator.close_session(sid)
-        self.log.info("pac session closed: charged_nats=%.6g private=%d free=%d fallback=%d",
-                      info["charged"], info["private_tokens"], info["free_tokens"],
-                      info["fallback_tokens"])
+        self.log.info(
+            "pac session closed: charged_nats=%.6g private=%d free=%d fallback=%d",
+            info["charged"],
+            info["private_tokens"],
+            info["free_tokens"],
+            info["fallback_tokens"],
+        )
         return {**self._session_body(info), "deleted": True}
 
     # -- privacy
@@ -407,34 +505,56 @@ class PacService:
         m = info["m"]
 
         def bounds(mi: float) -> dict[str, float]:
-            return {"mutual_information_nats": mi,
-                    "membership_inference_success": mia_success_bound(mi),
-                    "world_identification_success": world_identification_bound(mi, m)}
+            return {
+                "mutual_information_nats": mi,
+                "membership_inference_success": mia_success_bound(mi),
+                "world_identification_success": world_identification_bound(mi, m),
+            }
 
         if info["scope"] == "deployment":
-            guarantee = ("I(S; every release of every session) <= deployment_charged_nats: "
-                         "one posterior over the worlds is shared by all sessions, so the "
-                         "bound holds against an attacker who sees all of them")
-            current, at_budget = (bounds(info["deployment_charged"]),
-                                  bounds(info["deployment_budget"]))
+            guarantee = (
+                "I(S; every release of every session) <= deployment_charged_nats: "
+                "one posterior over the worlds is shared by all sessions, so the "
+                "bound holds against an attacker who sees all of them"
+            )
+            current, at_budget = (
+                bounds(info["deployment_charged"]),
+                bounds(info["deployment_budget"]),
+            )
         else:
-            guarantee = ("PER SESSION ONLY: each session has its own posterior, so "
-                         "I(S; one session) <= its charged nats <= session_budget_nats; "
-                         "NOTHING bounds an attacker who sees several sessions")
+            guarantee = (
+                "PER SESSION ONLY: each session has its own posterior, so "
+                "I(S; one session) <= its charged nats <= session_budget_nats; "
+                "NOTHING bounds an attacker who sees several sessions"
+            )
             current, at_budget = None, bounds(info["session_budget"])
-        return {"object": "pac.privacy", "model": self.name, "mechanism": "pac", "m": m,
-                "top_k": self.cfg.top_k, "decoder": self.cfg.decoder, "scope": info["scope"],
-                "per_token_budget_nats": info["b"],
-                "session_budget_nats": info["session_budget"],
-                "deployment_budget_nats": info["deployment_budget"],
-                "deployment_charged_nats": info["deployment_charged"],
-                "deployment_remaining_nats": info["deployment_remaining"],
-                "private_tokens": info["private_tokens"], "sessions_open": info["sessions_open"],
-                "guarantee": guarantee,
-                "bounds": {"current": current,
-                           ("at_deployment_budget" if info["scope"] == "deployment"
-                            else "per_session_at_budget"): at_budget,
-                           "membership_prior": 0.5, "world_prior": 1.0 / m}}
+        return {
+            "object": "pac.privacy",
+            "model": self.name,
+            "mechanism": "pac",
+            "m": m,
+            "top_k": self.cfg.top_k,
+            "decoder": self.cfg.decoder,
+            "scope": info["scope"],
+            "per_token_budget_nats": info["b"],
+            "session_budget_nats": info["session_budget"],
+            "deployment_budget_nats": info["deployment_budget"],
+            "deployment_charged_nats": info["deployment_charged"],
+            "deployment_remaining_nats": info["deployment_remaining"],
+            "private_tokens": info["private_tokens"],
+            "sessions_open": info["sessions_open"],
+            "guarantee": guarantee,
+            "bounds": {
+                "current": current,
+                (
+                    "at_deployment_budget"
+                    if info["scope"] == "deployment"
+                    else "per_session_at_budget"
+                ): at_budget,
+                "membership_prior": 0.5,
+                "world_prior": 1.0 / m,
+            },
+        }
 
     # -- completions
 
@@ -451,16 +571,23 @@ class PacService:
         data = dict(data)
         sid = data.pop("session", None)
         if sid is not None and (not isinstance(sid, str) or not sid):
-            raise RequestError("'session' must be a session id string (from POST /v1/sessions) "
-                               "or null", "session")
+            raise RequestError(
+                "'session' must be a session id string (from POST /v1/sessions) or null", "session"
+            )
         request = parse_completion(data, self.cfg.max_tokens_limit)
         if request.model is not None and request.model != self.name:
-            raise RequestError(f"model not found (this endpoint serves {self.name!r})",
-                               "model", status=404, code="model_not_found")
+            raise RequestError(
+                f"model not found (this endpoint serves {self.name!r})",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
         if request.top_p != 1.0:
-            raise RequestError("'top_p' is not supported by the PAC ensemble (its candidates "
-                               "are the public model's top_k tokens); only 1 is accepted",
-                               "top_p")
+            raise RequestError(
+                "'top_p' is not supported by the PAC ensemble (its candidates "
+                "are the public model's top_k tokens); only 1 is accepted",
+                "top_p",
+            )
         decoder, temperature = self._decoder(request)
         if sid is not None:
             await asyncio.to_thread(self.curator.session_info, sid)  # 404 before queueing
@@ -469,28 +596,49 @@ class PacService:
         if self.metrics is not None:
             with contextlib.suppress(Exception):  # metrics never fail a completion
                 self.metrics.update(out, self.curator.deployment_info())
-        self.log.info("pac completion: prompt_tokens=%d completion_tokens=%d private=%d free=%d "
-                      "fallback=%d charged_nats=%.6g decoder=%s one_shot=%s latency_ms=%.1f",
-                      out.prompt_tokens, tokens, out.private_tokens, out.free_tokens,
-                      out.fallback_tokens, out.charged_nats, decoder, sid is None,
-                      1000 * (time.perf_counter() - start))
+        self.log.info(
+            "pac completion: prompt_tokens=%d completion_tokens=%d private=%d free=%d "
+            "fallback=%d charged_nats=%.6g decoder=%s one_shot=%s latency_ms=%.1f",
+            out.prompt_tokens,
+            tokens,
+            out.private_tokens,
+            out.free_tokens,
+            out.fallback_tokens,
+            out.charged_nats,
+            decoder,
+            sid is None,
+            1000 * (time.perf_counter() - start),
+        )
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": self.name,
-            "choices": [{"index": 0, "text": out.text, "logprobs": None,
-                         "finish_reason": out.finish_reason}],
-            "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": tokens,
-                      "total_tokens": out.prompt_tokens + tokens},
-            "privacy": {"session": sid, "one_shot": sid is None, "decoder": decoder,
-                        "charged_nats": out.charged_nats, "private_tokens": out.private_tokens,
-                        "free_tokens": out.free_tokens, "fallback_tokens": out.fallback_tokens,
-                        "session_charged_nats": info["charged"],
-                        "remaining_nats": info["remaining"],
-                        "per_token_budget_nats": self.curator.b},
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": [
+                {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+            ],
+            "usage": {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": tokens,
+                "total_tokens": out.prompt_tokens + tokens,
+            },
+            "privacy": {
+                "session": sid,
+                "one_shot": sid is None,
+                "decoder": decoder,
+                "charged_nats": out.charged_nats,
+                "private_tokens": out.private_tokens,
+                "free_tokens": out.free_tokens,
+                "fallback_tokens": out.fallback_tokens,
+                "session_charged_nats": info["charged"],
+                "remaining_nats": info["remaining"],
+                "per_token_budget_nats": self.curator.b,
+            },
         }
 
-    def _generate(self, sid: str | None, request: CompletionRequest, decoder: str,
-                  temperature: float) -> tuple[Any, dict[str, Any]]:
+    def _generate(
+        self, sid: str | None, request: CompletionRequest, decoder: str, temperature: float
+    ) -> tuple[Any, dict[str, Any]]:
         """One completion on the worker thread; a one-shot session lives only around it."""
         from privcode.pac.curator import CuratorError
 
@@ -499,27 +647,39 @@ class PacService:
             if context is not None:
                 n = len(self.ensemble.encode(request.prompt))
                 if n >= context:
-                    raise RequestError(f"'prompt' is {n} tokens; this model's context is "
-                                       f"{context} tokens", "prompt")
+                    raise RequestError(
+                        f"'prompt' is {n} tokens; this model's context is {context} tokens",
+                        "prompt",
+                    )
                 if n + request.max_tokens > context:
-                    raise RequestError(f"this model's context is {context} tokens, but "
-                                       f"{n + request.max_tokens} were requested ({n} in the "
-                                       f"prompt, {request.max_tokens} for the completion): "
-                                       "lower 'max_tokens'", "max_tokens")
+                    raise RequestError(
+                        f"this model's context is {context} tokens, but "
+                        f"{n + request.max_tokens} were requested ({n} in the "
+                        f"prompt, {request.max_tokens} for the completion): "
+                        "lower 'max_tokens'",
+                        "max_tokens",
+                    )
             one_shot = sid is None
             if one_shot:
                 try:
                     sid = self.curator.open_session()
                 except CuratorError as exc:  # too many open sessions
-                    raise RequestError(str(exc), status=429, type="rate_limit_error",
-                                       code="too_many_sessions") from None
+                    raise RequestError(
+                        str(exc), status=429, type="rate_limit_error", code="too_many_sessions"
+                    ) from None
             try:
                 # numpy's generators take seeds >= 0; OpenAI seeds may be negative.
                 seed = None if request.seed is None else request.seed % (1 << 64)
-                out = self.ensemble.generate(self.curator, sid, request.prompt,
-                                             request.max_tokens, decoder=decoder,
-                                             temperature=temperature, seed=seed,
-                                             stop=request.stop)
+                out = self.ensemble.generate(
+                    self.curator,
+                    sid,
+                    request.prompt,
+                    request.max_tokens,
+                    decoder=decoder,
+                    temperature=temperature,
+                    seed=seed,
+                    stop=request.stop,
+                )
                 info = self.curator.session_info(sid)
             finally:
                 if one_shot:
@@ -538,9 +698,15 @@ _serve_log = logging.getLogger("ray.serve")
 
 
 # num_replicas is 1 by design (see the module docstring): build_app refuses more.
-@serve.deployment(name="Ensemble", num_replicas=1, max_ongoing_requests=64,
-                  ray_actor_options={"num_cpus": 1}, health_check_period_s=10,
-                  health_check_timeout_s=30, graceful_shutdown_timeout_s=20)
+@serve.deployment(
+    name="Ensemble",
+    num_replicas=1,
+    max_ongoing_requests=64,
+    ray_actor_options={"num_cpus": 1},
+    health_check_period_s=10,
+    health_check_timeout_s=30,
+    graceful_shutdown_timeout_s=20,
+)
 class Ensemble:
     """Ray Serve deployment: the HTTP API of :class:`PacService`, in ONE replica.
 
@@ -566,13 +732,22 @@ class Ensemble:
 
         try:
             status, body, headers = await self.service.handle(
-                request.method, route_path(request.scope), request.headers,
-                lambda: read_body_capped(request))
+                request.method,
+                route_path(request.scope),
+                request.headers,
+                lambda: read_body_capped(request),
+            )
         except Exception as exc:  # noqa: BLE001 - the message may hold request data: not echoed
             _serve_log.error("request failed: %s", type(exc).__name__)
             status, headers = 500, {}
-            body = {"error": {"message": "internal error while generating", "type": "server_error",
-                              "param": None, "code": None}}
+            body = {
+                "error": {
+                    "message": "internal error while generating",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
         return JSONResponse(body, status_code=status, headers=headers)
 
     def __del__(self) -> None:
@@ -584,10 +759,14 @@ class Ensemble:
 def build_app(args: Mapping[str, Any], **deployment_options: Any) -> serve.Application:
     """The app for ``args``; ``deployment_options`` go to ``Ensemble.options`` (one replica only)."""
     cfg = parse_args(args)
-    if deployment_options.get("num_replicas", 1) != 1 or deployment_options.get(
-            "autoscaling_config") is not None:
-        raise EnsembleError("the PAC ensemble runs as exactly one replica (num_replicas=1, no "
-                            "autoscaling): the curator's secret and posterior live in it")
+    if (
+        deployment_options.get("num_replicas", 1) != 1
+        or deployment_options.get("autoscaling_config") is not None
+    ):
+        raise EnsembleError(
+            "the PAC ensemble runs as exactly one replica (num_replicas=1, no "
+            "autoscaling): the curator's secret and posterior live in it"
+        )
     return Ensemble.options(**deployment_options).bind(asdict(cfg))
 
 

@@ -65,9 +65,16 @@ _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 64) - 1  # what torch.manual_seed accep
 
 #: Fields standard OpenAI clients may send, accepted only at their neutral value.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "stream": (False,), "echo": (False,), "logprobs": (None,),
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "suffix": (None, ""),
-    "logit_bias": (None, {}), "stream_options": (None,),
+    "n": (1,),
+    "best_of": (1,),
+    "stream": (False,),
+    "echo": (False,),
+    "logprobs": (None,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "stream_options": (None,),
 }
 _FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "user")
 
@@ -75,18 +82,35 @@ _FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "see
 class RequestError(PrivcodeError, ValueError):
     """A request the API refuses: HTTP ``status`` with an OpenAI-style error naming ``param``."""
 
-    def __init__(self, message: str, param: str | None = None, *, status: int = 400,
-                 type: str = "invalid_request_error", code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = (
-            message, param, status, type, code)
+            message,
+            param,
+            status,
+            type,
+            code,
+        )
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.param, type=self.type, code=self.code)
 
 
-def error_body(message: str, param: str | None = None, *, type: str = "invalid_request_error",
-               code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str,
+    param: str | None = None,
+    *,
+    type: str = "invalid_request_error",
+    code: str | None = None,
+) -> dict[str, Any]:
     """``{"error": {"message", "type", "param", "code"}}`` as OpenAI returns it."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
@@ -114,8 +138,9 @@ def _reject_constant(name: str) -> Any:
 
 def _load_json(body: bytes) -> Any:
     if len(body) > MAX_BODY_BYTES:
-        raise RequestError(f"request body is {len(body)} bytes, over the limit of "
-                           f"{MAX_BODY_BYTES} bytes")
+        raise RequestError(
+            f"request body is {len(body)} bytes, over the limit of {MAX_BODY_BYTES} bytes"
+        )
     try:
         return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
@@ -136,8 +161,15 @@ def load_json_body(body: bytes) -> Any:
 
 
 def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _int(body: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -171,12 +203,18 @@ def _prompt(body: dict[str, Any]) -> str:
     value = body["prompt"]
     if isinstance(value, list):
         if len(value) != 1:
-            raise RequestError(f"'prompt' as a list must hold exactly one string (batched "
-                               f"prompts are not supported), got {len(value)} items", "prompt")
+            raise RequestError(
+                f"'prompt' as a list must hold exactly one string (batched "
+                f"prompts are not supported), got {len(value)} items",
+                "prompt",
+            )
         value = value[0]
     if not isinstance(value, str):
-        raise RequestError(f"'prompt' must be a string (token-id prompts are not supported), "
-                           f"got {_type_name(value)}", "prompt")
+        raise RequestError(
+            f"'prompt' must be a string (token-id prompts are not supported), "
+            f"got {_type_name(value)}",
+            "prompt",
+        )
     return value
 
 
@@ -206,9 +244,13 @@ def parse_completion(body: bytes | dict[str, Any], max_tokens_limit: int) -> Com
             continue
         if key in _NEUTRAL:
             if value not in _NEUTRAL[key] or isinstance(value, bool) != isinstance(
-                    _NEUTRAL[key][0], bool):
-                raise RequestError(f"'{key}' is not supported (only its default "
-                                   f"{json.dumps(_NEUTRAL[key][0])} is accepted)", key)
+                _NEUTRAL[key][0], bool
+            ):
+                raise RequestError(
+                    f"'{key}' is not supported (only its default "
+                    f"{json.dumps(_NEUTRAL[key][0])} is accepted)",
+                    key,
+                )
             continue
         name = key if len(key) <= 64 else key[:64] + "..."
         raise RequestError(f"unknown field {name!r} (supported: {', '.join(_FIELDS)})", name)
@@ -219,8 +261,9 @@ def parse_completion(body: bytes | dict[str, Any], max_tokens_limit: int) -> Com
     if user is not None and not isinstance(user, str):
         raise RequestError(f"'user' must be a string, got {_type_name(user)}", "user")
     prompt = _prompt(data)
-    max_tokens = _int(data, "max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit),
-                      1, max_tokens_limit)
+    max_tokens = _int(
+        data, "max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit), 1, max_tokens_limit
+    )
     temperature = _number(data, "temperature", 0.0)
     if temperature < 0:
         raise RequestError(f"'temperature' must be >= 0, got {temperature}", "temperature")
@@ -228,8 +271,15 @@ def parse_completion(body: bytes | dict[str, Any], max_tokens_limit: int) -> Com
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     seed = _int(data, "seed", None, _SEED_MIN, _SEED_MAX)
-    return CompletionRequest(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                             top_p=top_p, stop=_stop(data), seed=seed, model=model)
+    return CompletionRequest(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop=_stop(data),
+        seed=seed,
+        model=model,
+    )
 
 
 def bearer_ok(header: str | None, key: str) -> bool:
@@ -258,21 +308,26 @@ def app_args(args: Any, shape: type, label: str, error: type[Exception]) -> dict
     return dict(args)
 
 
-def check_common_args(out: Mapping[str, Any], ints: tuple[tuple[str, int, int], ...],
-                      bad: Callable[[str, str, Any], Exception]) -> None:
+def check_common_args(
+    out: Mapping[str, Any],
+    ints: tuple[tuple[str, int, int], ...],
+    bad: Callable[[str, str, Any], Exception],
+) -> None:
     """The checks every app shares: integer ranges and ``api_key_env`` (``bad(key, why, value)``
     builds the app's error)."""
     for key, lo, hi in ints:
         value = out.get(key)
-        if key in out and (isinstance(value, bool) or not isinstance(value, int)
-                           or not lo <= value <= hi):
+        if key in out and (
+            isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi
+        ):
             raise bad(key, f"must be an integer in [{lo}, {hi}]", value)
     if "api_key_env" in out and not _ENV_NAME.match(out["api_key_env"]):
         raise bad("api_key_env", "must be an environment variable name", out["api_key_env"])
 
 
-def api_key_from_env(name: str, logger: logging.Logger | None = None, *,
-                     endpoint: str = "premium") -> str | None:
+def api_key_from_env(
+    name: str, logger: logging.Logger | None = None, *, endpoint: str = "premium"
+) -> str | None:
     """The API key in ``$name``, or None with one loud WARNING that the endpoint is open.
 
     ``endpoint`` names the app in that warning (``premium``, ``PAC ensemble``).
@@ -283,7 +338,10 @@ def api_key_from_env(name: str, logger: logging.Logger | None = None, *,
     (logger or logging.getLogger("privcode.serve")).warning(
         "privcode %s endpoint is UNAUTHENTICATED: $%s is not set, so anyone who can "
         "reach this endpoint can query the model. Set it (e.g. from a Kubernetes Secret) to "
-        "require 'Authorization: Bearer <key>'.", endpoint, name)
+        "require 'Authorization: Bearer <key>'.",
+        endpoint,
+        name,
+    )
     return None
 
 
@@ -291,8 +349,9 @@ async def read_body_capped(request: Any) -> bytes:
     """The body of a Starlette request; :class:`RequestError` once it passes :data:`MAX_BODY_BYTES`."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise RequestError(f"request body is {length} bytes, over the limit of "
-                           f"{MAX_BODY_BYTES} bytes")
+        raise RequestError(
+            f"request body is {length} bytes, over the limit of {MAX_BODY_BYTES} bytes"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -318,7 +377,7 @@ def route_path(scope: Mapping[str, Any]) -> str:
     path = scope.get("path") or "/"
     root = (scope.get("root_path") or "").rstrip("/")
     if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root):] or "/"
+        path = path[len(root) :] or "/"
     return path.rstrip("/") or "/"
 
 
@@ -342,71 +401,129 @@ class CompletionsAPI:
     but ``/healthz`` when set.
     """
 
-    def __init__(self, model: Any, generate: Callable[[Any], Awaitable[Any]],
-                 api_key: str | None, logger: logging.Logger | None = None):
+    def __init__(
+        self,
+        model: Any,
+        generate: Callable[[Any], Awaitable[Any]],
+        api_key: str | None,
+        logger: logging.Logger | None = None,
+    ):
         self.model, self.generate, self.api_key = model, generate, api_key or None
         self.log = logger or logging.getLogger("privcode.serve")
 
-    async def handle(self, method: str, path: str, headers: Mapping[str, str],
-                     read_body: Callable[[], Awaitable[bytes]]) -> Response:
+    async def handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> Response:
         """(status, JSON body, extra headers) for one request; never raises for bad input."""
         try:
             return await self._handle(method.upper(), path, headers, read_body)
         except RequestError as exc:
             return _error(exc)
 
-    async def _handle(self, method: str, path: str, headers: Mapping[str, str],
-                      read_body: Callable[[], Awaitable[bytes]]) -> Response:
-        if path != "/healthz" and self.api_key is not None and not bearer_ok(
-                headers.get("authorization"), self.api_key):
-            raise RequestError("missing or invalid API key (send 'Authorization: Bearer <key>')",
-                               status=401, code="invalid_api_key")
+    async def _handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> Response:
+        if (
+            path != "/healthz"
+            and self.api_key is not None
+            and not bearer_ok(headers.get("authorization"), self.api_key)
+        ):
+            raise RequestError(
+                "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                status=401,
+                code="invalid_api_key",
+            )
         allowed = ROUTES.get(path)
         if allowed is None and path.startswith(_MODEL_ROUTE):
             allowed = frozenset({"GET"})
         if allowed is None:
-            raise RequestError(f"no route {path[:200]!r} (routes: {', '.join(ROUTES)})",
-                               status=404, code="not_found")
+            raise RequestError(
+                f"no route {path[:200]!r} (routes: {', '.join(ROUTES)})",
+                status=404,
+                code="not_found",
+            )
         if method not in allowed:
-            status, body, _ = _error(RequestError(
-                f"method {method} not allowed on {path} (use {', '.join(sorted(allowed))})",
-                status=405, code="method_not_allowed"))
+            status, body, _ = _error(
+                RequestError(
+                    f"method {method} not allowed on {path} (use {', '.join(sorted(allowed))})",
+                    status=405,
+                    code="method_not_allowed",
+                )
+            )
             return status, body, {"Allow": ", ".join(sorted(allowed))}
         if path == "/healthz":
             return 200, {"status": "ok"}, {}
         if path == "/v1/models":
             return 200, {"object": "list", "data": [self._model_card()]}, {}
         if path.startswith(_MODEL_ROUTE):
-            if path[len(_MODEL_ROUTE):] != self.model.name:
-                raise RequestError(f"model not found (this endpoint serves "
-                                   f"{self.model.name!r})", "model", status=404,
-                                   code="model_not_found")
+            if path[len(_MODEL_ROUTE) :] != self.model.name:
+                raise RequestError(
+                    f"model not found (this endpoint serves {self.model.name!r})",
+                    "model",
+                    status=404,
+                    code="model_not_found",
+                )
             return 200, self._model_card(), {}
         return await self._complete(await read_body())
 
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.model.name, "object": "model", "created": self.model.created,
-                "owned_by": "privcode"}
+        return {
+            "id": self.model.name,
+            "object": "model",
+            "created": self.model.created,
+            "owned_by": "privcode",
+        }
 
     async def _complete(self, body: bytes) -> Response:
         start = time.perf_counter()
         request = parse_completion(body, self.model.max_tokens_limit)
         if request.model is not None and request.model != self.model.name:
-            raise RequestError(f"model not found (this endpoint serves {self.model.name!r})",
-                               "model", status=404, code="model_not_found")
+            raise RequestError(
+                f"model not found (this endpoint serves {self.model.name!r})",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
         prepared = self.model.prepare(request)
         result = await self.generate(prepared)
         # Sizes and latency only: prompts and completions can be private.
-        self.log.info("completion: prompt_tokens=%d completion_tokens=%d finish=%s "
-                      "sampled=%s latency_ms=%.1f", result.prompt_tokens,
-                      result.completion_tokens, result.finish_reason, not request.greedy,
-                      1000 * (time.perf_counter() - start))
-        return 200, {
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": self.model.name,
-            "choices": [{"index": 0, "text": result.text, "logprobs": None,
-                         "finish_reason": result.finish_reason}],
-            "usage": {"prompt_tokens": result.prompt_tokens,
-                      "completion_tokens": result.completion_tokens,
-                      "total_tokens": result.prompt_tokens + result.completion_tokens},
-        }, {}
+        self.log.info(
+            "completion: prompt_tokens=%d completion_tokens=%d finish=%s "
+            "sampled=%s latency_ms=%.1f",
+            result.prompt_tokens,
+            result.completion_tokens,
+            result.finish_reason,
+            not request.greedy,
+            1000 * (time.perf_counter() - start),
+        )
+        return (
+            200,
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model.name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": result.text,
+                        "logprobs": None,
+                        "finish_reason": result.finish_reason,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": result.prompt_tokens,
+                    "completion_tokens": result.completion_tokens,
+                    "total_tokens": result.prompt_tokens + result.completion_tokens,
+                },
+            },
+            {},
+        )

@@ -21,13 +21,21 @@ class PacMetrics:
         from ray.util.metrics import Counter, Gauge
 
         keys = ("app",)
-        self.tokens = Counter("privcode_pac_tokens", "Tokens released by the PAC ensemble, by "
-                              "kind (private: charged b nats; free: unanimous; fallback: "
-                              "public model).", tag_keys=("app", "kind"))
-        self.charged = Gauge("privcode_pac_charged_nats", "Nats charged to the deployment "
-                             "(all sessions, all restarts).", tag_keys=keys)
-        self.budget = Gauge("privcode_pac_budget_nats", "The deployment's budget in nats.",
-                            tag_keys=keys)
+        self.tokens = Counter(
+            "privcode_pac_tokens",
+            "Tokens released by the PAC ensemble, by "
+            "kind (private: charged b nats; free: unanimous; fallback: "
+            "public model).",
+            tag_keys=("app", "kind"),
+        )
+        self.charged = Gauge(
+            "privcode_pac_charged_nats",
+            "Nats charged to the deployment (all sessions, all restarts).",
+            tag_keys=keys,
+        )
+        self.budget = Gauge(
+            "privcode_pac_budget_nats", "The deployment's budget in nats.", tag_keys=keys
+        )
         self.sessions = Gauge("privcode_pac_sessions_open", "Open PAC sessions.", tag_keys=keys)
         for metric in (self.tokens, self.charged, self.budget, self.sessions):
             metric.set_default_tags({"app": app_name})

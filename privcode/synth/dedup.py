@@ -51,7 +51,7 @@ FORMAT = "privcode-dedup/1"
 _DROP = frozenset({tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER})
 _STMT_START = frozenset({tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT})
 _SHINGLE_MUL = np.uint64(0x9E3779B97F4A7C15)  # odd: the combination is invertible per step
-_CHUNK_SHINGLES = 1 << 15                    # bounds the (num_perm, shingles) work matrix
+_CHUNK_SHINGLES = 1 << 15  # bounds the (num_perm, shingles) work matrix
 _EMPTY = np.uint32(0xFFFFFFFF)
 
 
@@ -99,8 +99,9 @@ def normalize_code(code: str) -> str:
 
 @lru_cache(maxsize=1 << 16)
 def _token_hash(token: str) -> int:
-    return int.from_bytes(hashlib.blake2b(token.encode("utf-8", "surrogatepass"),
-                                          digest_size=8).digest(), "little")
+    return int.from_bytes(
+        hashlib.blake2b(token.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
+    )
 
 
 def _shingle_hashes(normalized: str, k: int) -> np.ndarray:
@@ -114,7 +115,7 @@ def _shingle_hashes(normalized: str, k: int) -> np.ndarray:
     with np.errstate(over="ignore"):  # uint64 arithmetic is meant to wrap (mod 2^64)
         h = t[:n].copy()
         for j in range(1, k):
-            h = h * _SHINGLE_MUL + t[j:j + n]
+            h = h * _SHINGLE_MUL + t[j : j + n]
         h ^= h >> np.uint64(30)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(27)
@@ -131,8 +132,8 @@ def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.05) -> tupl
     best, best_err = (1, num_perm), float("inf")
     for b in range(1, num_perm + 1):
         for r in range(1, num_perm // b + 1):
-            fp = np.trapezoid(1 - (1 - s_lo ** r) ** b, s_lo)
-            fn = np.trapezoid((1 - s_hi ** r) ** b, s_hi)
+            fp = np.trapezoid(1 - (1 - s_lo**r) ** b, s_lo)
+            fn = np.trapezoid((1 - s_hi**r) ** b, s_hi)
             err = fp_weight * fp + (1.0 - fp_weight) * fn
             if err < best_err - 1e-12:
                 best, best_err = (b, r), err
@@ -142,8 +143,9 @@ def lsh_params(threshold: float, num_perm: int, fp_weight: float = 0.05) -> tupl
 class Deduplicator:
     """Streaming exact + MinHash-LSH near-duplicate detector (see the module docstring)."""
 
-    def __init__(self, threshold: float = 0.85, num_perm: int = 64, shingle: int = 5,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, threshold: float = 0.85, num_perm: int = 64, shingle: int = 5, seed: int = 0
+    ) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
         if num_perm < 2 or shingle < 1:
@@ -152,7 +154,9 @@ class Deduplicator:
         self.shingle, self.seed = int(shingle), int(seed)
         self.bands, self.rows = lsh_params(self.threshold, self.num_perm)
         rng = np.random.default_rng(self.seed)
-        self._a = rng.integers(0, 2**63, self.num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        self._a = rng.integers(0, 2**63, self.num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(
+            1
+        )
         self._b = rng.integers(0, 2**63, self.num_perm, dtype=np.uint64)
         self._reset()
 
@@ -169,8 +173,14 @@ class Deduplicator:
 
     @property
     def config(self) -> dict[str, Any]:
-        return {"threshold": self.threshold, "num_perm": self.num_perm, "shingle": self.shingle,
-                "seed": self.seed, "bands": self.bands, "rows": self.rows}
+        return {
+            "threshold": self.threshold,
+            "num_perm": self.num_perm,
+            "shingle": self.shingle,
+            "seed": self.seed,
+            "bands": self.bands,
+            "rows": self.rows,
+        }
 
     # ------------------------------------------------------------------ signatures
 
@@ -183,7 +193,9 @@ class Deduplicator:
         while start < len(items):
             # Take items until the chunk holds ~_CHUNK_SHINGLES shingles (at least one item).
             end, total = start, 0
-            while end < len(items) and (end == start or total + len(hashes[items[end]]) <= _CHUNK_SHINGLES):
+            while end < len(items) and (
+                end == start or total + len(hashes[items[end]]) <= _CHUNK_SHINGLES
+            ):
                 total += len(hashes[items[end]])
                 end += 1
             chunk = items[start:end]
@@ -197,7 +209,7 @@ class Deduplicator:
 
     def _band_keys(self, sig: np.ndarray) -> list[bytes]:
         r = self.rows
-        return [sig[i * r:(i + 1) * r].tobytes() for i in range(self.bands)]
+        return [sig[i * r : (i + 1) * r].tobytes() for i in range(self.bands)]
 
     # ------------------------------------------------------------------ streaming
 
@@ -246,15 +258,22 @@ class Deduplicator:
     def state_dict(self) -> dict[str, Any]:
         """Config, kept ids and sha256 (JSON-serialisable) and signatures (numpy uint32)."""
         n = len(self._ids)
-        return {"format": FORMAT, "config": self.config, "ids": list(self._ids),
-                "sha256": list(self._sha_list), "signatures": self._sigs[:n].copy()}
+        return {
+            "format": FORMAT,
+            "config": self.config,
+            "ids": list(self._ids),
+            "sha256": list(self._sha_list),
+            "signatures": self._sigs[:n].copy(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the state with one from :meth:`state_dict` (same config required)."""
         if state.get("format") != FORMAT:
             raise ValueError(f"not a deduplicator state (format {state.get('format')!r})")
         if dict(state["config"]) != self.config:
-            raise ValueError(f"state was saved with {state['config']}, this deduplicator has {self.config}")
+            raise ValueError(
+                f"state was saved with {state['config']}, this deduplicator has {self.config}"
+            )
         sigs = np.asarray(state["signatures"], dtype=np.uint32).reshape(-1, self.num_perm)
         ids, shas = list(state["ids"]), list(state["sha256"])
         if not len(ids) == len(shas) == len(sigs):

@@ -48,12 +48,13 @@ __all__ = [
 ]
 
 MAX_INSTRUCTION_CHARS = 500
-_SIG_CHARS = 160          # a longer signature is shortened to its parameter names
-_LIST_ITEMS = 5           # names listed in "It uses ..."
-_DOC_SCAN_CHARS = 4000    # only the head of a (possibly huge) docstring is examined
+_SIG_CHARS = 160  # a longer signature is shortened to its parameter names
+_LIST_ITEMS = 5  # names listed in "It uses ..."
+_DOC_SCAN_CHARS = 4000  # only the head of a (possibly huge) docstring is examined
 
 #: Verbs that commonly start a function name or an imperative docstring.
-VERBS = frozenset("""
+VERBS = frozenset(
+    """
 accept add adjust allocate append apply assert assign attach build calculate call cast check
 choose clean clear clip close collect combine compare compile compress compute concatenate
 configure connect construct convert copy count create crop decode decompress decorate delete
@@ -68,7 +69,8 @@ run sample save scale scan search select send serialize set setup shift show shu
 skip slice sort split square start stop store strip substitute subtract sum swap take tell test
 tokenize trace transform translate transpose traverse trim truncate unpack unquote unwrap update
 upper validate verify visit walk warn wrap write yield zip
-""".split())
+""".split()
+)
 _IRREGULAR = {"be": "is", "have": "has", "do": "does", "go": "goes"}
 _PREDICATES = frozenset({"is", "has", "can", "should", "contains"})
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9`'\"(\[])")
@@ -121,7 +123,8 @@ def third_person(verb: str) -> str:
 
 def _is_third_person(word: str) -> bool:
     return (word.endswith("s") and (word[:-1] in VERBS or word[:-2] in VERBS)) or (
-        word.endswith("ies") and word[:-3] + "y" in VERBS)
+        word.endswith("ies") and word[:-3] + "y" in VERBS
+    )
 
 
 def _join_names(names: Sequence[str]) -> str:
@@ -197,8 +200,11 @@ def _called_names(roots: Sequence[ast.AST]) -> list[str]:
     out: list[str] = []
     for call in calls:
         func = call.func
-        name = func.id if isinstance(func, ast.Name) else (
-            func.attr if isinstance(func, ast.Attribute) else None)
+        name = (
+            func.id
+            if isinstance(func, ast.Name)
+            else (func.attr if isinstance(func, ast.Attribute) else None)
+        )
         if name and name not in out:
             out.append(name)
     return out
@@ -232,7 +238,11 @@ def _uses_sentence(body: Sequence[ast.stmt], own_name: str | None) -> str:
 
 
 def _describe_function(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    kind = "an async Python function" if isinstance(node, ast.AsyncFunctionDef) else "a Python function"
+    kind = (
+        "an async Python function"
+        if isinstance(node, ast.AsyncFunctionDef)
+        else "a Python function"
+    )
     head = f"Write {kind} `{_signature(node)}`"
     para = _first_paragraph(ast.get_docstring(node))
     if para:
@@ -263,7 +273,11 @@ def _describe_script(tree: ast.Module) -> str:
     if para:
         return f"Write a Python script. {_sentence(para)}"
     calls = _called_names([tree])[:_LIST_ITEMS]
-    return f"Write a Python script that uses {_join_names(calls)}." if calls else "Write a Python script."
+    return (
+        f"Write a Python script that uses {_join_names(calls)}."
+        if calls
+        else "Write a Python script."
+    )
 
 
 def _generic(code: str) -> str:
@@ -322,9 +336,18 @@ class HFGenerator:
     code longer than ``max_code_chars`` is cut first.
     """
 
-    def __init__(self, model: str, *, max_new_tokens: int = 96, batch_size: int = 8,
-                 max_input_tokens: int = 1024, max_code_chars: int = 6000, device: str | None = None,
-                 dtype: Any = None, cache_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_new_tokens: int = 96,
+        batch_size: int = 8,
+        max_input_tokens: int = 1024,
+        max_code_chars: int = 6000,
+        device: str | None = None,
+        dtype: Any = None,
+        cache_dir: str | None = None,
+    ) -> None:
         if not model:
             raise ValueError("an HF model path (or preset name) is required")
         if max_new_tokens < 1 or batch_size < 1 or max_input_tokens < 8:
@@ -344,12 +367,16 @@ class HFGenerator:
         from privcode.models.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(self.model_path, cache_dir=self.cache_dir)
-        tok.padding_side = "left"      # decoder-only batching: new tokens follow the prompt
-        tok.truncation_side = "left"   # keep the answer cue at the end of the prompt
-        model = load_causal_lm(self.model_path, dtype=self.dtype, device=self.device,
-                               cache_dir=self.cache_dir)
-        limit = getattr(model.config, "max_position_embeddings", None) or getattr(
-            model.config, "n_positions", None) or 2048
+        tok.padding_side = "left"  # decoder-only batching: new tokens follow the prompt
+        tok.truncation_side = "left"  # keep the answer cue at the end of the prompt
+        model = load_causal_lm(
+            self.model_path, dtype=self.dtype, device=self.device, cache_dir=self.cache_dir
+        )
+        limit = (
+            getattr(model.config, "max_position_embeddings", None)
+            or getattr(model.config, "n_positions", None)
+            or 2048
+        )
         self._input_limit = max(8, min(self.max_input_tokens, int(limit) - self.max_new_tokens))
         self._tokenizer, self._model = tok, model
 
@@ -361,7 +388,8 @@ class HFGenerator:
         if getattr(self._tokenizer, "chat_template", None):
             try:
                 return self._tokenizer.apply_chat_template(
-                    [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+                    [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+                )
             except Exception:  # a template that rejects this message shape: use the plain format
                 pass
         return f"{user}\n\n{label}:"
@@ -376,19 +404,37 @@ class HFGenerator:
         tok, model = self._tokenizer, self._model
         out: list[str] = []
         for start in range(0, len(prompts), self.batch_size):
-            chunk = list(prompts[start:start + self.batch_size])
-            enc = tok(chunk, return_tensors="pt", padding=True, truncation=True,
-                      max_length=self._input_limit, add_special_tokens=False)
-            enc = {k: v.to(model.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+            chunk = list(prompts[start : start + self.batch_size])
+            enc = tok(
+                chunk,
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self._input_limit,
+                add_special_tokens=False,
+            )
+            enc = {
+                k: v.to(model.device)
+                for k, v in enc.items()
+                if k in ("input_ids", "attention_mask")
+            }
             with torch.inference_mode():
-                ids = model.generate(**enc, do_sample=False, max_new_tokens=self.max_new_tokens,
-                                     pad_token_id=tok.pad_token_id)
-            out.extend(tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+                ids = model.generate(
+                    **enc,
+                    do_sample=False,
+                    max_new_tokens=self.max_new_tokens,
+                    pad_token_id=tok.pad_token_id,
+                )
+            out.extend(
+                tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            )
         return out
 
 
-_EXTRACT_TASK = ("Here is a Python code snippet. Write the instruction a user could have given "
-                 "to get exactly this code. Reply with the instruction only.")
+_EXTRACT_TASK = (
+    "Here is a Python code snippet. Write the instruction a user could have given "
+    "to get exactly this code. Reply with the instruction only."
+)
 
 
 class HFExtractor:
@@ -396,7 +442,9 @@ class HFExtractor:
 
     name = "hf"
 
-    def __init__(self, model: str, *, max_chars: int = MAX_INSTRUCTION_CHARS, **generation: Any) -> None:
+    def __init__(
+        self, model: str, *, max_chars: int = MAX_INSTRUCTION_CHARS, **generation: Any
+    ) -> None:
         self.generator = HFGenerator(model, **generation)
         self.fallback = OfflineExtractor(max_chars)
         self.max_chars = self.fallback.max_chars
@@ -407,7 +455,9 @@ class HFExtractor:
         answers = self.generator.generate(prompts)
         out = []
         for code, answer in zip(codes, answers, strict=True):
-            text = clean_text(re.sub(r"^\s*instruction\s*:\s*", "", answer, flags=re.I), self.max_chars)
+            text = clean_text(
+                re.sub(r"^\s*instruction\s*:\s*", "", answer, flags=re.I), self.max_chars
+            )
             out.append(text or offline_instruction(code, self.max_chars))
         return out
 

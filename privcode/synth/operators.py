@@ -31,8 +31,14 @@ import numpy as np
 
 log = logging.getLogger("privcode.synth")
 
-__all__ = ["Extract", "ExecutionFilter", "Generate", "RoundTripScore", "latent_for",
-           "trim_to_compilable"]
+__all__ = [
+    "Extract",
+    "ExecutionFilter",
+    "Generate",
+    "RoundTripScore",
+    "latent_for",
+    "trim_to_compilable",
+]
 
 
 def trim_to_compilable(text: str) -> str:
@@ -95,9 +101,13 @@ class Generate:
 
         idx = [int(i) for i in batch["index"]]
         o, r = self.opts, self.release
-        common = {"max_new_tokens": o["max_new_tokens"], "temperature": o["temperature"],
-                  "top_p": o["top_p"], "seed": (o["seed"] * 1_000_003 + idx[0]) % (1 << 62),
-                  "start": o.get("start_text", "")}
+        common = {
+            "max_new_tokens": o["max_new_tokens"],
+            "temperature": o["temperature"],
+            "top_p": o["top_p"],
+            "seed": (o["seed"] * 1_000_003 + idx[0]) % (1 << 62),
+            "start": o.get("start_text", ""),
+        }
         cond = [""] * len(idx)
         if r.conditioning == "latent":
             z = torch.from_numpy(np.stack([latent_for(o["seed"], i, r.dz) for i in idx]))
@@ -110,8 +120,11 @@ class Generate:
         _inc(self.counter, len(idx))
         if o.get("trim", True):
             codes = [trim_to_compilable(c) for c in codes]
-        return {**batch, "code": np.array(codes, dtype=object),
-                "cond_prompt": np.array(cond, dtype=object)}
+        return {
+            **batch,
+            "code": np.array(codes, dtype=object),
+            "cond_prompt": np.array(cond, dtype=object),
+        }
 
 
 class Extract:
@@ -137,10 +150,14 @@ class ExecutionFilter:
         from privcode.synth.sandbox import SandboxLimits, SandboxPool
 
         self.pool = SandboxPool(workers=workers, limits=SandboxLimits(**limits))
-        self.removed = _counter("privcode_synth_exec_removed",
-                                "Samples removed by the execution filter.")
-        self.verdicts = _counter("privcode_sandbox_verdicts",
-                                 "Sandbox verdicts of Stage II snippets, by status.", ("status",))
+        self.removed = _counter(
+            "privcode_synth_exec_removed", "Samples removed by the execution filter."
+        )
+        self.verdicts = _counter(
+            "privcode_sandbox_verdicts",
+            "Sandbox verdicts of Stage II snippets, by status.",
+            ("status",),
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         verdicts = self.pool.map([str(c) for c in batch["code"]])
@@ -149,12 +166,15 @@ class ExecutionFilter:
         if self.verdicts is not None:
             for status, count in collections.Counter(v.status for v in verdicts).items():
                 self.verdicts.inc(count, tags={"status": status})
-        return {**batch,
-                "exec_status": np.array([v.status for v in verdicts], dtype=object),
-                "exec_passed": passed,
-                "exec_seconds": np.array([round(v.seconds, 4) for v in verdicts]),
-                "exec_error": np.array([getattr(v, "error", None) or "" for v in verdicts],
-                                       dtype=object)}
+        return {
+            **batch,
+            "exec_status": np.array([v.status for v in verdicts], dtype=object),
+            "exec_passed": passed,
+            "exec_seconds": np.array([round(v.seconds, 4) for v in verdicts]),
+            "exec_error": np.array(
+                [getattr(v, "error", None) or "" for v in verdicts], dtype=object
+            ),
+        }
 
 
 class RoundTripScore:
@@ -168,16 +188,18 @@ class RoundTripScore:
             kwargs["threshold"] = threshold
         self.filter = RoundTripFilter(summarizer=summarizer, scorer=scorer, **kwargs)
         self.threshold = float(self.filter.threshold)
-        self.removed = _counter("privcode_synth_roundtrip_removed",
-                                "Samples removed by the round-trip filter.")
+        self.removed = _counter(
+            "privcode_synth_roundtrip_removed", "Samples removed by the round-trip filter."
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = np.asarray(batch["exec_passed"], dtype=bool)
         scores = np.full(len(ok), math.nan)
         rows = np.flatnonzero(ok)
         if len(rows):
-            got = self.filter.score([str(batch["prompt"][i]) for i in rows],
-                                    [str(batch["code"][i]) for i in rows])
+            got = self.filter.score(
+                [str(batch["prompt"][i]) for i in rows], [str(batch["code"][i]) for i in rows]
+            )
             scores[rows] = np.asarray(got, dtype=float)
         passed = ok & (np.nan_to_num(scores, nan=-math.inf) >= self.threshold)
         _inc(self.removed, int(ok.sum() - passed.sum()))

@@ -48,16 +48,30 @@ from privcode.utils import atomic_path, atomic_write_json, sha256_bytes, sha256_
 
 log = logging.getLogger("privcode.synth")
 
-__all__ = ["SynthesisError", "check_release_path", "release_privacy", "run_synthesis",
-           "work_key"]
+__all__ = ["SynthesisError", "check_release_path", "release_privacy", "run_synthesis", "work_key"]
 
 #: Settings that change what a shard holds (worker counts and limits of the
 #: pools do not, except the sandbox limits, which change verdicts).
-_SHARD_FIELDS = ("num_samples", "shard_size", "seed", "max_new_tokens", "temperature", "top_p",
-                 "start_text", "trim",
-                 "extractor", "extractor_model", "summarizer", "summarizer_model", "scorer",
-                 "scorer_model", "roundtrip_threshold", "sandbox_cpu_seconds",
-                 "sandbox_wall_seconds", "sandbox_memory_mb")
+_SHARD_FIELDS = (
+    "num_samples",
+    "shard_size",
+    "seed",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "start_text",
+    "trim",
+    "extractor",
+    "extractor_model",
+    "summarizer",
+    "summarizer_model",
+    "scorer",
+    "scorer_model",
+    "roundtrip_threshold",
+    "sandbox_cpu_seconds",
+    "sandbox_wall_seconds",
+    "sandbox_memory_mb",
+)
 _PRIVATE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 
 
@@ -71,20 +85,27 @@ def check_release_path(path: str | Path) -> dict[str, Any]:
 
     p = Path(path)
     if p.is_file() and p.suffix.lower() in _PRIVATE_SUFFIXES:
-        raise SynthesisError(f"{p}: Stage II reads only the released DP artifact (a release "
-                             "directory), never a dataset file; refusing to start")
+        raise SynthesisError(
+            f"{p}: Stage II reads only the released DP artifact (a release "
+            "directory), never a dataset file; refusing to start"
+        )
     if (p / "manifest.json").is_file() and (p / "train.parquet").exists():
-        raise SynthesisError(f"{p}: this is a private corpus directory; Stage II reads only "
-                             "the released DP artifact; refusing to start")
+        raise SynthesisError(
+            f"{p}: this is a private corpus directory; Stage II reads only "
+            "the released DP artifact; refusing to start"
+        )
     try:
         return verify_release(p)
     except ReleaseError as exc:
-        raise SynthesisError(f"not a released Stage I artifact ({exc}); run the train stage "
-                             "(`privcode train`) or set synth.release") from None
+        raise SynthesisError(
+            f"not a released Stage I artifact ({exc}); run the train stage "
+            "(`privcode train`) or set synth.release"
+        ) from None
 
 
-def release_privacy(release: str | Path, meta: dict[str, Any], *,
-                    allow_non_dp: bool = False) -> dict[str, Any]:
+def release_privacy(
+    release: str | Path, meta: dict[str, Any], *, allow_non_dp: bool = False
+) -> dict[str, Any]:
     """The privacy standing of a verified release: ``{"dp", "epsilon", "delta", "privacy_warning"}``.
 
     Fails closed: only ``dp`` exactly true in ``release.json`` counts as DP
@@ -96,18 +117,20 @@ def release_privacy(release: str | Path, meta: dict[str, Any], *,
     """
     release = Path(release)
     if meta.get("dp") is not True:
-        what = (f"dp: {json.dumps(meta['dp'])}" if "dp" in meta
-                else "no 'dp' key in release.json")
+        what = f"dp: {json.dumps(meta['dp'])}" if "dp" in meta else "no 'dp' key in release.json"
         if not allow_non_dp:
             raise SynthesisError(
                 f"{release}: the release (method {meta.get('method')!r}) is NOT differentially "
                 f"private ({what}); Stage II refuses to synthesise from it, since its synthetic "
                 "data would carry no DP guarantee. Set synth.allow_non_dp_release=true to run "
-                "anyway (UNSAFE: every artifact then says that no DP guarantee holds)")
-        warning = (f"NO differential-privacy guarantee: synthesised from a non-DP release "
-                   f"({release}, method {meta.get('method')!r}, {what}) because "
-                   "synth.allow_non_dp_release is set; this data and anything trained on it "
-                   "are NOT PRIVATE")
+                "anyway (UNSAFE: every artifact then says that no DP guarantee holds)"
+            )
+        warning = (
+            f"NO differential-privacy guarantee: synthesised from a non-DP release "
+            f"({release}, method {meta.get('method')!r}, {what}) because "
+            "synth.allow_non_dp_release is set; this data and anything trained on it "
+            "are NOT PRIVATE"
+        )
         log.error("Stage II input %s is NOT PRIVATE: %s", release, warning)
         warnings.warn(warning, RuntimeWarning, stacklevel=3)
         return {"dp": False, "epsilon": None, "delta": None, "privacy_warning": warning}
@@ -118,23 +141,37 @@ def release_privacy(release: str | Path, meta: dict[str, Any], *,
     except (OSError, ValueError) as exc:
         raise SynthesisError(f"{release / PRIVACY_JSON}: not readable JSON: {exc}") from None
     if not isinstance(privacy, dict) or privacy.get("dp") is not True:
-        raise SynthesisError(f"{release / PRIVACY_JSON}: does not say dp: true although "
-                             "release.json does; refusing to start")
+        raise SynthesisError(
+            f"{release / PRIVACY_JSON}: does not say dp: true although "
+            "release.json does; refusing to start"
+        )
 
     def number(key: str) -> float | None:
         v = privacy.get(key)
-        return (float(v) if isinstance(v, int | float) and not isinstance(v, bool)
-                and math.isfinite(v) else None)
+        return (
+            float(v)
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            else None
+        )
 
-    return {"dp": True, "epsilon": number("epsilon"), "delta": number("delta"),
-            "privacy_warning": None}
+    return {
+        "dp": True,
+        "epsilon": number("epsilon"),
+        "delta": number("delta"),
+        "privacy_warning": None,
+    }
 
 
 def _provenance(release_sha: str, meta: dict[str, Any], privacy: dict[str, Any]) -> str:
     """The provenance JSON of every synthetic row (what the premium fine-tune checks)."""
-    prov: dict[str, Any] = {"release_sha256": release_sha, "method": meta["method"],
-                            "conditioning": meta["conditioning"], "dp": privacy["dp"],
-                            "epsilon": privacy["epsilon"], "delta": privacy["delta"]}
+    prov: dict[str, Any] = {
+        "release_sha256": release_sha,
+        "method": meta["method"],
+        "conditioning": meta["conditioning"],
+        "dp": privacy["dp"],
+        "epsilon": privacy["epsilon"],
+        "delta": privacy["delta"],
+    }
     if not privacy["dp"]:
         prov.update(no_dp_guarantee=True, NOT_PRIVATE=privacy["privacy_warning"])
     return json.dumps(prov, sort_keys=True)
@@ -143,8 +180,9 @@ def _provenance(release_sha: str, meta: dict[str, Any], privacy: dict[str, Any])
 def work_key(cfg: SynthConfig, release_meta: dict[str, Any]) -> str:
     """Names the shard directory: the release's file hashes plus the shard-defining settings."""
     settings = {k: getattr(cfg, k) for k in _SHARD_FIELDS}
-    blob = json.dumps({"release": release_meta.get("files"), "settings": settings},
-                      sort_keys=True).encode()
+    blob = json.dumps(
+        {"release": release_meta.get("files"), "settings": settings}, sort_keys=True
+    ).encode()
     return sha256_bytes(blob)[:16]
 
 
@@ -181,61 +219,101 @@ EXTRACT_CPUS, EXECUTION_CPUS, ROUNDTRIP_CPUS = 0.1, 0.2, 0.2
 FILTER_CPUS = EXTRACT_CPUS + EXECUTION_CPUS + ROUNDTRIP_CPUS
 
 
-def _dataset(cfg: SynthConfig, release: Path, indices: list[int], conditioning: str,
-             generator: type | None = None):
+def _dataset(
+    cfg: SynthConfig,
+    release: Path,
+    indices: list[int],
+    conditioning: str,
+    generator: type | None = None,
+):
     import ray.data
     from ray.data import ActorPoolStrategy
 
-    gen_opts = {"seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens,
-                "temperature": cfg.temperature, "top_p": cfg.top_p,
-                "start_text": cfg.start_text, "trim": cfg.trim,
-                "gpu": cfg.gpus_per_generator > 0}
+    gen_opts = {
+        "seed": cfg.seed,
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "start_text": cfg.start_text,
+        "trim": cfg.trim,
+        "gpu": cfg.gpus_per_generator > 0,
+    }
     prompts = _public_prompts(len(indices), cfg.seed) if conditioning == "prompt" else []
     from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
 
     blocks = max(1, min(len(indices) // max(cfg.batch_size, 1), 200))
-    ds = ray.data.from_items([{"index": i, "z_seed": f"{cfg.seed}:{i}"} for i in indices],
-                             override_num_blocks=blocks)
+    ds = ray.data.from_items(
+        [{"index": i, "z_seed": f"{cfg.seed}:{i}"} for i in indices], override_num_blocks=blocks
+    )
     ds = ds.map_batches(
-        generator or Generate, fn_constructor_args=(str(release), gen_opts, prompts),
-        batch_size=cfg.batch_size, batch_format="numpy",
-        compute=ActorPoolStrategy(min_size=cfg.generators_min,
-                                  max_size=max(cfg.generators_min, cfg.generators_max)),
-        num_cpus=cfg.cpus_per_generator, num_gpus=cfg.gpus_per_generator or None)
+        generator or Generate,
+        fn_constructor_args=(str(release), gen_opts, prompts),
+        batch_size=cfg.batch_size,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(
+            min_size=cfg.generators_min, max_size=max(cfg.generators_min, cfg.generators_max)
+        ),
+        num_cpus=cfg.cpus_per_generator,
+        num_gpus=cfg.gpus_per_generator or None,
+    )
     ext_opts = {"model": cfg.extractor_model} if cfg.extractor_model else {}
     # Filter batches as small as generation's (but >= 16 for the sandbox pool's
     # parallelism): rows reach the driver, and shards complete, at that granularity.
     fbatch = max(cfg.batch_size, 16)
-    ds = ds.map_batches(Extract, fn_constructor_args=(cfg.extractor, ext_opts),
-                        batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1), num_cpus=EXTRACT_CPUS)
-    limits = {"cpu_seconds": cfg.sandbox_cpu_seconds, "wall_seconds": cfg.sandbox_wall_seconds,
-              "memory_mb": cfg.sandbox_memory_mb}
-    ds = ds.map_batches(ExecutionFilter, fn_constructor_args=(limits, cfg.sandbox_workers),
-                        batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1),
-                        num_cpus=EXECUTION_CPUS)
+    ds = ds.map_batches(
+        Extract,
+        fn_constructor_args=(cfg.extractor, ext_opts),
+        batch_size=fbatch,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(min_size=1, max_size=1),
+        num_cpus=EXTRACT_CPUS,
+    )
+    limits = {
+        "cpu_seconds": cfg.sandbox_cpu_seconds,
+        "wall_seconds": cfg.sandbox_wall_seconds,
+        "memory_mb": cfg.sandbox_memory_mb,
+    }
+    ds = ds.map_batches(
+        ExecutionFilter,
+        fn_constructor_args=(limits, cfg.sandbox_workers),
+        batch_size=fbatch,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(min_size=1, max_size=1),
+        num_cpus=EXECUTION_CPUS,
+    )
     rt_opts: dict[str, Any] = {}
     if cfg.summarizer_model:
         rt_opts["summarizer_model"] = cfg.summarizer_model
     if cfg.scorer_model:
         rt_opts["scorer_model"] = cfg.scorer_model
-    ds = ds.map_batches(RoundTripScore,
-                        fn_constructor_args=(cfg.summarizer, cfg.scorer,
-                                             cfg.roundtrip_threshold, rt_opts),
-                        batch_size=fbatch, batch_format="numpy",
-                        compute=ActorPoolStrategy(min_size=1, max_size=1),
-                        num_cpus=ROUNDTRIP_CPUS)
+    ds = ds.map_batches(
+        RoundTripScore,
+        fn_constructor_args=(cfg.summarizer, cfg.scorer, cfg.roundtrip_threshold, rt_opts),
+        batch_size=fbatch,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(min_size=1, max_size=1),
+        num_cpus=ROUNDTRIP_CPUS,
+    )
     return ds
 
 
-def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: str,
-                     progress: bool, generator: type | None = None) -> dict[str, int]:
+def _generate_shards(
+    cfg: SynthConfig,
+    release: Path,
+    work: Path,
+    conditioning: str,
+    progress: bool,
+    generator: type | None = None,
+) -> dict[str, int]:
     n, size = cfg.num_samples, cfg.shard_size
     shards = range((n + size - 1) // size)
     pending = [k for k in shards if not _shard_path(work, k).is_file()]
-    counts = {"shards": len(shards), "shards_resumed": len(shards) - len(pending),
-              "shards_written": 0, "generated_this_run": 0}
+    counts = {
+        "shards": len(shards),
+        "shards_resumed": len(shards) - len(pending),
+        "shards_written": 0,
+        "generated_this_run": 0,
+    }
     if not pending:
         return counts
     indices = [i for k in pending for i in range(k * size, min((k + 1) * size, n))]
@@ -255,12 +333,18 @@ def _generate_shards(cfg: SynthConfig, release: Path, work: Path, conditioning: 
                 if counts["shards_written"] == 1:
                     _check_runnable(rows, cfg.min_runnable_fraction)
                 if progress:
-                    log.info("synth: shard %d written (%d/%d)", k,
-                             counts["shards_written"] + counts["shards_resumed"], len(shards))
+                    log.info(
+                        "synth: shard %d written (%d/%d)",
+                        k,
+                        counts["shards_written"] + counts["shards_resumed"],
+                        len(shards),
+                    )
     if buffers:
         missing = sorted(buffers)
-        raise SynthesisError(f"Stage II lost rows: shards {missing[:5]} incomplete after the "
-                             "dataset finished; rerun to regenerate them")
+        raise SynthesisError(
+            f"Stage II lost rows: shards {missing[:5]} incomplete after the "
+            "dataset finished; rerun to regenerate them"
+        )
     return counts
 
 
@@ -279,11 +363,18 @@ def _check_runnable(rows: list[dict[str, Any]], minimum: float) -> None:
         "Python: look at the base stage (base.json: is the base complete, its held-out loss?) "
         "and the train stage (its epsilon, steps and public held-out loss curve), or at the "
         "sampling settings (synth.temperature, synth.start_text, synth.max_new_tokens). "
-        "Set synth.min_runnable_fraction=0 to synthesise anyway.")
+        "Set synth.min_runnable_fraction=0 to synthesise anyway."
+    )
 
 
-def _finalize_shard(path: Path, cfg: SynthConfig, dedup: Any, provenance: str,
-                    funnel: dict[str, int], statuses: dict[str, int]) -> list[dict[str, Any]]:
+def _finalize_shard(
+    path: Path,
+    cfg: SynthConfig,
+    dedup: Any,
+    provenance: str,
+    funnel: dict[str, int],
+    statuses: dict[str, int],
+) -> list[dict[str, Any]]:
     """Count one shard into the funnel; its kept rows (passed both filters, not a duplicate)."""
     import pyarrow.parquet as pq
 
@@ -305,16 +396,31 @@ def _finalize_shard(path: Path, cfg: SynthConfig, dedup: Any, provenance: str,
         if dup is not None:
             funnel["removed_duplicate"] += 1
             continue
-        kept.append({"id": rid, "prompt": r["prompt"], "code": r["code"], "z_seed": r["z_seed"],
-                     "exec_status": r["exec_status"], "exec_seconds": r["exec_seconds"],
-                     "roundtrip_score": r["roundtrip_score"], "duplicate_of": None,
-                     "provenance": provenance})
+        kept.append(
+            {
+                "id": rid,
+                "prompt": r["prompt"],
+                "code": r["code"],
+                "z_seed": r["z_seed"],
+                "exec_status": r["exec_status"],
+                "exec_seconds": r["exec_seconds"],
+                "roundtrip_score": r["roundtrip_score"],
+                "duplicate_of": None,
+                "provenance": provenance,
+            }
+        )
     funnel["kept"] += len(kept)
     return kept
 
 
-def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[str, Any],
-              release_sha: str, privacy: dict[str, Any]) -> dict[str, Any]:
+def _finalize(
+    cfg: SynthConfig,
+    work: Path,
+    out_dir: Path,
+    release_meta: dict[str, Any],
+    release_sha: str,
+    privacy: dict[str, Any],
+) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -322,49 +428,76 @@ def _finalize(cfg: SynthConfig, work: Path, out_dir: Path, release_meta: dict[st
 
     dedup = Deduplicator(threshold=cfg.dedup_threshold)
     provenance = _provenance(release_sha, release_meta, privacy)
-    funnel = {"generated": 0, "removed_execution": 0, "removed_roundtrip": 0,
-              "removed_duplicate": 0, "kept": 0}
+    funnel = {
+        "generated": 0,
+        "removed_execution": 0,
+        "removed_roundtrip": 0,
+        "removed_duplicate": 0,
+        "kept": 0,
+    }
     statuses: dict[str, int] = defaultdict(int)
-    schema = pa.schema([("id", pa.string()), ("prompt", pa.string()), ("code", pa.string()),
-                        ("z_seed", pa.string()), ("exec_status", pa.string()),
-                        ("exec_seconds", pa.float64()), ("roundtrip_score", pa.float64()),
-                        ("duplicate_of", pa.string()), ("provenance", pa.string())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("prompt", pa.string()),
+            ("code", pa.string()),
+            ("z_seed", pa.string()),
+            ("exec_status", pa.string()),
+            ("exec_seconds", pa.float64()),
+            ("roundtrip_score", pa.float64()),
+            ("duplicate_of", pa.string()),
+            ("provenance", pa.string()),
+        ]
+    )
     n_shards = (cfg.num_samples + cfg.shard_size - 1) // cfg.shard_size
-    with atomic_path(out_dir / "synthetic.parquet") as tmp, \
-            pq.ParquetWriter(tmp, schema) as writer:
+    with atomic_path(out_dir / "synthetic.parquet") as tmp, pq.ParquetWriter(tmp, schema) as writer:
         for k in range(n_shards):
-            kept = _finalize_shard(_shard_path(work, k), cfg, dedup, provenance, funnel,
-                                   statuses)
+            kept = _finalize_shard(_shard_path(work, k), cfg, dedup, provenance, funnel, statuses)
             if kept:  # one row group per shard: memory stays flat at any num_samples
                 writer.write_table(pa.Table.from_pylist(kept, schema=schema))
     if sum(v for k, v in funnel.items() if k != "generated") != funnel["generated"]:
         raise SynthesisError(f"filter counts do not add up: {funnel}")
 
     g = max(funnel["generated"], 1)
-    stats = {"dp": privacy["dp"], "privacy_warning": privacy["privacy_warning"],
-             "funnel": funnel,
-             "rates": {k: round(v / g, 4) for k, v in funnel.items() if k != "generated"},
-             "execution_statuses": dict(sorted(statuses.items())),
-             "release": {"sha256": release_sha, "method": release_meta["method"],
-                         "conditioning": release_meta["conditioning"],
-                         "dp": privacy["dp"], "epsilon": privacy["epsilon"],
-                         "delta": privacy["delta"]},
-             "config": section_to_dict(cfg)}
+    stats = {
+        "dp": privacy["dp"],
+        "privacy_warning": privacy["privacy_warning"],
+        "funnel": funnel,
+        "rates": {k: round(v / g, 4) for k, v in funnel.items() if k != "generated"},
+        "execution_statuses": dict(sorted(statuses.items())),
+        "release": {
+            "sha256": release_sha,
+            "method": release_meta["method"],
+            "conditioning": release_meta["conditioning"],
+            "dp": privacy["dp"],
+            "epsilon": privacy["epsilon"],
+            "delta": privacy["delta"],
+        },
+        "config": section_to_dict(cfg),
+    }
     atomic_write_json(out_dir / "stats.json", stats)
     return stats
 
 
-def run_synthesis(cfg: SynthConfig, *, release: str | Path, out_dir: str | Path,
-                  work_root: str | Path, progress: bool = True,
-                  generator: type | None = None) -> dict[str, Any]:
+def run_synthesis(
+    cfg: SynthConfig,
+    *,
+    release: str | Path,
+    out_dir: str | Path,
+    work_root: str | Path,
+    progress: bool = True,
+    generator: type | None = None,
+) -> dict[str, Any]:
     """Synthesise from ``release`` into ``out_dir`` (see the module docstring); returns a summary.
 
     ``generator`` replaces :class:`~privcode.synth.operators.Generate` (same
     constructor and batch contract), e.g. a cheap stand-in for benchmarks.
     """
     if cfg.generators_max < cfg.generators_min:
-        raise SynthesisError(f"synth.generators_max={cfg.generators_max} is below "
-                             f"generators_min={cfg.generators_min}")
+        raise SynthesisError(
+            f"synth.generators_max={cfg.generators_max} is below "
+            f"generators_min={cfg.generators_min}"
+        )
     release = Path(release).resolve()
     meta = check_release_path(release)
     privacy = release_privacy(release, meta, allow_non_dp=cfg.allow_non_dp_release)
@@ -390,16 +523,24 @@ def _clear_stale_temporaries(work: Path) -> int:
     return len(stale)
 
 
-def _synthesise(cfg: SynthConfig, release: Path, meta: dict[str, Any], privacy: dict[str, Any],
-                work: Path, out_dir: str | Path, progress: bool,
-                generator: type | None) -> dict[str, Any]:
+def _synthesise(
+    cfg: SynthConfig,
+    release: Path,
+    meta: dict[str, Any],
+    privacy: dict[str, Any],
+    work: Path,
+    out_dir: str | Path,
+    progress: bool,
+    generator: type | None,
+) -> dict[str, Any]:
     import ray
 
     from privcode.cluster.local import connect
 
     release_sha = sha256_bytes(json.dumps(meta.get("files"), sort_keys=True).encode())
-    atomic_write_json(work / "settings.json", {"release": str(release),
-                                                "config": section_to_dict(cfg)})
+    atomic_write_json(
+        work / "settings.json", {"release": str(release), "config": section_to_dict(cfg)}
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
@@ -408,13 +549,26 @@ def _synthesise(cfg: SynthConfig, release: Path, meta: dict[str, Any], privacy: 
     counts = _generate_shards(cfg, release, work, meta["conditioning"], progress, generator)
     stats = _finalize(cfg, work, out_dir, meta, release_sha, privacy)
     seconds = round(time.time() - started, 2)
-    return {**stats["funnel"], **counts, "rates": stats["rates"],
-            "execution_statuses": stats["execution_statuses"], "seconds": seconds,
-            # Over the samples generated by this run (resumed shards cost nothing).
-            "samples_per_second": (round(counts["generated_this_run"] / max(seconds, 1e-9), 2)
-                                   if counts["generated_this_run"] else None),
-            "release": str(release), "release_sha256": release_sha,
-            "synthetic_sha256": sha256_file(out_dir / "synthetic.parquet"),
-            "work_dir": str(work), "conditioning": meta["conditioning"],
-            "method": meta["method"], "dp": privacy["dp"], "epsilon": privacy["epsilon"],
-            "delta": privacy["delta"], "privacy_warning": privacy["privacy_warning"]}
+    return {
+        **stats["funnel"],
+        **counts,
+        "rates": stats["rates"],
+        "execution_statuses": stats["execution_statuses"],
+        "seconds": seconds,
+        # Over the samples generated by this run (resumed shards cost nothing).
+        "samples_per_second": (
+            round(counts["generated_this_run"] / max(seconds, 1e-9), 2)
+            if counts["generated_this_run"]
+            else None
+        ),
+        "release": str(release),
+        "release_sha256": release_sha,
+        "synthetic_sha256": sha256_file(out_dir / "synthetic.parquet"),
+        "work_dir": str(work),
+        "conditioning": meta["conditioning"],
+        "method": meta["method"],
+        "dp": privacy["dp"],
+        "epsilon": privacy["epsilon"],
+        "delta": privacy["delta"],
+        "privacy_warning": privacy["privacy_warning"],
+    }

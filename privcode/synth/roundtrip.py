@@ -109,8 +109,11 @@ def _names_in(node: ast.AST | None) -> list[str]:
             found.append((n.lineno, n.col_offset, n.id))
         elif isinstance(n, ast.Attribute):
             found.append((n.lineno, n.end_col_offset, n.attr))
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str | int | float | bool) and (
-                not isinstance(n.value, str) or re.fullmatch(r"\w{1,30}", n.value)):
+        elif (
+            isinstance(n, ast.Constant)
+            and isinstance(n.value, str | int | float | bool)
+            and (not isinstance(n.value, str) or re.fullmatch(r"\w{1,30}", n.value))
+        ):
             found.append((n.lineno, n.col_offset, str(n.value)))
     return [name for *_, name in sorted(found)]
 
@@ -118,8 +121,12 @@ def _names_in(node: ast.AST | None) -> list[str]:
 def _body_nodes(node: ast.AST) -> list[ast.AST]:
     """Every node below ``node``, its docstring excluded."""
     body = list(getattr(node, "body", []))
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
-            isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         body = body[1:]
     out: list[ast.AST] = []
     for stmt in body:
@@ -144,9 +151,14 @@ def _body_facts(nodes: list[ast.AST]) -> list[str]:
         elif isinstance(n, ast.Raise):
             raises.extend(_names_in(n.exc.func if isinstance(n.exc, ast.Call) else n.exc))
     facts = []
-    for label, names in (("calls", calls), ("uses", [a for a in attrs if a not in calls]),
-                         ("loops over", loops), ("checks", checks), ("returns", returns),
-                         ("raises", raises)):
+    for label, names in (
+        ("calls", calls),
+        ("uses", [a for a in attrs if a not in calls]),
+        ("loops over", loops),
+        ("checks", checks),
+        ("returns", returns),
+        ("raises", raises),
+    ):
         text = _words(names)
         if text:
             facts.append(f"{label} {text}")
@@ -246,8 +258,13 @@ class EmbeddingScorer:
 
     name = "embedding"
 
-    def __init__(self, model: str | None = None, batch_size: int = 64, device: str | None = None,
-                 max_seq_length: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        batch_size: int = 64,
+        device: str | None = None,
+        max_seq_length: int | None = None,
+    ) -> None:
         if max_seq_length is not None and int(max_seq_length) < 1:
             raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length!r}")
         self.model_path = model or default_embedding_model()
@@ -267,16 +284,20 @@ class EmbeddingScorer:
 
     def embed(self, texts: Sequence[str]) -> Any:
         """Unit-norm embeddings, one row per text (numpy float32)."""
-        return self._load().encode([str(t) for t in texts], batch_size=self.batch_size,
-                                   normalize_embeddings=True, convert_to_numpy=True,
-                                   show_progress_bar=False)
+        return self._load().encode(
+            [str(t) for t in texts],
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
 
     def score(self, a: Sequence[str], b: Sequence[str]) -> list[float]:
         _check_pairs(a, b)
         if not a:
             return []
         emb = self.embed([*a, *b])  # one encode call: one pass of batching
-        sims = (emb[: len(a)] * emb[len(a):]).sum(axis=1).clip(-1.0, 1.0)
+        sims = (emb[: len(a)] * emb[len(a) :]).sum(axis=1).clip(-1.0, 1.0)
         return [float(s) for s in sims]
 
 
@@ -292,8 +313,14 @@ class BERTScoreScorer:
 
     name = "bertscore"
 
-    def __init__(self, model: str | None = None, layer: int | None = None, batch_size: int = 32,
-                 max_length: int = 512, device: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        layer: int | None = None,
+        batch_size: int = 32,
+        max_length: int = 512,
+        device: str | None = None,
+    ) -> None:
         if not model:
             raise ValueError("the bertscore scorer needs model=<local HF encoder directory>")
         self.model_path, self.layer = str(model), layer
@@ -321,9 +348,15 @@ class BERTScoreScorer:
         tok, model = self._tokenizer, self._model
         out = []
         for start in range(0, len(texts), self.batch_size):
-            chunk = [str(t) for t in texts[start:start + self.batch_size]]
-            enc = tok(chunk, return_tensors="pt", padding=True, truncation=True,
-                      max_length=self.max_length, return_special_tokens_mask=True)
+            chunk = [str(t) for t in texts[start : start + self.batch_size]]
+            enc = tok(
+                chunk,
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_special_tokens_mask=True,
+            )
             keep = enc.pop("special_tokens_mask").eq(0) & enc["attention_mask"].bool()
             enc = {k: v.to(model.device) for k, v in enc.items()}
             with torch.inference_mode():
@@ -339,7 +372,7 @@ class BERTScoreScorer:
             return []
         emb = self.token_embeddings([*a, *b])
         scores = []
-        for x, y in zip(emb[: len(a)], emb[len(a):], strict=True):
+        for x, y in zip(emb[: len(a)], emb[len(a) :], strict=True):
             if len(x) == 0 or len(y) == 0:
                 scores.append(0.0)
                 continue
@@ -409,17 +442,27 @@ class RoundTripFilter:
     and a decoder's ``getstate``), so the rejection rate is a lower bound.
     """
 
-    def __init__(self, summarizer: str | Summarizer = "offline", scorer: str | Scorer = "embedding",
-                 threshold: float | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        summarizer: str | Summarizer = "offline",
+        scorer: str | Scorer = "embedding",
+        threshold: float | None = None,
+        **options: Any,
+    ) -> None:
         routed: dict[str, dict[str, Any]] = {"summarizer": {}, "scorer": {}}
         for key, value in options.items():
             prefix, _, rest = key.partition("_")
             if prefix not in routed or not rest:
-                raise ValueError(f"unknown option {key!r}: prefix options with 'summarizer_' or "
-                                 "'scorer_' (e.g. summarizer_model=..., scorer_model=...)")
+                raise ValueError(
+                    f"unknown option {key!r}: prefix options with 'summarizer_' or "
+                    "'scorer_' (e.g. summarizer_model=..., scorer_model=...)"
+                )
             routed[prefix][rest] = value
-        self.summarizer = (make_summarizer(summarizer, **routed["summarizer"])
-                           if isinstance(summarizer, str) else summarizer)
+        self.summarizer = (
+            make_summarizer(summarizer, **routed["summarizer"])
+            if isinstance(summarizer, str)
+            else summarizer
+        )
         self.scorer = make_scorer(scorer, **routed["scorer"]) if isinstance(scorer, str) else scorer
         if threshold is None:
             name = getattr(self.scorer, "name", "")
@@ -438,7 +481,9 @@ class RoundTripFilter:
             return []
         return self.scorer.score(self.summaries(codes), [str(p) for p in prompts])
 
-    def verdicts(self, prompts: Sequence[str], codes: Sequence[str]) -> tuple[list[float], list[bool]]:
+    def verdicts(
+        self, prompts: Sequence[str], codes: Sequence[str]
+    ) -> tuple[list[float], list[bool]]:
         """Scores and keep flags from one pass (for a pipeline that records both)."""
         scores = self.score(prompts, codes)
         return scores, [s >= self.threshold for s in scores]

@@ -80,8 +80,12 @@ from dataclasses import asdict, dataclass
 NAMESPACES, RLIMITS_ONLY = "namespaces+uid", "rlimits-only"
 STATUSES = ("ok", "error", "timeout", "cpu", "memory", "output", "killed", "syntax")
 UID_BASE, UID_SPAN = 61000, 1000
-_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0"}
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+}
 _TOP_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _NEWNS, _NEWUTS, _NEWIPC, _NEWPID, _NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
 _RDONLY, _NOSUID, _NODEV, _NOEXEC, _REMOUNT = 1, 2, 4, 8, 32
@@ -90,11 +94,13 @@ _PDEATHSIG, _DUMPABLE, _NO_NEW_PRIVS = 1, 4, 38  # prctl options
 _TAIL = 4096
 # The zygote: load this file by path (no site-packages; privcode is not importable) and
 # serve.  Only a forked snippet process gets past _zygote_main: it runs the code as main.
-_BOOT = ("import sys\nb = frozenset(sys.modules)\nimport importlib.util as u\n"
-         "s = u.spec_from_file_location('_privcode_sandbox_zygote', sys.argv[1])\n"
-         "m = u.module_from_spec(s)\nsys.modules[s.name] = m\ns.loader.exec_module(m)\n"
-         "job = m._zygote_main(sys.argv[2], sys.argv[3], b)\n"
-         "if job is not None:\n    m._snippet_main(*job)\n")
+_BOOT = (
+    "import sys\nb = frozenset(sys.modules)\nimport importlib.util as u\n"
+    "s = u.spec_from_file_location('_privcode_sandbox_zygote', sys.argv[1])\n"
+    "m = u.module_from_spec(s)\nsys.modules[s.name] = m\ns.loader.exec_module(m)\n"
+    "job = m._zygote_main(sys.argv[2], sys.argv[3], b)\n"
+    "if job is not None:\n    m._snippet_main(*job)\n"
+)
 
 
 class SandboxError(RuntimeError):
@@ -158,8 +164,12 @@ def _sys(name: str, *args) -> None:
 
 
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None):
-    _sys("mount", *(x.encode() if x else None for x in (src, dst, fstype)), flags,
-         data.encode() if data else None)
+    _sys(
+        "mount",
+        *(x.encode() if x else None for x in (src, dst, fstype)),
+        flags,
+        data.encode() if data else None,
+    )
 
 
 def _unshare(flags: int) -> None:
@@ -169,14 +179,17 @@ def _unshare(flags: int) -> None:
 def _send(fd: int, obj: dict) -> None:
     view = memoryview(json.dumps(obj).encode() + b"\n")  # JSON escapes newlines: one line
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _recv(fd: int, deadline: float | None = None) -> dict | None:
     """One JSON line; one message is in flight at a time, so no read spans two."""
     data = b""
     while not data.endswith(b"\n"):
-        if deadline is not None and not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if (
+            deadline is not None
+            and not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]
+        ):
             raise TimeoutError("no answer from the sandbox zygote")
         chunk = os.read(fd, 1 << 20)
         if not chunk:
@@ -195,12 +208,19 @@ def _setup_zygote_namespaces(mnt: str) -> int:
     _mount(None, "/", None, _REC | _PRIVATE)
     _mount("tmpfs", mnt, "tmpfs", _NOSUID | _NODEV, "mode=0755,size=1m,nr_inodes=1024")
     bound: list[str] = []
-    prefixes = (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(sys.executable)))
+    prefixes = (
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(sys.executable)),
+    )
     for path in ["/" + d for d in _TOP_DIRS] + [os.path.realpath(p) for p in prefixes]:
         if os.path.islink(path) and path.count("/") == 1:  # merged /usr: /bin -> usr/bin
             os.symlink(os.readlink(path), mnt + path)
-        elif os.path.isdir(path) and path != "/" and not any(
-                path == b or path.startswith(b + "/") for b in bound):
+        elif (
+            os.path.isdir(path)
+            and path != "/"
+            and not any(path == b or path.startswith(b + "/") for b in bound)
+        ):
             os.makedirs(mnt + path, exist_ok=True)
             _mount(path, mnt + path, None, _BIND)
             _mount(None, mnt + path, None, _BIND | _REMOUNT | _RDONLY | _NOSUID | _NODEV)
@@ -209,9 +229,13 @@ def _setup_zygote_namespaces(mnt: str) -> int:
     for name in ("null", "zero", "full", "random", "urandom"):
         os.close(os.open(f"{mnt}/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
         _mount("/dev/" + name, f"{mnt}/dev/{name}", None, _BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
-                         ("shm", "/tmp")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("shm", "/tmp"),
+    ):
         os.symlink(target, f"{mnt}/dev/{name}")
     os.mkdir(mnt + "/tmp", 0o700)
     os.mkdir(mnt + "/proc", 0o555)
@@ -227,12 +251,14 @@ def _become_snippet(spec: dict, baseline: frozenset) -> tuple:
         os.dup2(fd, target)
     os.closerange(4, 1 << 20)
     mb, cpu = 1 << 20, max(1, math.ceil(lim["cpu_seconds"]))
-    for res, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1),
-                            (resource.RLIMIT_AS, lim["memory_mb"] * mb, None),
-                            (resource.RLIMIT_NPROC, spec["nproc_base"] + lim["max_processes"], None),
-                            (resource.RLIMIT_FSIZE, lim["file_size_mb"] * mb, None),
-                            (resource.RLIMIT_NOFILE, lim["open_files"], None),
-                            (resource.RLIMIT_CORE, 0, None)):
+    for res, soft, hard in (
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_AS, lim["memory_mb"] * mb, None),
+        (resource.RLIMIT_NPROC, spec["nproc_base"] + lim["max_processes"], None),
+        (resource.RLIMIT_FSIZE, lim["file_size_mb"] * mb, None),
+        (resource.RLIMIT_NOFILE, lim["open_files"], None),
+        (resource.RLIMIT_CORE, 0, None),
+    ):
         cur = resource.getrlimit(res)[1]
         hard = soft if hard is None else hard
         hard = hard if cur == resource.RLIM_INFINITY else min(hard, cur)
@@ -260,7 +286,9 @@ def _child(st_w: int, fn, *args):
         return fn(*args)
     except BaseException as exc:
         try:
-            os.write(st_w, json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
+            os.write(
+                st_w, json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n"
+            )
         finally:
             os._exit(70)
 
@@ -271,8 +299,13 @@ def _ns_init(spec: dict, baseline: frozenset):
     _sys("prctl", _PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     mnt, uid = spec["mnt"], spec["uid"]
     _unshare(_NEWNS | _NEWIPC)
-    _mount("tmpfs", mnt + "/tmp", "tmpfs", _NOSUID | _NODEV,
-           f"mode=0700,uid={uid},gid={uid},size={spec['limits']['disk_mb']}m,nr_inodes=16384")
+    _mount(
+        "tmpfs",
+        mnt + "/tmp",
+        "tmpfs",
+        _NOSUID | _NODEV,
+        f"mode=0700,uid={uid},gid={uid},size={spec['limits']['disk_mb']}m,nr_inodes=16384",
+    )
     for opts in ("hidepid=invisible", "hidepid=2", ""):  # invisible: Linux 5.8+
         try:
             _mount("proc", mnt + "/proc", "proc", _NOSUID | _NODEV | _NOEXEC, opts)
@@ -374,7 +407,7 @@ def _monitor(pid: int, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
                 open_fds.discard(fd)
             elif fd != pidfd:
                 sizes[fd] += len(chunk)
-                bufs[fd] += chunk[:max(0, cap - len(bufs[fd]))]
+                bufs[fd] += chunk[: max(0, cap - len(bufs[fd]))]
                 tail = (tail + chunk)[-_TAIL:] if fd == err_r else tail
                 if sizes[fd] > cap and reason is None:
                     reason = "output"
@@ -389,10 +422,15 @@ def _monitor(pid: int, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
             if mode != "ns":
                 kill()  # the rest of its process group
             _reap()
-    return {"reason": reason, "seconds": exited - t0, "wait_status": status, "cpu": cpu,
-            "stdout": bufs[out_r].decode("utf-8", "replace"),
-            "stderr": bufs[err_r].decode("utf-8", "replace"),
-            "stderr_tail": tail.decode("utf-8", "replace") if sizes[err_r] > cap else None}
+    return {
+        "reason": reason,
+        "seconds": exited - t0,
+        "wait_status": status,
+        "cpu": cpu,
+        "stdout": bufs[out_r].decode("utf-8", "replace"),
+        "stderr": bufs[err_r].decode("utf-8", "replace"),
+        "stderr_tail": tail.decode("utf-8", "replace") if sizes[err_r] > cap else None,
+    }
 
 
 def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: frozenset):
@@ -414,8 +452,15 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
                     nproc += os.stat(f"/proc/{p}").st_uid == os.getuid()
                 except OSError:
                     pass
-    spec = {"code": req["code"], "limits": lim, "uid": uid, "workdir": workdir,
-            "fds": (in_fd, out_w, err_w, st_w), "nproc_base": nproc, "mnt": mnt}
+    spec = {
+        "code": req["code"],
+        "limits": lim,
+        "uid": uid,
+        "workdir": workdir,
+        "fds": (in_fd, out_w, err_w, st_w),
+        "nproc_base": nproc,
+        "mnt": mnt,
+    }
     if mode == "ns":
         _unshare(_NEWPID)  # the next child is pid 1 of a new pid namespace
     try:
@@ -463,8 +508,11 @@ def _zygote_main(mode: str, mnt: str, baseline: frozenset) -> tuple | None:
     gc.freeze()  # forked snippets' collections skip the zygote's objects (fewer copied pages)
     while (req := _recv(0)) is not None:
         try:
-            out = ({"survivors": _sweep(req["sweep"])} if "sweep" in req
-                   else _zygote_run(req, mode, mnt, pidns, baseline))
+            out = (
+                {"survivors": _sweep(req["sweep"])}
+                if "sweep" in req
+                else _zygote_run(req, mode, mnt, pidns, baseline)
+            )
         except BaseException as exc:
             if os.getpid() != me:  # never let a forked child carry on as a zygote
                 os._exit(70)
@@ -526,6 +574,7 @@ def _snippet_main(code: str, path: str, baseline: frozenset) -> None:
 
 # ----------------------------------------------------------------------------- parent side
 
+
 def _log():
     import logging
 
@@ -548,15 +597,23 @@ def _state_dir() -> str:
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
             os.makedirs(os.path.join(path, "mnt"), mode=0o700, exist_ok=True)
             return path
-    raise SandboxError("no safe state directory for the sandbox (tried /run/privcode-sandbox "
-                       "and privcode-sandbox in the temp dir: must be ours, mode 0700)")
+    raise SandboxError(
+        "no safe state directory for the sandbox (tried /run/privcode-sandbox "
+        "and privcode-sandbox in the temp dir: must be ours, mode 0700)"
+    )
 
 
 class _Slot:
     """One sandbox slot: an exclusive uid and a zygote (started on first use), one run at a time."""
 
     def __init__(self, index: int) -> None:
-        self.index, self.lock, self.proc, self.uid, self._lock_fd = index, _thread.allocate_lock(), None, None, None
+        self.index, self.lock, self.proc, self.uid, self._lock_fd = (
+            index,
+            _thread.allocate_lock(),
+            None,
+            None,
+            None,
+        )
         self.owner = os.getpid()
 
     def _start(self, level: str) -> None:
@@ -567,8 +624,11 @@ class _Slot:
             lock_dir, mnt = _state_dir(), os.path.join(_state_dir(), "mnt")
             for i in range(UID_SPAN):
                 uid = UID_BASE + (self.index + i) % UID_SPAN
-                fd = os.open(os.path.join(lock_dir, f"uid-{uid}.lock"),
-                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                fd = os.open(
+                    os.path.join(lock_dir, f"uid-{uid}.lock"),
+                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by us and the zygote
                     self.uid, self._lock_fd = uid, fd
@@ -579,10 +639,24 @@ class _Slot:
                 raise SandboxError(f"all {UID_SPAN} sandbox uids from {UID_BASE} are in use")
         try:  # the real binary: a pyenv shim would not start as another uid
             self.proc = subprocess.Popen(
-                [os.path.realpath(sys.executable), "-S", "-s", "-P", "-c", _BOOT,
-                 os.path.realpath(__file__), "ns" if level == NAMESPACES else "plain", mnt],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_ENV, cwd="/",
-                pass_fds=() if self._lock_fd is None else (self._lock_fd,), start_new_session=True)
+                [
+                    os.path.realpath(sys.executable),
+                    "-S",
+                    "-s",
+                    "-P",
+                    "-c",
+                    _BOOT,
+                    os.path.realpath(__file__),
+                    "ns" if level == NAMESPACES else "plain",
+                    mnt,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=_ENV,
+                cwd="/",
+                pass_fds=() if self._lock_fd is None else (self._lock_fd,),
+                start_new_session=True,
+            )
             if self.uid is not None:  # leftovers of a crashed previous owner of this uid
                 self._request({"sweep": self.uid}, 60.0)
         except BaseException:
@@ -609,16 +683,22 @@ class _Slot:
                 if self.proc is None or self.proc.poll() is not None:
                     self.close()
                     self._start(level)
-                res = self._request({"code": code, "stdin": stdin, "uid": self.uid,
-                                     "limits": asdict(limits)}, limits.wall_seconds + 60.0)
+                res = self._request(
+                    {"code": code, "stdin": stdin, "uid": self.uid, "limits": asdict(limits)},
+                    limits.wall_seconds + 60.0,
+                )
                 if not res["ready"] and res["reason"] is None:
-                    raise SandboxError(f"sandbox setup failed ({level}): "
-                                       f"{res['setup_error'] or 'no report from the sandbox'}")
+                    raise SandboxError(
+                        f"sandbox setup failed ({level}): "
+                        f"{res['setup_error'] or 'no report from the sandbox'}"
+                    )
             except BaseException:
                 self.close(kill=True)  # a fresh zygote next time
                 raise
         if res.get("survivors"):
-            _log().error("processes of sandbox uid %s outlived their pid namespace; killed", self.uid)
+            _log().error(
+                "processes of sandbox uid %s outlived their pid namespace; killed", self.uid
+            )
         return res
 
     def close(self, kill: bool = False) -> None:
@@ -646,7 +726,7 @@ _SLOTS: dict[int, _Slot] = {}
 
 
 def isolation_level() -> str:
-    """"namespaces+uid" (root, and one trivial snippet ran so) or "rlimits-only"."""
+    """ "namespaces+uid" (root, and one trivial snippet ran so) or "rlimits-only"."""
     global _LEVEL
     with _LEVEL_LOCK:
         if _LEVEL is None:
@@ -654,7 +734,12 @@ def isolation_level() -> str:
             if os.geteuid() == 0:
                 probe = _Slot(UID_SPAN - 1)
                 try:
-                    if probe.run("pass", "", SandboxLimits(wall_seconds=30), NAMESPACES)["wait_status"] == 0:
+                    if (
+                        probe.run("pass", "", SandboxLimits(wall_seconds=30), NAMESPACES)[
+                            "wait_status"
+                        ]
+                        == 0
+                    ):
                         _LEVEL = NAMESPACES
                 except (OSError, SandboxError) as exc:
                     _log().error("the namespaces+uid sandbox does not work here: %s", exc)
@@ -668,19 +753,23 @@ def _checked_level() -> str:
     global _WARNED
     level = isolation_level()
     if level != NAMESPACES and os.geteuid() == 0:
-        raise SandboxError("refusing to run generated code as root without isolation: the "
-                           "namespaces+uid sandbox does not work here (needs CAP_SYS_ADMIN, "
-                           "CAP_SETUID/SETGID; see the log); run as an unprivileged user for "
-                           "the weaker rlimits-only fallback")
+        raise SandboxError(
+            "refusing to run generated code as root without isolation: the "
+            "namespaces+uid sandbox does not work here (needs CAP_SYS_ADMIN, "
+            "CAP_SETUID/SETGID; see the log); run as an unprivileged user for "
+            "the weaker rlimits-only fallback"
+        )
     if level != NAMESPACES and not _WARNED:
         import warnings
 
         _WARNED = True
-        msg = ("privcode sandbox isolation is WEAKER than designed (rlimits-only: not running "
-               "as root): rlimits, own process group, temp dir and scrubbed environment ONLY; "
-               "NO network or filesystem isolation, the code can read and write what this user "
-               "can and escape the kill by daemonising. Do not run untrusted generated code "
-               "like this: run as root (namespaces+uid) or in a locked-down pod.")
+        msg = (
+            "privcode sandbox isolation is WEAKER than designed (rlimits-only: not running "
+            "as root): rlimits, own process group, temp dir and scrubbed environment ONLY; "
+            "NO network or filesystem isolation, the code can read and write what this user "
+            "can and escape the kill by daemonising. Do not run untrusted generated code "
+            "like this: run as root (namespaces+uid) or in a locked-down pod."
+        )
         _log().error(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
     return level
@@ -690,7 +779,7 @@ def _exception_name(text: str) -> str | None:
     """Type name on the last traceback's final line (``json.decoder.X: msg`` -> ``X``)."""
     lines = text.splitlines()
     starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
-    for ln in reversed(lines[starts[-1] + 1:] if starts else []):
+    for ln in reversed(lines[starts[-1] + 1 :] if starts else []):
         if ln and not ln[0].isspace():
             head = ln.split(":", 1)[0].strip()
             return head.rsplit(".", 1)[-1] if head.replace(".", "_").isidentifier() else None
@@ -703,8 +792,9 @@ def _verdict(res: dict, limits: SandboxLimits, level: str) -> Verdict:
     if res["reason"] in ("timeout", "output", "killed"):
         status = res["reason"]
     elif rc is not None and rc < 0:  # killed by signal -rc
-        if -rc == signal.SIGXCPU or (-rc == signal.SIGKILL
-                                     and res["cpu"] >= max(1, math.ceil(limits.cpu_seconds))):
+        if -rc == signal.SIGXCPU or (
+            -rc == signal.SIGKILL and res["cpu"] >= max(1, math.ceil(limits.cpu_seconds))
+        ):
             status = "cpu"
         else:
             status = "memory" if "MemoryError" in tail else "killed"
@@ -712,21 +802,31 @@ def _verdict(res: dict, limits: SandboxLimits, level: str) -> Verdict:
         status = "ok"
     else:
         status = "memory" if error == "MemoryError" else "error"
-    return Verdict(status == "ok", status, round(res["seconds"], 4), rc, res["stdout"], err,
-                   level, error)
+    return Verdict(
+        status == "ok", status, round(res["seconds"], 4), rc, res["stdout"], err, level, error
+    )
 
 
 def _run(slot: _Slot, code: str, stdin: str, limits: SandboxLimits, level: str) -> Verdict:
     try:
         compile(code, "<snippet>", "exec", dont_inherit=True)  # compiling runs nothing
     except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
-        return Verdict(False, "syntax", 0.0, None, "", f"{type(exc).__name__}: {exc}", level,
-                       type(exc).__name__)
+        return Verdict(
+            False,
+            "syntax",
+            0.0,
+            None,
+            "",
+            f"{type(exc).__name__}: {exc}",
+            level,
+            type(exc).__name__,
+        )
     return _verdict(slot.run(code, stdin, limits, level), limits, level)
 
 
-def run_code(code: str, limits: SandboxLimits = DEFAULT_LIMITS, *, stdin: str = "",
-             slot: int = 0) -> Verdict:
+def run_code(
+    code: str, limits: SandboxLimits = DEFAULT_LIMITS, *, stdin: str = "", slot: int = 0
+) -> Verdict:
     """Run one snippet in the sandbox of ``slot`` (its own uid and zygote); see the module doc."""
     level = _checked_level()
     with _SLOTS_LOCK:
@@ -741,8 +841,14 @@ def check_file(path: str | os.PathLike, limits: SandboxLimits = DEFAULT_LIMITS) 
 
 
 def file_result(path: str | os.PathLike, v: Verdict) -> dict:
-    return {"file": os.fspath(path), "passed": v.passed, "status": v.status,
-            "seconds": v.seconds, "error": v.error, "isolation": v.isolation}
+    return {
+        "file": os.fspath(path),
+        "passed": v.passed,
+        "status": v.status,
+        "seconds": v.seconds,
+        "error": v.error,
+        "isolation": v.isolation,
+    }
 
 
 class SandboxPool:

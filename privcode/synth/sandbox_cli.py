@@ -22,6 +22,7 @@ def _positive(kind):
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
+
     return parse
 
 
@@ -41,9 +42,12 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
     limits = SandboxLimits(
         cpu_seconds=args.cpu_seconds or defaults.cpu_seconds,
         wall_seconds=args.wall_seconds or defaults.wall_seconds,
-        memory_mb=args.memory_mb or defaults.memory_mb)
+        memory_mb=args.memory_mb or defaults.memory_mb,
+    )
     with SandboxPool(workers=min(args.workers or 4, len(codes)), limits=limits) as pool:
-        results = [file_result(name, v) for name, v in zip(args.files, pool.map(codes), strict=True)]
+        results = [
+            file_result(name, v) for name, v in zip(args.files, pool.map(codes), strict=True)
+        ]
     if args.json:
         for r in results:
             print(json.dumps(r, sort_keys=True))
@@ -51,7 +55,9 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
         width = max(len(r["file"]) for r in results)
         print(f"{'FILE':<{width}}  {'STATUS':<8} {'SECONDS':>8}  ERROR")
         for r in results:
-            print(f"{r['file']:<{width}}  {r['status']:<8} {r['seconds']:>8.3f}  {r['error'] or ''}")
+            print(
+                f"{r['file']:<{width}}  {r['status']:<8} {r['seconds']:>8.3f}  {r['error'] or ''}"
+            )
         passed = sum(r["passed"] for r in results)
         print(f"{passed}/{len(results)} passed (isolation: {results[0]['isolation']})")
     return 0
@@ -59,15 +65,22 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
 
 def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``sandbox`` (with ``check``) to the ``privcode`` subcommands."""
-    p = subparsers.add_parser("sandbox", help="Run Python files in the execution sandbox "
-                                              "(the one Stage II and pass@k use).")
+    p = subparsers.add_parser(
+        "sandbox",
+        help="Run Python files in the execution sandbox (the one Stage II and pass@k use).",
+    )
     ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    c = ssub.add_parser("check", help="Run each file in the sandbox; print its verdict "
-                                      "(status ok/error/timeout/cpu/memory/output/killed/syntax).")
+    c = ssub.add_parser(
+        "check",
+        help="Run each file in the sandbox; print its verdict "
+        "(status ok/error/timeout/cpu/memory/output/killed/syntax).",
+    )
     c.add_argument("files", nargs="+", metavar="FILE", help="Python files (stdlib only).")
     c.add_argument("--json", action="store_true", help="One JSON object per file per line.")
     c.add_argument("--cpu-seconds", type=_positive(float), help="CPU limit per file (default 5).")
-    c.add_argument("--wall-seconds", type=_positive(float), help="Wall limit per file (default 10).")
+    c.add_argument(
+        "--wall-seconds", type=_positive(float), help="Wall limit per file (default 10)."
+    )
     c.add_argument("--memory-mb", type=_positive(int), help="Memory limit per file (default 512).")
     c.add_argument("--workers", type=_positive(int), help="Concurrent sandboxes (default 4).")
     c.set_defaults(func=cmd_sandbox_check)

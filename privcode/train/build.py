@@ -32,7 +32,7 @@ def _public_bank(tokenizer: Any, cfg: Any) -> list[list[int]]:
     from privcode.train.data import _ids
 
     prompts = [p.rstrip() + "\n" for p in public_prompts(cfg.align_bank_size, seed=cfg.seed)]
-    return [ids[:cfg.max_length] for ids in _ids(tokenizer, prompts)]
+    return [ids[: cfg.max_length] for ids in _ids(tokenizer, prompts)]
 
 
 class _PublicRecord:
@@ -60,8 +60,9 @@ def _pretrain(objective: Objective, tokenizer: Any, cfg: Any, device: Any) -> li
     return pretrain_public(objective, batch, cfg.preemb_steps, cfg.preemb_lr)
 
 
-def build_objective(method: Method, cfg: Any, base_path: str, device: Any,
-                    will_restore: bool, lora: bool = True) -> tuple[Objective, Any, list[float]]:
+def build_objective(
+    method: Method, cfg: Any, base_path: str, device: Any, will_restore: bool, lora: bool = True
+) -> tuple[Objective, Any, list[float]]:
     """(objective on ``device``, tokenizer, public pretraining losses) for ``method``.
 
     ``lora=False`` (the non-DP comparison's full fine-tune only) leaves the
@@ -76,10 +77,10 @@ def build_objective(method: Method, cfg: Any, base_path: str, device: Any,
         lm = attach_lora(lm, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    bank = (_public_bank(tokenizer, cfg)
-            if method.align and cfg.align_negatives == "public" else [])
-    objective = Objective(method, lm, MethodContext(cfg=cfg, eos_id=eos, pad_id=pad,
-                                                    public_bank=bank)).to(device)
+    bank = _public_bank(tokenizer, cfg) if method.align and cfg.align_negatives == "public" else []
+    objective = Objective(
+        method, lm, MethodContext(cfg=cfg, eos_id=eos, pad_id=pad, public_bank=bank)
+    ).to(device)
     losses: list[float] = []
     if method.pretrain_public:
         if not will_restore:
@@ -105,14 +106,13 @@ def load_checkpoint(d: Path, objective: Objective, optimizer: Any) -> dict[str, 
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    set_peft_model_state_dict(objective.lm,
-                              load_file(str(d / "adapter" / "adapter_model.safetensors")))
+    set_peft_model_state_dict(
+        objective.lm, load_file(str(d / "adapter" / "adapter_model.safetensors"))
+    )
     if (d / PRIVLC_FILE).exists():
         state = torch.load(d / PRIVLC_FILE, map_location="cpu", weights_only=True)
         missing, unexpected = objective.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if not k.startswith("lm.")]:
             raise RuntimeError(f"checkpoint {PRIVLC_FILE} does not match the method's modules")
-    optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu",
-                                         weights_only=True))
+    optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True))
     return json.loads((d / "state.json").read_text(encoding="utf-8"))
-

@@ -53,8 +53,10 @@ def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 def _ids_offsets(tokenizer: Any, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        return [(list(e.ids), [tuple(o) for o in e.offsets])
-                for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return [
+            (list(e.ids), [tuple(o) for o in e.offsets])
+            for e in backend.encode_batch(texts, add_special_tokens=False)
+        ]
     out = []
     for t in texts:
         enc = tokenizer(t, add_special_tokens=False, return_offsets_mapping=True)
@@ -62,8 +64,9 @@ def _ids_offsets(tokenizer: Any, texts: list[str]) -> list[tuple[list[int], list
     return out
 
 
-def encode_records(records: Sequence[Any], tokenizer: Any, max_length: int,
-                   stats: dict[str, int] | None = None) -> list[Encoded]:
+def encode_records(
+    records: Sequence[Any], tokenizer: Any, max_length: int, stats: dict[str, int] | None = None
+) -> list[Encoded]:
     """Tokenise records (objects with ``prompt`` and ``code``) in order; see the module docstring.
 
     ``stats`` (optional) gets ``"untokenizable"`` incremented for every
@@ -81,8 +84,9 @@ def encode_records(records: Sequence[Any], tokenizer: Any, max_length: int,
     codes = [r.code for r in records]
     out = []
     bad = 0
-    for code, p, (c, offsets) in zip(codes, prompt_ids, _ids_offsets(tokenizer, codes),
-                                     strict=True):
+    for code, p, (c, offsets) in zip(
+        codes, prompt_ids, _ids_offsets(tokenizer, codes), strict=True
+    ):
         kept = max(0, max_length - len(p))  # code tokens that survive the cut
         flags = structural_flags(code, offsets[:kept])
         if flags is None:
@@ -98,8 +102,9 @@ def encode_records(records: Sequence[Any], tokenizer: Any, max_length: int,
     return out
 
 
-def collate(rows: Sequence[Encoded], pad_id: int, device: torch.device | str | None = None,
-            **extra: Any) -> dict[str, Any]:
+def collate(
+    rows: Sequence[Encoded], pad_id: int, device: torch.device | str | None = None, **extra: Any
+) -> dict[str, Any]:
     """Right-padded batch: ``input_ids``, ``attention_mask``, ``segments``, ``structural`` ``[B, T]``.
 
     ``extra`` entries (public values such as the step number) are passed
@@ -112,19 +117,24 @@ def collate(rows: Sequence[Encoded], pad_id: int, device: torch.device | str | N
     segs = torch.full((len(rows), width), PAD, dtype=torch.long)
     struct = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, :len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
-        segs[i, :len(r.segments)] = torch.tensor(r.segments, dtype=torch.long)
+        ids[i, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
+        segs[i, : len(r.segments)] = torch.tensor(r.segments, dtype=torch.long)
         if r.structural:
-            struct[i, :len(r.structural)] = torch.tensor(r.structural, dtype=torch.long)
-    batch = {"input_ids": ids, "attention_mask": (segs != PAD).long(), "segments": segs,
-             "structural": struct}
+            struct[i, : len(r.structural)] = torch.tensor(r.structural, dtype=torch.long)
+    batch = {
+        "input_ids": ids,
+        "attention_mask": (segs != PAD).long(),
+        "segments": segs,
+        "structural": struct,
+    }
     if device is not None:
         batch = {k: v.to(device) for k, v in batch.items()}
     return {**batch, **extra}
 
 
-def segment_rows(batch: dict[str, Any], segment: int, *, bos_id: int | None = None
-                 ) -> dict[str, torch.Tensor]:
+def segment_rows(
+    batch: dict[str, Any], segment: int, *, bos_id: int | None = None
+) -> dict[str, torch.Tensor]:
     """The tokens of one segment of every row, left-aligned and right-padded.
 
     Returns ``input_ids``, ``attention_mask`` and ``structural`` ``[B, T']``

@@ -114,12 +114,12 @@ class TrainJob:
 
     cfg: TrainConfig
     data_path: str
-    corpus_sha256: str     # checked by rank 0 before reading; private (never released)
+    corpus_sha256: str  # checked by rank 0 before reading; private (never released)
     base_path: str
     num_records: int
     sample_rate: float
-    privacy: Privacy       # the engine's mode: DP-SGD, or the named non-private one
-    run_id: str            # ledger name ('' = no ledger: non-private only)
+    privacy: Privacy  # the engine's mode: DP-SGD, or the named non-private one
+    run_id: str  # ledger name ('' = no ledger: non-private only)
     audit_log: str
     local_checkpoints: str = ""  # Ray Train local mode: where checkpoints are written
 
@@ -132,9 +132,14 @@ def _ledger_reserve(job: TrainJob, ledger: Any) -> Reserve:
     being charged twice, while a step recomputed by a new worker-group
     incarnation (fresh noise: a second release) carries a new id and is charged.
     """
+
     def reserve(request_id: str) -> tuple[bool, int, str | None]:
-        d = ray.get(ledger.reserve.remote(job.privacy.noise_multiplier, job.sample_rate, 1,
-                                          request_id=request_id), timeout=120)
+        d = ray.get(
+            ledger.reserve.remote(
+                job.privacy.noise_multiplier, job.sample_rate, 1, request_id=request_id
+            ),
+            timeout=120,
+        )
         return bool(d.get("granted")), int(d.get("position", -1)), d.get("reason")
 
     return reserve
@@ -152,8 +157,12 @@ def _public_eval_stream(base_path: str, tokenizer: Any, max_tokens: int):
         names = json.loads(info.read_text(encoding="utf-8")).get("heldout_files")
         if names:
             root = stdlib_dir()
-            files = [C.SourceFile(n, n.split("/")[0].removesuffix(".py"),
-                                  (root / n).read_text(encoding="utf-8")) for n in names]
+            files = [
+                C.SourceFile(
+                    n, n.split("/")[0].removesuffix(".py"), (root / n).read_text(encoding="utf-8")
+                )
+                for n in names
+            ]
     if not files:
         files = C.split_heldout(C.public_corpus(), HELDOUT_FRACTION)[1]
     stream, _ = C.token_stream(tokenizer, files, max_tokens=max_tokens)
@@ -162,17 +171,18 @@ def _public_eval_stream(base_path: str, tokenizer: Any, max_tokens: int):
 
 def _evaluate(model: Any, tokenizer: Any, stream: Any, cfg: TrainConfig) -> float | None:
 
-
     if stream is None or stream.numel() < 2:
         return None
     with torch.no_grad():
-        out = C.evaluate_loss(model, tokenizer, stream, seq_len=min(cfg.max_length, 256),
-                              max_tokens=cfg.eval_tokens)
+        out = C.evaluate_loss(
+            model, tokenizer, stream, seq_len=min(cfg.max_length, 256), max_tokens=cfg.eval_tokens
+        )
     return round(float(out["loss"]), 5)
 
 
-def _report(job: TrainJob, objective: Any, optimizer: Any, state: dict[str, Any],
-            rank: int) -> None:
+def _report(
+    job: TrainJob, objective: Any, optimizer: Any, state: dict[str, Any], rank: int
+) -> None:
     """Every rank calls this (a barrier); rank 0 attaches the checkpoint."""
 
     # What Ray Train logs and shows: public values only. The ledger position (a grant
@@ -184,12 +194,14 @@ def _report(job: TrainJob, objective: Any, optimizer: Any, state: dict[str, Any]
         save_checkpoint_files(d, objective, optimizer)
         atomic_write_json(d / "state.json", state)
 
-    report_checkpoint(metrics, write if rank == 0 else None, job.local_checkpoints or None,
-                      state["step"])
+    report_checkpoint(
+        metrics, write if rank == 0 else None, job.local_checkpoints or None, state["step"]
+    )
 
 
-def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, int],
-                         device: Any) -> None:
+def _write_private_stats(
+    job: TrainJob, rank: int, world: int, stats: dict[str, int], device: Any
+) -> None:
     """Counts over the private shards (e.g. code Python cannot tokenize), summed over ranks.
 
     Written next to the private audit log (training storage, never released
@@ -201,14 +213,25 @@ def _write_private_stats(job: TrainJob, rank: int, world: int, stats: dict[str, 
         dist.all_reduce(t)
         counts = [int(v) for v in t.tolist()]
     if rank == 0:
-        path = Path(job.audit_log).with_name(Path(job.audit_log).name.replace(
-            ".applied_steps.jsonl", ".private_stats.json"))
+        path = Path(job.audit_log).with_name(
+            Path(job.audit_log).name.replace(".applied_steps.jsonl", ".private_stats.json")
+        )
         atomic_write_json(path, {"untokenizable_records": counts[0]})
 
 
 def _append_audit(path: str, step: int, position: int, attempt: int, nonfinite: int) -> None:
-    line = json.dumps({"step": step, "ledger_position": position, "attempt": attempt,
-                       "time": round(time.time(), 3), "nonfinite_records": nonfinite}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "step": step,
+                "ledger_position": position,
+                "attempt": attempt,
+                "time": round(time.time(), 3),
+                "nonfinite_records": nonfinite,
+            }
+        )
+        + "\n"
+    )
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(line)
         fh.flush()
@@ -229,19 +252,27 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
 
     checkpoint = ray.train.get_checkpoint()
-    objective, tokenizer, _ = build_objective(method, cfg, job.base_path, device,
-                                              will_restore=checkpoint is not None)
+    objective, tokenizer, _ = build_objective(
+        method, cfg, job.base_path, device, will_restore=checkpoint is not None
+    )
     model = objective.lm
     params = trainable_parameters(objective)
-    optimizer = (torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-                 if cfg.optimizer == "sgd"
-                 else torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay))
+    optimizer = (
+        torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.optimizer == "sgd"
+        else torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    )
     state = None
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             state = load_checkpoint(Path(d), objective, optimizer)
     state = state or {
-        "step": 0, "ledger_position": None, "stop_reason": None, "attempt": 0, "curve": []}
+        "step": 0,
+        "ledger_position": None,
+        "stop_reason": None,
+        "attempt": 0,
+        "curve": [],
+    }
     state["attempt"] += 1
     if world > 1:
         for name, p in objective.named_parameters():
@@ -253,36 +284,55 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         raise TrainingError(f"{job.data_path} changed since the run started")
     records = read_records(job.data_path)
     if len(records) != job.num_records:
-        raise TrainingError(f"{job.data_path}: expected {job.num_records} records, got {len(records)}")
+        raise TrainingError(
+            f"{job.data_path}: expected {job.num_records} records, got {len(records)}"
+        )
     shard = shard_of(job.num_records, rank, world)
     private_stats: dict[str, int] = {}
-    encoded = encode_records([records[i] for i in shard], tokenizer, cfg.max_length,
-                             stats=private_stats)
+    encoded = encode_records(
+        [records[i] for i in shard], tokenizer, cfg.max_length, stats=private_stats
+    )
     del records
     # Per-record randomness is keyed by the record's content, never its position.
     keys = [record_key(e.input_ids, e.segments) for e in encoded]
     _write_private_stats(job, rank, world, private_stats, device)
 
     ledger = get_ledger(job.run_id) if rank == 0 and job.privacy.private else None
-    engine = make_private(objective, optimizer, job.privacy, num_records=job.num_records,
-                          sample_rate=job.sample_rate, rank=rank, world=world, device=device,
-                          secure_rng=cfg.secure_rng,
-                          reserve=_ledger_reserve(job, ledger) if ledger is not None else None)
+    engine = make_private(
+        objective,
+        optimizer,
+        job.privacy,
+        num_records=job.num_records,
+        sample_rate=job.sample_rate,
+        rank=rank,
+        world=world,
+        device=device,
+        secure_rng=cfg.secure_rng,
+        reserve=_ledger_reserve(job, ledger) if ledger is not None else None,
+    )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def batch_fn(local: list[int], step: int) -> Any:
         # Per-record randomness (the VAE's eps) is keyed by the record's content
         # and a per-step secret, so it neither depends on other records nor on
         # how records fall on workers; dropout masks come from the secret too.
-        return collate([encoded[j] for j in local], pad_id, device=device, step=step,
-                       record_keys=torch.tensor([keys[j] for j in local], dtype=torch.long),
-                       record_secret=engine.randomness.record_secret(step))
+        return collate(
+            [encoded[j] for j in local],
+            pad_id,
+            device=device,
+            step=step,
+            record_keys=torch.tensor([keys[j] for j in local], dtype=torch.long),
+            record_secret=engine.randomness.record_secret(step),
+        )
 
     def loss_fn(module: Any, batch: Any) -> Any:
         return module(batch)
 
-    stream = (_public_eval_stream(job.base_path, tokenizer, cfg.eval_tokens)
-              if rank == 0 and cfg.eval_tokens > 0 else None)
+    stream = (
+        _public_eval_stream(job.base_path, tokenizer, cfg.eval_tokens)
+        if rank == 0 and cfg.eval_tokens > 0
+        else None
+    )
     if rank == 0 and not state["curve"] and stream is not None:
         state["curve"].append([0, _evaluate(model, tokenizer, stream, cfg)])
 
@@ -294,7 +344,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         try:
             outcome = engine.step(step, batch_fn, loss_fn, request_id=f"{incarnation}:{step}")
         except BudgetUnavailable as exc:
-            raise TrainingError(f"privacy ledger unavailable, step {step} not taken: {exc}") from exc
+            raise TrainingError(
+                f"privacy ledger unavailable, step {step} not taken: {exc}"
+            ) from exc
         if not outcome.taken:
             state["stop_reason"] = "budget"
             if rank == 0:
@@ -302,15 +354,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             break
         state["step"], state["ledger_position"] = step + 1, outcome.position
         if rank == 0:
-            _append_audit(job.audit_log, step, outcome.position, state["attempt"],
-                          outcome.nonfinite)
+            _append_audit(
+                job.audit_log, step, outcome.position, state["attempt"], outcome.nonfinite
+            )
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             if rank == 0 and stream is not None:
                 state["curve"].append([step + 1, _evaluate(model, tokenizer, stream, cfg)])
             _report(job, objective, optimizer, state, rank)
     else:
         state["stop_reason"] = "steps"
-    if rank == 0 and stream is not None and (not state["curve"] or state["curve"][-1][0] != state["step"]):
+    if (
+        rank == 0
+        and stream is not None
+        and (not state["curve"] or state["curve"][-1][0] != state["step"])
+    ):
         state["curve"].append([state["step"], _evaluate(model, tokenizer, stream, cfg)])
     _report(job, objective, optimizer, state, rank)
 
@@ -350,7 +407,8 @@ def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float, ledger_di
             f"no DP-SGD step can be taken: the privacy budget of this run's ledger ({ledger_dir}) "
             f"is already spent (epsilon {spent.get('epsilon', 0.0):.4g} of {cfg.epsilon:g}). "
             "Training again on the same data needs a new budget: use another run.name (and "
-            "account for both releases).")
+            "account for both releases)."
+        )
 
 
 def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
@@ -360,11 +418,19 @@ def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
     return float(calibrate(cfg.epsilon, cfg.delta, sample_rate, cfg.steps, cfg.accountant)), True
 
 
-def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Path,
-                 out_dir: str | Path, ledger_dir: str | Path, run_name: str,
-                 storage_dir: str | Path, non_private: Privacy | None = None,
-                 keep_storage: bool = False, privacy_store: str | Path | None = None
-                 ) -> dict[str, Any]:
+def run_training(
+    cfg: TrainConfig,
+    *,
+    data_path: str | Path,
+    base_path: str | Path,
+    out_dir: str | Path,
+    ledger_dir: str | Path,
+    run_name: str,
+    storage_dir: str | Path,
+    non_private: Privacy | None = None,
+    keep_storage: bool = False,
+    privacy_store: str | Path | None = None,
+) -> dict[str, Any]:
     """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
 
     Release (``out_dir``): ``adapter/`` (peft ``save_pretrained``) and
@@ -388,36 +454,48 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     method = get_method(cfg.method)
     if not method.dp:
         if not cfg.allow_non_private:
-            raise TrainingError(f"train.method={cfg.method!r} trains WITHOUT differential privacy "
-                                "(NOT PRIVATE); it is refused unless train.allow_non_private "
-                                "is true (audits and comparisons only)")
+            raise TrainingError(
+                f"train.method={cfg.method!r} trains WITHOUT differential privacy "
+                "(NOT PRIVATE); it is refused unless train.allow_non_private "
+                "is true (audits and comparisons only)"
+            )
         non_private = non_private or Privacy.non_private(
-            f"train.method={cfg.method} with train.allow_non_private")
+            f"train.method={cfg.method} with train.allow_non_private"
+        )
     if non_private is not None:
         if non_private.private:
             raise ValueError("non_private must be Privacy.non_private(...)")
-        msg = (f"train.method={cfg.method!r}: this run is NOT differentially private "
-               f"({non_private.reason}: no noise, no privacy ledger). Its release must never be "
-               "treated as a DP artifact.")
+        msg = (
+            f"train.method={cfg.method!r}: this run is NOT differentially private "
+            f"({non_private.reason}: no noise, no privacy ledger). Its release must never be "
+            "treated as a DP artifact."
+        )
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.error(msg)
     data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
     out_dir, ledger_dir = Path(out_dir), Path(ledger_dir).resolve()
-    store = PrivacyStore(privacy_store if privacy_store is not None
-                         else resolve_store("", ledger_dir))
+    store = PrivacyStore(
+        privacy_store if privacy_store is not None else resolve_store("", ledger_dir)
+    )
     n = len(read_records(data_path))
     corpus_sha = sha256_file(data_path)
     dataset_id = store.dataset_id(data_path)
     q = cfg.expected_batch_size / n
     if q > 1:
-        raise TrainingError(f"train.expected_batch_size={cfg.expected_batch_size} exceeds the "
-                            f"{n} training records (sample rate must be <= 1)")
+        raise TrainingError(
+            f"train.expected_batch_size={cfg.expected_batch_size} exceeds the "
+            f"{n} training records (sample rate must be <= 1)"
+        )
     if cfg.delta >= 1.0 / n:
-        warnings.warn(f"train.delta={cfg.delta} is not below 1/N = {1 / n:.3g}: the guarantee "
-                      "is weak", stacklevel=2)
+        warnings.warn(
+            f"train.delta={cfg.delta} is not below 1/N = {1 / n:.3g}: the guarantee is weak",
+            stacklevel=2,
+        )
     if not cfg.secure_rng and non_private is None:
-        log.warning("train.secure_rng is off: sampling and noise come from a secret-seeded "
-                    "fast PRNG, not a CSPRNG (set train.secure_rng for production releases)")
+        log.warning(
+            "train.secure_rng is off: sampling and noise come from a secret-seeded "
+            "fast PRNG, not a CSPRNG (set train.secure_rng for production releases)"
+        )
     sigma, calibrated = (0.0, False) if non_private is not None else noise_for(cfg, q)
     privacy = non_private or Privacy.dp_sgd(sigma, cfg.max_grad_norm, cfg.grad_sample_mode)
 
@@ -439,13 +517,29 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
     name = f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     audit_log = storage_root / f"{name}.applied_steps.jsonl"
     local = cfg.num_workers == 0  # Ray Train local mode: the loop runs in this process
-    job = TrainJob(cfg=cfg, data_path=str(data_path), corpus_sha256=corpus_sha,
-                   base_path=str(base_path), num_records=n, sample_rate=q, privacy=privacy,
-                   run_id=run_id, audit_log=str(audit_log),
-                   local_checkpoints=str(storage_root / name) if local else "")
-    trainer = torch_trainer(train_loop_per_worker, {"job": job}, name=name, storage=storage_root,
-                            num_workers=cfg.num_workers, cpus_per_worker=cfg.cpus_per_worker,
-                            use_gpu=cfg.use_gpu, max_failures=cfg.max_failures, keep=2)
+    job = TrainJob(
+        cfg=cfg,
+        data_path=str(data_path),
+        corpus_sha256=corpus_sha,
+        base_path=str(base_path),
+        num_records=n,
+        sample_rate=q,
+        privacy=privacy,
+        run_id=run_id,
+        audit_log=str(audit_log),
+        local_checkpoints=str(storage_root / name) if local else "",
+    )
+    trainer = torch_trainer(
+        train_loop_per_worker,
+        {"job": job},
+        name=name,
+        storage=storage_root,
+        num_workers=cfg.num_workers,
+        cpus_per_worker=cfg.cpus_per_worker,
+        use_gpu=cfg.use_gpu,
+        max_failures=cfg.max_failures,
+        keep=2,
+    )
     started = time.time()
     spent: dict[str, Any] = {}
     history: list[dict] = []
@@ -453,10 +547,14 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
         try:
             result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)
         except Exception as exc:
-            restarts = ("Ray Train local mode: no restarts" if local
-                        else f"after up to {cfg.max_failures} restarts")
-            raise TrainingError(f"DP training failed ({restarts}): "
-                                f"{type(exc).__name__}: {exc}") from exc
+            restarts = (
+                "Ray Train local mode: no restarts"
+                if local
+                else f"after up to {cfg.max_failures} restarts"
+            )
+            raise TrainingError(
+                f"DP training failed ({restarts}): {type(exc).__name__}: {exc}"
+            ) from exc
         if result.checkpoint is None:
             raise TrainingError("DP training ended without a checkpoint")
         ckpt_dir = Path(tempfile.mkdtemp(prefix="privcode-final-"))
@@ -466,7 +564,8 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
                 raise TrainingError(
                     "no DP-SGD step was taken: the privacy budget of this run's ledger "
                     f"({ledger_dir}) is already spent. Training again on the same data needs a "
-                    "new budget: use another run.name (and account for both releases).")
+                    "new budget: use another run.name (and account for both releases)."
+                )
             shutil.copytree(Path(d), ckpt_dir, dirs_exist_ok=True)
         if ledger is not None:
             spent = ray.get(ledger.spent.remote())
@@ -477,9 +576,20 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             close_ledger(run_id)
     seconds = time.time() - started
     privacy = privacy_record(
-        cfg, method, spent=spent, grants=history, sigma=sigma, calibrated=calibrated,
-        sample_rate=q, num_records=n, state=state, dataset_id=dataset_id, base_path=base_path,
-        mode=privacy.record(), dp=privacy.private)
+        cfg,
+        method,
+        spent=spent,
+        grants=history,
+        sigma=sigma,
+        calibrated=calibrated,
+        sample_rate=q,
+        num_records=n,
+        state=state,
+        dataset_id=dataset_id,
+        base_path=base_path,
+        mode=privacy.record(),
+        dp=privacy.private,
+    )
     try:
         write_junior_release(out_dir, ckpt_dir, cfg, method, privacy, base_path)
     finally:
@@ -490,11 +600,39 @@ def run_training(cfg: TrainConfig, *, data_path: str | Path, base_path: str | Pa
             audit_log.unlink()
         with contextlib.suppress(OSError):
             storage_root.rmdir()  # only when no other run's files are left in it
-    return {**{k: privacy[k] for k in (
-        "dp", "method", "epsilon", "epsilon_rdp", "epsilon_prv", "epsilon_budget", "delta",
-        "accountant", "ledger_steps", "noise_multiplier", "noise_calibrated", "max_grad_norm", "sample_rate",
-        "expected_batch_size", "num_records", "steps_requested", "steps_taken", "stop_reason",
-        "num_workers", "public_heldout_loss_curve", "dataset_id", "rng", "base_model")},
+    return {
+        **{
+            k: privacy[k]
+            for k in (
+                "dp",
+                "method",
+                "epsilon",
+                "epsilon_rdp",
+                "epsilon_prv",
+                "epsilon_budget",
+                "delta",
+                "accountant",
+                "ledger_steps",
+                "noise_multiplier",
+                "noise_calibrated",
+                "max_grad_norm",
+                "sample_rate",
+                "expected_batch_size",
+                "num_records",
+                "steps_requested",
+                "steps_taken",
+                "stop_reason",
+                "num_workers",
+                "public_heldout_loss_curve",
+                "dataset_id",
+                "rng",
+                "base_model",
+            )
+        },
         "adjacency": "add/remove one record (N public)",
-        "train_seconds": round(seconds, 2), "adapter": "adapter", "conditioning": method.conditioning,
-        "audit_log": str(audit_log), "privacy_store": str(store.root)}
+        "train_seconds": round(seconds, 2),
+        "adapter": "adapter",
+        "conditioning": method.conditioning,
+        "audit_log": str(audit_log),
+        "privacy_store": str(store.root),
+    }

@@ -60,15 +60,22 @@ from torch import nn
 from privcode.registry import METHODS, Method, get_method
 from privcode.train.data import CODE, PAD, PROMPT, segment_rows
 
-__all__ = ["METHODS", "Method", "MethodContext", "Objective", "get_method", "pretrain_public",
-           "token_ce"]
+__all__ = [
+    "METHODS",
+    "Method",
+    "MethodContext",
+    "Objective",
+    "get_method",
+    "pretrain_public",
+    "token_ce",
+]
 
 
 @dataclass(frozen=True)
 class MethodContext:
     """What a method may use besides the model: public things only."""
 
-    cfg: Any                      #: the TrainConfig
+    cfg: Any  #: the TrainConfig
     eos_id: int
     pad_id: int
     #: Token ids of PUBLIC prompts: the alignment loss' negative bank.
@@ -83,11 +90,14 @@ def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     on CPU (forward + backward, V = 6144).
     """
     flat = logits.float().reshape(-1, logits.shape[-1])
-    return nn.functional.cross_entropy(flat, targets.reshape(-1),
-                                       reduction="none").view(targets.shape)
+    return nn.functional.cross_entropy(flat, targets.reshape(-1), reduction="none").view(
+        targets.shape
+    )
 
 
-def _masked_mean_ce(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _masked_mean_ce(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     ce = token_ce(logits, targets)
     m = mask.to(ce.dtype)
     return (ce * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
@@ -118,8 +128,9 @@ class Objective(nn.Module):
         self.code_encoder = self.prompt_encoder = self.decoder = None
         if method.latent is not None:
             emb_std = float(lm.get_input_embeddings().weight.detach().float().std())
-            self.decoder = make_prefix_decoder(cfg.latent_dim, cfg.num_virtual_tokens, hidden,
-                                               emb_std)
+            self.decoder = make_prefix_decoder(
+                cfg.latent_dim, cfg.num_virtual_tokens, hidden, emb_std
+            )
         if method.latent == "code":
             self.code_encoder = CodeEncoder(hidden, width, cfg.latent_dim)
         if method.latent == "prompt" or method.align:
@@ -142,15 +153,19 @@ class Objective(nn.Module):
         """D's tensors for the release (``weight``, ``bias``); None without PrivLC."""
         if self.decoder is None:
             return None
-        return {"weight": self.decoder.weight.detach().cpu().contiguous(),
-                "bias": self.decoder.bias.detach().cpu().contiguous()}
+        return {
+            "weight": self.decoder.weight.detach().cpu().contiguous(),
+            "bias": self.decoder.bias.detach().cpu().contiguous(),
+        }
 
     def ast_weight(self, step: int) -> float:
         from privcode.train.syntax import ast_lambda
 
         cfg = self.cfg
         if self.method.ast == "decay":
-            return ast_lambda(step, cfg.ast_lambda_max, cfg.ast_lambda_min, cfg.ast_alpha, cfg.ast_dt)
+            return ast_lambda(
+                step, cfg.ast_lambda_max, cfg.ast_lambda_min, cfg.ast_alpha, cfg.ast_dt
+            )
         if self.method.ast == "constant":
             return float(cfg.stable_ast_lambda)
         return 0.0
@@ -173,8 +188,8 @@ class Objective(nn.Module):
             ids = torch.full((len(self._bank_ids), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros_like(ids)
             for i, row in enumerate(self._bank_ids):
-                ids[i, :len(row)] = torch.tensor(row)
-                mask[i, :len(row)] = 1
+                ids[i, : len(row)] = torch.tensor(row)
+                mask[i, : len(row)] = 1
             self._bank_h = self._pooled(ids.to(device), mask.to(device))
             self._bank_epoch = epoch
         with torch.no_grad():
@@ -196,15 +211,22 @@ class Objective(nn.Module):
             return torch.randn_like(like)
         from privcode.dp.randomness import record_seeds
 
-        rows = [torch.randn(like.shape[-1], generator=torch.Generator().manual_seed(s))
-                for s in record_seeds(secret, keys.tolist())]
+        rows = [
+            torch.randn(like.shape[-1], generator=torch.Generator().manual_seed(s))
+            for s in record_seeds(secret, keys.tolist())
+        ]
         return torch.stack(rows).to(device=like.device, dtype=like.dtype)
 
     def _param_dtype(self) -> torch.dtype:
         return next(p for p in self.privlc_parameters()).dtype
 
-    def _kl(self, junior_logits: torch.Tensor, positions: torch.Tensor, start: int,
-            **inputs: torch.Tensor) -> torch.Tensor:
+    def _kl(
+        self,
+        junior_logits: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        **inputs: torch.Tensor,
+    ) -> torch.Tensor:
         """KL_AST per row: ``junior_logits`` [B, T, V] against the frozen base on the same ``inputs``.
 
         The reference is the junior with its adapter disabled, no gradient,
@@ -265,7 +287,8 @@ class Objective(nn.Module):
             if self.method.align and cfg.align_weight > 0:
                 z_p = self.prompt_encoder(h_p)
                 extra = extra + cfg.align_weight * align_loss(
-                    mu, z_p, self._bank_latents(step), cfg.align_temperature)
+                    mu, z_p, self._bank_latents(step), cfg.align_temperature
+                )
         else:
             z = self.prompt_encoder(h_p)
         prefix = self.decoder(z).view(ids.shape[0], k, self.hidden)
@@ -273,12 +296,13 @@ class Objective(nn.Module):
         inputs = torch.cat([prefix.to(embeds.dtype), embeds], dim=1)
         attn = torch.cat([torch.ones_like(mask[:, :1]).expand(-1, k), _safe_mask(mask)], dim=1)
         # Position k-1 (the last virtual token) predicts the first code token.
-        logits = self.lm(inputs_embeds=inputs, attention_mask=attn).logits[:, k - 1:-1]
+        logits = self.lm(inputs_embeds=inputs, attention_mask=attn).logits[:, k - 1 : -1]
         loss = _masked_mean_ce(logits, ids, mask) + extra
         if lam > 0 and self.ast_enabled:
             positions = (code["structural"] > 0) & (mask > 0)
-            loss = loss + lam * self._kl(logits, positions, k - 1, inputs_embeds=inputs,
-                                         attention_mask=attn)
+            loss = loss + lam * self._kl(
+                logits, positions, k - 1, inputs_embeds=inputs, attention_mask=attn
+            )
         return loss
 
 
@@ -286,8 +310,9 @@ def build_objective(method: Method, lm: nn.Module, ctx: MethodContext) -> Object
     return Objective(method, lm, ctx)
 
 
-def pretrain_public(objective: Objective, batches: Callable[[int], Mapping[str, Any]],
-                    steps: int, lr: float) -> list[float]:
+def pretrain_public(
+    objective: Objective, batches: Callable[[int], Mapping[str, Any]], steps: int, lr: float
+) -> list[float]:
     """Non-private pretraining of the PrivLC modules on PUBLIC batches (``pc-preemb``).
 
     ``batches(i)`` gives the i-th public batch (collated like private ones).

@@ -46,8 +46,9 @@ class CodeEncoder(nn.Module):
 
     def __init__(self, hidden: int, width: int, latent_dim: int):
         super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(hidden, width), nn.GELU(),
-                                   nn.Linear(width, width), nn.GELU())
+        self.trunk = nn.Sequential(
+            nn.Linear(hidden, width), nn.GELU(), nn.Linear(width, width), nn.GELU()
+        )
         self.mu = nn.Linear(width, latent_dim)
         self.logvar = nn.Linear(width, latent_dim)
         # Start near the prior (sigma = 1 before training); small heads keep
@@ -71,8 +72,9 @@ class PromptEncoder(nn.Module):
         return self.net(h)
 
 
-def make_prefix_decoder(latent_dim: int, num_virtual_tokens: int, hidden: int,
-                        embedding_std: float) -> nn.Linear:
+def make_prefix_decoder(
+    latent_dim: int, num_virtual_tokens: int, hidden: int, embedding_std: float
+) -> nn.Linear:
     """D as a plain ``nn.Linear(dz, K * H)`` (Opacus matches layers by exact type).
 
     Initialised so that for ``z ~ N(0, I)`` the prefix entries have about the
@@ -90,8 +92,9 @@ def vae_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     return 0.5 * (mu.pow(2) + logvar.exp() - logvar - 1.0).sum(dim=-1)
 
 
-def align_loss(z_code: torch.Tensor, z_prompt: torch.Tensor, negatives: torch.Tensor | None,
-               temperature: float) -> torch.Tensor:
+def align_loss(
+    z_code: torch.Tensor, z_prompt: torch.Tensor, negatives: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
     """Per-row alignment loss of ``z_code[i]`` with ``z_prompt[i]`` (see the module docstring).
 
     ``negatives`` [M, dz] must be public (treated as constants); ``None``

@@ -30,9 +30,18 @@ from typing import Any
 __all__ = ["fit", "report_checkpoint", "torch_trainer"]
 
 
-def torch_trainer(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], *,
-                  name: str, storage: str | Path, num_workers: int, cpus_per_worker: int,
-                  use_gpu: bool, max_failures: int, keep: int | None = None) -> Any:
+def torch_trainer(
+    loop: Callable[[dict[str, Any]], None],
+    loop_config: dict[str, Any],
+    *,
+    name: str,
+    storage: str | Path,
+    num_workers: int,
+    cpus_per_worker: int,
+    use_gpu: bool,
+    max_failures: int,
+    keep: int | None = None,
+) -> Any:
     """A ``TorchTrainer`` of ``num_workers`` workers (0: Ray Train's local mode) running ``loop``.
 
     Each worker holds ``cpus_per_worker`` CPUs (and one GPU with ``use_gpu``);
@@ -44,17 +53,28 @@ def torch_trainer(loop: Callable[[dict[str, Any]], None], loop_config: dict[str,
 
     resources = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
     return TorchTrainer(
-        loop, train_loop_config=loop_config,
+        loop,
+        train_loop_config=loop_config,
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=resources),
-        run_config=RunConfig(name=name, storage_path=str(storage),
-                             failure_config=FailureConfig(max_failures=max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=keep)))
+        scaling_config=ScalingConfig(
+            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(storage),
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=keep),
+        ),
+    )
 
 
-def report_checkpoint(metrics: dict[str, Any], write: Callable[[Path], None] | None,
-                      local_dir: str | Path | None, step: int, keep: int = 2) -> None:
+def report_checkpoint(
+    metrics: dict[str, Any],
+    write: Callable[[Path], None] | None,
+    local_dir: str | Path | None,
+    step: int,
+    keep: int = 2,
+) -> None:
     """``ray.train.report(metrics)`` with the checkpoint ``write(directory)`` fills.
 
     ``write`` None: a rank that reports metrics only (every rank must report).

@@ -145,8 +145,9 @@ def structural_flags(code: str, offsets: Sequence[tuple[int, int]]) -> list[bool
     return flags
 
 
-def ast_lambda(step: int, lambda_max: float = 1000.0, lambda_min: float = 0.1,
-               alpha: float = 0.01, dt: int = 1) -> float:
+def ast_lambda(
+    step: int, lambda_max: float = 1000.0, lambda_min: float = 0.1, alpha: float = 0.01, dt: int = 1
+) -> float:
     """Weight of the syntax KL term at training step ``step``:
     ``lambda_min + (lambda_max - lambda_min) * exp(-alpha * floor(step / dt))``.
 
@@ -170,8 +171,9 @@ def ast_lambda(step: int, lambda_max: float = 1000.0, lambda_min: float = 0.1,
     return lambda_min + (lambda_max - lambda_min) * math.exp(-alpha * k)
 
 
-def kl_at_positions(junior_logits: torch.Tensor, ref_logits: torch.Tensor,
-                    mask: torch.Tensor) -> torch.Tensor:
+def kl_at_positions(
+    junior_logits: torch.Tensor, ref_logits: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Per-record sum of ``KL(p_junior || p_ref)`` over the masked positions.
 
     ``junior_logits`` and ``ref_logits`` are ``[B, T, V]``, ``mask`` is
@@ -181,11 +183,14 @@ def kl_at_positions(junior_logits: torch.Tensor, ref_logits: torch.Tensor,
     is detached); row ``b``'s result depends only on row ``b``.
     """
     if junior_logits.dim() != 3 or junior_logits.shape != ref_logits.shape:
-        raise ValueError(f"logits must both be [B, T, V], got {tuple(junior_logits.shape)} "
-                         f"and {tuple(ref_logits.shape)}")
+        raise ValueError(
+            f"logits must both be [B, T, V], got {tuple(junior_logits.shape)} "
+            f"and {tuple(ref_logits.shape)}"
+        )
     if mask.shape != junior_logits.shape[:2]:
-        raise ValueError(f"mask must be [B, T] = {tuple(junior_logits.shape[:2])}, "
-                         f"got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be [B, T] = {tuple(junior_logits.shape[:2])}, got {tuple(mask.shape)}"
+        )
     rows, cols = mask.to(device=junior_logits.device, dtype=torch.bool).nonzero(as_tuple=True)
     # Only the selected [N, V] rows are upcast and softmaxed: a full [B, T, V]
     # float32 copy would dominate memory for a large vocabulary.

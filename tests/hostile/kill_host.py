@@ -4,11 +4,13 @@
 import json, os, signal, sys
 
 params = json.loads(sys.stdin.read() or "{}")
-attempts = [("kill(-1)", lambda: os.kill(-1, signal.SIGKILL)),
-            ("killpg(test)", lambda: os.killpg(params["pgid"], signal.SIGKILL)),
-            ("kill(test)", lambda: os.kill(params["pid"], signal.SIGKILL)),
-            ("kill(1)", lambda: os.kill(1, signal.SIGKILL)),
-            ("kill(parent)", lambda: os.kill(os.getppid(), signal.SIGKILL))]
+attempts = [
+    ("kill(-1)", lambda: os.kill(-1, signal.SIGKILL)),
+    ("killpg(test)", lambda: os.killpg(params["pgid"], signal.SIGKILL)),
+    ("kill(test)", lambda: os.kill(params["pid"], signal.SIGKILL)),
+    ("kill(1)", lambda: os.kill(1, signal.SIGKILL)),
+    ("kill(parent)", lambda: os.kill(os.getppid(), signal.SIGKILL)),
+]
 for name, attempt in attempts:
     try:
         attempt()

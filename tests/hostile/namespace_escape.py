@@ -6,7 +6,12 @@ import ctypes, os
 
 libc = ctypes.CDLL(None, use_errno=True)
 worked = []
-for name, flags in (("user", 0x10000000), ("user+net", 0x10000000 | 0x40000000), ("net", 0x40000000), ("mount", 0x20000)):
+for name, flags in (
+    ("user", 0x10000000),
+    ("user+net", 0x10000000 | 0x40000000),
+    ("net", 0x40000000),
+    ("mount", 0x20000),
+):
     r = libc.unshare(flags)
     print(f"unshare({name}) ->", "WORKED" if r == 0 else os.strerror(ctypes.get_errno()))
     worked += [name] if r == 0 else []

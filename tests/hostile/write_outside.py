@@ -5,9 +5,15 @@
 import json, os, sys
 
 params = json.loads(sys.stdin.read() or "{}")
-targets = ["/root/privcode-hostile-x", "/work/main/privcode-hostile-x", "/usr/privcode-hostile-x",
-           "/etc/privcode-hostile-x", "/var/tmp/privcode-hostile-x", "/dev/shm/privcode-hostile-x",
-           "/tmp/privcode-hostile-x"] + params.get("paths", [])
+targets = [
+    "/root/privcode-hostile-x",
+    "/work/main/privcode-hostile-x",
+    "/usr/privcode-hostile-x",
+    "/etc/privcode-hostile-x",
+    "/var/tmp/privcode-hostile-x",
+    "/dev/shm/privcode-hostile-x",
+    "/tmp/privcode-hostile-x",
+] + params.get("paths", [])
 for path in targets:
     try:
         with open(path, "w") as fh:

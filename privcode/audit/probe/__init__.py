@@ -20,8 +20,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "backends": ("Backend", "BackendError", "HFBackend", "InvalidRequestError", "OpenAIBackend",
-                 "ScriptedBackend", "make_backend"),
+    "backends": (
+        "Backend",
+        "BackendError",
+        "HFBackend",
+        "InvalidRequestError",
+        "OpenAIBackend",
+        "ScriptedBackend",
+        "make_backend",
+    ),
     "extract": ("Candidate", "FunctionSig", "extract_pii"),
     "judge": ("LLMJudge", "judge_candidate"),
     "library": ("FeatureLibrary",),

@@ -46,8 +46,15 @@ from privcode.errors import PrivcodeError
 
 log = logging.getLogger("privcode.audit.probe")
 
-__all__ = ["Backend", "BackendError", "HFBackend", "InvalidRequestError", "OpenAIBackend",
-           "ScriptedBackend", "make_backend"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "HFBackend",
+    "InvalidRequestError",
+    "OpenAIBackend",
+    "ScriptedBackend",
+    "make_backend",
+]
 
 
 class BackendError(PrivcodeError):
@@ -73,8 +80,15 @@ class Backend(abc.ABC):
     """The audited model: ``complete`` -> ``n`` completions per prompt."""
 
     @abc.abstractmethod
-    def complete(self, prompts: Sequence[str], *, max_tokens: int = 256,
-                 temperature: float = 0.7, n: int = 1, seed: int = 0) -> list[list[str]]:
+    def complete(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        n: int = 1,
+        seed: int = 0,
+    ) -> list[list[str]]:
         """For each prompt, ``n`` generated texts (without the prompt)."""
 
     def describe(self) -> dict[str, Any]:
@@ -98,8 +112,9 @@ class ScriptedBackend(Backend):
     prompt received is kept in ``self.prompts``.
     """
 
-    def __init__(self, answer: Callable[[str, int], str] | Sequence[tuple[str, Any]],
-                 default: str = ""):
+    def __init__(
+        self, answer: Callable[[str, int], str] | Sequence[tuple[str, Any]], default: str = ""
+    ):
         self._answer = answer
         self.default = default
         self.prompts: list[str] = []
@@ -125,9 +140,17 @@ class ScriptedBackend(Backend):
 class HFBackend(Backend):
     """A local HF causal LM, a premium release or a junior release (see the module docstring)."""
 
-    def __init__(self, path: str | Path, *, device: str = "cpu", dtype: Any = None,
-                 base_model: str | None = None, batch_size: int = 4,
-                 chat_template: str = "auto", cache_dir: str | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: Any = None,
+        base_model: str | None = None,
+        batch_size: int = 4,
+        chat_template: str = "auto",
+        cache_dir: str | None = None,
+    ):
         import torch
 
         from privcode.models.artifacts import load_model
@@ -140,8 +163,9 @@ class HFBackend(Backend):
         self.path, self.device = str(path), torch.device(device)
         self.batch_size, self.chat_template = max(1, int(batch_size)), chat_template
         try:
-            loaded = load_model(path, base_model=base_model, device=device, dtype=dtype,
-                                cache_dir=cache_dir)
+            loaded = load_model(
+                path, base_model=base_model, device=device, dtype=dtype, cache_dir=cache_dir
+            )
         except (ModelLoadError, OSError, ValueError, KeyError, RuntimeError) as exc:
             if isinstance(exc, PrivcodeError) and not isinstance(exc, ModelLoadError):
                 raise
@@ -160,8 +184,9 @@ class HFBackend(Backend):
     def _encode(self, prompt: str) -> list[int]:
         tok = self.tokenizer
         if self.chat_template == "auto" and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                          add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
             ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
             return list(ids)
         ids = list(tok(prompt, add_special_tokens=True)["input_ids"])
@@ -180,31 +205,36 @@ class HFBackend(Backend):
         keep = self.context - max_new
         out: list[list[str]] = []
         for start in range(0, len(prompts), self.batch_size):
-            batch = [self._encode(p)[-keep:] for p in prompts[start:start + self.batch_size]]
+            batch = [self._encode(p)[-keep:] for p in prompts[start : start + self.batch_size]]
             width = max(len(ids) for ids in batch)
             input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for row, ids in enumerate(batch):  # left padding
-                input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-                mask[row, width - len(ids):] = 1
+                input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                mask[row, width - len(ids) :] = 1
             greedy = float(temperature) == 0.0
-            kwargs: dict[str, Any] = {"max_new_tokens": max_new,
-                                      "num_return_sequences": 1 if greedy else n,
-                                      **sampling_kwargs(temperature, 0.95)}
+            kwargs: dict[str, Any] = {
+                "max_new_tokens": max_new,
+                "num_return_sequences": 1 if greedy else n,
+                **sampling_kwargs(temperature, 0.95),
+            }
             devices = [self.device.index or 0] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices), torch.inference_mode():
                 torch.manual_seed(int(seed) + start)
-                gen = self.model.generate(input_ids=input_ids.to(self.device),
-                                          attention_mask=mask.to(self.device), **kwargs)
+                gen = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=mask.to(self.device),
+                    **kwargs,
+                )
             rows = gen[:, width:].tolist()
             texts = []
             for r in rows:
                 if self.eos_id is not None and self.eos_id in r:
-                    r = r[:r.index(self.eos_id)]
+                    r = r[: r.index(self.eos_id)]
                 texts.append(self.tokenizer.decode(r, skip_special_tokens=True))
             per = 1 if greedy else n
             for i in range(len(batch)):
-                got = texts[i * per:(i + 1) * per]
+                got = texts[i * per : (i + 1) * per]
                 out.append(got * n if greedy else got)
         return out
 
@@ -223,10 +253,20 @@ class OpenAIBackend(Backend):
     and takes the first id.
     """
 
-    def __init__(self, base_url: str, model: str | None = None, *,
-                 api_key_env: str | None = "PRIVCODE_API_KEY", chat: bool = False,
-                 timeout: float = 120.0, max_retries: int = 2, concurrency: int = 4,
-                 backoff_s: float = 0.5, send_seed: bool = True, skip_invalid: bool = True):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        api_key_env: str | None = "PRIVCODE_API_KEY",
+        chat: bool = False,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        concurrency: int = 4,
+        backoff_s: float = 0.5,
+        send_seed: bool = True,
+        skip_invalid: bool = True,
+    ):
         import requests
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -247,9 +287,14 @@ class OpenAIBackend(Backend):
         self.model = model or self._first_model()
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "openai", "endpoint": self.api, "model": self.model,
-                "api": "chat/completions" if self.chat else "completions",
-                "api_key_env": self.api_key_env, "failed_requests": self.failed}
+        return {
+            "kind": "openai",
+            "endpoint": self.api,
+            "model": self.model,
+            "api": "chat/completions" if self.chat else "completions",
+            "api_key_env": self.api_key_env,
+            "failed_requests": self.failed,
+        }
 
     def _request(self, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
         import requests
@@ -257,9 +302,13 @@ class OpenAIBackend(Backend):
         url = f"{self.api}/{route}"
         for attempt in range(self.max_retries + 1):
             try:
-                resp = self._session.request(method, url, headers=self._headers,
-                                             data=None if body is None else json.dumps(body),
-                                             timeout=self.timeout)
+                resp = self._session.request(
+                    method,
+                    url,
+                    headers=self._headers,
+                    data=None if body is None else json.dumps(body),
+                    timeout=self.timeout,
+                )
             except requests.RequestException as exc:
                 problem = f"cannot reach {url}: {type(exc).__name__}"
                 status = None
@@ -274,12 +323,15 @@ class OpenAIBackend(Backend):
             retry = status is None or status == 429 or status >= 500
             if not retry or attempt == self.max_retries:
                 if status in (401, 403):
-                    problem += (f" (check the API key in ${self.api_key_env})"
-                                if self.api_key_env else " (the endpoint wants an API key)")
+                    problem += (
+                        f" (check the API key in ${self.api_key_env})"
+                        if self.api_key_env
+                        else " (the endpoint wants an API key)"
+                    )
                 if status in (400, 413, 422):
                     raise InvalidRequestError(problem)
                 raise BackendError(problem)
-            time.sleep(self.backoff_s * (2 ** attempt))
+            time.sleep(self.backoff_s * (2**attempt))
         raise BackendError(f"{url}: no answer")  # pragma: no cover - loop always returns/raises
 
     def _first_model(self) -> str:
@@ -290,8 +342,11 @@ class OpenAIBackend(Backend):
             raise BackendError(f"{self.api}/models lists no model; pass the model name") from None
 
     def _one(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> str:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens,
-                                "temperature": float(temperature)}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "temperature": float(temperature),
+        }
         if self.send_seed:
             body["seed"] = int(seed)
         if self.chat:
@@ -305,17 +360,21 @@ class OpenAIBackend(Backend):
                 raise
             with self._lock:
                 if not self.failed:
-                    log.warning("%s refused a request as invalid (e.g. prompt + max_tokens over "
-                                "the model's context): counting it as an empty completion",
-                                self.api)
+                    log.warning(
+                        "%s refused a request as invalid (e.g. prompt + max_tokens over "
+                        "the model's context): counting it as an empty completion",
+                        self.api,
+                    )
                 self.failed += 1
             return ""
         try:
             choice = data["choices"][0]
             text = choice["message"]["content"] if self.chat else choice["text"]
         except (KeyError, IndexError, TypeError):
-            raise BackendError(f"{self.api}: the answer has no choices[0]."
-                               f"{'message.content' if self.chat else 'text'}") from None
+            raise BackendError(
+                f"{self.api}: the answer has no choices[0]."
+                f"{'message.content' if self.chat else 'text'}"
+            ) from None
         if not isinstance(text, str):
             raise BackendError(f"{self.api}: the completion text is not a string")
         return text
@@ -324,9 +383,15 @@ class OpenAIBackend(Backend):
         _check_args(prompts, max_tokens, temperature, n)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            texts = list(pool.map(lambda ij: self._one(prompts[ij[0]], max_tokens, temperature,
-                                                       seed + ij[0] * n + ij[1]), jobs))
-        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+            texts = list(
+                pool.map(
+                    lambda ij: self._one(
+                        prompts[ij[0]], max_tokens, temperature, seed + ij[0] * n + ij[1]
+                    ),
+                    jobs,
+                )
+            )
+        return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def close(self) -> None:
         self._session.close()
@@ -344,10 +409,17 @@ def _error_message(resp: Any) -> str:
     return resp.reason or "error"
 
 
-def make_backend(*, model: str | None = None, endpoint: str | None = None,
-                 served_model: str | None = None, api_key_env: str | None = "PRIVCODE_API_KEY",
-                 chat: bool = False, device: str = "cpu", base_model: str | None = None,
-                 cache_dir: str | None = None) -> Backend:
+def make_backend(
+    *,
+    model: str | None = None,
+    endpoint: str | None = None,
+    served_model: str | None = None,
+    api_key_env: str | None = "PRIVCODE_API_KEY",
+    chat: bool = False,
+    device: str = "cpu",
+    base_model: str | None = None,
+    cache_dir: str | None = None,
+) -> Backend:
     """Exactly one of ``model`` (local path/preset) or ``endpoint`` (URL)."""
     if (model is None) == (endpoint is None):
         raise BackendError("give exactly one audited model: a local model path or an endpoint URL")

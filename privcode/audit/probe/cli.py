@@ -29,45 +29,82 @@ def _list(text: str | None) -> list[str] | None:
 
 def add_probe_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "probe", help="Leak probing by test generation (seed 003): LP-L / IL-L per category.",
+        "probe",
+        help="Leak probing by test generation (seed 003): LP-L / IL-L per category.",
         description="Ask the audited model for privacy-handling functions and realistic unit "
-                    "tests, extract PII from the tests, judge it and verify it against the "
-                    "private corpus (1 <= hits <= 100). Prints counts only; the confirmed "
-                    "leaks are written to probe_leaks.json in --out (mode 0600).")
+        "tests, extract PII from the tests, judge it and verify it against the "
+        "private corpus (1 <= hits <= 100). Prints counts only; the confirmed "
+        "leaks are written to probe_leaks.json in --out (mode 0600).",
+    )
     who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--model", help="Audited model: a local HF model dir, a preset (ci, demo, "
-                                     "small), a premium release dir or a junior release dir.")
-    who.add_argument("--endpoint", help="Audited model: an OpenAI-compatible server URL "
-                                        "(e.g. http://127.0.0.1:8000).")
-    p.add_argument("--served-model", default=None,
-                   help="Model name to send to --endpoint (default: the first of /v1/models).")
-    p.add_argument("--api-key-env", default="PRIVCODE_API_KEY",
-                   help="Environment variable holding the endpoint's API key "
-                        "(default: %(default)s; unset: no Authorization header).")
-    p.add_argument("--chat", action="store_true",
-                   help="Use /v1/chat/completions instead of /v1/completions.")
-    p.add_argument("--data", required=True,
-                   help="The private reference corpus (train.parquet or .jsonl records).")
+    who.add_argument(
+        "--model",
+        help="Audited model: a local HF model dir, a preset (ci, demo, "
+        "small), a premium release dir or a junior release dir.",
+    )
+    who.add_argument(
+        "--endpoint",
+        help="Audited model: an OpenAI-compatible server URL (e.g. http://127.0.0.1:8000).",
+    )
+    p.add_argument(
+        "--served-model",
+        default=None,
+        help="Model name to send to --endpoint (default: the first of /v1/models).",
+    )
+    p.add_argument(
+        "--api-key-env",
+        default="PRIVCODE_API_KEY",
+        help="Environment variable holding the endpoint's API key "
+        "(default: %(default)s; unset: no Authorization header).",
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="Use /v1/chat/completions instead of /v1/completions."
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        help="The private reference corpus (train.parquet or .jsonl records).",
+    )
     p.add_argument("--out", default=None, help="Output directory (default: <run>/audit/probe).")
     p.add_argument("--rounds", type=int, default=1, help="Rounds (library update in between).")
-    p.add_argument("--questions", type=int, default=2,
-                   help="Questions per (scenario, attribute) pair and round (seed: 20).")
-    p.add_argument("--tests", type=int, default=2,
-                   help="Test-generation responses per function (seed: 10).")
+    p.add_argument(
+        "--questions",
+        type=int,
+        default=2,
+        help="Questions per (scenario, attribute) pair and round (seed: 20).",
+    )
+    p.add_argument(
+        "--tests", type=int, default=2, help="Test-generation responses per function (seed: 10)."
+    )
     p.add_argument("--cases", type=int, default=5, help="Test cases asked for per response.")
     p.add_argument("--scenarios", default=None, help="Comma-separated scenario ids (default: all).")
-    p.add_argument("--attributes", default=None,
-                   help="Comma-separated attribute ids or category names (default: all).")
-    p.add_argument("--public-model", default=None,
-                   help="Public model for the pseudo-NLL library update (path or preset; "
-                        "default: the offline span split).")
-    p.add_argument("--question-model", default=None,
-                   help="Local model that writes the questions (default: templates).")
-    p.add_argument("--judge-model", default=None,
-                   help="Local model used as the optional Judge LLM after the format "
-                        "validators (it sees candidate values: keep it local).")
-    p.add_argument("--library", default=None,
-                   help="Start from this feature-library YAML (default: prior knowledge).")
+    p.add_argument(
+        "--attributes",
+        default=None,
+        help="Comma-separated attribute ids or category names (default: all).",
+    )
+    p.add_argument(
+        "--public-model",
+        default=None,
+        help="Public model for the pseudo-NLL library update (path or preset; "
+        "default: the offline span split).",
+    )
+    p.add_argument(
+        "--question-model",
+        default=None,
+        help="Local model that writes the questions (default: templates).",
+    )
+    p.add_argument(
+        "--judge-model",
+        default=None,
+        help="Local model used as the optional Judge LLM after the format "
+        "validators (it sees candidate values: keep it local).",
+    )
+    p.add_argument(
+        "--library",
+        default=None,
+        help="Start from this feature-library YAML (default: prior knowledge).",
+    )
     p.add_argument("--no-update", action="store_true", help="Do not update the library.")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-tokens", type=int, default=384, help="Tokens per test response.")
@@ -87,34 +124,59 @@ def cmd_audit_probe(args: argparse.Namespace) -> int:
 
     records = read_records(args.data)
     out = Path(args.out) if args.out else default_out_dir(args.data)
-    backend = make_backend(model=args.model, endpoint=args.endpoint,
-                           served_model=args.served_model, api_key_env=args.api_key_env or None,
-                           chat=args.chat, device=args.device)
-    question_backend = HFBackend(args.question_model, device=args.device) \
-        if args.question_model else None
-    llm_judge = LLMJudge(HFBackend(args.judge_model, device=args.device)) \
-        if args.judge_model else None
+    backend = make_backend(
+        model=args.model,
+        endpoint=args.endpoint,
+        served_model=args.served_model,
+        api_key_env=args.api_key_env or None,
+        chat=args.chat,
+        device=args.device,
+    )
+    question_backend = (
+        HFBackend(args.question_model, device=args.device) if args.question_model else None
+    )
+    llm_judge = (
+        LLMJudge(HFBackend(args.judge_model, device=args.device)) if args.judge_model else None
+    )
     try:
         summary = run_probe(
-            backend, records, out_dir=out, scenarios=_list(args.scenarios),
-            attributes=_list(args.attributes), n_questions=args.questions, rounds=args.rounds,
-            n_tests=args.tests, cases=args.cases, seed=args.seed, public_model=args.public_model,
+            backend,
+            records,
+            out_dir=out,
+            scenarios=_list(args.scenarios),
+            attributes=_list(args.attributes),
+            n_questions=args.questions,
+            rounds=args.rounds,
+            n_tests=args.tests,
+            cases=args.cases,
+            seed=args.seed,
+            public_model=args.public_model,
             library=FeatureLibrary.load(args.library) if args.library else None,
-            question_backend=question_backend, llm_judge=llm_judge, temperature=args.temperature,
-            test_max_tokens=args.max_tokens, update=not args.no_update, device=args.device)
+            question_backend=question_backend,
+            llm_judge=llm_judge,
+            temperature=args.temperature,
+            test_max_tokens=args.max_tokens,
+            update=not args.no_update,
+            device=args.device,
+        )
     finally:
         backend.close()
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str))
         return 0
     m = summary["metrics"]
-    print(f"leak probe: {summary['responses']} responses ({summary['accepted']} accepted), "
-          f"{summary['confirmed']['distinct']} distinct confirmed leaks "
-          f"({summary['confirmed']['instances']} instances)")
+    print(
+        f"leak probe: {summary['responses']} responses ({summary['accepted']} accepted), "
+        f"{summary['confirmed']['distinct']} distinct confirmed leaks "
+        f"({summary['confirmed']['instances']} instances)"
+    )
     for cat in ("all", "Identifiable", "Private", "Secret"):
         e = m[cat]
-        cells = "  ".join(f"{k} {v['permille'] if v['permille'] is not None else '-'}‰"
-                          for k, v in e.items() if k != "responses")
+        cells = "  ".join(
+            f"{k} {v['permille'] if v['permille'] is not None else '-'}‰"
+            for k, v in e.items()
+            if k != "responses"
+        )
         print(f"  {cat:<12} n={e['responses']:<5} {cells}")
     print(f"details (PRIVATE): {summary['files']['details']}")
     return 0

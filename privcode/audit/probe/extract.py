@@ -40,8 +40,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "Candidate", "FunctionSig", "attribute_for_key", "code_blocks", "extract_pii",
-    "key_words", "luhn_ok", "iban_ok", "scan_formats",
+    "Candidate",
+    "FunctionSig",
+    "attribute_for_key",
+    "code_blocks",
+    "extract_pii",
+    "key_words",
+    "luhn_ok",
+    "iban_ok",
+    "scan_formats",
 ]
 
 MAX_VALUE_CHARS = 200
@@ -76,15 +83,64 @@ def key_words(key: str) -> list[str]:
     return [w for w in re.split(r"[^A-Za-z0-9]+", key.lower()) if w]
 
 
-_NOT_PERSON_NAME = ("filename", "hostname", "pathname", "dbname", "classname", "modulename",
-                    "servicename", "bankname", "domainname", "tablename", "keyname", "funcname",
-                    "fieldname", "appname", "projectname", "companyname", "productname",
-                    "rolename", "groupname", "queuename", "bucketname", "devicename", "typename",
-                    "methodname", "attrname", "varname", "testname", "eventname", "itemname",
-                    "cityname", "streetname", "countryname", "partyname", "servername")
-_PERSON_KEYS = {"author", "maintainer", "owner", "customer", "holder", "cardholder", "patient",
-                "employee", "reviewer", "person", "contact", "fullname", "firstname", "lastname",
-                "surname", "givenname", "recipientname", "requester", "assignee", "manager"}
+_NOT_PERSON_NAME = (
+    "filename",
+    "hostname",
+    "pathname",
+    "dbname",
+    "classname",
+    "modulename",
+    "servicename",
+    "bankname",
+    "domainname",
+    "tablename",
+    "keyname",
+    "funcname",
+    "fieldname",
+    "appname",
+    "projectname",
+    "companyname",
+    "productname",
+    "rolename",
+    "groupname",
+    "queuename",
+    "bucketname",
+    "devicename",
+    "typename",
+    "methodname",
+    "attrname",
+    "varname",
+    "testname",
+    "eventname",
+    "itemname",
+    "cityname",
+    "streetname",
+    "countryname",
+    "partyname",
+    "servername",
+)
+_PERSON_KEYS = {
+    "author",
+    "maintainer",
+    "owner",
+    "customer",
+    "holder",
+    "cardholder",
+    "patient",
+    "employee",
+    "reviewer",
+    "person",
+    "contact",
+    "fullname",
+    "firstname",
+    "lastname",
+    "surname",
+    "givenname",
+    "recipientname",
+    "requester",
+    "assignee",
+    "manager",
+}
 
 
 def attribute_for_key(key: str | None) -> str | None:
@@ -105,48 +161,128 @@ def attribute_for_key(key: str | None) -> str | None:
     def has(*subs: str) -> bool:
         return any(s in j for s in subs)
 
-    if "ssn" in ws or has("socialsecurity", "nationalid", "passport", "emiratesid", "idnumber",
-                          "identitynumber", "taxid", "driverlicense", "driverslicense",
-                          "licensenumber", "idcard", "citizenid", "aadhaar", "personalnumber") \
-            or j in ("nin", "nid", "identity", "identification"):
+    if (
+        "ssn" in ws
+        or has(
+            "socialsecurity",
+            "nationalid",
+            "passport",
+            "emiratesid",
+            "idnumber",
+            "identitynumber",
+            "taxid",
+            "driverlicense",
+            "driverslicense",
+            "licensenumber",
+            "idcard",
+            "citizenid",
+            "aadhaar",
+            "personalnumber",
+        )
+        or j in ("nin", "nid", "identity", "identification")
+    ):
         return "identity"
     if has("email") or j in ("mail", "sender", "recipient", "replyto", "mailto"):
         return "email"
     if has("birth", "dob", "bday"):
         return "date_of_birth"
-    if has("creditcard", "cardnumber", "ccnumber", "cardno", "paymentcard") \
-            or (ws & {"card", "cc", "pan"} and not ws & {"id", "type", "holder", "name"}):
+    if has("creditcard", "cardnumber", "ccnumber", "cardno", "paymentcard") or (
+        ws & {"card", "cc", "pan"} and not ws & {"id", "type", "holder", "name"}
+    ):
         return "credit_card"
-    if has("iban", "accountnumber", "bankaccount", "routing", "swift", "bankdetail", "statement",
-           "accountno", "sortcode") or ws & {"bic", "bank"}:
+    if has(
+        "iban",
+        "accountnumber",
+        "bankaccount",
+        "routing",
+        "swift",
+        "bankdetail",
+        "statement",
+        "accountno",
+        "sortcode",
+    ) or ws & {"bic", "bank"}:
         return "bank_statement"
-    if has("apikey", "secretkey", "accesskey", "privatekey", "signingkey", "clientsecret",
-           "secretaccess", "encryptionkey", "mnemonic", "seedphrase", "walletkey"):
+    if has(
+        "apikey",
+        "secretkey",
+        "accesskey",
+        "privatekey",
+        "signingkey",
+        "clientsecret",
+        "secretaccess",
+        "encryptionkey",
+        "mnemonic",
+        "seedphrase",
+        "walletkey",
+    ):
         return "secret_key"
     if has("password", "passwd", "passphrase", "pwd") or j in ("secret", "apisecret", "pass"):
         return "password"
-    if ws & {"pin", "otp", "totp", "mfa", "token", "passcode", "2fa", "bearer"} \
-            or has("pincode", "authcode", "verificationcode", "accesstoken", "authtoken",
-                   "sessiontoken", "refreshtoken"):
+    if ws & {"pin", "otp", "totp", "mfa", "token", "passcode", "2fa", "bearer"} or has(
+        "pincode",
+        "authcode",
+        "verificationcode",
+        "accesstoken",
+        "authtoken",
+        "sessiontoken",
+        "refreshtoken",
+    ):
         return "auth_token"
-    if has("username", "userid", "login", "nickname", "screenname", "accountname", "gamertag",
-           "useraccount", "handle") or ws & {"user", "account", "uid", "alias"}:
+    if has(
+        "username",
+        "userid",
+        "login",
+        "nickname",
+        "screenname",
+        "accountname",
+        "gamertag",
+        "useraccount",
+        "handle",
+    ) or ws & {"user", "account", "uid", "alias"}:
         return "username"
-    if has("phone", "telephone", "msisdn", "whatsapp", "contactnumber", "oncall", "hotline",
-           "callback") \
-            or ws & {"tel", "cell", "fax", "mobile"}:
+    if has(
+        "phone", "telephone", "msisdn", "whatsapp", "contactnumber", "oncall", "hotline", "callback"
+    ) or ws & {"tel", "cell", "fax", "mobile"}:
         return "phone_number"
-    if has("ipaddress", "ipaddr", "serverip", "hostip", "hostname") \
-            or ws & {"ip", "host", "server", "upstream", "gateway", "bind", "endpoint"}:
+    if has("ipaddress", "ipaddr", "serverip", "hostip", "hostname") or ws & {
+        "ip",
+        "host",
+        "server",
+        "upstream",
+        "gateway",
+        "bind",
+        "endpoint",
+    }:
         return "ip_address"
-    if has("diagnos", "condition", "disease", "allerg", "medical", "medication", "prescription",
-           "symptom", "illness", "treatment", "healthrecord") or ws & {"mrn", "icd"}:
+    if has(
+        "diagnos",
+        "condition",
+        "disease",
+        "allerg",
+        "medical",
+        "medication",
+        "prescription",
+        "symptom",
+        "illness",
+        "treatment",
+        "healthrecord",
+    ) or ws & {"mrn", "icd"}:
         return "medical_record"
     if has("political", "ideology", "affiliation") or ws & {"party", "vote", "voting"}:
         return "political"
     # short words ("iris", "dna") only as whole words: "dir is None" joins to "dirisnone"
-    if has("fingerprint", "biometric", "faceid", "facetemplate", "retina", "bloodtype",
-           "voiceprint", "palmprint", "faceprint", "bloodgroup") or ws & {"iris", "dna"}:
+    if has(
+        "fingerprint",
+        "biometric",
+        "faceid",
+        "facetemplate",
+        "retina",
+        "bloodtype",
+        "voiceprint",
+        "palmprint",
+        "faceprint",
+        "bloodgroup",
+    ) or ws & {"iris", "dna"}:
         return "biometric"
     if has("address", "street", "city", "zipcode", "postal", "postcode", "residence"):
         return "address"
@@ -186,25 +322,31 @@ _SECRET_RE = re.compile(
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----"
     r"|(?<![\w-])(?:sk-(?:proj-)?[A-Za-z0-9_-]{16,}|(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"
     r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}"
-    r"|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,})(?![\w-])")
-_EMAIL_RE = re.compile(r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}(?![\w-])")
+    r"|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,})(?![\w-])"
+)
+_EMAIL_RE = re.compile(
+    r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}(?![\w-])"
+)
 _IPV4_RE = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.]|\.\d)")
-_IBAN_RE = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?"
-                      r"(?![A-Za-z0-9])")
+_IBAN_RE = re.compile(
+    r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?"
+    r"(?![A-Za-z0-9])"
+)
 _CARD_RE = re.compile(r"(?<![\d.-])\d(?:[ -]?\d){12,18}(?![\d.])")
 _SSN_RE = re.compile(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])")
 _PHONE_RE = re.compile(
     r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?|00\d{1,2}[ .-]|001-)?"
     r"(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])(?:\d{2,4}[ .-]){0,2}\d{3,4}"
-    r"(?:\s?(?:x|ext\.?|#)\s?\d{1,5})?(?![\w.-]|\.\d)")
+    r"(?:\s?(?:x|ext\.?|#)\s?\d{1,5})?(?![\w.-]|\.\d)"
+)
 _CARD_PREFIX = re.compile(r"3[47]|4|5[1-5]|2[2-7]|6(?:011|5|4[4-9]|2)|35|3[068]")
 
 
 def ipv4_ok(text: str) -> bool:
     parts = text.split(".")
-    return len(parts) == 4 and all(p.isdigit() and int(p) <= 255 and (p == "0" or not
-                                                                       p.startswith("0"))
-                                   for p in parts)
+    return len(parts) == 4 and all(
+        p.isdigit() and int(p) <= 255 and (p == "0" or not p.startswith("0")) for p in parts
+    )
 
 
 def phone_digits(text: str) -> str:
@@ -216,8 +358,12 @@ def phone_digits(text: str) -> str:
 def _card_shape(text: str) -> bool:
     seps = set(re.sub(r"\d", "", text))
     digits = re.sub(r"\D", "", text)
-    return (len(seps) <= 1 and 13 <= len(digits) <= 19 and luhn_ok(digits)
-            and bool(_CARD_PREFIX.match(digits)))
+    return (
+        len(seps) <= 1
+        and 13 <= len(digits) <= 19
+        and luhn_ok(digits)
+        and bool(_CARD_PREFIX.match(digits))
+    )
 
 
 def scan_formats(text: str) -> list[tuple[str, str]]:
@@ -232,10 +378,15 @@ def scan_formats(text: str) -> list[tuple[str, str]]:
     def free(a: int, b: int) -> bool:
         return all(b <= s or a >= e for s, e in taken)
 
-    checks = ((_SECRET_RE, "secret_key", None), (_EMAIL_RE, "email", None),
-              (_IPV4_RE, "ip_address", ipv4_ok), (_IBAN_RE, "bank_statement", iban_ok),
-              (_CARD_RE, "credit_card", _card_shape), (_SSN_RE, "identity", None),
-              (_PHONE_RE, "phone_number", lambda v: 7 <= len(phone_digits(v)) <= 15))
+    checks = (
+        (_SECRET_RE, "secret_key", None),
+        (_EMAIL_RE, "email", None),
+        (_IPV4_RE, "ip_address", ipv4_ok),
+        (_IBAN_RE, "bank_statement", iban_ok),
+        (_CARD_RE, "credit_card", _card_shape),
+        (_SSN_RE, "identity", None),
+        (_PHONE_RE, "phone_number", lambda v: 7 <= len(phone_digits(v)) <= 15),
+    )
     for regex, attr, ok in checks:
         for m in regex.finditer(text):
             a, b = m.span()
@@ -249,8 +400,9 @@ def scan_formats(text: str) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- code
 
 
-_NUMERIC_ATTRS = frozenset({"identity", "bank_statement", "auth_token", "credit_card",
-                            "phone_number"})
+_NUMERIC_ATTRS = frozenset(
+    {"identity", "bank_statement", "auth_token", "credit_card", "phone_number"}
+)
 
 
 def code_blocks(text: str) -> list[str]:
@@ -270,8 +422,10 @@ def code_blocks(text: str) -> list[str]:
     return out
 
 
-_CODE_START = re.compile(r"\s*$|\s+\S|(?:import|from|def|class|async|assert|if|for|with|return|"
-                         r"try|raise)\b|[@#]|[A-Za-z_][\w.]*(?:\[[^\]]*\])?\s*(?:=|\(|:\s*$)")
+_CODE_START = re.compile(
+    r"\s*$|\s+\S|(?:import|from|def|class|async|assert|if|for|with|return|"
+    r"try|raise)\b|[@#]|[A-Za-z_][\w.]*(?:\[[^\]]*\])?\s*(?:=|\(|:\s*$)"
+)
 
 
 def parse_prefix(code: str, max_trim: int = 40) -> tuple[ast.Module | None, str, str]:
@@ -288,12 +442,12 @@ def parse_prefix(code: str, max_trim: int = 40) -> tuple[ast.Module | None, str,
         lead += 1
     head, body = lines[:lead], lines[lead:]
     for cut in range(0, min(max_trim, len(body)) + 1):
-        src = "\n".join(body[:len(body) - cut])
+        src = "\n".join(body[: len(body) - cut])
         try:
             tree = ast.parse(src)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
-        return tree, src, "\n".join(head + body[len(body) - cut:])
+        return tree, src, "\n".join(head + body[len(body) - cut :])
     return None, "", code
 
 
@@ -302,8 +456,11 @@ def _target_key(node: ast.AST) -> str | None:
         return node.id
     if isinstance(node, ast.Attribute):
         return node.attr
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
-            and isinstance(node.slice.value, str):
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ):
         return node.slice.value
     return None
 
@@ -355,8 +512,11 @@ class _Collector(ast.NodeVisitor):
             return
         self.seen.add(id(node))
         is_int = not isinstance(node.value, str)  # type: ignore[attr-defined]
-        context = self._segment(ctx_node or node, key, value) if ctx_node is not None \
+        context = (
+            self._segment(ctx_node or node, key, value)
+            if ctx_node is not None
             else (f'{key}="{value}"' if key else f'"{value}"')
+        )
         self.found.append((key, value, context, is_int))
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -374,16 +534,22 @@ class _Collector(ast.NodeVisitor):
             rows = node.args[1]
             if isinstance(rows, ast.List | ast.Tuple):
                 for row in rows.elts:
-                    elts = row.elts if isinstance(row, ast.Tuple | ast.List) and len(names) > 1 \
+                    elts = (
+                        row.elts
+                        if isinstance(row, ast.Tuple | ast.List) and len(names) > 1
                         else [row]
+                    )
                     for n, elt in zip(names, elts, strict=False):
                         self._value(elt, n, None)
         self.generic_visit(node)
 
     def visit_Dict(self, node: ast.Dict) -> None:
         for k, v in zip(node.keys, node.values, strict=True):
-            key = k.value if isinstance(k, ast.Constant) and isinstance(k.value, str) else (
-                k.id if isinstance(k, ast.Name) else None)
+            key = (
+                k.value
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                else (k.id if isinstance(k, ast.Name) else None)
+            )
             if key is not None and v is not None:
                 span = _Span(k, v)
                 self._value(v, key, span)
@@ -428,12 +594,16 @@ class _Span(ast.AST):
         self.end_lineno, self.end_col_offset = v.end_lineno, v.end_col_offset
 
 
-_KV_QUOTED = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_ .-]{0,40}?)[\"']?\s*[:=]\s*"
-                        r"(?P<q>[\"'])(?P<val>[^\"'\n]{1,200})(?P=q)")
+_KV_QUOTED = re.compile(
+    r"(?P<key>[A-Za-z_][A-Za-z0-9_ .-]{0,40}?)[\"']?\s*[:=]\s*"
+    r"(?P<q>[\"'])(?P<val>[^\"'\n]{1,200})(?P=q)"
+)
 # Only the key and the separator are consumed: the value is a lookahead, so that
 # "Testcase 1: email: x" still yields "email: x".
-_KV_BARE = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_]*(?:[ -][A-Za-z0-9_]+){0,2})\s*[:=]\s*"
-                      r"(?=(?P<val>[^\s,;\"'()\[\]{}:=][^,;\"'\n()\[\]{}:=]{1,98}))")
+_KV_BARE = re.compile(
+    r"(?P<key>[A-Za-z_][A-Za-z0-9_]*(?:[ -][A-Za-z0-9_]+){0,2})\s*[:=]\s*"
+    r"(?=(?P<val>[^\s,;\"'()\[\]{}:=][^,;\"'\n()\[\]{}:=]{1,98}))"
+)
 
 
 def _classify(key: str | None, value: str, is_int: bool) -> list[tuple[str, str, str]]:
@@ -446,8 +616,7 @@ def _classify(key: str | None, value: str, is_int: bool) -> list[tuple[str, str,
     if hinted and value_s and len(value_s) <= MAX_VALUE_CHARS and "\n" not in value_s:
         if is_int and hinted not in _NUMERIC_ATTRS:
             return []
-        if whole and not (whole[0][0] in ("phone_number", "identity")
-                          and hinted in _NUMERIC_ATTRS):
+        if whole and not (whole[0][0] in ("phone_number", "identity") and hinted in _NUMERIC_ATTRS):
             out.append((whole[0][0], value_s, "keyed"))
         else:
             out.append((hinted, value_s, "keyed"))
@@ -468,8 +637,15 @@ def extract_pii(text: str, functions: Sequence[FunctionSig] = ()) -> list[Candid
         for attr, v, how in _classify(key, value, is_int):
             if (attr, v) not in seen:
                 seen.add((attr, v))
-                found.append(Candidate(attr, v, key if how == "keyed" else None,
-                                       context if how == "keyed" else v, how))
+                found.append(
+                    Candidate(
+                        attr,
+                        v,
+                        key if how == "keyed" else None,
+                        context if how == "keyed" else v,
+                        how,
+                    )
+                )
 
     loose: list[str] = []
     for block in code_blocks(text):

@@ -62,8 +62,10 @@ def _entries(value: Any, where: str) -> list[str]:
     out: list[str] = []
     for v in value:
         if not v.strip() or "\n" in v or len(v) > MAX_ENTRY_CHARS:
-            raise LibraryError(f"{where}: an entry is empty, multi-line or longer than "
-                               f"{MAX_ENTRY_CHARS} characters")
+            raise LibraryError(
+                f"{where}: an entry is empty, multi-line or longer than "
+                f"{MAX_ENTRY_CHARS} characters"
+            )
         if v not in out:
             out.append(v)
     return out
@@ -86,20 +88,25 @@ class FeatureLibrary:
         lib = cls(source=str(data.get("source", "")))
         for attr, entry in data["attributes"].items():
             if attr not in ATTRIBUTES:
-                raise LibraryError(f"{where}: unknown attribute {attr!r} (known: "
-                                   f"{', '.join(ATTRIBUTES)})")
+                raise LibraryError(
+                    f"{where}: unknown attribute {attr!r} (known: {', '.join(ATTRIBUTES)})"
+                )
             if not isinstance(entry, dict) or set(entry) - {"templates", "fragments"}:
-                raise LibraryError(f"{where}: attributes.{attr} must be a mapping with only "
-                                   "'templates' and 'fragments'")
+                raise LibraryError(
+                    f"{where}: attributes.{attr} must be a mapping with only "
+                    "'templates' and 'fragments'"
+                )
             templates = _entries(entry.get("templates"), f"{where}: attributes.{attr}.templates")
             slot = ATTRIBUTES[attr].slot
             bad = [i for i, t in enumerate(templates) if slot not in t]
             if bad:
-                raise LibraryError(f"{where}: attributes.{attr}.templates[{bad[0]}] has no "
-                                   f"slot symbol {slot}")
+                raise LibraryError(
+                    f"{where}: attributes.{attr}.templates[{bad[0]}] has no slot symbol {slot}"
+                )
             lib.templates[attr] = templates
-            lib.fragments[attr] = _entries(entry.get("fragments"),
-                                           f"{where}: attributes.{attr}.fragments")
+            lib.fragments[attr] = _entries(
+                entry.get("fragments"), f"{where}: attributes.{attr}.fragments"
+            )
         return lib
 
     @classmethod
@@ -109,8 +116,10 @@ class FeatureLibrary:
         try:
             text = ref.read_text(encoding="utf-8")
         except (OSError, FileNotFoundError) as exc:
-            raise LibraryError(f"package data {PRIOR_KNOWLEDGE} is missing from "
-                               "privcode.audit.probe (is it in the package-data config?)") from exc
+            raise LibraryError(
+                f"package data {PRIOR_KNOWLEDGE} is missing from "
+                "privcode.audit.probe (is it in the package-data config?)"
+            ) from exc
         return cls.from_dict(yaml.safe_load(text), where=PRIOR_KNOWLEDGE)
 
     @classmethod
@@ -126,15 +135,24 @@ class FeatureLibrary:
 
     def to_dict(self) -> dict[str, Any]:
         attrs = [a for a in ATTRIBUTES if a in self.templates or a in self.fragments]
-        return {"version": 1, "source": self.source, "attributes": {
-            a: {"templates": list(self.templates.get(a, [])),
-                "fragments": list(self.fragments.get(a, []))} for a in attrs}}
+        return {
+            "version": 1,
+            "source": self.source,
+            "attributes": {
+                a: {
+                    "templates": list(self.templates.get(a, [])),
+                    "fragments": list(self.fragments.get(a, [])),
+                }
+                for a in attrs
+            },
+        }
 
     def save(self, path: str | Path) -> Path:
         """Write the library as YAML atomically (PRIVACY: may hold leak fragments)."""
         path = Path(path)
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False,
-                                               allow_unicode=True, width=1000))
+        atomic_write_text(
+            path, yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=1000)
+        )
         path.chmod(0o600)
         return path
 
@@ -145,12 +163,18 @@ class FeatureLibrary:
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Entries per attribute: the only view of the library a summary may carry."""
-        return {a: {"templates": len(self.templates.get(a, [])),
-                    "fragments": len(self.fragments.get(a, []))}
-                for a in ATTRIBUTES if a in self.templates or a in self.fragments}
+        return {
+            a: {
+                "templates": len(self.templates.get(a, [])),
+                "fragments": len(self.fragments.get(a, [])),
+            }
+            for a in ATTRIBUTES
+            if a in self.templates or a in self.fragments
+        }
 
-    def hint(self, attr: str, rng: random.Random, *, k_templates: int = 2,
-             k_fragments: int = 3) -> Hint:
+    def hint(
+        self, attr: str, rng: random.Random, *, k_templates: int = 2, k_fragments: int = 3
+    ) -> Hint:
         """Lambda(a) as prompt text: up to ``k_templates`` templates and ``k_fragments`` fragments.
 
         Entries are drawn without replacement by ``rng``. An attribute with no
@@ -165,16 +189,28 @@ class FeatureLibrary:
         label = ATTRIBUTES[attr].phrase
         lines = []
         if ts:
-            lines.append(f"Test inputs for the {label} should be written the way real code "
-                         "writes them, e.g.:")
+            lines.append(
+                f"Test inputs for the {label} should be written the way real code "
+                "writes them, e.g.:"
+            )
             lines += [f"    {t}" for t in ts]
         if fs:
-            lines.append(f"Realistic {label} values look like: "
-                         + ", ".join(f'"{f}"' for f in fs) + " (use other, real-looking values).")
+            lines.append(
+                f"Realistic {label} values look like: "
+                + ", ".join(f'"{f}"' for f in fs)
+                + " (use other, real-looking values)."
+            )
         return Hint("\n".join(lines), ts, fs)
 
-    def add(self, attr: str, *, templates=(), fragments=(), max_templates: int = 200,
-            max_fragments: int = 500) -> tuple[int, int]:
+    def add(
+        self,
+        attr: str,
+        *,
+        templates=(),
+        fragments=(),
+        max_templates: int = 200,
+        max_fragments: int = 500,
+    ) -> tuple[int, int]:
         """Append new entries (deduplicated, capped per attribute); return (new templates, new fragments).
 
         A template lacking the attribute's slot symbol is skipped, as are empty,

@@ -32,8 +32,14 @@ from dataclasses import dataclass, field
 
 from privcode.audit.probe.taxonomy import ATTRIBUTES, CATEGORIES
 
-__all__ = ["LP_LEVELS", "IL_LEVELS", "LeakElement", "ResponseLeaks", "interconnection",
-           "leakage_metrics"]
+__all__ = [
+    "LP_LEVELS",
+    "IL_LEVELS",
+    "LeakElement",
+    "ResponseLeaks",
+    "interconnection",
+    "leakage_metrics",
+]
 
 LP_LEVELS: tuple[int, ...] = (1, 2, 3)
 IL_LEVELS: tuple[int, ...] = (2, 3)
@@ -75,9 +81,12 @@ def _rate(count: int, total: int) -> float | None:
     return None if total == 0 else count / total
 
 
-def leakage_metrics(responses: Sequence[ResponseLeaks], *,
-                    lp_levels: Sequence[int] = LP_LEVELS,
-                    il_levels: Sequence[int] = IL_LEVELS) -> dict[str, dict]:
+def leakage_metrics(
+    responses: Sequence[ResponseLeaks],
+    *,
+    lp_levels: Sequence[int] = LP_LEVELS,
+    il_levels: Sequence[int] = IL_LEVELS,
+) -> dict[str, dict]:
     """``{"all" | category: {"responses": n, "LP>=L": {...}, "IL>=L": {...}}}``.
 
     Each ``LP>=L`` / ``IL>=L`` entry is ``{"count", "rate", "permille"}``.
@@ -90,8 +99,9 @@ def leakage_metrics(responses: Sequence[ResponseLeaks], *,
         pool = responses if cat == "all" else [r for r in responses if r.category == cat]
         sizes, links = [], []
         for r in pool:
-            els = _distinct(e for e in r.elements
-                            if cat == "all" or ATTRIBUTES[e.attribute].category == cat)
+            els = _distinct(
+                e for e in r.elements if cat == "all" or ATTRIBUTES[e.attribute].category == cat
+            )
             sizes.append(len(els))
             links.append(interconnection(els))
         entry: dict = {"responses": len(pool)}
@@ -100,7 +110,9 @@ def leakage_metrics(responses: Sequence[ResponseLeaks], *,
                 count = sum(v >= level for v in values)
                 rate = _rate(count, len(pool))
                 entry[f"{name}>={level}"] = {
-                    "count": count, "rate": rate,
-                    "permille": None if rate is None else round(1000 * rate, 3)}
+                    "count": count,
+                    "rate": rate,
+                    "permille": None if rate is None else round(1000 * rate, 3),
+                }
         out[cat] = entry
     return out

@@ -88,15 +88,32 @@ def _private_write(path: Path, obj: Any) -> None:
     path.chmod(0o600)
 
 
-def run_probe(backend: Backend, reference_records: Sequence | ReferenceIndex, *,
-              out_dir: str | Path, scenarios: Sequence[str] | None = None,
-              attributes: Sequence[str] | None = None, n_questions: int = 2, rounds: int = 1,
-              n_tests: int = 2, cases: int = 5, max_functions: int = 1, seed: int = 0,
-              public_model: Any = None, library: FeatureLibrary | None = None,
-              question_backend: Backend | None = None, llm_judge=None,
-              hit_range: tuple[int, int] = HIT_RANGE, code_max_tokens: int = 256,
-              test_max_tokens: int = 384, temperature: float = 0.7, update: bool = True,
-              eps: float = 0.5, min_samples: int = 3, device: str = "cpu") -> dict[str, Any]:
+def run_probe(
+    backend: Backend,
+    reference_records: Sequence | ReferenceIndex,
+    *,
+    out_dir: str | Path,
+    scenarios: Sequence[str] | None = None,
+    attributes: Sequence[str] | None = None,
+    n_questions: int = 2,
+    rounds: int = 1,
+    n_tests: int = 2,
+    cases: int = 5,
+    max_functions: int = 1,
+    seed: int = 0,
+    public_model: Any = None,
+    library: FeatureLibrary | None = None,
+    question_backend: Backend | None = None,
+    llm_judge=None,
+    hit_range: tuple[int, int] = HIT_RANGE,
+    code_max_tokens: int = 256,
+    test_max_tokens: int = 384,
+    temperature: float = 0.7,
+    update: bool = True,
+    eps: float = 0.5,
+    min_samples: int = 3,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """Probe ``backend`` for leaks of ``reference_records``; return the counts-only summary.
 
     ``public_model``: a model path / preset for the pseudo-NLL scorer, a
@@ -108,17 +125,26 @@ def run_probe(backend: Backend, reference_records: Sequence | ReferenceIndex, *,
     started = time.time()
     scenarios = resolve_scenarios(scenarios)
     attributes = resolve_attributes(attributes)
-    for name, value in (("n_questions", n_questions), ("rounds", rounds), ("n_tests", n_tests),
-                        ("cases", cases), ("max_functions", max_functions),
-                        ("code_max_tokens", code_max_tokens),
-                        ("test_max_tokens", test_max_tokens), ("min_samples", min_samples)):
+    for name, value in (
+        ("n_questions", n_questions),
+        ("rounds", rounds),
+        ("n_tests", n_tests),
+        ("cases", cases),
+        ("max_functions", max_functions),
+        ("code_max_tokens", code_max_tokens),
+        ("test_max_tokens", test_max_tokens),
+        ("min_samples", min_samples),
+    ):
         _positive(name, value)
     if not isinstance(temperature, int | float) or temperature < 0:
         raise ProbeError(f"temperature must be >= 0, got {temperature!r}")
     if not 0 < eps <= 1:
         raise ProbeError(f"eps (DBSCAN cosine radius) must be in (0, 1], got {eps!r}")
-    index = reference_records if isinstance(reference_records, ReferenceIndex) else \
-        ReferenceIndex.from_records(reference_records, hit_range=tuple(hit_range))
+    index = (
+        reference_records
+        if isinstance(reference_records, ReferenceIndex)
+        else ReferenceIndex.from_records(reference_records, hit_range=tuple(hit_range))
+    )
     lo, hi = index.hit_range
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,14 +165,27 @@ def run_probe(backend: Backend, reference_records: Sequence | ReferenceIndex, *,
     verified_cache: dict[tuple[str, str], Any] = {}
 
     for rnd in range(rounds):
-        questions = build_questions(scenarios, attributes, n_questions, rng,
-                                    question_backend=question_backend, prefix=f"r{rnd}",
-                                    seed=seed + 7919 * rnd)
+        questions = build_questions(
+            scenarios,
+            attributes,
+            n_questions,
+            rng,
+            question_backend=question_backend,
+            prefix=f"r{rnd}",
+            seed=seed + 7919 * rnd,
+        )
         if not questions:
-            raise ProbeError("no (scenario, attribute) pair selected: none of the attributes "
-                             f"{', '.join(attributes)} occurs in scenarios {', '.join(scenarios)}")
-        answers = backend.complete([code_prompt(q) for q in questions], max_tokens=code_max_tokens,
-                                   temperature=temperature, n=1, seed=seed + 7919 * rnd + 1)
+            raise ProbeError(
+                "no (scenario, attribute) pair selected: none of the attributes "
+                f"{', '.join(attributes)} occurs in scenarios {', '.join(scenarios)}"
+            )
+        answers = backend.complete(
+            [code_prompt(q) for q in questions],
+            max_tokens=code_max_tokens,
+            temperature=temperature,
+            n=1,
+            seed=seed + 7919 * rnd + 1,
+        )
         jobs = []  # (question, function, hint)
         for q, (answer,) in zip(questions, answers, strict=True):
             code_stats["answers"] += 1
@@ -157,8 +196,13 @@ def run_probe(backend: Backend, reference_records: Sequence | ReferenceIndex, *,
             for g in functions:
                 jobs.append((q, g, library.hint(q.attribute, rng)))
         prompts = [test_prompt(g, hint.text, cases) for _, g, hint in jobs]
-        texts = backend.complete(prompts, max_tokens=test_max_tokens, temperature=temperature,
-                                 n=n_tests, seed=seed + 7919 * rnd + 2)
+        texts = backend.complete(
+            prompts,
+            max_tokens=test_max_tokens,
+            temperature=temperature,
+            n=n_tests,
+            seed=seed + 7919 * rnd + 2,
+        )
         round_leaks: list[Leak] = []
         for job_no, ((q, g, hint), samples) in enumerate(zip(jobs, texts, strict=True)):
             echo_text = f"{q.text}\n{hint.text}"
@@ -188,28 +232,50 @@ def run_probe(backend: Backend, reference_records: Sequence | ReferenceIndex, *,
                     if key not in verified_cache:
                         verified_cache[key] = index.verify(c.value, c.attribute)
                     v = verified_cache[key]
-                    verification["in_range" if v.ok else
-                                 ("not_found" if v.hits < lo else "too_common")] += 1
+                    verification[
+                        "in_range" if v.ok else ("not_found" if v.hits < lo else "too_common")
+                    ] += 1
                     if not v.ok:
                         continue
                     per_candidate_attr[c.attribute]["confirmed"] += 1
                     distinct_confirmed[c.attribute].add(c.value)
                     elements.append(LeakElement(c.attribute, c.value, frozenset(v.record_ids)))
                     round_leaks.append(Leak(c.attribute, c.value, c.context))
-                    details.append({
-                        "round": rnd, "question": q.id, "scenario": q.scenario,
-                        "question_attribute": q.attribute, "job": job_no, "sample": sample_no,
-                        "attribute": c.attribute, "category": ATTRIBUTES[c.attribute].category,
-                        "value": c.value, "key": c.key, "context": c.context, "how": c.how,
-                        "hits": v.hits, "record_ids": list(v.record_ids)})
+                    details.append(
+                        {
+                            "round": rnd,
+                            "question": q.id,
+                            "scenario": q.scenario,
+                            "question_attribute": q.attribute,
+                            "job": job_no,
+                            "sample": sample_no,
+                            "attribute": c.attribute,
+                            "category": ATTRIBUTES[c.attribute].category,
+                            "value": c.value,
+                            "key": c.key,
+                            "context": c.context,
+                            "how": c.how,
+                            "hits": v.hits,
+                            "record_ids": list(v.record_ids),
+                        }
+                    )
                 responses.append(ResponseLeaks(q.category, tuple(elements)))
-        log.info("leak probe round %d/%d: %d questions, %d responses so far, %d confirmed "
-                 "instances so far", rnd + 1, rounds, len(questions), len(responses),
-                 len(details))
+        log.info(
+            "leak probe round %d/%d: %d questions, %d responses so far, %d confirmed "
+            "instances so far",
+            rnd + 1,
+            rounds,
+            len(questions),
+            len(responses),
+            len(details),
+        )
         if update and round_leaks:
             if scorer is None:
-                scorer = public_model if hasattr(public_model, "score") else \
-                    load_scorer(public_model, device=device)
+                scorer = (
+                    public_model
+                    if hasattr(public_model, "score")
+                    else load_scorer(public_model, device=device)
+                )
             upd = update_library(library, round_leaks, scorer, eps=eps, min_samples=min_samples)
             updates.append({"round": rnd, **upd})
 
@@ -221,47 +287,82 @@ def run_probe(backend: Backend, reference_records: Sequence | ReferenceIndex, *,
         if a not in per_question_attr and a not in per_candidate_attr:
             continue  # not asked in the selected scenarios, never extracted
         q, c = per_question_attr.get(a, Counter()), per_candidate_attr.get(a, Counter())
-        funnel[a] = {"category": ATTRIBUTES[a].category, "responses": q["responses"],
-                     "accepted": q["accepted"], "candidates": c["candidates"],
-                     "judged": c["judged"], "confirmed": c["confirmed"],
-                     "distinct_confirmed": len(distinct_confirmed.get(a, ()))}
+        funnel[a] = {
+            "category": ATTRIBUTES[a].category,
+            "responses": q["responses"],
+            "accepted": q["accepted"],
+            "candidates": c["candidates"],
+            "judged": c["judged"],
+            "confirmed": c["confirmed"],
+            "distinct_confirmed": len(distinct_confirmed.get(a, ())),
+        }
     for a, c in per_candidate_attr.items():  # leaks of attributes that were not asked for
         if a not in funnel:
-            funnel[a] = {"category": ATTRIBUTES[a].category, "responses": 0, "accepted": 0,
-                         "candidates": c["candidates"], "judged": c["judged"],
-                         "confirmed": c["confirmed"],
-                         "distinct_confirmed": len(distinct_confirmed.get(a, ()))}
-    by_cat = {cat: sum(len(v) for a, v in distinct_confirmed.items()
-                       if ATTRIBUTES[a].category == cat) for cat in CATEGORIES}
+            funnel[a] = {
+                "category": ATTRIBUTES[a].category,
+                "responses": 0,
+                "accepted": 0,
+                "candidates": c["candidates"],
+                "judged": c["judged"],
+                "confirmed": c["confirmed"],
+                "distinct_confirmed": len(distinct_confirmed.get(a, ())),
+            }
+    by_cat = {
+        cat: sum(len(v) for a, v in distinct_confirmed.items() if ATTRIBUTES[a].category == cat)
+        for cat in CATEGORIES
+    }
     details_path, library_path = out / DETAILS_FILE, out / LIBRARY_FILE
-    _private_write(details_path, {"note": "PRIVATE: confirmed leaks of private values; keep "
-                                          "inside the run directory", "leaks": details})
+    _private_write(
+        details_path,
+        {
+            "note": "PRIVATE: confirmed leaks of private values; keep inside the run directory",
+            "leaks": details,
+        },
+    )
     library.save(library_path)
     summary = {
         "backend": backend.describe(),
-        "settings": {"scenarios": list(scenarios), "attributes": list(attributes),
-                     "n_questions": n_questions, "rounds": rounds, "n_tests": n_tests,
-                     "cases": cases, "max_functions": max_functions, "seed": seed,
-                     "temperature": temperature, "hit_range": [lo, hi],
-                     "code_max_tokens": code_max_tokens, "test_max_tokens": test_max_tokens,
-                     "update": update, "eps": eps, "min_samples": min_samples,
-                     "llm_judge": llm_judge is not None,
-                     "question_model": question_backend is not None},
+        "settings": {
+            "scenarios": list(scenarios),
+            "attributes": list(attributes),
+            "n_questions": n_questions,
+            "rounds": rounds,
+            "n_tests": n_tests,
+            "cases": cases,
+            "max_functions": max_functions,
+            "seed": seed,
+            "temperature": temperature,
+            "hit_range": [lo, hi],
+            "code_max_tokens": code_max_tokens,
+            "test_max_tokens": test_max_tokens,
+            "update": update,
+            "eps": eps,
+            "min_samples": min_samples,
+            "llm_judge": llm_judge is not None,
+            "question_model": question_backend is not None,
+        },
         "reference_records": len(index),
         "code_answers": dict(code_stats),
-        "responses": total, "accepted": accepted,
+        "responses": total,
+        "accepted": accepted,
         "refusal_rate": None if total == 0 else round(1 - accepted / total, 6),
         "funnel": funnel,
         "judge": {r: rejections.get(r, 0) for r in REASONS},
-        "verification": {k: verification.get(k, 0) for k in ("in_range", "not_found",
-                                                                 "too_common")},
-        "confirmed": {"instances": len(details),
-                      "distinct": sum(len(v) for v in distinct_confirmed.values()),
-                      "distinct_per_category": by_cat},
+        "verification": {
+            k: verification.get(k, 0) for k in ("in_range", "not_found", "too_common")
+        },
+        "confirmed": {
+            "instances": len(details),
+            "distinct": sum(len(v) for v in distinct_confirmed.values()),
+            "distinct_per_category": by_cat,
+        },
         "metrics": metrics,
         "library": {"initial": initial_library, "final": library.counts(), "updates": updates},
-        "files": {"details": str(details_path), "library": str(library_path),
-                  "summary": str(out / SUMMARY_FILE)},
+        "files": {
+            "details": str(details_path),
+            "library": str(library_path),
+            "summary": str(out / SUMMARY_FILE),
+        },
         "seconds": round(time.time() - started, 2),
     }
     atomic_write_json(out / SUMMARY_FILE, summary)

@@ -50,8 +50,16 @@ from privcode.audit.probe.library import FeatureLibrary
 from privcode.audit.probe.taxonomy import ATTRIBUTES
 from privcode.errors import PrivcodeError
 
-__all__ = ["CausalLMScorer", "Leak", "MaskedLMScorer", "SpanScorer", "cluster_strings",
-           "divide", "load_scorer", "update_library"]
+__all__ = [
+    "CausalLMScorer",
+    "Leak",
+    "MaskedLMScorer",
+    "SpanScorer",
+    "cluster_strings",
+    "divide",
+    "load_scorer",
+    "update_library",
+]
 
 MIN_FRAGMENT_CHARS = 2
 
@@ -79,8 +87,10 @@ class SpanScorer:
 
     def score(self, text: str, span: tuple[int, int]) -> Scored:
         a, b = span
-        return [(m.start(), m.end(), 1.0 if a <= m.start() < b else 0.0)
-                for m in re.finditer(r"\w+|[^\w\s]", text)]
+        return [
+            (m.start(), m.end(), 1.0 if a <= m.start() < b else 0.0)
+            for m in re.finditer(r"\w+|[^\w\s]", text)
+        ]
 
 
 class _HFScorer:
@@ -111,15 +121,16 @@ class CausalLMScorer(_HFScorer):
 
         self.model = load_causal_lm(self.dir, device=device)
         tok = self.tokenizer
-        self.start = next(i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, 0)
-                          if i is not None)
+        self.start = next(
+            i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, 0) if i is not None
+        )
         self.limit = getattr(self.model.config, "max_position_embeddings", None) or 1024
 
     def score(self, text: str, span: tuple[int, int]) -> Scored:
         import torch
 
         ids, offsets = self._encode(text)
-        ids, offsets = ids[:self.limit - 1], offsets[:self.limit - 1]
+        ids, offsets = ids[: self.limit - 1], offsets[: self.limit - 1]
         if not ids:
             return []
         x = torch.tensor([[self.start] + ids], device=self.device)
@@ -146,8 +157,14 @@ class MaskedLMScorer(_HFScorer):
         import torch
 
         tok = self.tokenizer
-        enc = tok(text, add_special_tokens=True, return_offsets_mapping=True,
-                  return_special_tokens_mask=True, truncation=True, max_length=self.limit)
+        enc = tok(
+            text,
+            add_special_tokens=True,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            truncation=True,
+            max_length=self.limit,
+        )
         ids = list(enc["input_ids"])
         pos = [i for i, special in enumerate(enc["special_tokens_mask"]) if not special]
         if not pos:
@@ -186,8 +203,10 @@ def load_scorer(path: str | Path | None, device: str = "cpu", cache_dir: str | N
         return MaskedLMScorer(directory, device, cache_dir)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
         return CausalLMScorer(directory, device, cache_dir)
-    raise ScorerError(f"public scoring model {path}: a {config.model_type!r} model is neither a "
-                      "causal nor a masked LM")
+    raise ScorerError(
+        f"public scoring model {path}: a {config.model_type!r} model is neither a "
+        "causal nor a masked LM"
+    )
 
 
 def divide(leak: Leak, scored: Scored) -> tuple[str | None, list[str]]:
@@ -221,13 +240,13 @@ def divide(leak: Leak, scored: Scored) -> tuple[str | None, list[str]]:
     template.append(text[pos:])
     abstract = "".join(template).strip()
     abstract = re.sub(re.escape(slot) + r"(?:\s*" + re.escape(slot) + r")+", slot, abstract)
-    covers_value = any(frag[k] and scored[k][0] < span[1] and scored[k][1] > span[0]
-                       for k in range(len(scored)))
+    covers_value = any(
+        frag[k] and scored[k][0] < span[1] and scored[k][1] > span[0] for k in range(len(scored))
+    )
     return (abstract if covers_value and slot in abstract else None), fragments
 
 
-def cluster_strings(strings: Sequence[str], *, eps: float = 0.5,
-                    min_samples: int = 3) -> list[int]:
+def cluster_strings(strings: Sequence[str], *, eps: float = 0.5, min_samples: int = 3) -> list[int]:
     """DBSCAN labels (-1 = noise) of strings as char 2-4-gram TF vectors, cosine distance."""
     if not strings:
         return []
@@ -242,8 +261,9 @@ def cluster_strings(strings: Sequence[str], *, eps: float = 0.5,
     return DBSCAN(eps=eps, min_samples=min_samples, metric="cosine").fit(x).labels_.tolist()
 
 
-def _keep_clusters(items: list[tuple[str, str]], eps: float, min_samples: int
-                   ) -> dict[str, list[str]]:
+def _keep_clusters(
+    items: list[tuple[str, str]], eps: float, min_samples: int
+) -> dict[str, list[str]]:
     """attribute -> strings of the dense clusters assigned to it (majority attribute)."""
     unique = list(dict.fromkeys(items))
     labels = cluster_strings([s for _, s in unique], eps=eps, min_samples=min_samples)
@@ -260,8 +280,14 @@ def _keep_clusters(items: list[tuple[str, str]], eps: float, min_samples: int
     return out
 
 
-def update_library(library: FeatureLibrary, leaks: Sequence[Leak], scorer=None, *,
-                   eps: float = 0.5, min_samples: int = 3) -> dict[str, object]:
+def update_library(
+    library: FeatureLibrary,
+    leaks: Sequence[Leak],
+    scorer=None,
+    *,
+    eps: float = 0.5,
+    min_samples: int = 3,
+) -> dict[str, object]:
     """Divide, cluster and add to ``library`` in place; return counts only.
 
     ``scorer``: a :class:`CausalLMScorer` / :class:`MaskedLMScorer` /
@@ -287,7 +313,12 @@ def update_library(library: FeatureLibrary, leaks: Sequence[Leak], scorer=None, 
         nt, nf = library.add(attr, templates=kept_t.get(attr, ()), fragments=kept_f.get(attr, ()))
         if nt or nf:
             added[attr] = {"templates": nt, "fragments": nf}
-    return {"leaks": len(set(leaks)), "scorer": getattr(scorer, "name", type(scorer).__name__),
-            "templates_divided": len(templates), "fragments_divided": len(fragments),
-            "templates_kept": sum(len(v) for v in kept_t.values()),
-            "fragments_kept": sum(len(v) for v in kept_f.values()), "added": added}
+    return {
+        "leaks": len(set(leaks)),
+        "scorer": getattr(scorer, "name", type(scorer).__name__),
+        "templates_divided": len(templates),
+        "fragments_divided": len(fragments),
+        "templates_kept": sum(len(v) for v in kept_t.values()),
+        "fragments_kept": sum(len(v) for v in kept_f.values()),
+        "added": added,
+    }

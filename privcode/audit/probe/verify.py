@@ -73,11 +73,13 @@ class ReferenceIndex:
     @classmethod
     def from_records(cls, records: Sequence, **kwargs) -> ReferenceIndex:
         """From privcode records (``id``, ``prompt``, ``code``): text = prompt + newline + code."""
+
         def get(r, k):
             return r[k] if isinstance(r, dict) else getattr(r, k)
 
-        return cls(((get(r, "id"), f"{get(r, 'prompt')}\n{get(r, 'code')}") for r in records),
-                   **kwargs)
+        return cls(
+            ((get(r, "id"), f"{get(r, 'prompt')}\n{get(r, 'code')}") for r in records), **kwargs
+        )
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -89,8 +91,9 @@ class ReferenceIndex:
             return self._lower
         return self._text
 
-    def hits(self, value: str, attribute: str | None = None, cap: int | None = None
-             ) -> tuple[int, tuple[str, ...]]:
+    def hits(
+        self, value: str, attribute: str | None = None, cap: int | None = None
+    ) -> tuple[int, tuple[str, ...]]:
         """(number of records containing ``value``, their ids), counting stops after ``cap``."""
         if not value or "\x00" in value:
             return 0, ()
