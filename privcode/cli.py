@@ -498,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_report)
 
-    from privcode.synth.sandbox_cli import add_sandbox_parser
+    from privcode.sandbox.cli import add_sandbox_parser
 
     add_sandbox_parser(sub)
     from privcode.eval.cli import add_eval_parser

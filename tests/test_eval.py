@@ -27,7 +27,7 @@ from privcode.eval import (
     write_samples,
 )
 from privcode.eval.cli import add_eval_parser
-from privcode.synth.sandbox import SandboxError, SandboxLimits, SandboxPool
+from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool
 
 WORKERS = 2
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=2, memory_mb=1024)

@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 
 from privcode.cli import main as cli_main
-from privcode.synth import sandbox as sb
-from privcode.synth.sandbox import (
+from privcode.sandbox import (
     NAMESPACES,
     RLIMITS_ONLY,
     SandboxError,
@@ -36,6 +35,7 @@ from privcode.synth.sandbox import (
     isolation_level,
     run_code,
 )
+from privcode.sandbox import pool as sb
 
 HOSTILE = Path(__file__).parent / "hostile"
 SECRET = "privcode-test-secret-7f3a9c41"
@@ -342,7 +342,7 @@ def test_parent_killed_mid_run_takes_the_sandbox_down():
     """SIGKILL the process using the sandbox: its zygote kills the run at once, daemon too."""
     require_namespaces()
     code = (
-        "import sys\nfrom privcode.synth import sandbox as sb\n"
+        "import sys\nfrom privcode.sandbox import pool as sb\n"
         "sb.run_code('pass')\nprint(sb._SLOTS[0].uid, flush=True)\n"
         "sb.run_code('import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
         "    time.sleep(60)\\ntime.sleep(60)', sb.SandboxLimits(wall_seconds=60, cpu_seconds=60))\n"
@@ -443,9 +443,9 @@ def test_rlimits_only_fallback_as_unprivileged_user():
     ):
         pytest.skip("needs root, setpriv and a system python3 >= 3.11 to run unprivileged")
     code = (
-        "import importlib.util, json, sys, warnings\n"
-        "s = importlib.util.spec_from_file_location('sbx', sys.argv[1])\n"
-        "m = importlib.util.module_from_spec(s); sys.modules['sbx'] = m; s.loader.exec_module(m)\n"
+        "import json, sys, warnings\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from privcode.sandbox import pool as m\n"
         "warnings.simplefilter('always')\n"
         "v = m.run_code('import os; print(6 * 7, os.getuid())', m.SandboxLimits(wall_seconds=20))\n"
         "t = m.run_code('import time; time.sleep(30)', m.SandboxLimits(wall_seconds=1))\n"
@@ -461,7 +461,7 @@ def test_rlimits_only_fallback_as_unprivileged_user():
             "-S",
             "-c",
             code,
-            sb.__file__,
+            str(Path(sb.__file__).parents[2]),  # the checkout root: privcode without site-packages
         ],
         capture_output=True,
         text=True,

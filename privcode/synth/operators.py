@@ -147,7 +147,7 @@ class ExecutionFilter:
     """Runs every snippet in the sandbox; keeps the verdict (never the snippet's output)."""
 
     def __init__(self, limits: dict[str, Any], workers: int):
-        from privcode.synth.sandbox import SandboxLimits, SandboxPool
+        from privcode.sandbox import SandboxLimits, SandboxPool
 
         self.pool = SandboxPool(workers=workers, limits=SandboxLimits(**limits))
         self.removed = _counter(

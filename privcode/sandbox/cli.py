@@ -27,7 +27,7 @@ def _positive(kind):
 
 
 def cmd_sandbox_check(args: argparse.Namespace) -> int:
-    from privcode.synth.sandbox import SandboxLimits, SandboxPool, file_result
+    from privcode.sandbox import SandboxLimits, SandboxPool, file_result
 
     codes = []
     for name in args.files:

@@ -1,15 +1,16 @@
-"""The sandbox in which ALL generated (hostile) Python code runs.
+"""The sandbox's zygote and snippet processes: standard library only.
 
-Stage II's execution filter and pass@k evaluation run model-written code; every
-snippet is treated as hostile: it may try the network, read the private corpus or
-secrets (and leak them through its output or whether it passes), write outside its
-directory, fork-bomb, exhaust memory or disk, print gigabytes, ignore signals,
-daemonise or kill other processes.  Snippets may use the standard library only
-(the interpreter runs without site-packages: ``-S -s``).
+Everything here runs in a zygote or a snippet; the parent (:mod:`privcode.sandbox.pool`)
+uses only BOOT, ENV, send and recv.  A slot's zygote is
+``python -S -s -P -c BOOT <this file> ns|plain <mnt>``, which loads this file by path (no
+site-packages; privcode is not importable there), serves one request per snippet on stdin
+and answers on stdout (:func:`send`/:func:`recv`: one JSON line each), and forks each
+snippet's process tree.  Hence the rules for this file: standard library only (an
+import-linter contract in pyproject.toml), and few imports: each one is start-up time of
+every zygote, and modules with at-fork hooks (random, threading: ``tempfile``,
+``concurrent.futures``...) would triple the cost of each of its forks.
 
-API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`check_file`,
-:func:`isolation_level`; :class:`Verdict`, :class:`SandboxLimits`.  Layers
-(``isolation == "namespaces+uid"``: running as root):
+Isolation layers (``isolation == "namespaces+uid"``, mode ``ns``: the parent runs as root):
 
 * Zygote: each slot has a long-lived ``python -S -s -P`` (scrubbed environment,
   stdlib-only imports) that forks per snippet: no interpreter start-up per snippet.
@@ -27,8 +28,9 @@ API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`che
   host's /tmp (Ray's sockets), Kubernetes tokens: absent.
 * Unprivileged uid/gid ``61000 + slot``, no groups, ``PR_SET_NO_NEW_PRIVS`` (setuid
   binaries and ``setuid(0)`` do not help).  A slot owns its uid exclusively, across
-  processes too (an ``flock`` per uid in /run/privcode-sandbox): concurrent
-  sandboxes cannot signal each other nor share an RLIMIT_NPROC count.
+  processes too (the parent holds an ``flock`` per uid in /run/privcode-sandbox, and
+  passes it to the zygote): concurrent sandboxes cannot signal each other nor share an
+  RLIMIT_NPROC count.
 * rlimits before the code runs: CPU, AS (memory), NPROC, FSIZE, NOFILE, CORE=0.
 * Wall clock: the zygote SIGKILLs the run's pid 1; the kernel then kills every
   process of the pid namespace, daemonised grandchildren included (pid 1 also dies
@@ -37,8 +39,8 @@ API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`che
 * Environment: only PATH=/usr/bin:/bin, LANG=C.UTF-8, HOME=TMPDIR=the work dir,
   PYTHONDONTWRITEBYTECODE=1, PYTHONHASHSEED=0.
 * Output is read incrementally; past ``output_bytes`` on a stream the run is killed
-  (status "output").  Code that does not ``compile()`` (in the parent: compiling runs
-  nothing) never runs (status "syntax").
+  (status "output").  Code that does not ``compile()`` (checked in the parent:
+  compiling runs nothing) never gets here (status "syntax").
 
 NOT covered: kernel exploits (one shared kernel), side channels, denial of service
 within the limits, the uid's kernel keyring (a channel between runs of one slot only).
@@ -47,40 +49,28 @@ depth: execution pods with no network (deny-all NetworkPolicy), no service-accou
 token, ``readOnlyRootFilesystem``, capabilities dropped to SYS_ADMIN, SETUID, SETGID,
 KILL (or ``runAsNonRoot`` and the fallback), optionally gVisor (``runtimeClassName``).
 
-Fallback, never silent (a ``RuntimeWarning`` and an error log, once per process): not
-root (a laptop): ``"rlimits-only"``: rlimits, own session and process group, a temp
-dir and a scrubbed environment only; the code can use the network, read what you can
-read, write where you can, and a daemon escapes the kill.  Root without namespace
-support (no CAP_SYS_ADMIN) is refused rather than run hostile code as root.
+Mode ``plain`` (the rlimits-only fallback, not root): rlimits, own session and process
+group, a temp dir and the scrubbed environment only.
 """
 
 from __future__ import annotations
 
-import _thread
 import atexit
+import builtins
 import contextlib
 import ctypes
-import fcntl
+import gc
 import json
 import math
 import os
 import resource
 import select
 import signal
-import stat
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import types
 
-# Parent-side modules (subprocess, logging, tempfile, concurrent.futures...) are imported
-# lazily: the zygote loads this file too, and the at-fork hooks of random and threading
-# would triple the cost of each of its forks.
-
-NAMESPACES, RLIMITS_ONLY = "namespaces+uid", "rlimits-only"
-STATUSES = ("ok", "error", "timeout", "cpu", "memory", "output", "killed", "syntax")
-UID_BASE, UID_SPAN = 61000, 1000
-_ENV = {
+ENV = {
     "PATH": "/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
@@ -92,9 +82,9 @@ _RDONLY, _NOSUID, _NODEV, _NOEXEC, _REMOUNT = 1, 2, 4, 8, 32
 _BIND, _REC, _PRIVATE = 4096, 16384, 1 << 18
 _PDEATHSIG, _DUMPABLE, _NO_NEW_PRIVS = 1, 4, 38  # prctl options
 _TAIL = 4096
-# The zygote: load this file by path (no site-packages; privcode is not importable) and
-# serve.  Only a forked snippet process gets past _zygote_main: it runs the code as main.
-_BOOT = (
+# The zygote's entry: load this file by path and serve.  Only a forked snippet process
+# gets past _zygote_main: it runs the code as __main__.
+BOOT = (
     "import sys\nb = frozenset(sys.modules)\nimport importlib.util as u\n"
     "s = u.spec_from_file_location('_privcode_sandbox_zygote', sys.argv[1])\n"
     "m = u.module_from_spec(s)\nsys.modules[s.name] = m\ns.loader.exec_module(m)\n"
@@ -102,51 +92,6 @@ _BOOT = (
     "if job is not None:\n    m._snippet_main(*job)\n"
 )
 
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (setup, zygote crash): the snippet's verdict is unknown."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-snippet limits.  ``disk_mb`` sizes the private /tmp (namespaces level)."""
-
-    cpu_seconds: float = 5
-    wall_seconds: float = 10
-    memory_mb: int = 512
-    max_processes: int = 32
-    file_size_mb: int = 16
-    open_files: int = 64
-    output_bytes: int = 65536
-    disk_mb: int = 64
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if not value > 0:
-                raise ValueError(f"SandboxLimits.{name} must be > 0, got {value!r}")
-
-
-DEFAULT_LIMITS = SandboxLimits()
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Outcome of one snippet: ``status`` is one of :data:`STATUSES`, ``passed`` iff "ok"."""
-
-    passed: bool
-    status: str
-    seconds: float
-    returncode: int | None
-    stdout: str
-    stderr: str
-    isolation: str
-    error: str | None = None  # exception type name from the last traceback, if any
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# ----------------------------------------------------------------------------- zygote side
 
 _LIBC = None
 
@@ -176,13 +121,13 @@ def _unshare(flags: int) -> None:
     os.unshare(flags) if hasattr(os, "unshare") else _sys("unshare", flags)  # 3.12+ / ctypes
 
 
-def _send(fd: int, obj: dict) -> None:
+def send(fd: int, obj: dict) -> None:
     view = memoryview(json.dumps(obj).encode() + b"\n")  # JSON escapes newlines: one line
     while view:
         view = view[os.write(fd, view) :]
 
 
-def _recv(fd: int, deadline: float | None = None) -> dict | None:
+def recv(fd: int, deadline: float | None = None) -> dict | None:
     """One JSON line; one message is in flight at a time, so no read spans two."""
     data = b""
     while not data.endswith(b"\n"):
@@ -274,7 +219,7 @@ def _become_snippet(spec: dict, baseline: frozenset) -> tuple:
     os.chdir(workdir)
     os.umask(0o077)
     os.environ.clear()
-    os.environ.update(_ENV, HOME=workdir, TMPDIR=workdir)
+    os.environ.update(ENV, HOME=workdir, TMPDIR=workdir)
     os.write(3, b'{"ready": true}\n')
     os.close(3)
     return spec["code"], os.path.join(workdir, "snippet.py"), baseline
@@ -365,10 +310,10 @@ def _sweep(uid: int) -> bool:
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if code != 1:
             if code != 0:
-                raise SandboxError(f"cannot check the processes of sandbox uid {uid}")
+                raise RuntimeError(f"cannot check the processes of sandbox uid {uid}")
             return attempt > 0
         _reap(0.002)
-    raise SandboxError(f"processes of sandbox uid {uid} survive SIGKILL")
+    raise RuntimeError(f"processes of sandbox uid {uid} survive SIGKILL")
 
 
 def _monitor(pid: int, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
@@ -443,7 +388,7 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
     os.close(mfd)
     workdir, nproc = "/tmp", 0
     if mode != "ns":
-        import tempfile
+        import tempfile  # plain mode only: it imports random (an at-fork hook per fork)
 
         workdir = tempfile.mkdtemp(prefix="privcode-sbx-")
         if os.getuid() != 0:  # RLIMIT_NPROC counts all the user's processes: add them
@@ -500,13 +445,12 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
 
 def _zygote_main(mode: str, mnt: str, baseline: frozenset) -> tuple | None:
     """The zygote's loop: one request in, one result out, per snippet, until EOF."""
-    import gc
 
     me = os.getpid()
     os.umask(0o022)
     pidns = _setup_zygote_namespaces(mnt) if mode == "ns" else None
     gc.freeze()  # forked snippets' collections skip the zygote's objects (fewer copied pages)
-    while (req := _recv(0)) is not None:
+    while (req := recv(0)) is not None:
         try:
             out = (
                 {"survivors": _sweep(req["sweep"])}
@@ -520,7 +464,7 @@ def _zygote_main(mode: str, mnt: str, baseline: frozenset) -> tuple | None:
         if isinstance(out, tuple):
             return out  # the snippet process, on its way to _snippet_main
         try:
-            _send(1, out)
+            send(1, out)
         except OSError:  # the parent is gone
             return None
     return None
@@ -531,9 +475,6 @@ _KEPT_MODULES: list = []
 
 def _snippet_main(code: str, path: str, baseline: frozenset) -> None:
     """Top level of the snippet process (uid dropped, limits set): run the code as __main__."""
-    import builtins
-    import types
-
     # A fresh interpreter's module table: the zygote's imports leave it (kept alive, so
     # nothing is torn down here) and are imported afresh if the code wants them.
     _KEPT_MODULES.extend(sys.modules.pop(n) for n in list(sys.modules) if n not in baseline)
@@ -555,7 +496,7 @@ def _snippet_main(code: str, path: str, baseline: frozenset) -> None:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     except BaseException as exc:
-        import traceback
+        import traceback  # on failure only; the module table is fresh anyway
 
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         status = 1
@@ -570,339 +511,3 @@ def _snippet_main(code: str, path: str, baseline: frozenset) -> None:
         except BaseException:
             status = status or 120
     os._exit(status & 0xFF)
-
-
-# ----------------------------------------------------------------------------- parent side
-
-
-def _log():
-    import logging
-
-    return logging.getLogger(__name__)
-
-
-def _state_dir() -> str:
-    """A 0700 directory of ours for the per-uid locks and the zygotes' mount point."""
-    import tempfile
-
-    for base in ("/run", tempfile.gettempdir()):
-        path = os.path.join(base, "privcode-sandbox")
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            continue
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
-            os.makedirs(os.path.join(path, "mnt"), mode=0o700, exist_ok=True)
-            return path
-    raise SandboxError(
-        "no safe state directory for the sandbox (tried /run/privcode-sandbox "
-        "and privcode-sandbox in the temp dir: must be ours, mode 0700)"
-    )
-
-
-class _Slot:
-    """One sandbox slot: an exclusive uid and a zygote (started on first use), one run at a time."""
-
-    def __init__(self, index: int) -> None:
-        self.index, self.lock, self.proc, self.uid, self._lock_fd = (
-            index,
-            _thread.allocate_lock(),
-            None,
-            None,
-            None,
-        )
-        self.owner = os.getpid()
-
-    def _start(self, level: str) -> None:
-        import subprocess
-
-        mnt = "-"
-        if level == NAMESPACES:  # uid = first free of 61000+index, 61000+index+1, ...
-            lock_dir, mnt = _state_dir(), os.path.join(_state_dir(), "mnt")
-            for i in range(UID_SPAN):
-                uid = UID_BASE + (self.index + i) % UID_SPAN
-                fd = os.open(
-                    os.path.join(lock_dir, f"uid-{uid}.lock"),
-                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                )
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by us and the zygote
-                    self.uid, self._lock_fd = uid, fd
-                    break
-                except BlockingIOError:
-                    os.close(fd)
-            else:
-                raise SandboxError(f"all {UID_SPAN} sandbox uids from {UID_BASE} are in use")
-        try:  # the real binary: a pyenv shim would not start as another uid
-            self.proc = subprocess.Popen(
-                [
-                    os.path.realpath(sys.executable),
-                    "-S",
-                    "-s",
-                    "-P",
-                    "-c",
-                    _BOOT,
-                    os.path.realpath(__file__),
-                    "ns" if level == NAMESPACES else "plain",
-                    mnt,
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=_ENV,
-                cwd="/",
-                pass_fds=() if self._lock_fd is None else (self._lock_fd,),
-                start_new_session=True,
-            )
-            if self.uid is not None:  # leftovers of a crashed previous owner of this uid
-                self._request({"sweep": self.uid}, 60.0)
-        except BaseException:
-            self.close(kill=True)
-            raise
-
-    def _request(self, req: dict, timeout: float) -> dict:
-        try:
-            _send(self.proc.stdin.fileno(), req)
-            res = _recv(self.proc.stdout.fileno(), time.monotonic() + timeout)
-        except (OSError, TimeoutError) as exc:
-            raise SandboxError(f"sandbox zygote failed: {exc}") from exc
-        if res is None:
-            raise SandboxError(f"sandbox zygote exited unexpectedly (code {self.proc.poll()})")
-        if "fatal" in res:
-            raise SandboxError(f"sandbox zygote error: {res['fatal']}")
-        return res
-
-    def run(self, code: str, stdin: str, limits: SandboxLimits, level: str) -> dict:
-        if self.owner != os.getpid():  # forked: the zygote and the uid are the parent's
-            self.__init__(self.index)
-        with self.lock:
-            try:
-                if self.proc is None or self.proc.poll() is not None:
-                    self.close()
-                    self._start(level)
-                res = self._request(
-                    {"code": code, "stdin": stdin, "uid": self.uid, "limits": asdict(limits)},
-                    limits.wall_seconds + 60.0,
-                )
-                if not res["ready"] and res["reason"] is None:
-                    raise SandboxError(
-                        f"sandbox setup failed ({level}): "
-                        f"{res['setup_error'] or 'no report from the sandbox'}"
-                    )
-            except BaseException:
-                self.close(kill=True)  # a fresh zygote next time
-                raise
-        if res.get("survivors"):
-            _log().error(
-                "processes of sandbox uid %s outlived their pid namespace; killed", self.uid
-            )
-        return res
-
-    def close(self, kill: bool = False) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            try:
-                if kill:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.stdin.close()  # EOF: the zygote exits
-                proc.wait(timeout=10)
-            except Exception:  # noqa: BLE001 - whatever went wrong, make sure it is gone
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            proc.stdout.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self.uid, self._lock_fd = None, None
-
-
-_LEVEL: str | None = None
-_WARNED = False
-_LEVEL_LOCK, _SLOTS_LOCK = _thread.allocate_lock(), _thread.allocate_lock()
-_SLOTS: dict[int, _Slot] = {}
-
-
-def isolation_level() -> str:
-    """ "namespaces+uid" (root, and one trivial snippet ran so) or "rlimits-only"."""
-    global _LEVEL
-    with _LEVEL_LOCK:
-        if _LEVEL is None:
-            _LEVEL = RLIMITS_ONLY
-            if os.geteuid() == 0:
-                probe = _Slot(UID_SPAN - 1)
-                try:
-                    if (
-                        probe.run("pass", "", SandboxLimits(wall_seconds=30), NAMESPACES)[
-                            "wait_status"
-                        ]
-                        == 0
-                    ):
-                        _LEVEL = NAMESPACES
-                except (OSError, SandboxError) as exc:
-                    _log().error("the namespaces+uid sandbox does not work here: %s", exc)
-                finally:
-                    probe.close()
-        return _LEVEL
-
-
-def _checked_level() -> str:
-    """The level; refuses root without isolation, warns (once) about the weak fallback."""
-    global _WARNED
-    level = isolation_level()
-    if level != NAMESPACES and os.geteuid() == 0:
-        raise SandboxError(
-            "refusing to run generated code as root without isolation: the "
-            "namespaces+uid sandbox does not work here (needs CAP_SYS_ADMIN, "
-            "CAP_SETUID/SETGID; see the log); run as an unprivileged user for "
-            "the weaker rlimits-only fallback"
-        )
-    if level != NAMESPACES and not _WARNED:
-        import warnings
-
-        _WARNED = True
-        msg = (
-            "privcode sandbox isolation is WEAKER than designed (rlimits-only: not running "
-            "as root): rlimits, own process group, temp dir and scrubbed environment ONLY; "
-            "NO network or filesystem isolation, the code can read and write what this user "
-            "can and escape the kill by daemonising. Do not run untrusted generated code "
-            "like this: run as root (namespaces+uid) or in a locked-down pod."
-        )
-        _log().error(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    return level
-
-
-def _exception_name(text: str) -> str | None:
-    """Type name on the last traceback's final line (``json.decoder.X: msg`` -> ``X``)."""
-    lines = text.splitlines()
-    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
-    for ln in reversed(lines[starts[-1] + 1 :] if starts else []):
-        if ln and not ln[0].isspace():
-            head = ln.split(":", 1)[0].strip()
-            return head.rsplit(".", 1)[-1] if head.replace(".", "_").isidentifier() else None
-    return None
-
-
-def _verdict(res: dict, limits: SandboxLimits, level: str) -> Verdict:
-    st, err, tail = res["wait_status"], res["stderr"], res["stderr_tail"] or res["stderr"]
-    rc, error = (None if st is None else os.waitstatus_to_exitcode(st)), _exception_name(tail)
-    if res["reason"] in ("timeout", "output", "killed"):
-        status = res["reason"]
-    elif rc is not None and rc < 0:  # killed by signal -rc
-        if -rc == signal.SIGXCPU or (
-            -rc == signal.SIGKILL and res["cpu"] >= max(1, math.ceil(limits.cpu_seconds))
-        ):
-            status = "cpu"
-        else:
-            status = "memory" if "MemoryError" in tail else "killed"
-    elif rc == 0:
-        status = "ok"
-    else:
-        status = "memory" if error == "MemoryError" else "error"
-    return Verdict(
-        status == "ok", status, round(res["seconds"], 4), rc, res["stdout"], err, level, error
-    )
-
-
-def _run(slot: _Slot, code: str, stdin: str, limits: SandboxLimits, level: str) -> Verdict:
-    try:
-        compile(code, "<snippet>", "exec", dont_inherit=True)  # compiling runs nothing
-    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
-        return Verdict(
-            False,
-            "syntax",
-            0.0,
-            None,
-            "",
-            f"{type(exc).__name__}: {exc}",
-            level,
-            type(exc).__name__,
-        )
-    return _verdict(slot.run(code, stdin, limits, level), limits, level)
-
-
-def run_code(
-    code: str, limits: SandboxLimits = DEFAULT_LIMITS, *, stdin: str = "", slot: int = 0
-) -> Verdict:
-    """Run one snippet in the sandbox of ``slot`` (its own uid and zygote); see the module doc."""
-    level = _checked_level()
-    with _SLOTS_LOCK:
-        s = _SLOTS.setdefault(slot, _Slot(slot))
-    return _run(s, code, stdin, limits, level)
-
-
-def check_file(path: str | os.PathLike, limits: SandboxLimits = DEFAULT_LIMITS) -> dict:
-    """Run a Python file in the sandbox: {file, passed, status, seconds, error, isolation}."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return file_result(path, run_code(fh.read(), limits))
-
-
-def file_result(path: str | os.PathLike, v: Verdict) -> dict:
-    return {
-        "file": os.fspath(path),
-        "passed": v.passed,
-        "status": v.status,
-        "seconds": v.seconds,
-        "error": v.error,
-        "isolation": v.isolation,
-    }
-
-
-class SandboxPool:
-    """Runs many snippets concurrently: ``workers`` slots, each its own uid and zygote."""
-
-    def __init__(self, workers: int | None = None, limits: SandboxLimits = DEFAULT_LIMITS) -> None:
-        import queue
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.workers = workers or len(os.sched_getaffinity(0))
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self.limits, self.level = limits, _checked_level()
-        self._slots = [_Slot(i) for i in range(self.workers)]
-        self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
-        for s in self._slots:
-            self._free.put(s)
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="privcode-sandbox")
-        self._closed = False
-
-    def run(self, code: str, stdin: str = "") -> Verdict:
-        if self._closed:
-            raise RuntimeError("SandboxPool is closed")
-        slot = self._free.get()
-        try:
-            return _run(slot, code, stdin, self.limits, self.level)
-        finally:
-            self._free.put(slot)
-
-    def map(self, codes: Sequence[str], stdins: Sequence[str] | None = None) -> list[Verdict]:
-        """Verdicts in the order of ``codes`` (``stdins``: one stdin text per code)."""
-        stdins = [""] * len(codes) if stdins is None else list(stdins)
-        if len(stdins) != len(codes):
-            raise ValueError("stdins must have one entry per code")
-        return list(self._executor.map(self.run, codes, stdins))
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._executor.shutdown(wait=True)
-            for s in self._slots:
-                s.close()
-
-    def __enter__(self) -> SandboxPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@atexit.register
-def _close_slots() -> None:
-    with _SLOTS_LOCK:
-        slots = list(_SLOTS.values())
-        _SLOTS.clear()
-    for s in slots:
-        s.close()

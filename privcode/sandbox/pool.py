@@ -1,0 +1,403 @@
+"""The sandbox in which ALL generated (hostile) Python code runs: the parent side.
+
+Stage II's execution filter and pass@k evaluation run model-written code; every
+snippet is treated as hostile: it may try the network, read the private corpus or
+secrets (and leak them through its output or whether it passes), write outside its
+directory, fork-bomb, exhaust memory or disk, print gigabytes, ignore signals,
+daemonise or kill other processes.  Snippets may use the standard library only
+(the interpreter runs without site-packages: ``-S -s``).
+
+API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`check_file`,
+:func:`isolation_level`; :class:`Verdict`, :class:`SandboxLimits`.  Each slot owns an
+exclusive uid (an ``flock`` per uid in /run/privcode-sandbox, across processes too) and
+a zygote process (:mod:`privcode.sandbox.zygote`, which lists the isolation layers of
+``isolation == "namespaces+uid"``: running as root) that forks each snippet.
+
+Fallback, never silent (a ``RuntimeWarning`` and an error log, once per process): not
+root (a laptop): ``"rlimits-only"``: rlimits, own session and process group, a temp
+dir and a scrubbed environment only; the code can use the network, read what you can
+read, write where you can, and a daemon escapes the kill.  Root without namespace
+support (no CAP_SYS_ADMIN) is refused rather than run hostile code as root.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import logging
+import math
+import os
+import queue
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from privcode.sandbox import zygote
+
+NAMESPACES, RLIMITS_ONLY = "namespaces+uid", "rlimits-only"
+STATUSES = ("ok", "error", "timeout", "cpu", "memory", "output", "killed", "syntax")
+UID_BASE, UID_SPAN = 61000, 1000
+_log = logging.getLogger(__name__)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (setup, zygote crash): the snippet's verdict is unknown."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-snippet limits.  ``disk_mb`` sizes the private /tmp (namespaces level)."""
+
+    cpu_seconds: float = 5
+    wall_seconds: float = 10
+    memory_mb: int = 512
+    max_processes: int = 32
+    file_size_mb: int = 16
+    open_files: int = 64
+    output_bytes: int = 65536
+    disk_mb: int = 64
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not value > 0:
+                raise ValueError(f"SandboxLimits.{name} must be > 0, got {value!r}")
+
+
+DEFAULT_LIMITS = SandboxLimits()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one snippet: ``status`` is one of :data:`STATUSES`, ``passed`` iff "ok"."""
+
+    passed: bool
+    status: str
+    seconds: float
+    returncode: int | None
+    stdout: str
+    stderr: str
+    isolation: str
+    error: str | None = None  # exception type name from the last traceback, if any
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _state_dir() -> str:
+    """A 0700 directory of ours for the per-uid locks and the zygotes' mount point."""
+    for base in ("/run", tempfile.gettempdir()):
+        path = os.path.join(base, "privcode-sandbox")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            os.makedirs(os.path.join(path, "mnt"), mode=0o700, exist_ok=True)
+            return path
+    raise SandboxError(
+        "no safe state directory for the sandbox (tried /run/privcode-sandbox "
+        "and privcode-sandbox in the temp dir: must be ours, mode 0700)"
+    )
+
+
+class _Slot:
+    """One sandbox slot: an exclusive uid and a zygote (started on first use), one run at a time."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.owner, self.lock = index, os.getpid(), threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.uid: int | None = None
+        self._lock_fd: int | None = None
+
+    def _start(self, level: str) -> None:
+        mnt = "-"
+        if level == NAMESPACES:  # uid = first free of 61000+index, 61000+index+1, ...
+            lock_dir, mnt = _state_dir(), os.path.join(_state_dir(), "mnt")
+            for i in range(UID_SPAN):
+                uid = UID_BASE + (self.index + i) % UID_SPAN
+                fd = os.open(
+                    os.path.join(lock_dir, f"uid-{uid}.lock"),
+                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by us and the zygote
+                    self.uid, self._lock_fd = uid, fd
+                    break
+                except BlockingIOError:
+                    os.close(fd)
+            else:
+                raise SandboxError(f"all {UID_SPAN} sandbox uids from {UID_BASE} are in use")
+        try:  # the real binary: a pyenv shim would not start as another uid
+            self.proc = subprocess.Popen(
+                [
+                    os.path.realpath(sys.executable),
+                    "-S",
+                    "-s",
+                    "-P",
+                    "-c",
+                    zygote.BOOT,
+                    os.path.realpath(zygote.__file__),
+                    "ns" if level == NAMESPACES else "plain",
+                    mnt,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=zygote.ENV,
+                cwd="/",
+                pass_fds=() if self._lock_fd is None else (self._lock_fd,),
+                start_new_session=True,
+            )
+            if self.uid is not None:  # leftovers of a crashed previous owner of this uid
+                self._request({"sweep": self.uid}, 60.0)
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def _request(self, req: dict, timeout: float) -> dict:
+        try:
+            zygote.send(self.proc.stdin.fileno(), req)
+            res = zygote.recv(self.proc.stdout.fileno(), time.monotonic() + timeout)
+        except (OSError, TimeoutError) as exc:
+            raise SandboxError(f"sandbox zygote failed: {exc}") from exc
+        if res is None:
+            raise SandboxError(f"sandbox zygote exited unexpectedly (code {self.proc.poll()})")
+        if "fatal" in res:
+            raise SandboxError(f"sandbox zygote error: {res['fatal']}")
+        return res
+
+    def run(self, code: str, stdin: str, limits: SandboxLimits, level: str) -> dict:
+        if self.owner != os.getpid():  # forked: the zygote and the uid are the parent's
+            self.__init__(self.index)
+        with self.lock:
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self.close()
+                    self._start(level)
+                res = self._request(
+                    {"code": code, "stdin": stdin, "uid": self.uid, "limits": asdict(limits)},
+                    limits.wall_seconds + 60.0,
+                )
+                if not res["ready"] and res["reason"] is None:
+                    raise SandboxError(
+                        f"sandbox setup failed ({level}): "
+                        f"{res['setup_error'] or 'no report from the sandbox'}"
+                    )
+            except BaseException:
+                self.close(kill=True)  # a fresh zygote next time
+                raise
+        if res.get("survivors"):
+            _log.error("processes of sandbox uid %s outlived their pid namespace; killed", self.uid)
+        return res
+
+    def close(self, kill: bool = False) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            try:
+                if kill:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.stdin.close()  # EOF: the zygote exits
+                proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - whatever went wrong, make sure it is gone
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            proc.stdout.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self.uid, self._lock_fd = None, None
+
+
+_LEVEL: str | None = None
+_WARNED = False
+_LEVEL_LOCK, _SLOTS_LOCK = threading.Lock(), threading.Lock()
+_SLOTS: dict[int, _Slot] = {}
+
+
+def isolation_level() -> str:
+    """ "namespaces+uid" (root, and one trivial snippet ran so) or "rlimits-only"."""
+    global _LEVEL
+    with _LEVEL_LOCK:
+        if _LEVEL is None:
+            _LEVEL = RLIMITS_ONLY
+            if os.geteuid() == 0:
+                probe = _Slot(UID_SPAN - 1)
+                try:
+                    if (
+                        probe.run("pass", "", SandboxLimits(wall_seconds=30), NAMESPACES)[
+                            "wait_status"
+                        ]
+                        == 0
+                    ):
+                        _LEVEL = NAMESPACES
+                except (OSError, SandboxError) as exc:
+                    _log.error("the namespaces+uid sandbox does not work here: %s", exc)
+                finally:
+                    probe.close()
+        return _LEVEL
+
+
+def _checked_level() -> str:
+    """The level; refuses root without isolation, warns (once) about the weak fallback."""
+    global _WARNED
+    level = isolation_level()
+    if level != NAMESPACES and os.geteuid() == 0:
+        raise SandboxError(
+            "refusing to run generated code as root without isolation: the "
+            "namespaces+uid sandbox does not work here (needs CAP_SYS_ADMIN, "
+            "CAP_SETUID/SETGID; see the log); run as an unprivileged user for "
+            "the weaker rlimits-only fallback"
+        )
+    if level != NAMESPACES and not _WARNED:
+        _WARNED = True
+        msg = (
+            "privcode sandbox isolation is WEAKER than designed (rlimits-only: not running "
+            "as root): rlimits, own process group, temp dir and scrubbed environment ONLY; "
+            "NO network or filesystem isolation, the code can read and write what this user "
+            "can and escape the kill by daemonising. Do not run untrusted generated code "
+            "like this: run as root (namespaces+uid) or in a locked-down pod."
+        )
+        _log.error(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return level
+
+
+def _exception_name(text: str) -> str | None:
+    """Type name on the last traceback's final line (``json.decoder.X: msg`` -> ``X``)."""
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
+    for ln in reversed(lines[starts[-1] + 1 :] if starts else []):
+        if ln and not ln[0].isspace():
+            head = ln.split(":", 1)[0].strip()
+            return head.rsplit(".", 1)[-1] if head.replace(".", "_").isidentifier() else None
+    return None
+
+
+def _verdict(res: dict, limits: SandboxLimits, level: str) -> Verdict:
+    st, err, tail = res["wait_status"], res["stderr"], res["stderr_tail"] or res["stderr"]
+    rc, error = (None if st is None else os.waitstatus_to_exitcode(st)), _exception_name(tail)
+    if res["reason"] in ("timeout", "output", "killed"):
+        status = res["reason"]
+    elif rc is not None and rc < 0:  # killed by signal -rc
+        if -rc == signal.SIGXCPU or (
+            -rc == signal.SIGKILL and res["cpu"] >= max(1, math.ceil(limits.cpu_seconds))
+        ):
+            status = "cpu"
+        else:
+            status = "memory" if "MemoryError" in tail else "killed"
+    elif rc == 0:
+        status = "ok"
+    else:
+        status = "memory" if error == "MemoryError" else "error"
+    return Verdict(
+        status == "ok", status, round(res["seconds"], 4), rc, res["stdout"], err, level, error
+    )
+
+
+def _run(slot: _Slot, code: str, stdin: str, limits: SandboxLimits, level: str) -> Verdict:
+    try:
+        compile(code, "<snippet>", "exec", dont_inherit=True)  # compiling runs nothing
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        return Verdict(
+            False,
+            "syntax",
+            0.0,
+            None,
+            "",
+            f"{type(exc).__name__}: {exc}",
+            level,
+            type(exc).__name__,
+        )
+    return _verdict(slot.run(code, stdin, limits, level), limits, level)
+
+
+def run_code(
+    code: str, limits: SandboxLimits = DEFAULT_LIMITS, *, stdin: str = "", slot: int = 0
+) -> Verdict:
+    """Run one snippet in the sandbox of ``slot`` (its own uid and zygote); see the module doc."""
+    level = _checked_level()
+    with _SLOTS_LOCK:
+        s = _SLOTS.setdefault(slot, _Slot(slot))
+    return _run(s, code, stdin, limits, level)
+
+
+def check_file(path: str | os.PathLike, limits: SandboxLimits = DEFAULT_LIMITS) -> dict:
+    """Run a Python file in the sandbox: {file, passed, status, seconds, error, isolation}."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return file_result(path, run_code(fh.read(), limits))
+
+
+def file_result(path: str | os.PathLike, v: Verdict) -> dict:
+    return {
+        "file": os.fspath(path),
+        "passed": v.passed,
+        "status": v.status,
+        "seconds": v.seconds,
+        "error": v.error,
+        "isolation": v.isolation,
+    }
+
+
+class SandboxPool:
+    """Runs many snippets concurrently: ``workers`` slots, each its own uid and zygote."""
+
+    def __init__(self, workers: int | None = None, limits: SandboxLimits = DEFAULT_LIMITS) -> None:
+        self.workers = workers or len(os.sched_getaffinity(0))
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.limits, self.level = limits, _checked_level()
+        self._slots = [_Slot(i) for i in range(self.workers)]
+        self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        for s in self._slots:
+            self._free.put(s)
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="privcode-sandbox")
+        self._closed = False
+
+    def run(self, code: str, stdin: str = "") -> Verdict:
+        if self._closed:
+            raise RuntimeError("SandboxPool is closed")
+        slot = self._free.get()
+        try:
+            return _run(slot, code, stdin, self.limits, self.level)
+        finally:
+            self._free.put(slot)
+
+    def map(self, codes: Sequence[str], stdins: Sequence[str] | None = None) -> list[Verdict]:
+        """Verdicts in the order of ``codes`` (``stdins``: one stdin text per code)."""
+        stdins = [""] * len(codes) if stdins is None else list(stdins)
+        if len(stdins) != len(codes):
+            raise ValueError("stdins must have one entry per code")
+        return list(self._executor.map(self.run, codes, stdins))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._executor.shutdown(wait=True)
+            for s in self._slots:
+                s.close()
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@atexit.register
+def _close_slots() -> None:
+    with _SLOTS_LOCK:
+        slots = list(_SLOTS.values())
+        _SLOTS.clear()
+    for s in slots:
+        s.close()
