@@ -252,7 +252,7 @@ def ci_release(ci_model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
             "alignment": "public bank",
             "prefix": {"dz": 8, "num_virtual_tokens": 2, "hidden_size": hidden},
         },
-        privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5},
+        privacy=privacy_record(epsilon=4.0),
     )
     return out
 
@@ -381,3 +381,90 @@ def forbid_calls(monkeypatch: pytest.MonkeyPatch, why: str, *targets: tuple[Any,
 
     for obj, name in targets:
         monkeypatch.setattr(obj, name, boom)
+
+
+def privacy_record(dp=True, epsilon=4.0, delta=1e-5, history=(), method=None, **fields):
+    """A complete :class:`~privcode.artifacts.PrivacyRecord` for a hand-written test release."""
+    from privcode.artifacts import PrivacyRecord
+    from privcode.dp.accounting import DPEvent
+
+    settings = dict(
+        training_mode={"mode": "dp-sgd"} if dp else {"mode": "non-private", "reason": "test"},
+        method=method or ("privcode" if dp else "nondpft"),
+        epsilon_rdp=epsilon,
+        epsilon_prv=None,
+        epsilon_budget=epsilon if epsilon is not None else 1.0,
+        accountant="rdp",
+        ledger_steps=sum(int(e["steps"]) for e in history) if dp else None,
+        noise_multiplier=1.0,
+        noise_calibrated=False,
+        max_grad_norm=1.0,
+        sample_rate=0.01,
+        expected_batch_size=4,
+        num_records=400,
+        steps_requested=5,
+        steps_taken=5,
+        stop_reason="steps",
+        num_workers=0,
+        grad_sample_mode="hooks",
+        lora={"r": 4, "alpha": 8, "dropout": 0.0},
+        dataset_id="test-dataset",
+        rng="standard",
+        base_model="unused",
+        objective={"method": method or "privcode"},
+    )
+    settings.update(fields)
+    return PrivacyRecord(
+        dp=dp,
+        epsilon=epsilon if dp else None,
+        delta=delta,
+        history=tuple(DPEvent.from_dict(e) for e in history),
+        **settings,
+    )
+
+
+def as_manifest(obj, stage="stage"):
+    """A hand-written manifest dict (``{"summary": ...}`` at least) as a StageManifest."""
+    from privcode.artifacts import StageManifest
+
+    return StageManifest.from_json({"stage": stage, "fingerprint": "fp", **obj})
+
+
+def as_manifests(obj):
+    """``{stage: manifest dict}`` as ``{stage: StageManifest}``."""
+    return {name: as_manifest(m, name) for name, m in obj.items()}
+
+
+def full_train_summary(summary):
+    """A hand-written train summary completed with defaults to a valid TrainSummary."""
+    defaults = dict(
+        dp=True,
+        method="privcode++",
+        conditioning="latent",
+        epsilon=None,
+        epsilon_rdp=None,
+        epsilon_prv=None,
+        epsilon_budget=4.0,
+        delta=1e-5,
+        accountant="rdp",
+        ledger_steps=30,
+        noise_multiplier=1.0,
+        noise_calibrated=True,
+        max_grad_norm=1.0,
+        sample_rate=0.006,
+        expected_batch_size=16,
+        num_records=2625,
+        steps_requested=30,
+        steps_taken=30,
+        stop_reason="steps",
+        num_workers=0,
+        dataset_id="test-dataset",
+        rng="secure",
+        base_model="base",
+        adjacency="add/remove one record (N public)",
+        adapter="adapter",
+        train_seconds=1.0,
+        data_path="train.parquet",
+        privacy_store="privacy-store",
+    )
+    return {**defaults, **summary}

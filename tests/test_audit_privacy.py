@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import privacy_record
 
 from privcode.audit.canaries import canary_leakage, inducing_contexts, load_canaries
 from privcode.audit.exposure import canary_exposure, exposure_from_scores, extrapolated_exposure
@@ -433,7 +434,7 @@ def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_pat
             "base_model": base_path,
             "prefix": {"dz": dz, "num_virtual_tokens": k, "hidden_size": hidden},
         },
-        privacy={"dp": True, "epsilon": 2.0, "delta": 1e-5, "history": history},
+        privacy=privacy_record(epsilon=2.0, history=history),
         prefix_decoder={
             "weight": torch.randn(k * hidden, dz) * 0.02,
             "bias": torch.zeros(k * hidden),

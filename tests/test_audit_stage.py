@@ -244,7 +244,8 @@ def test_report_command_rerenders_from_the_manifests_on_disk(
     assert f"private    {root / 'runs/t/private_report/report.md'} (owner only" in out
     manifest = json.loads((root / "runs/t/report/manifest.json").read_text())
     assert manifest["timings"]["started"] > before
-    assert set(manifest["summary"]["inputs_read_from_disk"]) == {"train", "eval", "audit", "pac"}
+    # The runner passed the configured stages that are current on disk.
+    assert set(manifest["inputs"]) == {"data", "base", "train", "eval", "audit", "pac"}
     report = (root / "reports/t/report.md").read_text()
     for heading in ("## Utility: pass@k", "### Membership inference", "### Privacy-utility"):
         assert heading in report

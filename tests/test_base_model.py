@@ -353,12 +353,13 @@ def test_an_incomplete_or_stale_build_is_refused_by_its_consumers(ci):
         B.check_complete(short)
     with pytest.raises(ModelLoadError, match="build version 1"):
         B.check_complete({**info, "version": 1})
+    from privcode.artifacts import StageManifest
     from privcode.pipeline.stages import STAGES, base_path
 
     assert not STAGES["base"]().still_valid(short)  # the base stage rebuilds it
     with pytest.raises(ModelLoadError):
-        base_path({"base": {"summary": short}})
-    assert base_path({"base": {"summary": info}}) == info["path"]
+        base_path({"base": StageManifest("base", "fp", short)})
+    assert base_path({"base": StageManifest("base", "fp", info)}) == info["path"]
 
 
 def test_function_units_are_whole_functions_without_literal_tables():

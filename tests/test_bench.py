@@ -59,7 +59,7 @@ def test_every_bench_script_has_a_test():
     assert scripts == SCRIPTS, "update SCRIPTS and add a test for: " + ", ".join(
         sorted(scripts ^ SCRIPTS)
     )
-    tested = set(re.findall(r'_run\("([a-z_]+\.py)"', Path(__file__).read_text()))
+    tested = set(re.findall(r'_run\(\s*"([a-z_]+\.py)"', Path(__file__).read_text()))
     assert tested == SCRIPTS
     readme = (BENCH / "README.md").read_text()
     assert all(f"bench/{name}" in readme for name in SCRIPTS)

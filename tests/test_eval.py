@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import privacy_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -444,7 +445,7 @@ def test_sampling_is_seeded_and_adapters_load(ci_base, tmp_path, humaneval):
     junior = write_release(
         tmp_path / "junior",
         adapter_dir=tmp_path / "adapter",
-        privacy={"dp": True, "epsilon": 4.0, "delta": 1e-5},
+        privacy=privacy_record(epsilon=4.0),
         meta={"method": "privcode", "conditioning": "prompt", "dp": True, "base_model": ci_base},
     )
     for model, adapter, kind in (

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from privcode.artifacts import StageManifest
 from privcode.config import load_config, section_to_dict
 from privcode.pipeline.runner import fingerprint
 from privcode.pipeline.stages import NONDP_TRAIN_FIELDS, STAGES, Stage
 
-UPSTREAM = {name: {"fingerprint": f"fp-{name}"} for name in STAGES}
+UPSTREAM = {name: StageManifest(name, f"fp-{name}", {}) for name in STAGES}
 
 
 def _fps(*overrides: str) -> dict[str, str]:

@@ -42,14 +42,14 @@ def test_runs_all_stages_then_skips_unchanged(ray_connected, tmp_path, overrides
     assert statuses(first) == {"data": "ran", "base": "ran", "report": "ran"}
 
     runs = tmp_path / "runs" / "t"
-    data = read_manifest(runs / "data")
+    data = read_manifest(runs / "data").to_json()
     # Every output is listed with its sha256, and the private flag is set.
     assert data["private"] is True
     assert set(data["outputs"]) >= {"train.parquet", "heldout.parquet", "canaries.json"}
     for rel, digest in data["outputs"].items():
         assert sha256_file(runs / "data" / rel) == digest
     counts = data["summary"]["counts"]
-    base = read_manifest(runs / "base")["summary"]
+    base = read_manifest(runs / "base").to_json()["summary"]
     assert base["preset"] == "ci" and base["cached"] is True  # the session build was reused
     assert base["heldout_loss"] < base["untrained_heldout_loss"]
     curve = [loss for _, loss in base["loss_history"]]
@@ -122,7 +122,7 @@ def test_pipeline_as_a_ray_job(ray_cluster, tmp_path, overrides):
     logs = jobs.job_logs(result["job_id"], result["address"])
     assert result["status"] == "SUCCEEDED", logs[-3000:]
     assert "[report] done" in logs
-    manifest = read_manifest(tmp_path / "runs" / "t" / "report")
+    manifest = read_manifest(tmp_path / "runs" / "t" / "report").to_json()
     assert manifest["summary"]["report"] == str(tmp_path / "reports" / "t" / "report.md")
     assert (tmp_path / "reports" / "t" / "report.md").is_file()
 
@@ -180,7 +180,7 @@ def test_independent_stages_run_side_by_side_and_one_at_a_time_when_asked(
         runs = tmp_path / "runs" / "t"
         out = {}
         for name in ("pac", "nondp"):
-            t = read_manifest(runs / name)["timings"]
+            t = read_manifest(runs / name).to_json()["timings"]
             out[name] = (t["started"], t["started"] + t["seconds"])
         return out
 
@@ -188,7 +188,7 @@ def test_independent_stages_run_side_by_side_and_one_at_a_time_when_asked(
     assert statuses(first) == {s: "ran" for s in ("data", "base", "pac", "nondp", "report")}
     (a0, a1), (b0, b1) = intervals().values()
     assert max(a0, b0) < min(a1, b1), "pac and nondp did not overlap"
-    nondp = read_manifest(tmp_path / "runs" / "t" / "nondp")
+    nondp = read_manifest(tmp_path / "runs" / "t" / "nondp").to_json()
     assert nondp["private"] is True and nondp["summary"]["steps"] == 2
 
     serial = run_pipeline(

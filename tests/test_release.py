@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import privacy_record
 from safetensors.torch import load_file, save_file
 
 from privcode.config import BaseConfig
@@ -72,7 +73,7 @@ def env(ci_base_cache, tmp_path_factory):
         "bias": torch.zeros(K * hidden),
     }
     prefix = {"dz": DZ, "num_virtual_tokens": K, "hidden_size": hidden}
-    privacy = {"dp": True, "epsilon": 8.0, "delta": 1e-5}
+    privacy = privacy_record(epsilon=8.0)
     latent = write_release(
         root / "latent",
         adapter_dir=root / "adapter",
@@ -440,7 +441,7 @@ def test_non_private_release_warns_loudly(env, tmp_path):
     out = write_release(
         tmp_path / "uncond",
         adapter_dir=env["adapter"],
-        privacy={"dp": False, "epsilon": None},
+        privacy=privacy_record(dp=False),
         meta={
             "method": "pc-uncond",
             "conditioning": "none",

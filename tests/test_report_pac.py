@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+from conftest import as_manifest
+
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
 from privcode.pipeline.report_pac import pac_section
 
@@ -55,7 +57,7 @@ SUMMARY = {
 
 
 def test_section_shows_the_measurements_and_the_plot(tmp_path):
-    lines, plots = pac_section({"summary": SUMMARY}, tmp_path, plots=True)
+    lines, plots = pac_section(as_manifest({"summary": SUMMARY}), tmp_path, plots=True)
     text = "\n".join(lines)
     assert "## PAC-private generation (served ensemble)" in text
     assert "| 0.129 | 0.184 | 0.148 | 0.356 | 0.281 | 2.960 |" in text
@@ -70,11 +72,11 @@ def test_section_shows_the_measurements_and_the_plot(tmp_path):
 def test_section_warns_when_a_measurement_beats_its_bound_by_3_se(tmp_path):
     bad = copy.deepcopy(SUMMARY)
     bad["leakage"]["measured_nats"] = 10 * bad["leakage"]["charged_nats"]
-    text = "\n".join(pac_section({"summary": bad}, tmp_path, plots=False)[0])
+    text = "\n".join(pac_section(as_manifest({"summary": bad}), tmp_path, plots=False)[0])
     assert "WARNING: measured information above its bound" in text
     bad = copy.deepcopy(SUMMARY)
     bad["leakage"]["mia_success"] = 0.75
-    text = "\n".join(pac_section({"summary": bad}, tmp_path, plots=False)[0])
+    text = "\n".join(pac_section(as_manifest({"summary": bad}), tmp_path, plots=False)[0])
     assert "WARNING: measured MIA success above its bound" in text
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import as_manifests, full_train_summary
 from test_fidelity import hashed_embedder
 
 from privcode.config import load_config
@@ -77,36 +78,34 @@ def _inputs(tmp_path: Path, fidelity: dict) -> dict:
             "untrained_heldout_loss": 9.0,
         },
     }
-    # A train summary as an older version wrote it (a corpus digest, restart counts),
-    # plus the new opaque id and the RNG / adjacency rows.
     train = {
         "stage": "train",
         "fingerprint": "fp-train",
         "timings": {"seconds": 3},
-        "summary": {
-            "dp": True,
-            "method": "privcode++",
-            "corpus_sha256": DIGEST,
-            "dataset_id": DATASET,
-            "restarts": 3,
-            "rng": "secure",
-            "adjacency": "add/remove one record (N public)",
-            "accountant": "rdp",
-            "epsilon": 3.9,
-            "epsilon_rdp": 3.9,
-            "epsilon_prv": 3.1,
-            "epsilon_budget": 4.0,
-            "delta": 1e-5,
-            "noise_multiplier": 1.1,
-            "sample_rate": 16 / 2625,
-            "steps_taken": 30,
-            "steps_requested": 30,
-            "ledger_steps": 30,
-            "num_records": 2625,
-            "expected_batch_size": 16,
-            "data_path": str(tmp_path / "runs/demo/data/train.parquet"),
-            "public_heldout_loss_curve": [[0, 6.0], [15, 5.9], [30, 5.8]],
-        },
+        "summary": full_train_summary(
+            {
+                "dp": True,
+                "method": "privcode++",
+                "dataset_id": DATASET,
+                "rng": "secure",
+                "adjacency": "add/remove one record (N public)",
+                "accountant": "rdp",
+                "epsilon": 3.9,
+                "epsilon_rdp": 3.9,
+                "epsilon_prv": 3.1,
+                "epsilon_budget": 4.0,
+                "delta": 1e-5,
+                "noise_multiplier": 1.1,
+                "sample_rate": 16 / 2625,
+                "steps_taken": 30,
+                "steps_requested": 30,
+                "ledger_steps": 30,
+                "num_records": 2625,
+                "expected_batch_size": 16,
+                "data_path": str(tmp_path / "runs/demo/data/train.parquet"),
+                "public_heldout_loss_curve": [[0, 6.0], [15, 5.9], [30, 5.8]],
+            }
+        ),
     }
     audit = {
         "stage": "audit",
@@ -131,7 +130,7 @@ def _inputs(tmp_path: Path, fidelity: dict) -> dict:
             "fidelity": fidelity,
         },
     }
-    return {"data": data, "base": base, "train": train, "audit": audit}
+    return as_manifests({"data": data, "base": base, "train": train, "audit": audit})
 
 
 def _files(directory: Path) -> list[Path]:

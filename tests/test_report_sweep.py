@@ -8,7 +8,9 @@ import logging
 from pathlib import Path
 
 import pytest
+from conftest import as_manifest, full_train_summary
 
+from privcode.artifacts import StageManifest
 from privcode.config import load_config
 from privcode.dp.accounting import DPEvent, calibrate, epsilon
 from privcode.pipeline.report import write_report
@@ -42,23 +44,25 @@ def train_summary(
     """A consistent train summary: sigma calibrated for ``target``, epsilon its RDP value."""
     sigma = _sigma(target)
     eps = epsilon([DPEvent(sigma, Q, STEPS)], DELTA)
-    return {
-        "dp": dp,
-        "method": method,
-        "dataset_id": dataset,
-        "accountant": "rdp",
-        "epsilon": eps if dp else None,
-        "epsilon_rdp": eps,
-        "epsilon_budget": target,
-        "delta": DELTA,
-        "noise_multiplier": sigma,
-        "sample_rate": Q,
-        "steps_taken": STEPS,
-        "ledger_steps": STEPS,
-        "expected_batch_size": 16,
-        "num_records": 2625,
-        "public_heldout_loss_curve": [[10 * i, v] for i, v in enumerate(losses)],
-    }
+    return full_train_summary(
+        {
+            "dp": dp,
+            "method": method,
+            "dataset_id": dataset,
+            "accountant": "rdp",
+            "epsilon": eps if dp else None,
+            "epsilon_rdp": eps,
+            "epsilon_budget": target,
+            "delta": DELTA,
+            "noise_multiplier": sigma,
+            "sample_rate": Q,
+            "steps_taken": STEPS,
+            "ledger_steps": STEPS,
+            "expected_batch_size": 16,
+            "num_records": 2625,
+            "public_heldout_loss_curve": [[10 * i, v] for i, v in enumerate(losses)],
+        }
+    )
 
 
 def write_manifest(directory: Path, summary: dict, fingerprint: str = "fp", **extra) -> dict:
@@ -72,7 +76,7 @@ def write_manifest(directory: Path, summary: dict, fingerprint: str = "fp", **ex
     }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "manifest.json").write_text(json.dumps(manifest))
-    return manifest
+    return StageManifest.from_json(manifest)
 
 
 def eval_summary(junior: float, premium: float | None) -> dict:
@@ -159,7 +163,9 @@ def test_collect_points_tolerates_corrupt_eval_and_missing_current(runs, caplog)
     assert demo["pass1_junior"] is None and demo["mia_tpr_at_1pct_fpr"] == 0.02
     assert collect_points(runs, "no-such-run") == []
     # The current run's manifest can be given (it wins over the one on disk).
-    other = {"fingerprint": "x", "summary": train_summary(2.0, dataset="ds-" + "b" * 20)}
+    other = as_manifest(
+        {"fingerprint": "x", "summary": train_summary(2.0, dataset="ds-" + "b" * 20)}
+    )
     assert [p["run"] for p in collect_points(runs, "demo", reference=other)] == [
         "demo",
         "othercorpus",
@@ -227,7 +233,7 @@ def _cfg(tmp_path, *extra):
 
 def test_sweep_section_table(runs, tmp_path):
     cfg = _cfg(tmp_path)
-    train = json.loads((runs / "demo" / "train" / "manifest.json").read_text())
+    train = StageManifest.read(runs / "demo" / "train" / "manifest.json")
     out = tmp_path / "out"
     out.mkdir()
     lines, names = sweep_section(cfg, train, out, True)
@@ -263,7 +269,9 @@ def test_sweep_section_single_run_explains_make_sweep(tmp_path):
     assert 'make sweep EPSILONS="1 8"' in text and "`demo-eps1`" in text
     assert "| run | epsilon" not in text
     assert sweep_section(cfg, None, tmp_path, False) == ([], [])
-    nondp = sweep_section(cfg, {"summary": train_summary(4.0, dp=False)}, tmp_path, False)[0]
+    nondp = sweep_section(
+        cfg, as_manifest({"summary": train_summary(4.0, dp=False)}), tmp_path, False
+    )[0]
     assert "no DP guarantee" in "\n".join(nondp)
 
 
@@ -284,7 +292,7 @@ def _upstream(tmp_path):
             "untrained_heldout_loss": 9.0,
         },
     }
-    return data, base
+    return as_manifest(data, "data"), as_manifest(base, "base")
 
 
 def _section(text: str, heading: str) -> str:
@@ -296,7 +304,7 @@ def _section(text: str, heading: str) -> str:
 def test_write_report_includes_the_section(runs, tmp_path):
     cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
-    train = json.loads((runs / "demo" / "train" / "manifest.json").read_text())
+    train = StageManifest.read(runs / "demo" / "train" / "manifest.json")
     out = tmp_path / "stage"
     out.mkdir()
     summary = write_report(cfg, out, {"data": data, "base": base, "train": train})
@@ -312,21 +320,21 @@ def test_write_report_includes_the_section(runs, tmp_path):
         "demo-eps8",
     ]
     assert saved["privacy_utility"]["within_run"][0] == {"step": 0, "epsilon": 0.0, "loss": 6.04}
-    assert saved["inputs_read_from_disk"] == []
     # Without a train stage there is no section and no key content.
     bare = write_report(cfg, out, {"data": data, "base": base})
     assert bare["privacy_utility"] is None
     assert "Privacy-utility" not in (out / "report.md").read_text()
 
 
-def test_report_alone_reads_current_upstream_manifests_from_disk(tmp_path):
-    """`privcode run --stages report`: the runner passes data and base only."""
+def test_report_alone_gets_current_upstream_manifests_from_the_runner(tmp_path):
+    """`privcode run --stages report`: the runner passes the configured stages that are current."""
     from privcode.dp.store import PrivacyStore
-    from privcode.pipeline.runner import fingerprint
+    from privcode.pipeline.runner import current_optional_inputs, fingerprint
     from privcode.pipeline.stages import STAGES
 
     cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
+    upstream = {"data": data, "base": base}
     corpus = tmp_path / "train.parquet"
     corpus.write_bytes(b"stand-in corpus")
     store = tmp_path / "privacy-store"
@@ -335,22 +343,25 @@ def test_report_alone_reads_current_upstream_manifests_from_disk(tmp_path):
         "data_path": str(corpus),
         "privacy_store": str(store),
     }
-    fp = fingerprint(cfg, STAGES["train"], {"data": data, "base": base})
+    fp = fingerprint(cfg, STAGES["train"], upstream)
     train_dir = tmp_path / "runs" / "demo" / "train"
     write_manifest(train_dir, summary, fp)
+    order = ["data", "base", "report"]
+    found = current_optional_inputs(cfg, STAGES["report"], upstream, order)
+    assert list(found) == ["train"] and found["train"].fingerprint == fp
     out = tmp_path / "stage"
     out.mkdir()
-    result = write_report(cfg, out, {"data": data, "base": base})
-    assert result["inputs_read_from_disk"] == ["train"]
+    write_report(cfg, out, {**upstream, **found})
     text = (out / "report.md").read_text()
     assert "## DP training (Stage I)" in text and "### Privacy-utility" in text
     # A stale train artifact (another config's fingerprint) is not used ...
     write_manifest(train_dir, summary, "other-fingerprint")
-    assert write_report(cfg, out, {"data": data, "base": base})["inputs_read_from_disk"] == []
-    # ... nor one of a stage the config does not run.
+    assert current_optional_inputs(cfg, STAGES["report"], upstream, order) == {}
+    # ... nor one this invocation runs itself, nor one of a stage the config does not run.
     write_manifest(train_dir, summary, fp)
+    assert current_optional_inputs(cfg, STAGES["report"], upstream, [*order, "train"]) == {}
     cfg = _cfg(tmp_path, "run.stages=[data, base, report]")
-    assert write_report(cfg, out, {"data": data, "base": base})["inputs_read_from_disk"] == []
+    assert current_optional_inputs(cfg, STAGES["report"], upstream, order) == {}
 
 
 def test_runs_without_a_dataset_id_are_grouped_with_nothing(runs):
@@ -360,21 +371,30 @@ def test_runs_without_a_dataset_id_are_grouped_with_nothing(runs):
     write_manifest(runs / "legacy-b" / "train", legacy)
     assert "legacy-a" not in [p["run"] for p in collect_points(runs, "demo")]
     assert collect_points(runs, "legacy-a") == []  # not even with its same-digest twin
-    assert collect_points(runs, "demo", reference={"fingerprint": "x", "summary": legacy}) == []
+    assert (
+        collect_points(runs, "demo", reference=as_manifest({"fingerprint": "x", "summary": legacy}))
+        == []
+    )
 
 
 def test_no_corpus_digest_in_the_written_report(runs, tmp_path):
-    """A train summary still carrying ``corpus_sha256`` never puts it, or any 8+ character
-    prefix of it, in a report file (shareable or owner-only); the dataset id is shown."""
+    """A train summary carrying ``corpus_sha256`` (older versions) is refused by its type;
+    other runs' legacy manifests never put it, or any 8+ character prefix of it, in a
+    report file (shareable or owner-only); the dataset id is shown."""
     import hashlib
+
+    from privcode.artifacts import ArtifactError
 
     digest = hashlib.sha256(b"the private corpus").hexdigest()
     cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
-    train = json.loads((runs / "demo" / "train" / "manifest.json").read_text())
-    train["summary"]["corpus_sha256"] = digest
+    train = StageManifest.read(runs / "demo" / "train" / "manifest.json")
+    legacy = as_manifest({"summary": {**train.summary, "corpus_sha256": digest}}, "train")
     out = tmp_path / "stage"
     out.mkdir()
+    with pytest.raises(ArtifactError, match=r"unknown keys \['corpus_sha256'\]"):
+        write_report(cfg, out, {"data": data, "base": base, "train": legacy})
+    write_manifest(runs / "legacy-c" / "train", {**train.summary, "corpus_sha256": digest})
     summary = write_report(cfg, out, {"data": data, "base": base, "train": train})
     files = [
         p

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from privcode.artifacts import StageManifest
 from privcode.config import load_config
 from privcode.pipeline import runner
-from privcode.pipeline.stages import STAGES
+from privcode.pipeline.stages import STAGES, PendingInput
 
 
 @pytest.fixture()
@@ -72,17 +73,17 @@ def test_demo_runs_two_lanes_on_two_cpus(two_cpus):
 def test_audit_starts_beside_the_premium_training_and_waits_for_it_inside():
     """Stage.late: the audit is ready while premium runs, and gets premium as a pending input."""
     order = ["data", "base", "train", "synth", "premium", "nondp", "audit"]
-    done = {n: {"fingerprint": n} for n in ("data", "base", "train", "synth", "nondp")}
+    done = {n: StageManifest(n, n, {}) for n in ("data", "base", "train", "synth", "nondp")}
     ref = object()
     running = {ref: ("premium", "fp-premium", 0.0)}
     assert runner._ready("audit", order, done, running)
     assert not runner._ready("audit", order, done)  # premium neither done nor running
     assert not runner._ready("eval", order, done, running)  # eval is not late for premium
     late = runner._late_inputs(STAGES["audit"], running)
-    assert late == {"premium": {"fingerprint": "fp-premium", "pending": [ref]}}
+    assert late == {"premium": PendingInput("fp-premium", ref)}
     # The fingerprint is the same whether premium is still running or done.
     cfg = load_config("jobs/configs/demo.yaml")
-    finished = {**done, "premium": {"fingerprint": "fp-premium"}}
+    finished = {**done, "premium": StageManifest("premium", "fp-premium", {})}
     assert runner.fingerprint(cfg, STAGES["audit"], {**done, **late}) == runner.fingerprint(
         cfg, STAGES["audit"], finished
     )
@@ -96,17 +97,15 @@ def test_wait_input_returns_the_upstream_manifest_or_its_error(ray_connected):
     from privcode.errors import PrivcodeError
     from privcode.pipeline.stages import wait_input
 
-    inputs = {
-        "premium": {"fingerprint": "f", "pending": [ray.put({"fingerprint": "f", "x": 1})]},
-        "data": {"fingerprint": "d"},
-    }
-    assert wait_input(inputs, "premium") == {"fingerprint": "f", "x": 1}
-    assert inputs["premium"] == {"fingerprint": "f", "x": 1}  # resolved once
-    assert wait_input(inputs, "data") == {"fingerprint": "d"} and wait_input(inputs, "x") is None
+    premium, data = StageManifest("premium", "f", {"x": 1}), StageManifest("data", "d", {})
+    inputs = {"premium": PendingInput("f", ray.put(premium)), "data": data}
+    assert wait_input(inputs, "premium") == premium
+    assert inputs["premium"] == premium  # resolved once
+    assert wait_input(inputs, "data") == data and wait_input(inputs, "x") is None
 
     @ray.remote
     def fails():
         raise PrivcodeError("premium: too few kept samples")
 
     with pytest.raises(PrivcodeError, match="too few kept samples"):
-        wait_input({"premium": {"fingerprint": "f", "pending": [fails.remote()]}}, "premium")
+        wait_input({"premium": PendingInput("f", fails.remote())}, "premium")

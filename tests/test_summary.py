@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conftest import as_manifests
+
 from privcode.pipeline.summary import run_summary
 
 MANIFESTS = {
@@ -87,7 +89,7 @@ def test_summary_lines_hold_the_numbers_of_every_stage():
         "synth": {"status": "ran", "seconds": 211.0},
         "eval": {"status": "skipped"},
     }
-    text = run_summary("demo", stages, MANIFESTS, wall_seconds=301).format()
+    text = run_summary("demo", stages, as_manifests(MANIFESTS), wall_seconds=301).format()
     lines = text.splitlines()
     assert lines[0] == "privcode run 'demo' done in 5m01s: 2 stage(s) ran, 1 unchanged (cached)"
     assert "epsilon 4.00 of 4.00 (delta 1e-05, rdp); 30 steps, sigma 0.56, privcode++" in text
@@ -110,12 +112,12 @@ def test_summary_lists_private_models_first_whatever_the_manifest_order():
     both = {**audit, "premium": premium}
     for models in (both, dict(sorted(both.items()))):
         manifests = {**MANIFESTS, "audit": {"summary": {"models": models}}}
-        text = run_summary("demo", {}, manifests).format()
+        text = run_summary("demo", {}, as_manifests(manifests)).format()
         assert "canaries leaked: junior 0/45, premium 0/45, non-DP 8/45" in text
 
 
 def test_summary_leaves_out_stages_that_are_absent_and_flags_no_dp():
     manifests = {"train": {"summary": {"dp": False, "method": "nondpft"}}}
-    s = run_summary("x", {"train": {"status": "ran", "seconds": 3}}, manifests, 3)
+    s = run_summary("x", {"train": {"status": "ran", "seconds": 3}}, as_manifests(manifests), 3)
     assert [label for label, _ in s.lines] == ["privacy"]
     assert "NO DP" in s.format() and s.report is None

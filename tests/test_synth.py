@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import privacy_record
 
 from privcode.config import SynthConfig, load_config
 from privcode.errors import ConfigError
@@ -60,7 +61,7 @@ def _light_release(root: Path, *, dp: bool) -> Path:
             "dp": dp,
             "base_model": "unused",
         },
-        privacy={"dp": dp, "epsilon": 4.0 if dp else None, "delta": 1e-5},
+        privacy=privacy_record(dp=dp, epsilon=4.0),
     )
 
 

@@ -216,7 +216,7 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     stages = ("data", "base", "train", "eval", "audit", "pac", "report")
     assert {k: v["status"] for k, v in first["stages"].items()} == dict.fromkeys(stages, "ran")
     train_dir = root / "runs" / "t" / "train"
-    manifest = read_manifest(train_dir)
+    manifest = read_manifest(train_dir).to_json()
     assert manifest["private"] is False
     assert {
         "release/privacy.json",
@@ -245,7 +245,7 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
         "out = r.generate(z=r.sample_z(2, seed=0), max_new_tokens=8, temperature=0.0)\n"
         "print(json.dumps({'n': len(out), 'dz': r.dz, 'k': r.num_virtual_tokens,\n"
         "    'lora': sum(p.numel() for n, p in r.model.named_parameters() if 'lora_' in n),\n"
-        "    'eps': r.privacy['epsilon']}))\n"
+        "    'eps': r.privacy.epsilon}))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(release)], capture_output=True, text=True, timeout=300
@@ -307,7 +307,10 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     assert f"{summary['epsilon_rdp']:.4g}" in report and f"{summary['epsilon_prv']:.4g}" in report
     assert "PUBLIC held-out code" in report
     assert (root / "reports" / "t" / "train_loss.png").stat().st_size > 1000
-    assert first["report"] and read_manifest(root / "runs" / "t" / "report")["inputs"]["train"]
+    assert (
+        first["report"]
+        and read_manifest(root / "runs" / "t" / "report").to_json()["inputs"]["train"]
+    )
 
     second = run_pipeline(cfg)
     assert {k: v["status"] for k, v in second["stages"].items()} == dict.fromkeys(stages, "skipped")

@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from privcode.artifacts import ArtifactError, PrivacyRecord
 from privcode.audit.scoring import AuditError
-from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.audit")
 
@@ -323,18 +323,15 @@ def check_against_dp(
 
 def read_dp_params(release_dir: str | Path) -> dict[str, Any]:
     """``{"epsilon", "delta", "history", "dp"}`` from a junior release's ``privacy.json``."""
-    path = Path(release_dir) / "privacy.json"
-    privacy = read_json_object(path, AuditError)
-    history = [
-        {k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
-        for h in privacy.get("history") or []
-        if isinstance(h, dict) and "noise_multiplier" in h
-    ]
+    try:
+        privacy = PrivacyRecord.read(Path(release_dir) / PrivacyRecord.FILE)
+    except ArtifactError as exc:
+        raise AuditError(str(exc)) from None
     return {
-        "dp": bool(privacy.get("dp")),
-        "epsilon": privacy.get("epsilon"),
-        "delta": privacy.get("delta"),
-        "history": history,
+        "dp": privacy.dp,
+        "epsilon": privacy.epsilon,
+        "delta": privacy.delta,
+        "history": [e.to_dict() for e in privacy.history],
     }
 
 

@@ -141,7 +141,7 @@ def run_audits(
     """Run ``cfg.audit.audits`` on ``models``; ``run`` names the run's files.
 
     ``pending``: models still being written (the audit stage starts while the
-    premium model trains: :func:`privcode.pipeline.stages.wait_input`), each
+    premium model trains: :func:`privcode.pipeline.stage.wait_input`), each
     with ``ready(timeout) -> bool`` (``timeout`` None: block until written);
     they are audited once ready, the others first.
 

@@ -178,13 +178,9 @@ def load_scored_model(
             kind="junior",
             method=method,
             dp=rel.dp,
-            epsilon=privacy.get("epsilon"),
-            delta=privacy.get("delta"),
-            history=[
-                {k: h[k] for k in ("noise_multiplier", "sample_rate", "steps")}
-                for h in privacy.get("history") or []
-                if isinstance(h, dict) and "noise_multiplier" in h
-            ],
+            epsilon=privacy.epsilon,
+            delta=privacy.delta,
+            history=[e.to_dict() for e in privacy.history],
         )
         m = METHODS.get(method)
         return ScoredModel(

@@ -15,55 +15,30 @@ point per sampled private record (a 2-D projection of its embedding).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-from privcode.utils import atomic_path
+from privcode.artifacts import StageManifest
+from privcode.pipeline.sections import ReportContext, Section
+from privcode.pipeline.sections import copy_plot as _copy_plot
+from privcode.pipeline.sections import fmt as _fmt
+from privcode.pipeline.sections import grid as _grid
+from privcode.pipeline.sections import plt as _plt
+from privcode.pipeline.sections import save_fig as _save
 
-__all__ = ["OWNER_ONLY_PLOTS", "audit_owner_section", "audit_section", "eval_section"]
+__all__ = [
+    "OWNER_ONLY_PLOTS",
+    "audit_owner_section",
+    "audit_report",
+    "audit_section",
+    "eval_report",
+    "eval_section",
+]
 
 #: The fidelity t-SNE: one point per sampled private record (owner-only report).
 TSNE_PLOT = "fidelity_tsne.png"
 #: Plots of the audit stage that show private records: owner-only report, never shared.
 OWNER_ONLY_PLOTS = (TSNE_PLOT,)
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return "n/a" if value is None else str(value)
-
-
-def _grid(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
-    return lines + [""]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-
-
-def _copy_plot(src: Path, out_dir: Path, name: str) -> str | None:
-    """Copy a PNG a stage wrote into the report directory; its name, or None if absent."""
-    if not src.is_file():
-        return None
-    with atomic_path(out_dir / name) as tmp:
-        shutil.copyfile(src, tmp)
-    return name
 
 
 # --------------------------------------------------------------------------- utility
@@ -94,12 +69,12 @@ def plot_pass_at_k(models: dict[str, Any], path: Path) -> bool:
 
 
 def eval_section(
-    evaluation: dict[str, Any] | None, out_dir: Path, plots: bool
+    evaluation: StageManifest | None, out_dir: Path, plots: bool
 ) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the utility section."""
     if not evaluation:
         return [], []
-    info = evaluation.get("summary", {})
+    info = evaluation.summary
     models = info.get("models", {})
     keys = sorted(
         {k for r in models.values() for k in (r.get("pass_at_k") or {})},
@@ -141,12 +116,12 @@ def eval_section(
 
 
 def audit_section(
-    audit: dict[str, Any] | None, audit_dir: Path | None, out_dir: Path, plots: bool
+    audit: StageManifest | None, audit_dir: Path | None, out_dir: Path, plots: bool
 ) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the privacy-audit section."""
     if not audit:
         return [], []
-    info = audit.get("summary", {})
+    info = audit.summary
     lines = [
         "## Privacy audits",
         "",
@@ -322,7 +297,7 @@ def _fidelity_lines(fid: dict[str, Any] | None) -> list[str]:
 
 
 def audit_owner_section(
-    audit: dict[str, Any] | None, audit_dir: Path | None, private_dir: Path, plots: bool
+    audit: StageManifest | None, audit_dir: Path | None, private_dir: Path, plots: bool
 ) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the audit part of the OWNER-ONLY report.
 
@@ -330,7 +305,7 @@ def audit_owner_section(
     per sampled private record) is copied into ``private_dir``, never into
     the shareable report's directory.
     """
-    fid = ((audit or {}).get("summary") or {}).get("fidelity")
+    fid = audit.summary.get("fidelity") if audit else None
     if not fid:
         return [], []
     lines = [
@@ -378,3 +353,20 @@ def _probe_lines(models: dict[str, Any]) -> list[str]:
         "",
         *_grid(["model", "category", "LP-1", "LP-2", "IL-2", "confirmed leaks"], rows),
     ]
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def eval_report(evaluation: StageManifest, ctx: ReportContext) -> Section:
+    """The eval stage's section: pass@k per model (shareable)."""
+    lines, plots = eval_section(evaluation, ctx.out_dir, ctx.plots)
+    return Section(lines=lines, plots=plots)
+
+
+def audit_report(audit: StageManifest, ctx: ReportContext) -> Section:
+    """The audit stage's section: aggregates shared; the fidelity t-SNE to the owner only."""
+    directory = ctx.stage_dir("audit")
+    lines, plots = audit_section(audit, directory, ctx.out_dir, ctx.plots)
+    owner_lines, owner_plots = audit_owner_section(audit, directory, ctx.private_dir, ctx.plots)
+    return Section(lines=lines, plots=plots, owner_lines=owner_lines, owner_plots=owner_plots)

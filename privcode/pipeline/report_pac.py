@@ -10,9 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from privcode.pipeline.report_audit import _fmt, _grid, _plt, _save
+from privcode.artifacts import StageManifest
+from privcode.pipeline.sections import ReportContext, Section
+from privcode.pipeline.sections import fmt as _fmt
+from privcode.pipeline.sections import grid as _grid
+from privcode.pipeline.sections import plt as _plt
+from privcode.pipeline.sections import save_fig as _save
 
-__all__ = ["pac_section", "plot_pac"]
+__all__ = ["pac_report", "pac_section", "plot_pac"]
 
 
 def _nats(value: Any) -> str:
@@ -79,12 +84,12 @@ def plot_pac(summary: dict[str, Any], path: Path) -> bool:
 
 
 def pac_section(
-    pac: dict[str, Any] | None, out_dir: Path, plots: bool
+    pac: StageManifest | None, out_dir: Path, plots: bool
 ) -> tuple[list[str], list[str]]:
     """Markdown lines and plot names of the PAC section (empty without a pac stage)."""
     if not pac:
         return [], []
-    s = pac.get("summary") or {}
+    s = pac.summary
     util, leak, budget = s.get("utility") or {}, s.get("leakage") or {}, s.get("budget") or {}
     train = s.get("worlds") or {}
     acc = util.get("accuracy") or {}
@@ -208,3 +213,9 @@ def pac_section(
         lines += ["![PAC-private generation](pac.png)", ""]
         names.append("pac.png")
     return lines, names
+
+
+def pac_report(pac: StageManifest, ctx: ReportContext) -> Section:
+    """The pac stage's section (shareable: settings and aggregates only)."""
+    lines, plots = pac_section(pac, ctx.out_dir, ctx.plots)
+    return Section(lines=lines, plots=plots)

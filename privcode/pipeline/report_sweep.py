@@ -35,14 +35,16 @@ Assumptions:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
 from typing import Any
 
+from privcode.artifacts import ArtifactError, StageManifest
 from privcode.layout import RunLayout
-from privcode.pipeline.report_audit import _grid, _plt, _save
+from privcode.pipeline.sections import grid as _grid
+from privcode.pipeline.sections import plt as _plt
+from privcode.pipeline.sections import save_fig as _save
 
 __all__ = [
     "collect_points",
@@ -57,19 +59,15 @@ log = logging.getLogger("privcode.pipeline.report")
 MIA_ATTACK = "reference_calibrated"
 
 
-def _load(path: Path) -> dict[str, Any] | None:
-    """A manifest as a dict; None when absent, or corrupt (with a warning naming the file)."""
+def _load(path: Path) -> StageManifest | None:
+    """The manifest at ``path``; None when absent, or corrupt (with a warning naming the file)."""
+    if not path.is_file():
+        return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        return StageManifest.read(path)
+    except ArtifactError as exc:
+        log.warning("privacy-utility: ignoring manifest %s", exc)
         return None
-    except (OSError, ValueError) as exc:
-        log.warning("privacy-utility: ignoring unreadable manifest %s (%s)", path, exc)
-        return None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("summary"), dict):
-        log.warning("privacy-utility: ignoring manifest %s (no summary mapping)", path)
-        return None
-    return manifest
 
 
 def _num(value: Any) -> float | None:
@@ -93,13 +91,13 @@ def _pass1(models: dict[str, Any], name: str) -> float | None:
 def _stage_numbers(run: RunLayout, stage: str, train_fp: Any) -> dict[str, Any] | None:
     """The summary of ``stage`` of ``run`` when it was computed from train ``train_fp``."""
     manifest = _load(run.manifest(stage))
-    if manifest is None or (manifest.get("inputs") or {}).get("train") != train_fp:
+    if manifest is None or manifest.inputs.get("train") != train_fp:
         return None
-    return manifest["summary"]
+    return manifest.summary
 
 
-def _point(run: RunLayout, manifest: dict[str, Any]) -> dict[str, Any] | None:
-    s = manifest["summary"]
+def _point(run: RunLayout, manifest: StageManifest) -> dict[str, Any] | None:
+    s = manifest.summary
     if not s.get("dp") or s.get("epsilon") is None:
         return None
     point = {
@@ -114,7 +112,7 @@ def _point(run: RunLayout, manifest: dict[str, Any]) -> dict[str, Any] | None:
         "pass1_premium": None,
         "mia_tpr_at_1pct_fpr": None,
     }
-    fp = manifest.get("fingerprint")
+    fp = manifest.fingerprint
     for stage, fill in (("eval", _fill_eval), ("audit", _fill_audit)):
         summary = _stage_numbers(run, stage, fp)
         if summary is not None:
@@ -138,7 +136,7 @@ def _fill_audit(point: dict[str, Any], summary: dict[str, Any]) -> None:
 
 
 def collect_points(
-    out_root: Path, current_run: str, reference: dict[str, Any] | None = None
+    out_root: Path, current_run: str, reference: StageManifest | None = None
 ) -> list[dict[str, Any]]:
     """One point per DP run under ``out_root`` on this run's corpus and method, by epsilon.
 
@@ -148,12 +146,13 @@ def collect_points(
     pass1_junior, pass1_premium, mia_tpr_at_1pct_fpr (None when unknown).
     """
     layout = RunLayout(Path(out_root), current_run)
-    manifests: dict[str, dict[str, Any] | None] = {
+    manifests: dict[str, StageManifest | None] = {
         run: _load(path) for run, path in layout.manifests_of_every_run("train").items()
     }
     if reference is not None:
         manifests[current_run] = reference
-    ref = (manifests.get(current_run) or {}).get("summary") or {}
+    current = manifests.get(current_run)
+    ref = current.summary if current else {}
     key = (ref.get("dataset_id"), ref.get("method"))
     if not key[0]:
         return []  # no opaque dataset id (never fall back to a corpus digest)
@@ -162,7 +161,7 @@ def collect_points(
         if manifest is None:
             continue
         try:
-            s = manifest["summary"]
+            s = manifest.summary
             if (s.get("dataset_id"), s.get("method")) != key:
                 continue
             point = _point(RunLayout(layout.out_dir, run), manifest)
@@ -201,13 +200,13 @@ def within_run_curve(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def privacy_utility(cfg: Any, train_manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+def privacy_utility(cfg: Any, train_manifest: StageManifest | None) -> dict[str, Any] | None:
     """``{"runs": collect_points(...), "within_run": within_run_curve(...)}``; None without train."""
     if not train_manifest:
         return None
     return {
         "runs": collect_points(RunLayout.of(cfg).out_dir, cfg.run.name, reference=train_manifest),
-        "within_run": within_run_curve(train_manifest.get("summary") or {}),
+        "within_run": within_run_curve(train_manifest.summary),
     }
 
 
@@ -313,7 +312,7 @@ def _g(value: Any, spec: str) -> str:
 
 def sweep_section(
     cfg: Any,
-    train_manifest: dict[str, Any] | None,
+    train_manifest: StageManifest | None,
     out_dir: Path,
     plots: bool,
     data: dict[str, Any] | None = None,
@@ -321,7 +320,7 @@ def sweep_section(
     """Markdown lines and plot names of "### Privacy-utility" (``data``: :func:`privacy_utility`)."""
     if not train_manifest:
         return [], []
-    info = train_manifest.get("summary") or {}
+    info = train_manifest.summary
     lines = ["### Privacy-utility", ""]
     if not info.get("dp"):
         return lines + ["_This run has no DP guarantee: no privacy-utility curve._", ""], []

@@ -1,11 +1,7 @@
 """Run the configured stages in order on a Ray cluster, skipping unchanged ones.
 
 Artifacts: ``<run.out_dir>/<run.name>/<stage>/`` holds a stage's files and its
-``manifest.json``::
-
-    {"stage", "fingerprint", "config": {section: values}, "inputs": {stage:
-     fingerprint}, "outputs": {relative path: sha256}, "summary": {...},
-     "timings": {"started", "seconds"}, "privcode_version"}
+``manifest.json`` (:class:`~privcode.artifacts.StageManifest`).
 
 The fingerprint is a hash of the config the stage declares it reads
 (:attr:`Stage.sections`: whole sections or single fields), its version and
@@ -14,6 +10,11 @@ manifest carries the same fingerprint and every listed output still has the
 recorded sha256; otherwise it runs. A stage writes into a temporary sibling
 directory that replaces the old one only after the manifest is written, so a
 failed or interrupted stage leaves the previous artifact intact.
+
+A stage receives the manifests of the stages it reads (``needs``, and those of
+``after`` that are part of the run): run now, skipped as unchanged, or, for a
+stage of ``run.stages`` that this invocation does not select (``privcode
+report``), read from disk when current (:func:`current_optional_inputs`).
 
 Each stage runs as a Ray task (``ray.remote``), so the same runner works in
 an in-process local cluster, on a local head (``make demo``), inside a Ray
@@ -33,30 +34,30 @@ from pathlib import Path
 from typing import Any
 
 from privcode import __version__
+from privcode.artifacts import ArtifactError, StageManifest
+from privcode.artifacts.manifest import hash_outputs
 from privcode.config import PipelineConfig
 from privcode.errors import PrivcodeError
 from privcode.layout import RunLayout
-from privcode.pipeline.stages import STAGES, Stage
+from privcode.pipeline.stages import STAGES, PendingInput, Stage
 from privcode.pipeline.summary import run_summary
-from privcode.utils import atomic_write_json, sha256_file, stable_hash, torch_threads
+from privcode.utils import stable_hash, torch_threads
 
 log = logging.getLogger("privcode.pipeline")
 
-MANIFEST = "manifest.json"
+MANIFEST = StageManifest.FILE
+#: What a stage receives per input: a manifest, or a ``late`` input still running.
+Upstream = dict[str, StageManifest | PendingInput]
 
 
-def fingerprint(
-    cfg: PipelineConfig, stage: type[Stage], upstream: dict[str, dict[str, Any]]
-) -> str:
+def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: Upstream) -> str:
     return stable_hash(
         {
             "stage": stage.name,
             "version": stage.version,
             "config": stage.config_read(cfg),
             "run": None,  # (was run.name/reports_dir, now in "config"): unchanged stages keep their hash
-            "inputs": {
-                name: upstream[name]["fingerprint"] for name in _input_names(stage, upstream)
-            },
+            "inputs": {name: upstream[name].fingerprint for name in _input_names(stage, upstream)},
         }
     )
 
@@ -66,36 +67,55 @@ def _input_names(stage: type[Stage], available: dict[str, Any]) -> list[str]:
     return [*stage.needs, *(name for name in stage.after if name in available)]
 
 
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    import json
-
-    path = directory / MANIFEST
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        return None
+def read_manifest(directory: Path) -> StageManifest | None:
+    """The stage manifest in ``directory``; None when absent or unreadable (the stage runs)."""
+    return StageManifest.find(directory)
 
 
 def is_current(directory: Path, fp: str, stage: type[Stage] | None = None) -> bool:
     """True when the manifest matches ``fp`` and every output is intact."""
     manifest = read_manifest(directory)
-    if manifest is None or manifest.get("fingerprint") != fp:
+    if manifest is None or manifest.fingerprint != fp:
         return False
-    if stage is not None and not stage().still_valid(manifest.get("summary", {})):
+    if stage is not None and stage.summary_type is not None:
+        try:
+            stage.summary_type.from_json(manifest.summary)
+        except ArtifactError:
+            return False  # written by a version with another summary: run again
+    if stage is not None and not stage().still_valid(manifest.summary):
         return False
-    for rel, digest in manifest.get("outputs", {}).items():
-        path = directory / rel
-        if not path.is_file() or sha256_file(path) != digest:
-            return False
-    return True
+    return manifest.intact(directory)
 
 
-def _hash_outputs(directory: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(directory)): sha256_file(p)
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+def current_optional_inputs(
+    cfg: PipelineConfig, stage: type[Stage], upstream: Upstream, order: list[str]
+) -> dict[str, StageManifest]:
+    """The optional inputs of ``stage`` this invocation does not run but finds current on disk.
+
+    ``privcode report`` selects the report stage only; a stage of
+    ``run.stages`` that it reads when present (train, synth, eval, ...) is
+    passed when its artifact on disk is exactly what this config would produce
+    (same fingerprint, outputs intact), as a full run would have skipped it.
+    Stages are tried in table order, so an input's own optional inputs (the
+    nondp stage of the audit) count towards its fingerprint first.
+    """
+    wanted = {n for n in stage.after if n not in order and n in cfg.run.stages}
+    known: Upstream = dict(upstream)
+    found: dict[str, StageManifest] = {}
+    for name, other in STAGES.items():
+        if not wanted - set(found):
+            break
+        if name in known or name in order or name not in cfg.run.stages:
+            continue
+        if any(dep not in known for dep in other.needs):
+            continue
+        directory = RunLayout.of(cfg).stage(name)
+        manifest = read_manifest(directory)
+        if manifest is not None and is_current(directory, fingerprint(cfg, other, known), other):
+            known[name] = manifest
+            if name in wanted:
+                found[name] = manifest
+    return found
 
 
 @contextlib.contextmanager
@@ -116,8 +136,8 @@ def _stage_threads(stage: type[Stage], cfg: PipelineConfig) -> Iterator[None]:
 
 
 def execute_stage(
-    name: str, cfg: PipelineConfig, final_dir: str, fp: str, inputs: dict[str, dict[str, Any]]
-) -> dict[str, Any]:
+    name: str, cfg: PipelineConfig, final_dir: str, fp: str, inputs: Upstream
+) -> StageManifest:
     """Run one stage into a temporary directory, then swap it in. Returns its manifest.
 
     This function is what runs inside the Ray task.
@@ -130,19 +150,21 @@ def execute_stage(
         with _stage_threads(STAGES[name], cfg):
             summary = STAGES[name]().run(cfg, work, inputs)
         stage = STAGES[name]
-        manifest = {
-            "stage": name,
-            "fingerprint": fp,
-            "private": stage.private,
-            "config": stage.config_read(cfg),
-            "inputs": {n: inputs[n]["fingerprint"] for n in inputs},
-            "outputs": _hash_outputs(work),
-            "summary": summary,
-            "timings": {"started": started, "seconds": round(time.time() - started, 3)},
-            "privcode_version": __version__,
-            "config_source": cfg.source,
-        }
-        atomic_write_json(work / MANIFEST, manifest)
+        if stage.summary_type is not None:  # a renamed or missing key fails here, not later
+            summary = stage.summary_type.from_json(summary, f"the {name} stage's summary").to_json()
+        manifest = StageManifest(
+            stage=name,
+            fingerprint=fp,
+            private=stage.private,
+            config=stage.config_read(cfg),
+            inputs={n: inputs[n].fingerprint for n in inputs},
+            outputs=hash_outputs(work),
+            summary=summary,
+            timings={"started": started, "seconds": round(time.time() - started, 3)},
+            privcode_version=__version__,
+            config_source=cfg.source,
+        )
+        manifest.write(work / MANIFEST)
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             final.rename(old)
@@ -190,7 +212,7 @@ def run_pipeline(
         cluster = connect(cfg.run.ray_address or None)
         log.info("running on Ray cluster %s", cluster.get("address"))
     results: dict[str, dict[str, Any]] = {}
-    manifests: dict[str, dict[str, Any]] = {}
+    manifests: dict[str, StageManifest] = {}
     pending = list(order)
     running: dict[Any, tuple[str, str, float]] = {}  # ray ref -> (stage, fingerprint, start)
     parallel = use_ray and cfg.run.parallel
@@ -202,11 +224,22 @@ def run_pipeline(
                     continue  # a later ready stage may still fit beside the running ones
                 pending.remove(name)
                 stage = STAGES[name]
-                upstream = {**manifests, **_late_inputs(stage, running)}
+                for other, manifest in current_optional_inputs(
+                    cfg, stage, manifests, order
+                ).items():
+                    manifests[other] = manifest
+                    results[other] = {
+                        "status": "skipped",
+                        "dir": str(RunLayout.of(cfg).stage(other)),
+                        "fingerprint": manifest.fingerprint,
+                    }
+                    _say(f"[{other}] not selected, current on disk: read for {name}")
+                upstream: Upstream = {**manifests, **_late_inputs(stage, running)}
                 fp = fingerprint(cfg, stage, upstream)
                 directory = RunLayout.of(cfg).stage(name)
-                if is_current(directory, fp, stage) and not (cfg.run.force and name in selected):
-                    manifests[name] = read_manifest(directory)
+                current = read_manifest(directory) if is_current(directory, fp, stage) else None
+                if current is not None and not (cfg.run.force and name in selected):
+                    manifests[name] = current
                     results[name] = {"status": "skipped", "dir": str(directory), "fingerprint": fp}
                     _say(f"[{name}] unchanged, skipped ({directory})")
                     progressed = True
@@ -247,7 +280,7 @@ def run_pipeline(
             for ref in running:  # a failed stage stops its siblings: no half-run pipeline
                 ray.cancel(ref, force=True)
         raise
-    report = manifests.get("report", {}).get("summary", {})
+    report = manifests["report"].summary if "report" in manifests else {}
     summary = run_summary(cfg.run.name, results, manifests, time.time() - started)
     return {
         "run": cfg.run.name,
@@ -278,12 +311,10 @@ def _ready(
 
 def _late_inputs(
     stage: type[Stage], running: dict[Any, tuple[str, str, float]]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, PendingInput]:
     """The running ``late`` inputs of ``stage``: fingerprint and pending Ray result each."""
     return {
-        name: {"fingerprint": fp, "pending": [ref]}
-        for ref, (name, fp, _) in running.items()
-        if name in stage.late
+        name: PendingInput(fp, ref) for ref, (name, fp, _) in running.items() if name in stage.late
     }
 
 
@@ -306,7 +337,7 @@ def _fits(
     return used + (total if own is None else own) <= total + 1e-9
 
 
-def _get(ref: Any) -> dict[str, Any]:
+def _get(ref: Any) -> StageManifest:
     import ray
 
     try:

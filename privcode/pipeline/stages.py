@@ -1,9 +1,8 @@
 """Pipeline stages: a registry table of small classes, one per stage.
 
-A stage declares the config sections it reads (``sections``), the stages whose
-artifacts it consumes (``needs``), the CPUs it wants on the Ray cluster, and a
-``run(cfg, out_dir, inputs)`` that writes its files into ``out_dir`` and
-returns a JSON-serialisable summary. The runner (``runner.py``) does the rest:
+Each class fills in the :class:`~privcode.pipeline.stage.Stage` protocol: the
+config it reads, its inputs, its CPUs, ``run`` and its report section. The
+runner (``runner.py``) does the rest:
 fingerprinting, skipping unchanged stages, running each stage as a Ray task,
 and writing ``manifest.json`` atomically.
 
@@ -17,130 +16,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from privcode.config import PipelineConfig, section_to_dict
+from privcode.artifacts import TrainSummary
 from privcode.layout import RunLayout
-
-#: The train fields the non-DP comparison reads (:func:`privcode.audit.nondp.train_nondp_comparison`
-#: and the ``nondpft`` objective it builds); a test scans that module so none is missed.
-NONDP_TRAIN_FIELDS = (
-    "train.steps",
-    "train.lr",
-    "train.expected_batch_size",
-    "train.max_length",
-    "train.weight_decay",
-    "train.use_gpu",
-    "train.lora_r",
-    "train.lora_alpha",
-    "train.lora_dropout",
+from privcode.pipeline import report_stages
+from privcode.pipeline.report_audit import audit_report, eval_report
+from privcode.pipeline.report_pac import pac_report
+from privcode.pipeline.stage import (
+    NONDP_TRAIN_FIELDS,
+    PendingInput,
+    Stage,
+    base_path,
+    summary_of,
+    wait_input,
 )
 
-
-def wait_input(
-    inputs: dict[str, dict[str, Any]], name: str, timeout: float | None = None
-) -> dict[str, Any] | None:
-    """The manifest of upstream stage ``name`` (None if not an input or, after ``timeout``
-    seconds, still running), waiting while it runs (``timeout`` None: until it is done).
-
-    A ``late`` input (see :attr:`Stage.late`) arrives as ``{"fingerprint", "pending":
-    [ref]}``: the Ray result of the upstream stage's task, nested in a list so Ray
-    does not wait for it before this stage starts. Its failure raises here.
-    """
-    entry = inputs.get(name)
-    if entry is not None and "pending" in entry:
-        import ray
-
-        from privcode.pipeline.runner import _get
-
-        ref = entry["pending"][0]
-        if timeout is not None and not ray.wait([ref], timeout=timeout)[0]:
-            return None
-        inputs[name] = entry = _get(ref)  # a user-facing error reads as itself
-    return entry
-
-
-def base_path(inputs: dict[str, dict[str, Any]]) -> str:
-    """The base model's path from the base stage's manifest, once it is known to be complete."""
-    from privcode.models.base import check_complete
-
-    return check_complete(inputs["base"]["summary"])["path"]
-
-
-class Stage:
-    """One pipeline stage. Subclasses set the class attributes and ``run``."""
-
-    name: ClassVar[str]
-    #: The config this stage reads, and so its fingerprint: a whole section
-    #: (``"audit"``), one field (``"train.data"``) or fields by prefix
-    #: (``"audit.nondp_*"``); :meth:`config_read` gives the values.
-    sections: ClassVar[tuple[str, ...]] = ()
-    #: Upstream stages whose manifests this stage reads (must run earlier).
-    needs: ClassVar[tuple[str, ...]] = ()
-    #: Optional upstream stages: read (and run first, entering the fingerprint)
-    #: only when they are part of the same run; never pulled in on their own.
-    after: ClassVar[tuple[str, ...]] = ()
-    #: Of ``after``, the stages this one may start beside: when one of them is
-    #: running (on Ray, ``run.parallel``), this stage starts anyway and gets
-    #: ``inputs[name]`` = its fingerprint and a pending result, which ``run``
-    #: waits on where it needs the artifact (:func:`wait_input`).
-    late: ClassVar[tuple[str, ...]] = ()
-    #: CPUs requested for the Ray task; None means every CPU of the cluster.
-    num_cpus: ClassVar[float | None] = 1
-    #: Bump when the stage's code changes what it writes: forces a re-run.
-    version: ClassVar[int] = 1
-    #: Whether the stage's artifacts hold private data (inside the boundary).
-    private: ClassVar[bool] = False
-
-    def run(
-        self, cfg: PipelineConfig, out_dir: Path, inputs: dict[str, dict[str, Any]]
-    ) -> dict[str, Any]:
-        raise NotImplementedError
-
-    @classmethod
-    def config_read(cls, cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
-        """``{section: {field: value}}`` of what :attr:`sections` declares (see there).
-
-        A whole section gives the same mapping as :func:`section_to_dict`, so a
-        stage that reads whole sections keeps its fingerprint. An entry naming
-        no field of its section is a ValueError (a typo would silently leave
-        the field out of the fingerprint).
-        """
-        out: dict[str, dict[str, Any]] = {}
-        for entry in cls.sections:
-            name, _, pattern = entry.partition(".")
-            values = section_to_dict(cfg.section(name))
-            if not pattern:
-                out[name] = values
-                continue
-            chosen = {
-                k: v
-                for k, v in values.items()
-                if (k.startswith(pattern[:-1]) if pattern.endswith("*") else k == pattern)
-            }
-            if not chosen:
-                raise ValueError(f"stage {cls.name!r}: {entry!r} names no field of '{name}'")
-            out.setdefault(name, {}).update(chosen)
-        return {name: dict(sorted(fields.items())) for name, fields in out.items()}
-
-    def still_valid(self, summary: dict[str, Any]) -> bool:
-        """Extra check before skipping: do things outside the stage dir still exist?"""
-        return True
-
-    @classmethod
-    def cpus(cls, cfg: PipelineConfig) -> float | None:
-        """CPUs for this run's Ray task (and its torch threads); default ``num_cpus``."""
-        return cls.num_cpus
-
-    @classmethod
-    def footprint(cls, cfg: PipelineConfig) -> float | None:
-        """CPUs the stage keeps busy: its task's plus those of the workers it starts.
-
-        The runner starts a stage beside others only while the footprints fit
-        the cluster, so a stage that starts workers later (Ray Train) finds
-        them free. None: the whole cluster (the stage runs alone).
-        """
-        return cls.cpus(cfg)
+__all__ = ["NONDP_TRAIN_FIELDS", "STAGES", "PendingInput", "Stage", "wait_input"]
 
 
 class DataStage(Stage):
@@ -155,6 +47,9 @@ class DataStage(Stage):
 
         manifest = build_demo_corpus(out_dir, cfg.data, progress=False)
         return {"counts": manifest.get("counts", {}), "files": manifest.get("files", {})}
+
+    def report_section(self, manifest, ctx):
+        return report_stages.data_section(manifest, ctx)
 
 
 class BaseStage(Stage):
@@ -185,6 +80,9 @@ class BaseStage(Stage):
             return False  # built before BUILD_VERSION 2 or stopped early: rebuild
         return (Path(summary.get("path", "")) / "config.json").is_file()
 
+    def report_section(self, manifest, ctx):
+        return report_stages.base_section(manifest, ctx)
+
 
 class TrainStage(Stage):
     """Stage I: DP-SGD training of the junior model (LoRA + the method's modules) on Ray Train.
@@ -203,6 +101,7 @@ class TrainStage(Stage):
     """
 
     name = "train"
+    summary_type = TrainSummary
     # 2: release/ directory (privcode.release format), Stage I methods;
     # 3: DP events only in the history, opaque dataset id, secret per-record randomness
     version = 3
@@ -252,6 +151,9 @@ class TrainStage(Stage):
             return PrivacyStore(store).dataset_id(path) == summary["dataset_id"]
         except StoreError:
             return False
+
+    def report_section(self, manifest, ctx):
+        return report_stages.train_section(manifest, ctx)
 
 
 class SynthStage(Stage):
@@ -303,6 +205,9 @@ class SynthStage(Stage):
             "release_sha256"
         )
 
+    def report_section(self, manifest, ctx):
+        return report_stages.synth_section(manifest, ctx)
+
 
 class PremiumStage(Stage):
     """The premium model: LoRA fine-tuning on the synthetic data, no DP (post-processing).
@@ -344,6 +249,9 @@ class PremiumStage(Stage):
             out_dir=out_dir,
             storage_dir=layout.work("premium"),
         )
+
+    def report_section(self, manifest, ctx):
+        return report_stages.premium_section(manifest, ctx)
 
 
 class EvalStage(Stage):
@@ -411,6 +319,9 @@ class EvalStage(Stage):
             "models": models,
         }
 
+    def report_section(self, manifest, ctx):
+        return eval_report(manifest, ctx)
+
 
 class AuditStage(Stage):
     """Privacy audits of the run (:mod:`privcode.audit.run`), inside the private boundary.
@@ -466,7 +377,7 @@ class AuditStage(Stage):
             models["premium"] = layout.premium
         comparison = None
         if "nondp" in inputs:  # trained beside Stage I and II by the nondp stage
-            comparison = inputs["nondp"]["summary"]
+            comparison = summary_of(inputs, "nondp")
             models["nondpft"] = layout.nondp_model
         elif cfg.audit.compare_nondp:
             comparison = train_nondp_comparison(
@@ -482,6 +393,9 @@ class AuditStage(Stage):
         if comparison:
             summary["nondpft_training"] = comparison
         return summary
+
+    def report_section(self, manifest, ctx):
+        return audit_report(manifest, ctx)
 
 
 class PacStage(Stage):
@@ -525,6 +439,9 @@ class PacStage(Stage):
         atomic_write_json(Path(out_dir) / "pac_eval.json", result)
         # The runner renames this stage's temporary directory to its own: name the final one.
         return {**result, "worlds": trained, "worlds_dir": str(layout.pac_worlds)}
+
+    def report_section(self, manifest, ctx):
+        return pac_report(manifest, ctx)
 
 
 class NondpStage(Stage):

@@ -13,6 +13,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from privcode.artifacts import StageManifest
+
 __all__ = ["RunSummary", "run_summary"]
 
 
@@ -52,11 +54,11 @@ class RunSummary:
 def run_summary(
     run: str,
     stages: dict[str, dict[str, Any]],
-    manifests: dict[str, dict[str, Any]],
+    manifests: dict[str, StageManifest],
     wall_seconds: float = 0.0,
 ) -> RunSummary:
     """The summary of one run from the runner's stage results and manifests."""
-    s = {name: (m.get("summary") or {}) for name, m in manifests.items()}
+    s = {name: m.summary for name, m in manifests.items()}
     lines: list[tuple[str, str]] = []
     for label, make in (
         ("privacy", _privacy),

@@ -5,7 +5,7 @@ A release directory (format ``privcode-junior/1``) holds::
     adapter/                    peft ``save_pretrained`` output of the LoRA junior
                                 (adapter_config.json, adapter_model.safetensors, README.md)
     prefix_decoder.safetensors  latent methods only: D's ``weight`` [K*H, dz] and ``bias`` [K*H]
-    privacy.json                the trainer's privacy record (keys "dp", "epsilon", ...)
+    privacy.json                the privacy record (:class:`privcode.artifacts.PrivacyRecord`)
     release.json                written last: {"format", "method", "conditioning"
                                 ("latent" | "prompt" | "none"), "dp", "base_model",
                                 "prefix" ({"dz", "num_virtual_tokens", "hidden_size"} or
@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from privcode.artifacts.privacy import PrivacyRecord
+from privcode.artifacts.record import ArtifactError
 from privcode.errors import PrivcodeError
 from privcode.registry import METHODS
 from privcode.utils import atomic_write_text, canonical_json, fsync_dir, sha256_file
@@ -58,6 +60,7 @@ __all__ = [
     "JuniorRelease",
     "ReleaseError",
     "load_release",
+    "read_privacy",
     "scan_release",
     "verify_release",
     "write_release",
@@ -244,7 +247,7 @@ def write_release(
     *,
     adapter_dir: str | os.PathLike,
     meta: dict,
-    privacy: dict,
+    privacy: PrivacyRecord,
     prefix_decoder: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a release to ``out_dir`` atomically; returns its path (see the module docstring).
@@ -263,12 +266,12 @@ def write_release(
     meta = _check_meta(meta)
     latent = meta["conditioning"] == "latent"
     _need(
-        isinstance(privacy, dict) and {"dp", "epsilon"} <= set(privacy),
-        "privacy must be a dict with at least the keys 'dp' and 'epsilon'",
+        isinstance(privacy, PrivacyRecord),
+        f"privacy must be a PrivacyRecord, got {type(privacy).__name__}",
     )
     _need(
-        privacy["dp"] is meta["dp"],
-        f"privacy['dp'] = {privacy['dp']!r} disagrees with meta['dp'] = {meta['dp']!r}",
+        privacy.dp is meta["dp"],
+        f"privacy.dp = {privacy.dp!r} disagrees with meta['dp'] = {meta['dp']!r}",
     )
     _need(
         not latent or prefix_decoder is not None,
@@ -287,7 +290,7 @@ def write_release(
         _copy_adapter(adapter_dir, tmp / ADAPTER)
         if prefix_decoder is not None:
             _write_decoder(tmp / PREFIX_FILE, prefix_decoder, meta["prefix"])
-        atomic_write_text(tmp / PRIVACY_JSON, canonical_json(privacy))
+        atomic_write_text(tmp / PRIVACY_JSON, canonical_json(privacy.to_json()))
         for rel in _listing(tmp):
             with open(tmp / rel, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -322,6 +325,14 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ReleaseError(f"{path}: not readable JSON: {exc}") from exc
+
+
+def read_privacy(release: str | os.PathLike) -> PrivacyRecord:
+    """The release's typed privacy record; ReleaseError naming the file and the bad key."""
+    try:
+        return PrivacyRecord.read(Path(release) / PRIVACY_JSON)
+    except ArtifactError as exc:
+        raise ReleaseError(str(exc)) from None
 
 
 def verify_release(path: str | os.PathLike) -> dict:
@@ -384,15 +395,10 @@ def verify_release(path: str | os.PathLike) -> dict:
         f"{root / PREFIX_FILE}: present in a {cond!r} release",
         ReleaseError,
     )
-    privacy = _read_json(root / PRIVACY_JSON)
+    privacy = read_privacy(root)
     _need(
-        isinstance(privacy, dict) and {"dp", "epsilon"} <= set(privacy),
-        f"{root / PRIVACY_JSON}: needs the keys 'dp' and 'epsilon'",
-        ReleaseError,
-    )
-    _need(
-        privacy["dp"] is checked["dp"],
-        f"{root / PRIVACY_JSON}: dp = {privacy['dp']!r} but "
+        privacy.dp is checked["dp"],
+        f"{root / PRIVACY_JSON}: dp = {privacy.dp!r} but "
         f"{RELEASE_JSON} says dp = {checked['dp']!r}",
         ReleaseError,
     )
@@ -422,7 +428,7 @@ class JuniorRelease:
 
     path: Path
     meta: dict
-    privacy: dict
+    privacy: PrivacyRecord
     tokenizer: Any
     model: Any
     prefix_decoder: torch.nn.Linear | None
@@ -615,7 +621,7 @@ def load_release(
 
     root = Path(path)
     meta = verify_release(root)
-    privacy = json.loads((root / PRIVACY_JSON).read_text(encoding="utf-8"))
+    privacy = read_privacy(root)
     if not meta["dp"]:
         message = (
             f"release {root} (method {meta['method']}) is NOT PRIVATE: it was trained "

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import warnings
 from collections import defaultdict
@@ -134,30 +133,21 @@ def release_privacy(
         log.error("Stage II input %s is NOT PRIVATE: %s", release, warning)
         warnings.warn(warning, RuntimeWarning, stacklevel=3)
         return {"dp": False, "epsilon": None, "delta": None, "privacy_warning": warning}
-    from privcode.release.junior import PRIVACY_JSON
+    from privcode.release.junior import ReleaseError, read_privacy
 
     try:
-        privacy = json.loads((release / PRIVACY_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SynthesisError(f"{release / PRIVACY_JSON}: not readable JSON: {exc}") from None
-    if not isinstance(privacy, dict) or privacy.get("dp") is not True:
+        privacy = read_privacy(release)
+    except ReleaseError as exc:
+        raise SynthesisError(str(exc)) from None
+    if not privacy.dp:
         raise SynthesisError(
-            f"{release / PRIVACY_JSON}: does not say dp: true although "
+            f"{release / privacy.FILE}: does not say dp: true although "
             "release.json does; refusing to start"
         )
-
-    def number(key: str) -> float | None:
-        v = privacy.get(key)
-        return (
-            float(v)
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            else None
-        )
-
     return {
         "dp": True,
-        "epsilon": number("epsilon"),
-        "delta": number("delta"),
+        "epsilon": privacy.epsilon,
+        "delta": privacy.delta,
         "privacy_warning": None,
     }
 

@@ -54,7 +54,7 @@ reported: they are computed from private records without noise. Step
 times grow with the sampled batch and its longest record (an un-noised
 membership signal): they, restart counts and grant ids stay in the private
 audit log and the ledger's WAL; the release's history holds the DP events
-(sigma, q, steps) only (:func:`privcode.train.artifact.released_history`).
+(sigma, q, steps) only (:func:`privcode.artifacts.privacy.released_history`).
 """
 
 from __future__ import annotations
@@ -466,8 +466,8 @@ def run_training(
         if non_private.private:
             raise ValueError("non_private must be Privacy.non_private(...)")
         msg = (
-            f"train.method={cfg.method!r}: this run is NOT differentially private "
-            f"({non_private.reason}: no noise, no privacy ledger). Its release must never be "
+            f"train.method={cfg.method!r}: this run is NOT PRIVATE (NOT differentially private: "
+            f"{non_private.reason}; no noise, no privacy ledger). Its release must never be "
             "treated as a DP artifact."
         )
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
@@ -600,11 +600,13 @@ def run_training(
             audit_log.unlink()
         with contextlib.suppress(OSError):
             storage_root.rmdir()  # only when no other run's files are left in it
+    released = privacy.to_json()
     return {
         **{
-            k: privacy[k]
+            k: released[k]
             for k in (
                 "dp",
+                "training_mode",
                 "method",
                 "epsilon",
                 "epsilon_rdp",

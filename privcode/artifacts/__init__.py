@@ -1,0 +1,21 @@
+"""The on-disk formats privcode owns, as typed records (torch- and Ray-free).
+
+Each format is a frozen dataclass with ``read``/``write`` (and ``from_json``/
+``to_json``) that checks every key against its annotation, so a missing,
+renamed or mistyped key is an :class:`ArtifactError` naming the file and the
+key (:mod:`privcode.artifacts.record`). The formats of whole directories
+(the junior release, the premium release) verify their files in
+:mod:`privcode.release` and :mod:`privcode.premium`; the records they hold
+live here:
+
+* :class:`PrivacyRecord`: a junior release's ``privacy.json``.
+* :class:`StageManifest`: a stage directory's ``manifest.json``.
+* :class:`TrainSummary`: the train stage's summary in its manifest.
+"""
+
+from privcode.artifacts.manifest import StageManifest
+from privcode.artifacts.privacy import PrivacyRecord
+from privcode.artifacts.record import ArtifactError, JsonRecord
+from privcode.artifacts.summaries import TrainSummary
+
+__all__ = ["ArtifactError", "JsonRecord", "PrivacyRecord", "StageManifest", "TrainSummary"]

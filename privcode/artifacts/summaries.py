@@ -1,0 +1,46 @@
+"""Typed stage summaries: what a stage's ``run`` returns and its manifest keeps.
+
+A stage that declares ``summary_type`` (:attr:`privcode.pipeline.stage.Stage.
+summary_type`) has its summary checked by the runner before the manifest is
+written (a renamed or missing key fails the stage, not a later report) and
+again before the stage is skipped as current (a manifest of another shape
+makes it run). Its report section reads the record's attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from privcode.artifacts.privacy import DPOutcome, _decode_curve
+from privcode.artifacts.record import nested
+
+__all__ = ["TrainSummary"]
+
+
+@dataclass(frozen=True)
+class TrainSummary(DPOutcome):
+    """The train stage's summary: the release's public privacy numbers, and where things are.
+
+    The privacy fields are the release's (:class:`~privcode.artifacts.privacy.
+    DPOutcome`); ``data_path`` and ``privacy_store`` are paths in private
+    storage (the run summary and the report never print them),
+    ``train_seconds`` the stage's wall clock (one number per run, not per step).
+    """
+
+    conditioning: str
+    adjacency: str
+    adapter: str
+    train_seconds: float
+    data_path: str
+    privacy_store: str
+    public_heldout_loss_curve: tuple[tuple[int, float | None], ...] = field(
+        default=(), metadata=nested(_decode_curve, lambda c: [list(p) for p in c])
+    )
+    #: The DP engine's mode record (absent from summaries written before it was kept).
+    training_mode: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reason_not_private(self) -> str | None:
+        """Why the DP engine trained without privacy (None for a DP run)."""
+        return None if self.dp else str(self.training_mode.get("reason") or self.method)

@@ -1,0 +1,105 @@
+"""The typed on-disk records (privcode.artifacts): round trips and errors that name the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import privacy_record
+
+from privcode.artifacts import ArtifactError, PrivacyRecord, StageManifest
+from privcode.artifacts.manifest import hash_outputs
+from privcode.dp.accounting import DPEvent
+
+
+def test_privacy_record_round_trips_through_its_file(tmp_path):
+    rec = privacy_record(
+        epsilon=2.5, history=[{"noise_multiplier": 1.1, "sample_rate": 0.02, "steps": 7}]
+    )
+    path = rec.write(tmp_path / "privacy.json")
+    assert PrivacyRecord.read(tmp_path) == rec  # a directory reads its FILE
+    on_disk = json.loads(path.read_text())
+    assert on_disk["history"] == [{"noise_multiplier": 1.1, "sample_rate": 0.02, "steps": 7}]
+    assert on_disk["NOT_PRIVATE"] is None and "not_private" not in on_disk
+    assert rec.history == (DPEvent(1.1, 0.02, 7),)
+    assert rec.epsilon_by_accountant == {"rdp": 2.5, "prv": None}
+
+
+def test_a_non_private_record_says_so_and_has_no_epsilon(tmp_path):
+    rec = privacy_record(dp=False)
+    assert rec.epsilon is None and rec.not_private and rec.reason_not_private == "test"
+    assert json.loads(rec.write(tmp_path / "p.json").read_text())["NOT_PRIVATE"]
+    with pytest.raises(ValueError, match="epsilon is null"):
+        privacy_record(dp=True, epsilon=None)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("epsilon_rdp"), r"missing key 'epsilon_rdp'"),
+        (lambda d: d.update(epsilon_rpd=1.0), r"unknown keys \['epsilon_rpd'\]"),
+        (lambda d: d.update(num_records="400"), r"num_records: '400' is not int"),
+        (lambda d: d.update(dp="yes"), r"dp: 'yes' is not bool"),
+        (lambda d: d.update(epsilon=float("inf")), r"epsilon: inf is not a finite number"),
+        (lambda d: d.update(history=[{"noise_multiplier": 0, "sample_rate": 0.1}]), r"history: "),
+        (lambda d: d.update(public_heldout_loss_curve=[[1]]), r"\[step, loss\] pairs"),
+    ],
+)
+def test_a_bad_privacy_record_is_an_error_naming_file_and_key(tmp_path, edit, message):
+    obj = privacy_record().to_json()
+    edit(obj)
+    (tmp_path / "privacy.json").write_text(json.dumps(obj))
+    with pytest.raises(ArtifactError, match=message) as err:
+        PrivacyRecord.read(tmp_path / "privacy.json")
+    assert str(tmp_path / "privacy.json") in str(err.value)
+
+
+def test_stage_manifest_round_trip_and_intact(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    m = StageManifest(
+        stage="base",
+        fingerprint="f" * 16,
+        summary={"n": 1},
+        outputs=hash_outputs(tmp_path),
+        timings={"started": 1.0, "seconds": 2.5},
+    )
+    m.write(tmp_path)
+    again = StageManifest.find(tmp_path)
+    assert again == m and again.seconds == 2.5 and again.intact(tmp_path)
+    (tmp_path / "a.txt").write_text("y")
+    assert not again.intact(tmp_path)
+    (tmp_path / "manifest.json").write_text("{")
+    assert StageManifest.find(tmp_path) is None
+    assert StageManifest.find(tmp_path / "absent") is None
+
+
+def test_a_stage_summary_of_the_wrong_shape_fails_the_stage_and_is_never_current(
+    tmp_path, monkeypatch
+):
+    """The runner checks a typed summary before writing the manifest, and before skipping."""
+    from conftest import full_train_summary
+
+    from privcode.artifacts import TrainSummary
+    from privcode.config import load_config
+    from privcode.pipeline import runner
+    from privcode.pipeline.stages import STAGES
+
+    cfg = load_config("jobs/configs/demo.yaml", [f"run.out_dir={tmp_path}", "run.name=t"])
+    good = full_train_summary({"epsilon": 3.0, "epsilon_rdp": 3.0})
+    bad = {k: v for k, v in good.items() if k != "epsilon_rdp"}
+    monkeypatch.setattr(STAGES["train"], "run", lambda self, cfg, out, inputs: bad)
+    final = tmp_path / "t" / "train"
+    with pytest.raises(
+        ArtifactError, match=r"the train stage's summary: missing key 'epsilon_rdp'"
+    ):
+        runner.execute_stage("train", cfg, str(final), "fp", {})
+    assert not final.exists() and not list((tmp_path / "t").iterdir())  # nothing half-written
+    monkeypatch.setattr(STAGES["train"], "run", lambda self, cfg, out, inputs: good)
+    manifest = runner.execute_stage("train", cfg, str(final), "fp", {})
+    assert TrainSummary.from_json(manifest.summary).epsilon_by_accountant["rdp"] == 3.0
+    # A manifest whose summary has another shape (an older version's) is not current.
+    StageManifest(stage="train", fingerprint="fp", summary=bad).write(final)
+    monkeypatch.setattr(STAGES["train"], "still_valid", lambda self, summary: True)
+    assert not runner.is_current(final, "fp", STAGES["train"])
+    StageManifest(stage="train", fingerprint="fp", summary=good).write(final)
+    assert runner.is_current(final, "fp", STAGES["train"])
