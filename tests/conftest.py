@@ -468,3 +468,32 @@ def full_train_summary(summary):
         privacy_store="privacy-store",
     )
     return {**defaults, **summary}
+
+
+def premium_json(model, dp=True, **fields):
+    """A complete premium.json (:class:`~privcode.artifacts.premium.PremiumRecord`) as text."""
+    import json
+
+    privacy = {
+        "dp": dp,
+        "dp_training": False,
+        "epsilon": 4.0 if dp else None,
+        "delta": 1e-5 if dp else None,
+        "guarantee": "(4.0, 1e-05)-DP, inherited by post-processing" if dp else "NONE: test",
+        "no_dp_guarantee": not dp,
+        "privacy_warning": None if dp else "NO differential-privacy guarantee: test",
+        "post_processing_of": {"release_sha256": "x", "dp": dp},
+        "statement": "test",
+    }
+    record = {
+        "model": str(model),
+        "data": "synthetic.parquet",
+        "data_sha256": "0" * 64,
+        "records": 10,
+        "curve": [],
+        "config": {},
+        "train_seconds": 1.0,
+        "privacy": privacy,
+        **fields,
+    }
+    return json.dumps(record)

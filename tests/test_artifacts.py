@@ -103,3 +103,24 @@ def test_a_stage_summary_of_the_wrong_shape_fails_the_stage_and_is_never_current
     assert not runner.is_current(final, "fp", STAGES["train"])
     StageManifest(stage="train", fingerprint="fp", summary=good).write(final)
     assert runner.is_current(final, "fp", STAGES["train"])
+
+
+def test_premium_record_needs_its_privacy_block(tmp_path):
+    from conftest import premium_json
+
+    from privcode.artifacts.premium import PremiumRecord
+
+    path = tmp_path / "premium.json"
+    path.write_text(premium_json("base"))
+    record = PremiumRecord.read(tmp_path)  # a directory reads its premium.json
+    assert record.privacy.dp and record.summary().privacy == record.privacy
+    obj = json.loads(premium_json("base"))
+    del obj["privacy"]
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ArtifactError, match="missing key 'privacy'"):
+        PremiumRecord.read(path)
+    obj = json.loads(premium_json("base", dp=False))
+    obj["privacy"]["privacy_warning"] = None  # no DP guarantee must say so
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ArtifactError, match="needs its privacy_warning"):
+        PremiumRecord.read(path)

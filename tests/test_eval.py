@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from conftest import privacy_record
+from conftest import premium_json, privacy_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -441,7 +441,7 @@ def test_sampling_is_seeded_and_adapters_load(ci_base, tmp_path, humaneval):
     lora.save_pretrained(str(tmp_path / "adapter"))
     (tmp_path / "premium").mkdir()
     lora.save_pretrained(str(tmp_path / "premium" / "adapter"))
-    (tmp_path / "premium" / "premium.json").write_text(json.dumps({"model": ci_base}))
+    (tmp_path / "premium" / "premium.json").write_text(premium_json(ci_base))
     junior = write_release(
         tmp_path / "junior",
         adapter_dir=tmp_path / "adapter",

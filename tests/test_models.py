@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import premium_json
 
 from privcode.config import BaseConfig
 from privcode.models import (
@@ -244,9 +245,7 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
         expected = model.eval()(**inputs).logits  # the unmerged adapter: the reference
     model.save_pretrained(tmp_path / "adapter")
     shutil.copytree(tmp_path / "adapter", tmp_path / "premium" / "adapter")
-    (tmp_path / "premium" / "premium.json").write_text(
-        json.dumps({"model": ci_path, "privacy": {"dp": True, "post_processing_of": "x"}})
-    )
+    (tmp_path / "premium" / "premium.json").write_text(premium_json(ci_path))
     (tmp_path / "stage").mkdir()
     (tmp_path / "stage" / "base.json").write_text(json.dumps({"path": ci_path}))
     shutil.copytree(ci_path, tmp_path / "nondp")
@@ -284,12 +283,12 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
     assert "NOT PRIVATE" in caplog.text
     assert load_model(tmp_path / "adapter").eos_ids == (load_tokenizer(ci_path).eos_token_id,)
 
-    (tmp_path / "premium" / "premium.json").write_text(json.dumps({"model": "/nowhere"}))
+    (tmp_path / "premium" / "premium.json").write_text(premium_json("/nowhere"))
     with pytest.raises(ModelLoadError, match="nowhere.*does not exist"):
         load_model(tmp_path / "premium")
     assert load_model(tmp_path / "premium", base_model=ci_path).base_model == ci_path
     (tmp_path / "premium" / "premium.json").write_text("{}")
-    with pytest.raises(ModelLoadError, match="premium.json: no base model path"):
+    with pytest.raises(ModelLoadError, match="premium.json: missing key 'model'"):
         load_model(tmp_path / "premium")
     (tmp_path / "premium" / "premium.json").write_text("[1]")
     with pytest.raises(ModelLoadError, match="premium.json: not a JSON object"):

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from conftest import premium_json
 from serve_support import http_json, http_status_of_refused_body
 
 from privcode.config import BaseConfig
@@ -60,7 +61,7 @@ def release(ci_base_cache, tmp_path_factory):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen))
     model.save_pretrained(str(root / "adapter"))
-    (root / "premium.json").write_text(json.dumps({"model": str(base)}), encoding="utf-8")
+    (root / "premium.json").write_text(premium_json(base), encoding="utf-8")
     return root
 
 
@@ -222,7 +223,7 @@ def test_a_missing_release_or_base_model_is_a_clear_error(release, tmp_path):
     moved = tmp_path / "moved"
     moved.mkdir()
     (moved / "adapter").symlink_to(release / "adapter")
-    (moved / "premium.json").write_text(json.dumps({"model": str(tmp_path / "gone")}))
+    (moved / "premium.json").write_text(premium_json(tmp_path / "gone"))
     with pytest.raises(ServeError, match="pass its path as the 'model' arg"):
         PremiumModel(moved, device="cpu")
     base = json.loads((release / "premium.json").read_text())["model"]

@@ -11,6 +11,9 @@ live here:
 * :class:`PrivacyRecord`: a junior release's ``privacy.json``.
 * :class:`StageManifest`: a stage directory's ``manifest.json``.
 * :class:`TrainSummary`: the train stage's summary in its manifest.
+* :class:`~privcode.artifacts.premium.PremiumRecord`: a premium release's
+  ``premium.json`` (and :class:`~privcode.artifacts.premium.PremiumSummary`,
+  the premium stage's summary).
 """
 
 from privcode.artifacts.manifest import StageManifest

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from privcode.artifacts import ArtifactError
+from privcode.artifacts.premium import PremiumRecord
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
 from privcode.utils import read_json_object
 
@@ -171,7 +173,13 @@ def load_model(
         )
     if kind in ("premium", "adapter"):
         marker = root / ("premium.json" if kind == "premium" else "adapter_config.json")
-        meta = read_json_object(marker, ModelLoadError)
+        if kind == "premium":  # the typed record: a release without its privacy block is refused
+            try:
+                meta = PremiumRecord.read(marker).to_json()
+            except ArtifactError as exc:
+                raise ModelLoadError(f"not a premium release: {exc}") from None
+        else:
+            meta = read_json_object(marker, ModelLoadError)
         key = "model" if kind == "premium" else "base_model_name_or_path"
         base = _recorded_base(
             marker,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import StageManifest, TrainSummary
+from privcode.artifacts.premium import PremiumSummary
 from privcode.pipeline.report_sweep import privacy_utility, sweep_section
 from privcode.pipeline.sections import ReportContext, Section, fmt, number, save_fig, table
 from privcode.pipeline.sections import plt as pyplot
@@ -324,39 +325,31 @@ def _synth_section(synth: StageManifest | None) -> list[str]:
     return lines
 
 
-def _premium_section(premium: StageManifest | None) -> list[str]:
-    if not premium:
-        return []
-    info = premium.summary
-    curve = info.get("curve") or []
+def _premium_section(info: PremiumSummary) -> list[str]:
     rows = [
-        ("premium base model", info.get("model")),
-        ("synthetic records", info.get("records")),
-        ("training seconds", info.get("train_seconds")),
+        ("premium base model", info.model),
+        ("synthetic records", info.records),
+        ("training seconds", info.train_seconds),
     ]
     rows += [
         (
             f"epoch {p['epoch']}: train / held-out synthetic loss",
             f"{fmt(p.get('train_loss'))} / {fmt(p.get('eval_loss'))}",
         )
-        for p in curve
+        for p in info.curve
     ]
-    privacy = info.get("privacy") or {}
-    if privacy.get("dp") is True:
+    privacy = info.privacy
+    if privacy.dp:
         head = [
             "LoRA fine-tuning of the premium base on the synthetic data only, without DP: "
             "the data is a function of the DP release, so the premium model inherits its "
-            f"guarantee by post-processing: {privacy.get('guarantee')}. Losses are on "
+            f"guarantee by post-processing: {privacy.guarantee}. Losses are on "
             "synthetic (public) data."
         ]
     else:
         head = [
             "**WARNING: NO differential-privacy guarantee holds for the premium model: "
-            + str(
-                privacy.get("guarantee")
-                or privacy.get("privacy_warning")
-                or "its source is not a DP release"
-            )
+            + privacy.guarantee
             + "**",
             "",
             "LoRA fine-tuning of the premium base on the synthetic data, without DP.",
@@ -416,4 +409,5 @@ def synth_section(synth: StageManifest, ctx: ReportContext) -> Section:
 
 
 def premium_section(premium: StageManifest, ctx: ReportContext) -> Section:
-    return Section(lines=_premium_section(premium))
+    info = PremiumSummary.from_json(premium.summary, "the premium stage's summary")
+    return Section(lines=_premium_section(info))

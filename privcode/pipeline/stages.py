@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import TrainSummary
+from privcode.artifacts.premium import PremiumSummary
 from privcode.layout import RunLayout
 from privcode.pipeline import report_stages
 from privcode.pipeline.report_audit import audit_report, eval_report
@@ -218,6 +219,7 @@ class PremiumStage(Stage):
     """
 
     name = "premium"
+    summary_type = PremiumSummary
     sections = ("premium",)
     needs = ("base",)
     after = ("synth",)

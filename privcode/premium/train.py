@@ -46,6 +46,7 @@ import ray
 import ray.train
 import torch
 
+from privcode.artifacts.premium import PremiumPrivacy, PremiumRecord
 from privcode.cluster.local import connect
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError, import_extra
@@ -238,22 +239,20 @@ def run_premium(
     )
     out_dir = Path(out_dir)
     curve, seconds = _fit(job, out_dir, Path(storage_dir).resolve())
-    info = {
-        "model": str(model_path),
-        "data": str(data_path),
-        "data_sha256": sha256_file(data_path),
-        "records": len(pairs),
-        "curve": curve,
-        "config": section_to_dict(cfg),
-        "train_seconds": seconds,
-        "privacy": privacy,
-    }
-    atomic_write_json(out_dir / "premium.json", info)
-    if not privacy["dp"]:
-        log.error("premium release %s: %s", out_dir, privacy["privacy_warning"])
-    return {
-        k: info[k] for k in ("model", "data_sha256", "records", "curve", "train_seconds", "privacy")
-    }
+    record = PremiumRecord(
+        model=str(model_path),
+        data=str(data_path),
+        data_sha256=sha256_file(data_path),
+        records=len(pairs),
+        curve=tuple(curve),
+        config=section_to_dict(cfg),
+        train_seconds=seconds,
+        privacy=PremiumPrivacy.from_json(privacy, "premium privacy"),
+    )
+    record.write(out_dir / PremiumRecord.FILE)
+    if not record.privacy.dp:
+        log.error("premium release %s: %s", out_dir, record.privacy.privacy_warning)
+    return record.summary().to_json()
 
 
 def _fit(job: PremiumJob, out_dir: Path, storage: Path) -> tuple[list[dict[str, Any]], float]:
