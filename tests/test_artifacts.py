@@ -124,3 +124,28 @@ def test_premium_record_needs_its_privacy_block(tmp_path):
     path.write_text(json.dumps(obj))
     with pytest.raises(ArtifactError, match="needs its privacy_warning"):
         PremiumRecord.read(path)
+
+
+def test_the_nondp_marker_cannot_claim_privacy(tmp_path):
+    from privcode.artifacts.nondp import NondpRecord
+
+    record = NondpRecord(
+        finetune="lora",
+        steps=2,
+        lr=1e-3,
+        expected_batch_size=4,
+        max_length=64,
+        lora_r=4,
+        trainable_parameters=10,
+        seconds=0.5,
+        not_private="NOT PRIVATE",
+        training_mode={"mode": "non-private", "reason": "test"},
+        base_model="base",
+    )
+    record.write(tmp_path / "nondp.json")
+    on_disk = json.loads((tmp_path / "nondp.json").read_text())
+    assert on_disk["dp"] is False and on_disk["NOT_PRIVATE"] == "NOT PRIVATE"
+    assert NondpRecord.read(tmp_path).summary().to_json()["steps"] == 2
+    (tmp_path / "nondp.json").write_text(json.dumps({**on_disk, "dp": True}))
+    with pytest.raises(ArtifactError, match="must say dp false"):
+        NondpRecord.read(tmp_path)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import premium_json
 
+from privcode.artifacts.nondp import NondpRecord
 from privcode.config import BaseConfig
 from privcode.models import (
     ModelLoadError,
@@ -249,7 +250,19 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
     (tmp_path / "stage").mkdir()
     (tmp_path / "stage" / "base.json").write_text(json.dumps({"path": ci_path}))
     shutil.copytree(ci_path, tmp_path / "nondp")
-    (tmp_path / "nondp" / "nondp.json").write_text(json.dumps({"dp": False, "base_model": ci_path}))
+    NondpRecord(
+        finetune="full",
+        steps=1,
+        lr=1e-3,
+        expected_batch_size=2,
+        max_length=32,
+        lora_r=None,
+        trainable_parameters=1,
+        seconds=0.1,
+        not_private="NOT PRIVATE (test)",
+        training_mode={"mode": "non-private", "reason": "test"},
+        base_model=ci_path,
+    ).write(tmp_path / "nondp" / "nondp.json")
     kinds = {d: model_kind(tmp_path / d) for d in ("adapter", "premium", "stage", "nondp")}
     assert (
         kinds

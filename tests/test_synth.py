@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import privacy_record
 
+from privcode.artifacts import SynthSummary
 from privcode.config import SynthConfig, load_config
 from privcode.errors import ConfigError
 from privcode.synth.pipeline import SynthesisError, check_release_path, run_synthesis, work_key
@@ -138,6 +139,7 @@ def test_stage_two_with_the_option_says_no_dp_guarantee_everywhere(ray_connected
         )
     assert summary["shards_resumed"] == 1 and summary["generated_this_run"] == 0
     assert summary["kept"] >= 1
+    assert SynthSummary.from_json(summary).privacy_warning  # the stage's typed summary
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     for artifact in (summary, stats):
         assert artifact["dp"] is False
@@ -186,6 +188,7 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
         TINY, release=release, out_dir=out, work_root=tmp_path / "work", progress=False
     )
     assert summary["generated"] == 24 and summary["shards"] == 3
+    assert SynthSummary.from_json(summary).dp is True  # the stage's typed summary
     assert summary["shards_written"] == 3 and summary["shards_resumed"] == 0
     removed = (
         summary["removed_execution"] + summary["removed_roundtrip"] + summary["removed_duplicate"]

@@ -10,7 +10,7 @@ live here:
 
 * :class:`PrivacyRecord`: a junior release's ``privacy.json``.
 * :class:`StageManifest`: a stage directory's ``manifest.json``.
-* :class:`TrainSummary`: the train stage's summary in its manifest.
+* :class:`TrainSummary`, :class:`SynthSummary`: the train and synth stages' summaries.
 * :class:`~privcode.artifacts.premium.PremiumRecord`: a premium release's
   ``premium.json`` (and :class:`~privcode.artifacts.premium.PremiumSummary`,
   the premium stage's summary).
@@ -19,6 +19,13 @@ live here:
 from privcode.artifacts.manifest import StageManifest
 from privcode.artifacts.privacy import PrivacyRecord
 from privcode.artifacts.record import ArtifactError, JsonRecord
-from privcode.artifacts.summaries import TrainSummary
+from privcode.artifacts.summaries import SynthSummary, TrainSummary
 
-__all__ = ["ArtifactError", "JsonRecord", "PrivacyRecord", "StageManifest", "TrainSummary"]
+__all__ = [
+    "ArtifactError",
+    "JsonRecord",
+    "PrivacyRecord",
+    "StageManifest",
+    "SynthSummary",
+    "TrainSummary",
+]

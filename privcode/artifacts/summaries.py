@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privcode.artifacts.privacy import DPOutcome, _decode_curve
-from privcode.artifacts.record import nested
+from privcode.artifacts.record import JsonRecord, nested
 
-__all__ = ["TrainSummary"]
+__all__ = ["SynthSummary", "TrainSummary"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,48 @@ class TrainSummary(DPOutcome):
     def reason_not_private(self) -> str | None:
         """Why the DP engine trained without privacy (None for a DP run)."""
         return None if self.dp else str(self.training_mode.get("reason") or self.method)
+
+
+@dataclass(frozen=True)
+class SynthSummary(JsonRecord):
+    """The synth stage's summary: the Stage II funnel, verdict counts and the source release.
+
+    ``generated = removed_execution + removed_roundtrip + removed_duplicate +
+    kept`` (checked when the stage finishes). ``release`` and ``work_dir`` are
+    paths in private storage; ``epsilon``/``delta`` the release's, inherited by
+    post-processing (null for a non-DP release, which ``privacy_warning`` names).
+    """
+
+    generated: int
+    removed_execution: int
+    removed_roundtrip: int
+    removed_duplicate: int
+    kept: int
+    shards: int
+    shards_resumed: int
+    shards_written: int
+    generated_this_run: int
+    rates: dict[str, Any]
+    execution_statuses: dict[str, Any]
+    seconds: float
+    samples_per_second: float | None
+    release: str
+    release_sha256: str
+    synthetic_sha256: str
+    work_dir: str
+    conditioning: str
+    method: str
+    dp: bool
+    epsilon: float | None
+    delta: float | None
+    privacy_warning: str | None
+
+    def __post_init__(self) -> None:
+        removed = self.removed_execution + self.removed_roundtrip + self.removed_duplicate
+        if removed + self.kept != self.generated:
+            raise ValueError(
+                f"the funnel does not add up: {removed} removed + {self.kept} "
+                f"kept != {self.generated} generated"
+            )
+        if not self.dp and not self.privacy_warning:
+            raise ValueError("synthetic data from a non-DP release needs its privacy_warning")

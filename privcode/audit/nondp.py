@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from privcode.artifacts.nondp import NondpRecord
 from privcode.config import PipelineConfig
 from privcode.data.records import read_records
 from privcode.dp.dpsgd import trainable_parameters
@@ -52,13 +53,12 @@ from privcode.dp.engine import Privacy, make_private
 from privcode.train.build import build_objective
 from privcode.train.data import collate, encode_records
 from privcode.train.methods import get_method
-from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.audit")
 
 __all__ = ["MARKER", "NOT_PRIVATE_NOTE", "train_nondp_comparison"]
 
-MARKER = "nondp.json"
+MARKER = NondpRecord.FILE
 NOT_PRIVATE_NOTE = (
     "trained WITHOUT differential privacy on the private corpus (audits only): "
     "it may reproduce private records verbatim; never copy it out of the audit "
@@ -119,27 +119,18 @@ def train_nondp_comparison(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    summary = {
-        "finetune": a.nondp_finetune,
-        "steps": steps,
-        "lr": lr,
-        "expected_batch_size": batch,
-        "max_length": cfg.train.max_length,
-        "lora_r": cfg.train.lora_r if a.nondp_finetune == "lora" else None,
-        "trainable_parameters": sum(p.numel() for p in params),
-        "seconds": round(time.time() - started, 1),
-    }
-    atomic_write_json(
-        out / MARKER,
-        {
-            "NOT_PRIVATE": NOT_PRIVATE_NOTE,
-            "method": "nondpft",
-            "dp": False,
-            "training_mode": mode.record(),
-            "conditioning": "prompt",
-            "loss_on_prompt": True,
-            "base_model": str(base),
-            **summary,
-        },
+    record = NondpRecord(
+        finetune=a.nondp_finetune,
+        steps=steps,
+        lr=lr,
+        expected_batch_size=batch,
+        max_length=cfg.train.max_length,
+        lora_r=cfg.train.lora_r if a.nondp_finetune == "lora" else None,
+        trainable_parameters=sum(p.numel() for p in params),
+        seconds=round(time.time() - started, 1),
+        not_private=NOT_PRIVATE_NOTE,
+        training_mode=mode.record(),
+        base_model=str(base),
     )
-    return summary
+    record.write(out / MARKER)
+    return record.summary().to_json()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import ArtifactError
+from privcode.artifacts.nondp import NondpRecord
 from privcode.artifacts.premium import PremiumRecord
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
 from privcode.utils import read_json_object
@@ -198,7 +199,10 @@ def load_model(
     meta = {}
     target: str | Path = root if root.exists() else str(path)  # a preset name
     if kind == "nondpft":
-        meta = read_json_object(root / "nondp.json", ModelLoadError)
+        try:
+            meta = NondpRecord.read(root / NondpRecord.FILE).to_json()
+        except ArtifactError as exc:
+            raise ModelLoadError(f"not a non-DP comparison: {exc}") from None
         log.warning("loading %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
     elif kind == "base-stage":
         meta, kind = read_json_object(root / "base.json", ModelLoadError), "model"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from privcode.artifacts import StageManifest, TrainSummary
+from privcode.artifacts import StageManifest, SynthSummary, TrainSummary
 from privcode.artifacts.premium import PremiumSummary
 from privcode.pipeline.report_sweep import privacy_utility, sweep_section
 from privcode.pipeline.sections import ReportContext, Section, fmt, number, save_fig, table
@@ -246,14 +246,13 @@ def _base_section(base: StageManifest | None) -> list[str]:
     ]
 
 
-def plot_synth(summary: dict[str, Any], path: Path) -> bool:
+def plot_synth(summary: SynthSummary, path: Path) -> bool:
     """The Stage II funnel: generated, removed by each filter, kept (PrivCode++ Table 6)."""
-    if not summary.get("generated"):
+    if not summary.generated:
         return False
     plt = pyplot()
-    keys = ("generated", "removed_execution", "removed_roundtrip", "removed_duplicate", "kept")
     labels = ("generated", "execution\nfilter", "round-trip\nfilter", "duplicates", "kept")
-    values = [summary.get(k, 0) for k in keys]
+    values = [getattr(summary, k) for k in FUNNEL]
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     bars = ax.bar(labels, values, color=["#7f7f7f", "#c0504d", "#e39a3b", "#b5a642", "#4a7ab5"])
     ax.bar_label(bars, labels=[str(v) for v in values], fontsize=8)
@@ -264,46 +263,38 @@ def plot_synth(summary: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def _synth_section(synth: StageManifest | None) -> list[str]:
-    if not synth:
-        return []
-    info = synth.summary
-    g = max(int(info.get("generated") or 0), 1)
+def _synth_section(info: SynthSummary) -> list[str]:
+    g = max(info.generated, 1)
 
     def pct(key: str) -> str:
-        return f"{info.get(key, 0)} ({100.0 * info.get(key, 0) / g:.1f}%)"
+        count = getattr(info, key)
+        return f"{count} ({100.0 * count / g:.1f}%)"
 
     rows = [
         (
             "released artifact (the only input)",
-            f"method {info.get('method')}, conditioning "
-            f"{info.get('conditioning')}, dp {info.get('dp')}",
+            f"method {info.method}, conditioning {info.conditioning}, dp {info.dp}",
         ),
-        ("generated", info.get("generated")),
+        ("generated", info.generated),
         ("removed by the execution filter (sandbox)", pct("removed_execution")),
         ("removed by the round-trip filter", pct("removed_roundtrip")),
         ("removed as exact / near duplicates", pct("removed_duplicate")),
         ("kept (synthetic.parquet)", pct("kept")),
         (
             "execution verdicts",
-            ", ".join(f"{k} {v}" for k, v in (info.get("execution_statuses") or {}).items()),
+            ", ".join(f"{k} {v}" for k, v in info.execution_statuses.items()),
         ),
-        ("samples/s (end to end)", info.get("samples_per_second")),
+        ("samples/s (end to end)", info.samples_per_second),
         (
             "shards (resumed from a previous run)",
-            f"{info.get('shards')} ({info.get('shards_resumed')})",
+            f"{info.shards} ({info.shards_resumed})",
         ),
     ]
     lines = ["## Synthetic data (Stage II)", ""]
-    dp = info.get("dp") is True
+    dp = info.dp
     if not dp:
         lines += [
-            "**WARNING: NO differential-privacy guarantee. "
-            + str(
-                info.get("privacy_warning")
-                or "The input release is NOT PRIVATE; so is this dataset."
-            )
-            + "**",
+            "**WARNING: NO differential-privacy guarantee. " + str(info.privacy_warning) + "**",
             "",
         ]
     lines += [
@@ -399,11 +390,12 @@ def train_section(train: StageManifest, ctx: ReportContext) -> Section:
 
 
 def synth_section(synth: StageManifest, ctx: ReportContext) -> Section:
+    info = SynthSummary.from_json(synth.summary, "the synth stage's summary")
     section = Section(
-        lines=_synth_section(synth),
-        summary={"synth_funnel": {k: synth.summary.get(k) for k in FUNNEL}},
+        lines=_synth_section(info),
+        summary={"synth_funnel": {k: getattr(info, k) for k in FUNNEL}},
     )
-    made = ctx.plots and plot_synth(synth.summary, ctx.out_dir / "synth_funnel.png")
+    made = ctx.plots and plot_synth(info, ctx.out_dir / "synth_funnel.png")
     section.add_plot(made, "synth_funnel.png", "Stage II funnel")
     return section
 

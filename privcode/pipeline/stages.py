@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from privcode.artifacts import TrainSummary
+from privcode.artifacts import SynthSummary, TrainSummary
+from privcode.artifacts.nondp import NondpSummary
 from privcode.artifacts.premium import PremiumSummary
 from privcode.layout import RunLayout
 from privcode.pipeline import report_stages
@@ -169,6 +170,7 @@ class SynthStage(Stage):
     """
 
     name = "synth"
+    summary_type = SynthSummary
     sections = ("synth",)
     after = ("train",)
     # The stage task only drives Ray Data; the operators' actors hold the CPUs.
@@ -457,6 +459,7 @@ class NondpStage(Stage):
     """
 
     name = "nondp"
+    summary_type = NondpSummary
     sections = (
         "audit.nondp_finetune",
         "audit.nondp_steps",
