@@ -338,7 +338,11 @@ _IN_PROCESS = textwrap.dedent("""\
 
 @pytest.mark.ray
 def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
-    """The `privcode run` path with no RAY_ADDRESS: a fresh process, its own cluster."""
+    """The `privcode run` path with no RAY_ADDRESS: a fresh process, its own cluster.
+
+    Also beside a local head (``make demo``'s): ray.init would join the cluster in
+    ``ray_current_cluster`` and then refuse num_cpus; connect() starts its own.
+    """
     import json
     import subprocess
 
@@ -350,6 +354,8 @@ def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
     token = tmp_path / "token"
     ray_tmp = Path(tempfile.mkdtemp(prefix="pcr-", dir="/tmp"))  # short socket paths
     env.update(RAY_AUTH_TOKEN_PATH=str(token), RAY_TMPDIR=str(ray_tmp))
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # a head's address
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _IN_PROCESS],
@@ -364,6 +370,7 @@ def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
     assert result["started"] is True and result["address"].startswith("127.0.0.1:")
+    assert result["address"] != "127.0.0.1:1"
     assert result["ip"] == "127.0.0.1" and result["again"]["started"] is False
     assert result["hosts"] and set(result["hosts"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}
     assert len(token.read_text().strip()) == 64  # created where RAY_AUTH_TOKEN_PATH says

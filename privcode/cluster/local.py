@@ -630,7 +630,8 @@ def connect(address: str | None = None, **init_kwargs: Any) -> dict[str, Any]:
     """Initialize Ray in this process: the one place privcode calls ``ray.init``.
 
     * ``address`` None or "": ``RAY_ADDRESS`` if set, else a new in-process
-      cluster on 127.0.0.1 (no dashboard unless ``include_dashboard=True``;
+      cluster on 127.0.0.1, also while a local head runs (join that with
+      ``"auto"``) (no dashboard unless ``include_dashboard=True``;
       ``num_cpus`` defaults to max(2, CPU count) so two-worker stages can be
       scheduled on a small machine).
     * ``"auto"``: join the running local head.
@@ -658,6 +659,9 @@ def connect(address: str | None = None, **init_kwargs: Any) -> dict[str, Any]:
             ensure_token()
         prepare_driver_env(loopback=True)
         kwargs: dict[str, Any] = {
+            # "local": a new cluster even when a local head is up (ray.init would join it
+            # and then refuse num_cpus: `privcode report` beside `make demo`'s head failed).
+            "address": "local",
             "num_cpus": max(2, os.cpu_count() or 1),
             "include_dashboard": False,
             "_node_ip_address": LOOPBACK,
