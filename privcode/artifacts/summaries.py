@@ -15,7 +15,7 @@ from typing import Any
 from privcode.artifacts.privacy import DPOutcome, _decode_curve
 from privcode.artifacts.record import JsonRecord, nested
 
-__all__ = ["SynthSummary", "TrainSummary"]
+__all__ = ["DataSummary", "EvalSummary", "PacSummary", "SynthSummary", "TrainSummary"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,37 @@ class SynthSummary(JsonRecord):
             )
         if not self.dp and not self.privacy_warning:
             raise ValueError("synthetic data from a non-DP release needs its privacy_warning")
+
+
+@dataclass(frozen=True)
+class DataSummary(JsonRecord):
+    """The data stage's summary: un-noised counts of the private corpus (owner-only report)
+    and the sha256 of each file it wrote (private storage)."""
+
+    counts: dict[str, Any]
+    files: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EvalSummary(JsonRecord):
+    """The eval stage's summary: the benchmark and, per model, pass@k or why it was skipped."""
+
+    benchmark: str
+    benchmark_file: str
+    limit: int
+    models: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PacSummary(JsonRecord):
+    """The pac stage's summary: settings and aggregates of the m worlds (never a record)."""
+
+    m: int
+    top_k: int
+    utility: dict[str, Any]
+    leakage: dict[str, Any]
+    canary_emission: dict[str, Any] | None
+    budget: dict[str, Any]
+    seconds: float
+    worlds: dict[str, Any]
+    worlds_dir: str

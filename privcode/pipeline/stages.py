@@ -18,9 +18,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from privcode.artifacts import SynthSummary, TrainSummary
 from privcode.artifacts.nondp import NondpSummary
 from privcode.artifacts.premium import PremiumSummary
+from privcode.artifacts.summaries import (
+    DataSummary,
+    EvalSummary,
+    PacSummary,
+    SynthSummary,
+    TrainSummary,
+)
 from privcode.layout import RunLayout
 from privcode.pipeline import report_stages
 from privcode.pipeline.report_audit import audit_report, eval_report
@@ -41,6 +47,7 @@ class DataStage(Stage):
     """Build the private demo corpus (``privcode data demo``)."""
 
     name = "data"
+    summary_type = DataSummary
     sections = ("data",)
     private = True
 
@@ -269,6 +276,7 @@ class EvalStage(Stage):
     """
 
     name = "eval"
+    summary_type = EvalSummary
     version = 1
     sections = ("eval",)
     needs = ("base",)
@@ -413,6 +421,7 @@ class PacStage(Stage):
     """
 
     name = "pac"
+    summary_type = PacSummary
     sections = ("pac", "train.data")  # its worlds train with pac.* settings only
     needs = ("data", "base")
     private = True
