@@ -112,7 +112,6 @@ def plt():
 def save_fig(fig: Any, path: Path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt().close(fig)
 
 
 def copy_plot(src: Path, out_dir: Path, name: str) -> str | None:
