@@ -497,3 +497,35 @@ def premium_json(model, dp=True, **fields):
         **fields,
     }
     return json.dumps(record)
+
+
+def base_summary(path, heldout_loss=4.2, untrained_heldout_loss=9.0, **overrides):
+    """A hand-written base stage summary: a valid BaseRecord of a trained preset."""
+    from privcode.artifacts.base import BaseRecord
+
+    values = dict(
+        version=2,
+        path=str(path),
+        preset="ci",
+        seed=0,
+        config_hash="0" * 16,
+        external=False,
+        heldout_loss=heldout_loss,
+        untrained_heldout_loss=untrained_heldout_loss,
+        heldout_bits_per_byte=1.5,
+        untrained_heldout_bits_per_byte=3.0,
+        heldout_tokens=4096,
+        params=1_000_000,
+        vocab_size=1024,
+        tokens_seen=65_536,
+        train_seconds=10.0,
+        tokens_per_second=6553.6,
+        build_seconds=12.0,
+        num_threads=2,
+        cached=True,
+        preset_spec={"steps": 100},
+        steps=100,
+        loss_history=[[0, 7.0], [100, 4.0]],
+    )
+    values.update(overrides)
+    return BaseRecord.from_json(values).to_json()

@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from privcode.artifacts.base import BaseRecord
 from privcode.config import BaseConfig
 from privcode.data.stdlib import PRIVATE_MODULES, private_source_files
 from privcode.models import base as B
@@ -110,7 +111,10 @@ def test_build_info_numbers(ci):
     assert info["heldout_bits_per_byte"] < info["untrained_heldout_bits_per_byte"]
     # Every build trains all its steps, however busy the machine (no wall-clock guard).
     assert info["steps"] == preset.steps and info["stopped_early"] is False
-    assert B.check_complete(info) is info
+    record = B.check_complete(info)  # the typed base.json of the build
+    assert record.path == info["path"] and record.heldout_loss == info["heldout_loss"]
+    assert record.steps == record.complete_steps == preset.steps
+    assert BaseRecord.from_json(record.to_json()) == record
     assert sum(info["steps_by_threads"].values()) == preset.steps  # ThreadTuner's choices
     assert info["tokens_seen"] == info["steps"] * preset.batch_size * preset.seq_len
     assert info["tokens_per_second"] == pytest.approx(info["tokens_seen"] / info["train_seconds"])
@@ -224,6 +228,8 @@ def test_existing_model_is_validated_and_scored(ci):
     assert ext["params"] == info["params"] and ext["untrained_heldout_loss"] is None
     assert ext["heldout_loss"] < math.log(info["vocab_size"])
     assert ext["train_seconds"] == 0.0 and ext["cached"] is False
+    record = B.check_complete(ext)  # an external model passes, as a record without a preset
+    assert record.external and record.preset is None and record.model_type
 
 
 def test_existing_model_errors_name_the_path(tmp_path):
@@ -360,6 +366,10 @@ def test_an_incomplete_or_stale_build_is_refused_by_its_consumers(ci):
     with pytest.raises(ModelLoadError):
         base_path({"base": StageManifest("base", "fp", short)})
     assert base_path({"base": StageManifest("base", "fp", info)}) == info["path"]
+    renamed = {k: v for k, v in info.items() if k != "heldout_loss"}
+    with pytest.raises(ModelLoadError, match="missing key 'heldout_loss'"):
+        B.check_complete(renamed)
+    assert not STAGES["base"]().still_valid(renamed)
 
 
 def test_function_units_are_whole_functions_without_literal_tables():

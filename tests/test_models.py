@@ -10,8 +10,9 @@ import warnings
 
 import pytest
 import torch
-from conftest import premium_json
+from conftest import base_summary, premium_json
 
+from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.nondp import NondpRecord
 from privcode.config import BaseConfig
 from privcode.models import (
@@ -248,7 +249,7 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
     shutil.copytree(tmp_path / "adapter", tmp_path / "premium" / "adapter")
     (tmp_path / "premium" / "premium.json").write_text(premium_json(ci_path))
     (tmp_path / "stage").mkdir()
-    (tmp_path / "stage" / "base.json").write_text(json.dumps({"path": ci_path}))
+    BaseRecord.from_json(base_summary(ci_path)).write(tmp_path / "stage")
     shutil.copytree(ci_path, tmp_path / "nondp")
     NondpRecord(
         finetune="full",
@@ -306,3 +307,6 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
     (tmp_path / "premium" / "premium.json").write_text("[1]")
     with pytest.raises(ModelLoadError, match="premium.json: not a JSON object"):
         load_model(tmp_path / "premium")
+    (tmp_path / "stage" / "base.json").write_text(json.dumps({"path": ci_path}))
+    with pytest.raises(ModelLoadError, match="not a base stage: .*base.json: missing key"):
+        load_model(tmp_path / "stage")  # a base.json of another shape names the file and key

@@ -286,7 +286,7 @@ def _bad(tmp_path, artifacts, **changes):
         ({"worlds": ["w000", "w001", "w002", "../w003"]}, "invalid world name"),
         ({"worlds": ["w000", "w001", "w001", "w002"]}, "distinct"),
         ({"base_model": None}, "'base_model'"),
-        ({"lora": "r8"}, "'lora'"),
+        ({"lora": "r8"}, "lora: 'r8' is not"),
     ],
 )
 def test_a_bad_manifest_is_a_clear_error(tmp_path, artifacts, changes, match):
@@ -303,7 +303,7 @@ def test_missing_artifact_and_base_are_clear_errors(tmp_path, artifacts):
     with pytest.raises(PacEnsembleError, match="cannot load the base model.*model override"):
         PacEnsemble(root, device="cpu")
     # The override wins over pac.json's base_model.
-    assert read_manifest(root, model=artifacts["base"])["base_model"] == artifacts["base"]
+    assert read_manifest(root, model=artifacts["base"]).base_model == artifacts["base"]
     shutil.rmtree(root / "adapters" / "w002")
     with pytest.raises(PacEnsembleError, match="w002"):
         PacEnsemble(root, model=artifacts["base"], device="cpu")

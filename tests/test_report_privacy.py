@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import as_manifests, full_train_summary
+from conftest import as_manifests, base_summary, full_train_summary
 from test_fidelity import hashed_embedder
 
 from privcode.config import load_config
@@ -72,11 +72,7 @@ def _inputs(tmp_path: Path, fidelity: dict) -> dict:
         "stage": "base",
         "fingerprint": "fp-base",
         "timings": {"seconds": 2},
-        "summary": {
-            "path": str(tmp_path / "base"),
-            "heldout_loss": 4.2,
-            "untrained_heldout_loss": 9.0,
-        },
+        "summary": base_summary(tmp_path / "base"),
     }
     train = {
         "stage": "train",
@@ -128,6 +124,8 @@ def _inputs(tmp_path: Path, fidelity: dict) -> dict:
                 }
             },
             "fidelity": fidelity,
+            "audits": ["mia", "fidelity"],
+            "seconds": 1.0,
         },
     }
     return as_manifests({"data": data, "base": base, "train": train, "audit": audit})

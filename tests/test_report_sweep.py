@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import as_manifest, full_train_summary
+from conftest import as_manifest, base_summary, full_train_summary
 
 from privcode.artifacts import StageManifest
 from privcode.config import load_config
@@ -286,11 +286,7 @@ def _upstream(tmp_path):
         "stage": "base",
         "fingerprint": "fp-base",
         "timings": {"seconds": 2},
-        "summary": {
-            "path": str(tmp_path / "base"),
-            "heldout_loss": 4.2,
-            "untrained_heldout_loss": 9.0,
-        },
+        "summary": base_summary(tmp_path / "base"),
     }
     return as_manifest(data, "data"), as_manifest(base, "base")
 

@@ -2,25 +2,51 @@
 
 from __future__ import annotations
 
-from conftest import as_manifests
+import json
+
+from conftest import as_manifests, full_train_summary, premium_json
 
 from privcode.pipeline.summary import run_summary
 
+SYNTH = dict(
+    shards=1,
+    shards_resumed=0,
+    shards_written=1,
+    generated_this_run=1000,
+    rates={},
+    execution_statuses={},
+    seconds=211.0,
+    samples_per_second=4.7,
+    release="release",
+    release_sha256="0" * 64,
+    synthetic_sha256="1" * 64,
+    work_dir="synth",
+    conditioning="latent",
+    method="privcode++",
+    dp=True,
+    epsilon=3.9995,
+    delta=1e-5,
+    privacy_warning=None,
+)
+PREMIUM = json.loads(premium_json("base"))
 MANIFESTS = {
     "train": {
-        "summary": {
-            "dp": True,
-            "epsilon": 3.9995,
-            "epsilon_budget": 4.0,
-            "delta": 1e-5,
-            "accountant": "rdp",
-            "steps_taken": 30,
-            "noise_multiplier": 0.563,
-            "method": "privcode++",
-        }
+        "summary": full_train_summary(
+            {
+                "dp": True,
+                "epsilon": 3.9995,
+                "epsilon_budget": 4.0,
+                "delta": 1e-5,
+                "accountant": "rdp",
+                "steps_taken": 30,
+                "noise_multiplier": 0.563,
+                "method": "privcode++",
+            }
+        )
     },
     "synth": {
         "summary": {
+            **SYNTH,
             "generated": 1000,
             "kept": 312,
             "removed_execution": 435,
@@ -30,14 +56,16 @@ MANIFESTS = {
     },
     "premium": {
         "summary": {
+            **{k: PREMIUM[k] for k in ("model", "data_sha256", "train_seconds", "privacy")},
             "records": 312,
             "curve": [{"epoch": 2, "eval_loss": 0.859}],
-            "privacy": {"dp": True},
         }
     },
     "eval": {
         "summary": {
             "benchmark": "humaneval",
+            "benchmark_file": "HumanEval.jsonl.gz",
+            "limit": 40,
             "models": {
                 "base": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.025}},
                 "junior": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.0}},
@@ -46,6 +74,8 @@ MANIFESTS = {
     },
     "audit": {
         "summary": {
+            "audits": ["canaries", "exposure", "mia"],
+            "seconds": 60.0,
             "models": {
                 "junior": {
                     "non_private": False,
@@ -64,14 +94,20 @@ MANIFESTS = {
                     "exposure": {"mean_bits": 4.46},
                     "mia": {"attacks": {"loss": {"auc": 0.724, "tpr_at_1pct_fpr": 0.315}}},
                 },
-            }
+            },
         }
     },
     "pac": {
         "summary": {
             "m": 8,
+            "top_k": 8,
             "utility": {"accuracy": {"pac": 0.1875, "world": 0.2305, "public": 0.2148}},
             "leakage": {"charged_nats": 0.000419},
+            "canary_emission": None,
+            "budget": {},
+            "seconds": 30.0,
+            "worlds": {},
+            "worlds_dir": "worlds",
         }
     },
     "report": {
@@ -111,13 +147,23 @@ def test_summary_lists_private_models_first_whatever_the_manifest_order():
     premium = {"non_private": False, "canaries": {"leaked": 0, "total": 45}}
     both = {**audit, "premium": premium}
     for models in (both, dict(sorted(both.items()))):
-        manifests = {**MANIFESTS, "audit": {"summary": {"models": models}}}
+        audit_summary = {**MANIFESTS["audit"]["summary"], "models": models}
+        manifests = {**MANIFESTS, "audit": {"summary": audit_summary}}
         text = run_summary("demo", {}, as_manifests(manifests)).format()
         assert "canaries leaked: junior 0/45, premium 0/45, non-DP 8/45" in text
 
 
 def test_summary_leaves_out_stages_that_are_absent_and_flags_no_dp():
-    manifests = {"train": {"summary": {"dp": False, "method": "nondpft"}}}
+    train = full_train_summary({"dp": False, "method": "nondpft"})
+    manifests = {"train": {"summary": train}}
     s = run_summary("x", {"train": {"status": "ran", "seconds": 3}}, as_manifests(manifests), 3)
     assert [label for label, _ in s.lines] == ["privacy"]
     assert "NO DP" in s.format() and s.report is None
+
+
+def test_a_summary_of_another_shape_loses_its_line_not_the_run(caplog):
+    renamed = {k: v for k, v in MANIFESTS["synth"]["summary"].items() if k != "kept"}
+    manifests = {**MANIFESTS, "synth": {"summary": {**renamed, "retained": 312}}}
+    text = run_summary("demo", {}, as_manifests(manifests)).format()
+    assert "synthesis" not in text and "epsilon 4.00 of 4.00" in text
+    assert "unknown keys ['retained']" in caplog.text

@@ -10,10 +10,14 @@ live here:
 
 * :class:`PrivacyRecord`: a junior release's ``privacy.json``.
 * :class:`StageManifest`: a stage directory's ``manifest.json``.
-* :class:`TrainSummary`, :class:`SynthSummary`: the train and synth stages' summaries.
+* :class:`~privcode.artifacts.base.BaseRecord`: the base stage's ``base.json``
+  (also its summary).
 * :class:`~privcode.artifacts.premium.PremiumRecord`: a premium release's
-  ``premium.json`` (and :class:`~privcode.artifacts.premium.PremiumSummary`,
-  the premium stage's summary).
+  ``premium.json``; :class:`~privcode.artifacts.nondp.NondpRecord`: the
+  non-DP comparison's ``nondp.json``; :class:`~privcode.artifacts.pac.
+  PacWorldsRecord`: the PAC worlds' ``pac.json``.
+* :mod:`privcode.artifacts.summaries`: the other stages' summaries
+  (``TrainSummary``, ``SynthSummary``, ``AuditSummary``, ...).
 """
 
 from privcode.artifacts.manifest import StageManifest

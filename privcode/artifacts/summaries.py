@@ -12,10 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from privcode.artifacts.nondp import NondpSummary
 from privcode.artifacts.privacy import DPOutcome, _decode_curve
-from privcode.artifacts.record import JsonRecord, nested
+from privcode.artifacts.record import ArtifactError, JsonRecord, nested
 
-__all__ = ["DataSummary", "EvalSummary", "PacSummary", "SynthSummary", "TrainSummary"]
+__all__ = [
+    "AuditSummary",
+    "DPBound",
+    "DataSummary",
+    "EvalSummary",
+    "PacSummary",
+    "SynthSummary",
+    "TrainSummary",
+]
 
 
 @dataclass(frozen=True)
@@ -123,3 +132,53 @@ class PacSummary(JsonRecord):
     seconds: float
     worlds: dict[str, Any]
     worlds_dir: str
+
+
+@dataclass(frozen=True)
+class DPBound(JsonRecord):
+    """The junior release's (epsilon, delta) and the membership-inference TPR it allows.
+
+    ``tpr_at_1pct_fpr = min(e^eps 0.01 + delta, 1 - e^-eps (0.99 - delta))``
+    (the hypothesis-testing bound of (epsilon, delta)-DP).
+    """
+
+    epsilon: float
+    delta: float
+    tpr_at_1pct_fpr: float
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ArtifactError(f"{where}: not a list of names")
+    return tuple(value)
+
+
+def _optional(record: type[JsonRecord]) -> dict[str, Any]:
+    """Metadata of an optional nested record (null when absent)."""
+    return nested(
+        lambda v, where: None if v is None else record.from_json(v, where),
+        lambda r: None if r is None else r.to_json(),
+    )
+
+
+@dataclass(frozen=True)
+class AuditSummary(JsonRecord):
+    """The audit stage's summary (``audit.json``): aggregates only, per model and audit.
+
+    ``models[name]`` holds that model's audits (``canaries``, ``exposure``,
+    ``mia``, ``probe``: rates, counts, AUCs, bits); ``fidelity`` the synthetic
+    data's aggregates when it was audited; ``dp_bound`` the junior's ceiling;
+    ``nondpft_training`` the public settings of the non-DP comparison when
+    one was audited (its ``models`` entry is marked ``non_private``).
+    """
+
+    models: dict[str, Any]
+    audits: tuple[str, ...] = field(metadata=nested(_names, list))
+    seconds: float
+    fidelity: dict[str, Any] | None = None
+    dp_bound: DPBound | None = field(default=None, metadata=_optional(DPBound))
+    nondpft_training: NondpSummary | None = field(default=None, metadata=_optional(NondpSummary))
+
+    def __post_init__(self) -> None:
+        if self.nondpft_training is not None and "nondpft" not in self.models:
+            raise ValueError("nondpft_training without a nondpft model audited")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import ArtifactError
+from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.nondp import NondpRecord
 from privcode.artifacts.premium import PremiumRecord
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
@@ -85,7 +86,7 @@ def model_kind(path: str | Path) -> str:
     for kind, marker in _MARKERS:
         if (root / marker).is_file():
             return kind
-    if (root / "base.json").is_file() and not (root / "config.json").is_file():
+    if (root / BaseRecord.FILE).is_file() and not (root / "config.json").is_file():
         return "base-stage"
     return "model"
 
@@ -205,8 +206,11 @@ def load_model(
             raise ModelLoadError(f"not a non-DP comparison: {exc}") from None
         log.warning("loading %s: trained WITHOUT differential privacy (NOT PRIVATE)", root)
     elif kind == "base-stage":
-        meta, kind = read_json_object(root / "base.json", ModelLoadError), "model"
-        target = _recorded_base(root / "base.json", meta, "path", None, "rebuild the base stage")
+        try:
+            record = BaseRecord.read(root / BaseRecord.FILE)
+        except ArtifactError as exc:
+            raise ModelLoadError(f"not a base stage: {exc}; rebuild the base stage") from None
+        meta, kind, target = record.to_json(), "model", record.path
     tokenizer = load_tokenizer(target, cache_dir=cache_dir)
     lm = load_causal_lm(target, dtype=dtype, device=device, cache_dir=cache_dir)
     model, eos_ids = _ready(lm, tokenizer, device)

@@ -40,13 +40,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from privcode.artifacts.base import BaseRecord
+from privcode.artifacts.record import ArtifactError
 from privcode.checks import check_number
 from privcode.config import BaseConfig
 from privcode.models import corpus as C
@@ -232,31 +234,31 @@ def config_hash(cfg: BaseConfig, files: list[C.SourceFile] | None = None) -> str
     )
 
 
-def check_complete(info: dict) -> dict:
-    """``info`` (a base stage's summary or ``build_info.json``) if the build trained all its steps.
+def check_complete(info: BaseRecord | Mapping[str, Any]) -> BaseRecord:
+    """The record of ``info`` (a base stage's summary, or a build's info) if it trained all its steps.
 
     Raises :class:`~privcode.models.loading.ModelLoadError` naming the build
     otherwise (a build from before :data:`BUILD_VERSION` 2 could stop early on
-    a busy machine): such a model is too weak for the later stages to mean
-    anything. External models (``base.model``) pass.
+    a busy machine, a summary of another shape is not a build): such a model
+    is too weak for the later stages to mean anything. External models
+    (``base.model``) pass.
     """
-    if info.get("external"):
-        return info
-    spec = info.get("preset_spec") or {}
-    steps, wanted = info.get("steps"), spec.get("steps")
-    if (
-        info.get("stopped_early")
-        or not isinstance(steps, int)
-        or steps != wanted
-        or info.get("version") != BUILD_VERSION
-    ):
+    where = f"the base model at {info.get('path', '?')}" if isinstance(info, Mapping) else ""
+    try:
+        record = info if isinstance(info, BaseRecord) else BaseRecord.of_build(info, where)
+    except ArtifactError as exc:
+        raise ModelLoadError(f"{exc}: rebuild the base stage (--set run.force=true)") from None
+    if record.external:
+        return record
+    wanted = record.complete_steps
+    if record.stopped_early or record.steps != wanted or record.version != BUILD_VERSION:
         raise ModelLoadError(
-            f"the base model at {info.get('path', '?')} is incomplete or stale (trained "
-            f"{steps} of {wanted} steps, build version {info.get('version')} vs "
+            f"the base model at {record.path} is incomplete or stale (trained "
+            f"{record.steps} of {wanted} steps, build version {record.version} vs "
             f"{BUILD_VERSION}): delete it and rebuild (the base stage does so with "
             "--set run.force=true)"
         )
-    return info
+    return record
 
 
 def _preset(name: str) -> Preset:

@@ -40,10 +40,10 @@ votes and log-probs are never logged; only sizes and timings are.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Sequence
@@ -53,9 +53,10 @@ from typing import Any
 
 import numpy as np
 
+from privcode.artifacts.pac import BASE_ROW, WORLDS_FORMAT, PacWorldsRecord
+from privcode.artifacts.record import ArtifactError
 from privcode.errors import PrivcodeError
 from privcode.pac.mechanism import world_votes
-from privcode.utils import read_json_object
 
 log = logging.getLogger("privcode.pac")
 
@@ -70,13 +71,10 @@ __all__ = [
     "read_manifest",
 ]
 
-WORLDS_FORMAT = "privcode-pac-worlds/1"
-MANIFEST = "pac.json"
+MANIFEST = PacWorldsRecord.FILE
 #: peft's name for "no adapter" in a mixed batch: the public row.
-BASE_ROW = "__base__"
 _DEVICES = ("auto", "cpu", "cuda")
 _DECODERS = ("greedy", "gumbel")
-_WORLD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 class PacEnsembleError(PrivcodeError, ValueError):
@@ -106,62 +104,34 @@ class PacCompletion:
     charged_nats: float  #: b * private_tokens
 
 
-def read_manifest(worlds_dir: str | Path, *, model: str | None = None) -> dict[str, Any]:
+def read_manifest(worlds_dir: str | Path, *, model: str | None = None) -> PacWorldsRecord:
     """The validated ``pac.json`` of a worlds artifact; :class:`PacEnsembleError` names the problem.
 
-    Checks the format, ``m`` (an integer >= 2), ``worlds`` (``m`` distinct
-    names safe as directory names), ``base_model`` (unless ``model``
-    overrides it) and that ``adapters/<name>/adapter_config.json`` exists for
-    every world. Loads nothing.
+    The record (:class:`~privcode.artifacts.pac.PacWorldsRecord`) checks the
+    format, ``m`` (an integer >= 2), ``worlds`` (``m`` distinct names safe as
+    directory names); here ``base_model`` (unless ``model`` overrides it) and
+    that ``adapters/<name>/adapter_config.json`` exists for every world.
+    Loads nothing.
     """
     root = Path(worlds_dir).expanduser()
-    path = root / MANIFEST
+    path = root / PacWorldsRecord.FILE
     if not path.is_file():
         raise PacEnsembleError(
-            f"{root}: not a PAC worlds artifact (no {MANIFEST}); pass the "
+            f"{root}: not a PAC worlds artifact (no {PacWorldsRecord.FILE}); pass the "
             "directory `privcode pac worlds` wrote"
         )
-    info = read_json_object(path, PacEnsembleError)
-    for key in ("format", "m", "worlds"):
-        if key not in info:
-            raise PacEnsembleError(f"{path}: missing key {key!r}")
-    if info["format"] != WORLDS_FORMAT:
-        raise PacEnsembleError(
-            f"{path}: 'format' must be {WORLDS_FORMAT!r}, got {info['format']!r}"
-        )
-    m = info["m"]
-    if isinstance(m, bool) or not isinstance(m, int) or m < 2:
-        raise PacEnsembleError(f"{path}: 'm' must be an integer >= 2, got {m!r}")
-    worlds = info["worlds"]
-    if not isinstance(worlds, list) or len(worlds) != m:
-        raise PacEnsembleError(
-            f"{path}: 'worlds' must list m={m} world names, got "
-            f"{len(worlds) if isinstance(worlds, list) else type(worlds).__name__}"
-        )
-    for name in worlds:
-        if not isinstance(name, str) or not _WORLD_NAME.match(name) or name == BASE_ROW:
-            raise PacEnsembleError(
-                f"{path}: 'worlds' has an invalid world name {name!r} "
-                "(letters, digits, '_', '.', '-'; not starting with '.')"
-            )
-    if len(set(worlds)) != m:
-        raise PacEnsembleError(f"{path}: 'worlds' names must be distinct")
-    base = model if model is not None else info.get("base_model")
+    try:
+        info = PacWorldsRecord.read(path)
+        info.verify(root)
+    except ArtifactError as exc:
+        raise PacEnsembleError(str(exc)) from None
+    base = model if model is not None else info.base_model
     if not isinstance(base, str) or not base.strip():
         raise PacEnsembleError(
             f"{path}: 'base_model' must be a model directory path (or pass "
             f"the model override), got {base!r}"
         )
-    if "lora" in info and not isinstance(info["lora"], dict):
-        raise PacEnsembleError(f"{path}: 'lora' must be an object, got {info['lora']!r}")
-    for name in worlds:
-        adapter = root / "adapters" / name
-        if not (adapter / "adapter_config.json").is_file():
-            raise PacEnsembleError(
-                f"{adapter}: missing adapter of world {name!r} (expected "
-                "adapter_config.json from PeftModel.save_pretrained)"
-            )
-    return {**info, "base_model": base}
+    return dataclasses.replace(info, base_model=base)
 
 
 def _resolve_device(device: str):
@@ -202,8 +172,8 @@ class PacEnsemble:
             raise PacEnsembleError(f"top_k must be an integer >= 1, got {top_k!r}")
         root = Path(worlds_dir).expanduser()
         info = read_manifest(root, model=model)
-        self.worlds: tuple[str, ...] = tuple(info["worlds"])
-        self.m, self.top_k, self.base = len(self.worlds), top_k, info["base_model"]
+        self.worlds: tuple[str, ...] = info.worlds
+        self.m, self.top_k, self.base = len(self.worlds), top_k, str(info.base_model)
         self.device = _resolve_device(device)
         if dtype is None:
             dtype = torch.float32

@@ -47,6 +47,7 @@ import torch
 from peft import get_peft_model
 from tqdm.auto import tqdm
 
+from privcode.artifacts.pac import WORLDS_FORMAT, PacWorldsRecord
 from privcode.config import PacConfig
 from privcode.data.records import read_records
 from privcode.dp.engine import Privacy, make_private
@@ -55,14 +56,13 @@ from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
 from privcode.pac.mechanism import assign_worlds
 from privcode.train.data import collate, encode_records
 from privcode.train.methods import token_ce
-from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.pac")
 
 __all__ = ["FORMAT", "MANIFEST", "NOT_PRIVATE_NOTE", "WorldsError", "train_worlds", "world_names"]
 
-FORMAT = "privcode-pac-worlds/1"
-MANIFEST = "pac.json"
+FORMAT = WORLDS_FORMAT
+MANIFEST = PacWorldsRecord.FILE
 NOT_PRIVATE_NOTE = (
     "m LoRA worlds fine-tuned WITHOUT differential privacy on the private "
     "corpus: serve them only through the PAC curator; never copy them out of "
@@ -252,18 +252,21 @@ def train_worlds(
         "groups": [{k: r[k] for k in ("worlds", "seconds", "device")} for r in results],
         "seconds": round(time.time() - started, 1),
     }
-    atomic_write_json(
-        out / MANIFEST,
-        {
-            "format": FORMAT,
-            "m": cfg.worlds,
-            "training_mode": Privacy.non_private(REASON).record(),
-            "base_model": str(Path(base).resolve()),
-            "worlds": world_names(cfg.worlds),
-            "NOT_PRIVATE": NOT_PRIVATE_NOTE,
-            "dp": False,
-            "seed": cfg.seed,
-            **summary,
-        },
-    )
+    PacWorldsRecord(
+        format=FORMAT,
+        m=cfg.worlds,
+        worlds=tuple(world_names(cfg.worlds)),
+        base_model=str(Path(base).resolve()),
+        lora=summary["lora"],
+        not_private=NOT_PRIVATE_NOTE,
+        training_mode=Privacy.non_private(REASON).record(),
+        seed=cfg.seed,
+        records=summary["records"],
+        steps=cfg.steps,
+        batch_size_per_world=cfg.batch_size,
+        lr=cfg.lr,
+        max_length=cfg.max_length,
+        groups=summary["groups"],
+        seconds=summary["seconds"],
+    ).write(out / MANIFEST)
     return summary

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import StageManifest
+from privcode.artifacts.summaries import AuditSummary, EvalSummary
 from privcode.pipeline.sections import ReportContext, Section
 from privcode.pipeline.sections import copy_plot as _copy_plot
 from privcode.pipeline.sections import fmt as _fmt
@@ -74,8 +75,8 @@ def eval_section(
     """Markdown lines and plot names of the utility section."""
     if not evaluation:
         return [], []
-    info = evaluation.summary
-    models = info.get("models", {})
+    info = EvalSummary.from_json(evaluation.summary, "the eval stage's summary")
+    models = info.models
     keys = sorted(
         {k for r in models.values() for k in (r.get("pass_at_k") or {})},
         key=lambda k: int(k.split("@")[1]),
@@ -93,11 +94,11 @@ def eval_section(
                 "; ".join(r.get("notes") or []) or "",
             ]
         )
-    limit = info.get("limit")
+    limit = info.limit
     lines = [
         "## Utility: pass@k",
         "",
-        f"Benchmark `{info.get('benchmark')}`"
+        f"Benchmark `{info.benchmark}`"
         + (f" (first {limit} tasks)" if limit else "")
         + ": completions executed against the benchmark's tests in the project's sandbox, "
         "never with the benchmark's own unsandboxed `exec`. pass@k in % of tasks "
@@ -121,7 +122,7 @@ def audit_section(
     """Markdown lines and plot names of the privacy-audit section."""
     if not audit:
         return [], []
-    info = audit.summary
+    info = AuditSummary.from_json(audit.summary, "the audit stage's summary")
     lines = [
         "## Privacy audits",
         "",
@@ -130,13 +131,12 @@ def audit_section(
         "plot stay inside the boundary, with the data owner.",
         "",
     ]
-    models = info.get("models", {})
+    models = info.models
     if any(m.get("non_private") for m in models.values()):
-        how = info.get("nondpft_training") or {}
+        how = info.nondpft_training
         detail = (
-            f" ({'every weight' if how.get('finetune') == 'full' else 'LoRA adapter'}, "
-            f"{how.get('steps')} steps, lr {how.get('lr')}, expected batch "
-            f"{how.get('expected_batch_size')})"
+            f" ({'every weight' if how.finetune == 'full' else 'LoRA adapter'}, "
+            f"{how.steps} steps, lr {how.lr}, expected batch {how.expected_batch_size})"
             if how
             else ""
         )
@@ -152,7 +152,7 @@ def audit_section(
     mia_lines, mia_plots = _mia_lines(info, audit_dir, out_dir, plots)
     lines += mia_lines
     names += mia_plots
-    lines += _fidelity_lines(info.get("fidelity"))
+    lines += _fidelity_lines(info.fidelity)
     lines += _probe_lines(models)
     return lines, names
 
@@ -219,10 +219,10 @@ def _exposure_lines(models: dict[str, Any]) -> list[str]:
 
 
 def _mia_lines(
-    info: dict[str, Any], audit_dir: Path | None, out_dir: Path, plots: bool
+    info: AuditSummary, audit_dir: Path | None, out_dir: Path, plots: bool
 ) -> tuple[list[str], list[str]]:
     rows, flags = [], []
-    for name, m in info.get("models", {}).items():
+    for name, m in info.models.items():
         for attack, r in (m.get("mia") or {}).get("attacks", {}).items():
             rows.append(
                 [
@@ -245,12 +245,12 @@ def _mia_lines(
         "",
         *_grid(["model", "attack", "AUC", "TPR@1%FPR", "TPR@10%FPR"], rows),
     ]
-    bound = info.get("dp_bound")
+    bound = info.dp_bound
     if bound:
         lines += [
-            f"DP ceiling at the junior's (epsilon {_fmt(bound.get('epsilon'), 2)}, delta "
-            f"{bound.get('delta')}): TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta "
-            f"- FPR)); at 1% FPR that is {_fmt(100 * bound.get('tpr_at_1pct_fpr', 0), 1)}%.",
+            f"DP ceiling at the junior's (epsilon {_fmt(bound.epsilon, 2)}, delta "
+            f"{bound.delta}): TPR <= min(e^eps FPR + delta, 1 - e^-eps (1 - delta "
+            f"- FPR)); at 1% FPR that is {_fmt(100 * bound.tpr_at_1pct_fpr, 1)}%.",
             "",
         ]
     if flags:
@@ -305,7 +305,11 @@ def audit_owner_section(
     per sampled private record) is copied into ``private_dir``, never into
     the shareable report's directory.
     """
-    fid = audit.summary.get("fidelity") if audit else None
+    fid = (
+        AuditSummary.from_json(audit.summary, "the audit stage's summary").fidelity
+        if audit
+        else None
+    )
     if not fid:
         return [], []
     lines = [

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import StageManifest, SynthSummary, TrainSummary
+from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.premium import PremiumSummary
 from privcode.pipeline.report_sweep import privacy_utility, sweep_section
 from privcode.pipeline.sections import ReportContext, Section, fmt, number, save_fig, table
@@ -53,20 +54,17 @@ def plot_corpus(counts: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def plot_base(info: dict[str, Any], path: Path) -> bool:
+def plot_base(info: BaseRecord, path: Path) -> bool:
     """Held-out loss of the base model (untrained vs trained) and its training curve."""
-    trained = info.get("heldout_loss")
-    if trained is None:
-        return False
     plt = pyplot()
-    history = info.get("loss_history") or []
+    history = info.loss_history
     ncols = 2 if history else 1
     fig, axes = plt.subplots(1, ncols, figsize=(5 * ncols, 3.4), squeeze=False)
     ax = axes[0][0]
-    labels, values = ["trained"], [trained]
-    if info.get("untrained_heldout_loss") is not None:
+    labels, values = ["trained"], [info.heldout_loss]
+    if info.untrained_heldout_loss is not None:
         labels.insert(0, "untrained")
-        values.insert(0, info["untrained_heldout_loss"])
+        values.insert(0, info.untrained_heldout_loss)
     ax.bar(labels, values, color=["#b0b0b0", "#4a7ab5"][-len(values) :])
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=9)
@@ -74,13 +72,7 @@ def plot_base(info: dict[str, Any], path: Path) -> bool:
     ax.set_title("Public base model on held-out public code")
     if history:
         ax = axes[0][1]
-        steps = (
-            [h[0] for h in history]
-            if isinstance(history[0], list | tuple)
-            else list(range(len(history)))
-        )
-        losses = [h[1] for h in history] if isinstance(history[0], list | tuple) else history
-        ax.plot(steps, losses, color="#4a7ab5")
+        ax.plot([h[0] for h in history], [h[1] for h in history], color="#4a7ab5")
         ax.set_xlabel("step")
         ax.set_ylabel("train loss")
         ax.set_title("Base model training")
@@ -224,16 +216,16 @@ def _owner_corpus_section(data: StageManifest | None) -> list[str]:
 def _base_section(base: StageManifest | None) -> list[str]:
     if not base:
         return ["## Public base model", "", "_The base stage did not run._", ""]
-    info = base.summary
+    info = BaseRecord.from_json(base.summary, "the base stage's summary")
     rows = [
-        ("model path", info.get("path")),
-        ("preset", info.get("preset") or "(external model)"),
-        ("parameters", info.get("params")),
-        ("held-out loss, trained (nats/token)", info.get("heldout_loss")),
-        ("held-out loss, untrained (nats/token)", info.get("untrained_heldout_loss")),
-        ("training seconds", info.get("train_seconds")),
-        ("tokens/s", info.get("tokens_per_second")),
-        ("cached build", info.get("cached")),
+        ("model path", info.path),
+        ("preset", info.preset or "(external model)"),
+        ("parameters", info.params),
+        ("held-out loss, trained (nats/token)", info.heldout_loss),
+        ("held-out loss, untrained (nats/token)", info.untrained_heldout_loss),
+        ("training seconds", info.train_seconds),
+        ("tokens/s", info.tokens_per_second),
+        ("cached build", info.cached),
     ]
     return [
         "## Public base model",
@@ -365,10 +357,9 @@ def data_section(data: StageManifest, ctx: ReportContext) -> Section:
 
 
 def base_section(base: StageManifest, ctx: ReportContext) -> Section:
-    section = Section(
-        lines=_base_section(base), summary={"base_heldout_loss": base.summary.get("heldout_loss")}
-    )
-    made = ctx.plots and plot_base(base.summary, ctx.out_dir / "base_loss.png")
+    info = BaseRecord.from_json(base.summary, "the base stage's summary")
+    section = Section(lines=_base_section(base), summary={"base_heldout_loss": info.heldout_loss})
+    made = ctx.plots and plot_base(info, ctx.out_dir / "base_loss.png")
     section.add_plot(made, "base_loss.png", "base model loss")
     return section
 

@@ -89,7 +89,7 @@ def base_path(inputs: Inputs) -> str:
     """The base model's path from the base stage's manifest, once it is known to be complete."""
     from privcode.models.base import check_complete
 
-    return check_complete(summary_of(inputs, "base"))["path"]
+    return check_complete(summary_of(inputs, "base")).path
 
 
 class Stage:

@@ -18,9 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.nondp import NondpSummary
 from privcode.artifacts.premium import PremiumSummary
 from privcode.artifacts.summaries import (
+    AuditSummary,
     DataSummary,
     EvalSummary,
     PacSummary,
@@ -65,29 +67,29 @@ class BaseStage(Stage):
     """Train (or locate) the public base model; cached across runs by config hash."""
 
     name = "base"
+    summary_type = BaseRecord  # a summary of an older shape re-runs the stage (cached build)
     version = 2  # 2: complete builds only (check_complete), function-unit pretraining
     sections = ("base",)
     num_cpus = None
 
     def run(self, cfg, out_dir, inputs):
         from privcode.models.base import build_base, check_complete
-        from privcode.utils import atomic_write_json
 
-        info = check_complete(build_base(cfg.base, out_dir=None, progress=True))
+        record = check_complete(build_base(cfg.base, out_dir=None, progress=True))
         # The model itself lives in the content-addressed cache; the stage
         # artifact records where, so later stages and reruns find it.
-        atomic_write_json(out_dir / "base.json", info)
-        return info
+        record.write(out_dir)
+        return record.to_json()
 
     def still_valid(self, summary):
         from privcode.models.base import check_complete
         from privcode.models.loading import ModelLoadError
 
         try:
-            check_complete(summary)
+            record = check_complete(summary)
         except ModelLoadError:
             return False  # built before BUILD_VERSION 2 or stopped early: rebuild
-        return (Path(summary.get("path", "")) / "config.json").is_file()
+        return (Path(record.path) / "config.json").is_file()
 
     def report_section(self, manifest, ctx):
         return report_stages.base_section(manifest, ctx)
@@ -346,6 +348,7 @@ class AuditStage(Stage):
     """
 
     name = "audit"
+    summary_type = AuditSummary
     version = 1
     # train: the data path, and what the comparison reads when it trains inline.
     sections = ("audit", "train.data", *NONDP_TRAIN_FIELDS)

@@ -9,13 +9,25 @@ says; a line whose stage is absent is left out.
 
 from __future__ import annotations
 
+import logging
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from privcode.artifacts import StageManifest
+from privcode.artifacts import ArtifactError, JsonRecord, StageManifest
+from privcode.artifacts.premium import PremiumSummary
+from privcode.artifacts.summaries import (
+    AuditSummary,
+    EvalSummary,
+    PacSummary,
+    SynthSummary,
+    TrainSummary,
+)
 
 __all__ = ["RunSummary", "run_summary"]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=JsonRecord)
 
 
 @dataclass(frozen=True)
@@ -57,23 +69,29 @@ def run_summary(
     manifests: dict[str, StageManifest],
     wall_seconds: float = 0.0,
 ) -> RunSummary:
-    """The summary of one run from the runner's stage results and manifests."""
-    s = {name: m.summary for name, m in manifests.items()}
-    lines: list[tuple[str, str]] = []
-    for label, make in (
-        ("privacy", _privacy),
-        ("synthesis", _synthesis),
-        ("premium", _premium),
-        ("pass@1", _pass_at_1),
-        ("leakage", _leakage),
-        ("exposure", _exposure),
-        ("MIA", _mia),
-        ("PAC", _pac),
-    ):
-        text = make(s)
-        if text:
-            lines.append((label, text))
-    report = s.get("report", {})
+    """The summary of one run from the runner's stage results and manifests.
+
+    Each stage's summary is read as its typed record; one of another shape
+    (which the runner would have re-run) loses its line, with a warning.
+    """
+    train = _read(manifests, "train", TrainSummary)
+    synth = _read(manifests, "synth", SynthSummary)
+    premium = _read(manifests, "premium", PremiumSummary)
+    evaluation = _read(manifests, "eval", EvalSummary)
+    audit = _read(manifests, "audit", AuditSummary)
+    pac = _read(manifests, "pac", PacSummary)
+    candidates = (
+        ("privacy", train and _privacy(train)),
+        ("synthesis", synth and _synthesis(synth)),
+        ("premium", premium and _premium(premium)),
+        ("pass@1", evaluation and _pass_at_1(evaluation)),
+        ("leakage", audit and _leakage(audit)),
+        ("exposure", audit and _exposure(audit)),
+        ("MIA", audit and _mia(audit)),
+        ("PAC", pac and _pac(pac)),
+    )
+    lines = [(label, text) for label, text in candidates if text]
+    report = manifests["report"].summary if "report" in manifests else {}
     return RunSummary(
         run=run,
         ran=tuple(n for n, r in stages.items() if r.get("status") == "ran"),
@@ -89,81 +107,78 @@ def run_summary(
 # --------------------------------------------------------------------------- lines
 
 
-def _privacy(s: dict[str, dict[str, Any]]) -> str | None:
-    t = s.get("train")
-    if not t:
+def _read(manifests: dict[str, StageManifest], stage: str, record: type[R]) -> R | None:
+    """Stage ``stage``'s summary as ``record``; None when absent or of another shape."""
+    if stage not in manifests:
         return None
-    if not t.get("dp", True):
-        return f"NO DP: method {t.get('method')} (not private)"
+    try:
+        return record.from_json(manifests[stage].summary, f"the {stage} stage's summary")
+    except ArtifactError as exc:
+        log.warning("run summary: leaving out the %s stage (%s)", stage, exc)
+        return None
+
+
+def _privacy(t: TrainSummary) -> str:
+    if not t.dp:
+        return f"NO DP: method {t.method} (not private)"
     return (
-        f"epsilon {_f(t.get('epsilon'), 2)} of {_f(t.get('epsilon_budget'), 2)} "
-        f"(delta {t.get('delta')}, {t.get('accountant')}); {t.get('steps_taken')} steps, "
-        f"sigma {_f(t.get('noise_multiplier'), 2)}, {t.get('method')}"
+        f"epsilon {_f(t.epsilon, 2)} of {_f(t.epsilon_budget, 2)} "
+        f"(delta {t.delta}, {t.accountant}); {t.steps_taken} steps, "
+        f"sigma {_f(t.noise_multiplier, 2)}, {t.method}"
     )
 
 
-def _synthesis(s: dict[str, dict[str, Any]]) -> str | None:
-    y = s.get("synth")
-    if not y or not y.get("generated"):
+def _synthesis(y: SynthSummary) -> str | None:
+    if not y.generated:
         return None
     return (
-        f"kept {y['kept']}/{y['generated']} ({y['kept'] / y['generated']:.0%}); removed: "
-        f"exec {y.get('removed_execution', 0)}, round-trip {y.get('removed_roundtrip', 0)}, "
-        f"dup {y.get('removed_duplicate', 0)}"
+        f"kept {y.kept}/{y.generated} ({y.kept / y.generated:.0%}); removed: "
+        f"exec {y.removed_execution}, round-trip {y.removed_roundtrip}, "
+        f"dup {y.removed_duplicate}"
     )
 
 
-def _premium(s: dict[str, dict[str, Any]]) -> str | None:
-    p = s.get("premium")
-    if not p:
+def _premium(p: PremiumSummary) -> str:
+    loss = f", eval loss {_f(p.curve[-1].get('eval_loss'), 3)}" if p.curve else ""
+    guarantee = "DP by post-processing" if p.privacy.dp else "NO DP"
+    return f"trained on {p.records} synthetic records{loss} ({guarantee})"
+
+
+def _pass_at_1(e: EvalSummary) -> str | None:
+    if not e.models:
         return None
-    curve = p.get("curve") or []
-    loss = f", eval loss {_f(curve[-1].get('eval_loss'), 3)}" if curve else ""
-    guarantee = "DP by post-processing" if (p.get("privacy") or {}).get("dp") else "NO DP"
-    return f"trained on {p.get('records')} synthetic records{loss} ({guarantee})"
+    cells = [f"{m} {_pct((r.get('pass_at_k') or {}).get('pass@1'))}" for m, r in e.models.items()]
+    return ", ".join(cells) + f" ({e.benchmark}, {_tasks(e)} problems)"
 
 
-def _pass_at_1(s: dict[str, dict[str, Any]]) -> str | None:
-    e = s.get("eval")
-    if not e or not e.get("models"):
-        return None
-    cells = [
-        f"{m} {_pct((r.get('pass_at_k') or {}).get('pass@1'))}" for m, r in e["models"].items()
-    ]
-    return ", ".join(cells) + f" ({e.get('benchmark')}, {_tasks(e)} problems)"
-
-
-def _models(s: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+def _models(a: AuditSummary) -> list[tuple[str, dict[str, Any]]]:
     """The audited models, private ones first, in one order whether the run audited them
     now or read a manifest back (whose keys are sorted)."""
-    a = s.get("audit") or {}
-    models = sorted(
-        (a.get("models") or {}).items(), key=lambda kv: (bool(kv[1].get("non_private")), kv[0])
-    )
+    models = sorted(a.models.items(), key=lambda kv: (bool(kv[1].get("non_private")), kv[0]))
     return [("non-DP" if r.get("non_private") else name, r) for name, r in models]
 
 
-def _leakage(s: dict[str, dict[str, Any]]) -> str | None:
+def _leakage(a: AuditSummary) -> str | None:
     cells = [
         f"{label} {r['canaries'].get('leaked')}/{r['canaries'].get('total')}"
-        for label, r in _models(s)
+        for label, r in _models(a)
         if r.get("canaries")
     ]
     return ("canaries leaked: " + ", ".join(cells)) if cells else None
 
 
-def _exposure(s: dict[str, dict[str, Any]]) -> str | None:
+def _exposure(a: AuditSummary) -> str | None:
     cells = [
         f"{label} {_f(r['exposure']['mean_bits'], 1)}"
-        for label, r in _models(s)
+        for label, r in _models(a)
         if (r.get("exposure") or {}).get("mean_bits") is not None
     ]
     return ("mean canary exposure (bits): " + ", ".join(cells)) if cells else None
 
 
-def _mia(s: dict[str, dict[str, Any]]) -> str | None:
+def _mia(a: AuditSummary) -> str | None:
     cells = []
-    for label, r in _models(s):
+    for label, r in _models(a):
         attacks = (r.get("mia") or {}).get("attacks") or {}
         if attacks:  # the strongest attack of each model
             auc = max(x.get("auc") or 0.0 for x in attacks.values())
@@ -172,22 +187,19 @@ def _mia(s: dict[str, dict[str, Any]]) -> str | None:
     return ("AUC (TPR at 1% FPR): " + ", ".join(cells)) if cells else None
 
 
-def _pac(s: dict[str, dict[str, Any]]) -> str | None:
-    p = s.get("pac")
-    u = (p or {}).get("utility") or {}
-    acc = u.get("accuracy") or {}
+def _pac(p: PacSummary) -> str | None:
+    acc = p.utility.get("accuracy") or {}
     if not acc:
         return None
-    leak = p.get("leakage") or {}
     return (
         f"accuracy {_pct(acc.get('pac'))} (one world {_pct(acc.get('world'))}, public "
-        f"{_pct(acc.get('public'))}), m={p.get('m')}; {_f(leak.get('charged_nats'), 2)} "
+        f"{_pct(acc.get('public'))}), m={p.m}; {_f(p.leakage.get('charged_nats'), 2)} "
         f"nats/session"
     )
 
 
-def _tasks(e: dict[str, Any]) -> Any:
-    return next((r.get("n_tasks") for r in e["models"].values() if r.get("n_tasks")), "?")
+def _tasks(e: EvalSummary) -> Any:
+    return next((r.get("n_tasks") for r in e.models.values() if r.get("n_tasks")), "?")
 
 
 def _f(x: Any, digits: int) -> str:
