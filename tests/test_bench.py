@@ -20,6 +20,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPTS = {
+    "bench_admission.py",
     "bench_base.py",
     "bench_pac.py",
     "bench_records.py",
@@ -63,6 +64,13 @@ def test_every_bench_script_has_a_test():
     assert tested == SCRIPTS
     readme = (BENCH / "README.md").read_text()
     assert all(f"bench/{name}" in readme for name in SCRIPTS)
+
+
+@pytest.mark.heavy  # a bench script in a subprocess
+def test_bench_admission_smallest():
+    out = _run("bench_admission.py", "--records", "300", "--runs", "3")
+    _line(out, rf"admission total +{NUMBER} s")
+    _line(out, rf"per record x run / grouped: x{NUMBER}$")
 
 
 @pytest.mark.heavy  # a bench script in a subprocess

@@ -28,21 +28,60 @@ import hashlib
 import hmac
 import os
 import tempfile
+import unicodedata
+from collections.abc import Iterable
 from pathlib import Path
 
 from privcode.errors import PrivcodeError
 from privcode.utils import fsync_dir, sha256_file
 
-__all__ = ["ENV_VAR", "PrivacyStore", "StoreError", "resolve_store"]
+__all__ = [
+    "ENV_VAR",
+    "FINGERPRINT_BYTES",
+    "PrivacyStore",
+    "StoreError",
+    "canonical_text",
+    "record_fingerprint",
+    "resolve_store",
+]
 
 ENV_VAR = "PRIVCODE_PRIVACY_STORE"
 DEFAULT_DIRNAME = "privacy-store"
 KEY_FILE = "dataset-id.key"
 _KEY_BYTES = 32
+FINGERPRINT_BYTES = 16
 
 
 class StoreError(PrivcodeError):
     """The privacy store cannot be created or read, or its key is damaged."""
+
+
+def canonical_text(text: str) -> str:
+    """``text`` as a record's identity sees it: NFC, ``\\n`` line ends, no outer newlines.
+
+    A copy that only re-encodes a record (JSONL or Parquet, CRLF line ends,
+    decomposed accents, a final newline more or less) is the same record.
+    Trailing blanks inside are kept: stripping them costs ~25 us a record
+    (5x the rest), and an edit is a new record anyway.
+    """
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.strip("\n")
+
+
+def record_fingerprint(key: bytes, prompt: str, code: str) -> bytes:
+    """``HMAC-SHA256(key, "privcode-record/1" || len(p) || p || c)[:16]`` of the canonical texts.
+
+    Keyed so a fingerprint says nothing about the record to whoever lacks
+    the store's key (no dictionary attack on candidate records); 128 bits
+    make two distinct records collide with probability ~ n^2 / 2^129.
+    """
+    p = canonical_text(prompt).encode("utf-8")
+    c = canonical_text(code).encode("utf-8")
+    message = b"privcode-record/1\0" + len(p).to_bytes(8, "big") + p + c
+    return hmac.digest(key, message, "sha256")[:FINGERPRINT_BYTES]
 
 
 def resolve_store(configured: str | os.PathLike = "", out_dir: str | os.PathLike = "runs") -> Path:
@@ -114,6 +153,11 @@ class PrivacyStore:
         data = value.encode("utf-8") if isinstance(value, str) else value
         mac = hmac.new(self._load_key(), f"privcode-{label}/1\0".encode() + data, hashlib.sha256)
         return mac.hexdigest()[:length]
+
+    def record_fingerprints(self, records: Iterable[tuple[str, str]]) -> list[bytes]:
+        """One keyed fingerprint per ``(prompt, code)`` record (:func:`record_fingerprint`)."""
+        key = hmac.digest(self._load_key(), b"privcode-record-key/1", "sha256")
+        return [record_fingerprint(key, prompt, code) for prompt, code in records]
 
     def dataset_id(self, path: str | os.PathLike) -> str:
         """The opaque id of a training file's content: ``ds-`` + 20 hex of a keyed HMAC."""
