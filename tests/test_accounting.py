@@ -200,6 +200,26 @@ def test_calibrate_reference_point():
     assert sigma == pytest.approx(0.7583, abs=1e-3)  # the paper's 0.76 spends ~3.97
 
 
+def test_calibrate_with_a_prior_spends_only_what_is_left():
+    # Independent reference: T earlier steps at sigma0, then T new steps at sigma0, is
+    # exactly 2T steps at sigma0; so the target eps(sigma0, q, 2T) calibrates back to sigma0.
+    sigma0, q, steps = 0.9, 0.02, 300
+    target = epsilon([DPEvent(sigma0, q, 2 * steps)], DELTA)
+    prior = [DPEvent(sigma0, q, steps)]
+    assert calibrate(target, DELTA, q, steps, prior=[prior]) == pytest.approx(sigma0, rel=2e-4)
+    # With several groups the worst decides: a fresh group changes nothing.
+    both = calibrate(target, DELTA, q, steps, prior=[prior, []])
+    assert both == calibrate(target, DELTA, q, steps, prior=[prior])
+    assert both > calibrate(target, DELTA, q, steps)  # spent records need more noise
+    worse = [DPEvent(sigma0, q, steps), DPEvent(2.0, 0.05, 200)]
+    sigma = calibrate(target, DELTA, q, steps, prior=[prior, worse])
+    assert epsilon([*worse, DPEvent(sigma, q, steps)], DELTA) <= target
+    assert epsilon([*worse, DPEvent(sigma * (1 - 1e-3), q, steps)], DELTA) > target
+    spent = [DPEvent(sigma0, q, 4 * steps)]
+    with pytest.raises(AccountingError, match="already spent epsilon"):
+        calibrate(target, DELTA, q, steps, prior=[spent])
+
+
 @pytest.mark.heavy
 def test_calibrate_prv_never_overshoots():
     sigma = calibrate(4.0, DELTA, 0.0131, 400, accountant="prv")

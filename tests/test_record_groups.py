@@ -6,12 +6,14 @@ from __future__ import annotations
 import functools
 import os
 import random
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.groups import RecordGroups, merge_events
-from privcode.dp.store import PrivacyStore, canonical_text, record_fingerprint
+from privcode.dp.store import PrivacyStore, canonical_text, record_fingerprint, resolve_store
 from privcode.errors import AccountingError
 
 DELTA = 1e-5
@@ -143,3 +145,15 @@ def test_merge_events_keeps_the_composition():
     merged = merge_events(events)
     assert merged == (DPEvent(1.0, 0.01, 17), DPEvent(2.0, 0.01, 5))
     assert epsilon(merged, DELTA) == pytest.approx(epsilon(events, DELTA), rel=1e-12)
+
+
+def test_make_clean_leaves_the_privacy_store(tmp_path):
+    """`make clean` removes runs and reports, never the store beside them (its budgets)."""
+    makefile = Path(__file__).resolve().parents[1] / "Makefile"
+    (tmp_path / "runs" / "demo" / "train").mkdir(parents=True)
+    (tmp_path / "reports").mkdir()
+    store = PrivacyStore(resolve_store("", tmp_path / "runs"))
+    store.record_fingerprints([("p", "c")])  # creates the key
+    subprocess.run(["make", "-s", "-f", str(makefile), "-C", str(tmp_path), "clean"], check=True)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
+    assert store.key_path.is_file() and store.root == tmp_path / "privacy-store"

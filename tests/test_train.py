@@ -199,8 +199,10 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     assert Path(privacy["base_model"]) == Path(base_path)
 
     # The budget is spent: training again on the same data under this ledger takes no step.
-    with pytest.raises(TrainingError, match="already spent"):
+    with pytest.raises(TrainingError, match="already spent") as refused:
         _train(cfg, corpus, base_path, tmp_path)
+    # The error names no digest of the corpus and never suggests a rename to get a budget.
+    assert digest[:8] not in str(refused.value) and "run.name" not in str(refused.value)
 
 
 def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_cache):

@@ -58,7 +58,7 @@ import abc
 import functools
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -299,8 +299,15 @@ def calibrate(
     steps: int,
     accountant: str = "rdp",
     tol: float = 1e-4,
+    prior: Sequence[Sequence[DPEvent]] = (),
 ) -> float:
     """Smallest noise multiplier whose ``steps`` steps at rate q stay within ``target_epsilon``.
+
+    ``prior``: histories already spent by the records (one per distinct group
+    of records, :mod:`privcode.dp.groups`); then the new steps must keep every
+    one of them within the target, ``max_h epsilon(h + [(sigma, q, steps)])
+    <= target``, still decreasing in sigma, so the same search applies. A
+    prior that alone reaches the target is an :class:`AccountingError`.
 
     Returns sigma with ``epsilon([DPEvent(sigma, q, steps)], delta) <= target``
     as evaluated by the same accountant (never an overshoot: the returned value
@@ -327,13 +334,22 @@ def calibrate(
     DPEvent(1.0, sample_rate, steps)  # validates q and steps
     make_accountant(accountant)  # validates the name
     target = float(target_epsilon)
+    histories = [tuple(h) for h in prior if h] or [()]
+    for history in histories:
+        if history and not epsilon(history, delta, accountant) < target:
+            raise AccountingError(
+                f"target epsilon {target:g} cannot be met: records of this training set have "
+                f"already spent epsilon {epsilon(history, delta, accountant):.4g} at delta "
+                f"{delta:g} ({accountant}); no further step fits"
+            )
     cache: dict[float, float] = {}
     recent: list[float] = []  # sigmas in evaluation order: the secant uses the last two
 
     def eps_at(sigma: float) -> float:
         if sigma not in cache:
+            new = DPEvent(sigma, sample_rate, steps)
             try:
-                cache[sigma] = epsilon([DPEvent(sigma, sample_rate, steps)], delta, accountant)
+                cache[sigma] = max(epsilon([*h, new], delta, accountant) for h in histories)
             except Exception:  # noqa: BLE001 - a failed evaluation must never pass as "within"
                 cache[sigma] = math.inf
             recent.append(sigma)

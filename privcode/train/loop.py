@@ -394,7 +394,7 @@ def _ledger_id(run_name: str, ledger_dir: Path, store: Any) -> str:
     return f"{run_name}-{store.opaque('ledger', str(ledger_dir.resolve()), 16)}"
 
 
-def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float, ledger_dir: Path) -> None:
+def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float) -> None:
     """Refuse early (before starting workers) when not even one step fits in the budget.
 
     Only a courtesy: the ledger's reservation inside the loop is what
@@ -404,10 +404,10 @@ def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float, ledger_di
     history = [DPEvent.from_dict(e) for e in spent.get("history", [])]
     if epsilon([*history, DPEvent(sigma, q, 1)], cfg.delta, cfg.accountant) > cfg.epsilon:
         raise TrainingError(
-            f"no DP-SGD step can be taken: the privacy budget of this run's ledger ({ledger_dir}) "
+            "no DP-SGD step can be taken: the privacy budget of this training set's ledger "
             f"is already spent (epsilon {spent.get('epsilon', 0.0):.4g} of {cfg.epsilon:g}). "
-            "Training again on the same data needs a new budget: use another run.name (and "
-            "account for both releases)."
+            "The budget belongs to these records: training on them again composes with "
+            "every release made from them, and only the data owner may raise it."
         )
 
 
@@ -507,7 +507,7 @@ def run_training(
         run_id = _ledger_id(run_name, ledger_dir, store)
         ledger = open_ledger(run_id, ledger_dir, cfg.epsilon, cfg.delta, cfg.accountant)
         try:
-            _check_room(ledger, cfg, sigma, q, ledger_dir)
+            _check_room(ledger, cfg, sigma, q)
         except BaseException:
             close_ledger(run_id)
             raise
@@ -562,9 +562,10 @@ def run_training(
             state = json.loads((Path(d) / "state.json").read_text(encoding="utf-8"))
             if state["step"] == 0:
                 raise TrainingError(
-                    "no DP-SGD step was taken: the privacy budget of this run's ledger "
-                    f"({ledger_dir}) is already spent. Training again on the same data needs a "
-                    "new budget: use another run.name (and account for both releases)."
+                    "no DP-SGD step was taken: the privacy budget of this training set's "
+                    "ledger is already spent. Training again on the same data needs a "
+                    "new budget decision by the data owner: it composes with every release "
+                    "made from these records."
                 )
             shutil.copytree(Path(d), ckpt_dir, dirs_exist_ok=True)
         if ledger is not None:
