@@ -100,7 +100,6 @@ def main() -> int:
                     data_path=work / "data" / "train.parquet",
                     base_path=model,
                     out_dir=run / "release",
-                    ledger_dir=run / "ledger",
                     run_name="scaling",
                     storage_dir=run / "storage",
                     keep_storage=True,

@@ -263,55 +263,6 @@ cmd_synthesize = _stage_command("synth", "synth", ("release", "num_samples"))
 cmd_premium = _stage_command("premium", "premium", ("model", "data"))
 
 
-def cmd_dp_epsilon(args: argparse.Namespace) -> int:
-    from privcode.dp.accounting import DPEvent, epsilon
-
-    event = DPEvent(
-        noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate, steps=args.steps
-    )
-    eps = epsilon([event], delta=args.delta, accountant=args.accountant)
-    out = {
-        "epsilon": eps,
-        "accountant": args.accountant,
-        "delta": args.delta,
-        "noise_multiplier": args.noise_multiplier,
-        "sample_rate": args.sample_rate,
-        "steps": args.steps,
-    }
-    _print_json(out) if args.json else print(
-        f"epsilon = {eps:.4f} ({args.accountant}, delta {args.delta:g})"
-    )
-    return 0
-
-
-def cmd_dp_calibrate(args: argparse.Namespace) -> int:
-    from privcode.dp.accounting import DPEvent, calibrate, epsilon
-
-    sigma = calibrate(
-        args.epsilon,
-        delta=args.delta,
-        sample_rate=args.sample_rate,
-        steps=args.steps,
-        accountant=args.accountant,
-    )
-    eps = epsilon(
-        [DPEvent(sigma, args.sample_rate, args.steps)], delta=args.delta, accountant=args.accountant
-    )
-    out = {
-        "noise_multiplier": sigma,
-        "epsilon": eps,
-        "target_epsilon": args.epsilon,
-        "accountant": args.accountant,
-        "delta": args.delta,
-        "sample_rate": args.sample_rate,
-        "steps": args.steps,
-    }
-    _print_json(out) if args.json else print(
-        f"noise_multiplier = {sigma:.6f} (epsilon {eps:.4f} <= {args.epsilon})"
-    )
-    return 0
-
-
 # --------------------------------------------------------------------------- parser
 
 
@@ -505,28 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(sub)
 
-    p = sub.add_parser("dp", help="Privacy accounting: epsilon of a DP-SGD run, noise calibration.")
-    dpsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for action, func, help_text in (
-        ("epsilon", cmd_dp_epsilon, "Epsilon of T steps of DP-SGD at sample rate q, noise sigma."),
-        ("calibrate", cmd_dp_calibrate, "Smallest noise multiplier meeting a target epsilon."),
-    ):
-        d = dpsub.add_parser(action, help=help_text)
-        d.add_argument("--sample-rate", type=float, required=True, help="Poisson sample rate q.")
-        if action == "epsilon":
-            d.add_argument("--noise-multiplier", type=float, required=True, help="Noise sigma / C.")
-        else:
-            d.add_argument("--epsilon", type=float, required=True, help="Target epsilon.")
-        d.add_argument("--steps", type=int, required=True, help="Number of steps T.")
-        d.add_argument("--delta", type=float, default=1e-5, help="Delta (default %(default)s).")
-        d.add_argument(
-            "--accountant",
-            choices=("rdp", "prv"),
-            default="rdp",
-            help="Accountant (default %(default)s).",
-        )
-        d.add_argument("--json", action="store_true", help="Print one JSON object.")
-        d.set_defaults(func=func)
+    from privcode.dp.cli import add_budget_parser, add_dp_parser
+
+    add_dp_parser(sub)
+    add_budget_parser(sub)
 
     p = sub.add_parser("cluster", help="A local Ray head on 127.0.0.1: up, down, status.")
     p.add_argument("action", choices=("up", "down", "status"), help="What to do.")

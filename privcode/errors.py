@@ -24,6 +24,10 @@ class LedgerUnavailableError(PrivcodeError):
     """The privacy-budget ledger of a run cannot be reached or restored: the run must not train."""
 
 
+class BudgetRefused(PrivcodeError):
+    """Admission refused a DP job: its worst record would go over the privacy store's budget."""
+
+
 class LedgerConflictError(LedgerUnavailableError):
     """A run's ledger exists with another budget, delta, accountant or write-ahead log."""
 

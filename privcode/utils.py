@@ -21,11 +21,12 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, mode: int = 0o644) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it over ``path`` on success.
 
     On any exception the temporary file is removed and ``path`` is untouched
-    (an existing file keeps its old content).
+    (an existing file keeps its old content). The file gets ``mode`` (0600 for
+    private state).
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -34,7 +35,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     # mkstemp creates 0600; artifacts get the usual 0644 (os.umask is process-global
     # and racy under threads, so it is not consulted).
-    os.chmod(tmp_path, 0o644)
+    os.chmod(tmp_path, mode)
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
@@ -56,8 +57,8 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_path(path) as tmp:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)
 
 

@@ -66,7 +66,7 @@ def _victim(cluster) -> object | None:
     critical = {
         a["Address"]["NodeID"]
         for a in alive
-        if a["ActorClassName"] in ("TrainController", "BudgetLedger")
+        if a["ActorClassName"] in ("TrainController", "StoreLedgerActor")
     }
     for node in list(cluster.worker_nodes):
         if node.node_id in train_nodes and node.node_id not in critical:
@@ -134,7 +134,6 @@ def main() -> int:
                     data_path=data,
                     base_path=base,
                     out_dir=work / "release",
-                    ledger_dir=work / "ledger",
                     run_name="chaos",
                     storage_dir=storage,
                     keep_storage=True,

@@ -40,6 +40,7 @@ the run loudly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -184,6 +185,26 @@ def ray_connected(ray_cluster: RayCluster) -> dict[str, Any]:
     yield info
     if ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _stop_store_ledgers(request: pytest.FixtureRequest) -> Any:
+    """After a Ray test, stop the privacy-store ledger actors it started (one process each).
+
+    Safe: a ledger rebuilds from its store on the next open, and each pytest worker has
+    its own Ray head.
+    """
+    yield
+    if "ray_connected" not in request.fixturenames or "ray" not in sys.modules:
+        return
+    import ray
+
+    if not ray.is_initialized():
+        return
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith("privcode-store:"):
+            with contextlib.suppress(Exception):
+                ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
 
 
 @pytest.fixture(scope="session")

@@ -229,7 +229,6 @@ def test_nondpft_is_refused_without_the_explicit_flag(tmp_path):
             data_path=tmp_path / "x.parquet",
             base_path=tmp_path,
             out_dir=tmp_path / "o",
-            ledger_dir=tmp_path / "l",
             run_name="r",
             storage_dir=tmp_path / "s",
         )

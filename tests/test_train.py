@@ -15,7 +15,7 @@ import torch
 from privcode.config import BaseConfig, DataConfig, TrainConfig, load_config
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.engine import Privacy
-from privcode.train.loop import TrainingError, run_training
+from privcode.train.loop import BudgetRefused, run_training
 
 pytestmark = pytest.mark.ray
 
@@ -59,7 +59,6 @@ def _train(cfg, corpus, base_path, work: Path, **kwargs):
         data_path=corpus / "train.parquet",
         base_path=base_path,
         out_dir=work / "release",
-        ledger_dir=work / "ledger",
         run_name="t",
         storage_dir=work / "storage",
         **kwargs,
@@ -133,7 +132,7 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     assert privacy["dp"] is False and privacy["epsilon"] is None
     assert privacy["training_mode"] == {**mode.record(), "clipped": True, "fixed_seed": True}
     assert "0 vs 2 workers" in privacy["training_mode"]["reason"]
-    assert not (tmp_path / "w2" / "ledger").exists()  # no ledger is even opened
+    assert not (tmp_path / "w2" / "privacy-store" / "ledger.wal").exists()  # no ledger at all
 
 
 def test_budget_allowing_k_steps_stops_all_workers_after_k(
@@ -148,7 +147,7 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     # Secure mode: rank 0 draws each step's Poisson mask from os.urandom and broadcasts it.
     cfg = dataclasses.replace(
         SMALL,
-        steps=10,
+        steps=k + 7,
         num_workers=2,
         noise_multiplier=sigma,
         epsilon=budget,
@@ -156,9 +155,15 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
         checkpoint_every=2,
         secure_rng=True,
     )
+    # Admission first: a plan of k + 7 steps does not fit, and nothing starts.
+    with pytest.raises(BudgetRefused, match="worst of the 72 training records") as refused:
+        _train(cfg, corpus, base_path, tmp_path)
+    assert not (tmp_path / "release").exists() and not (tmp_path / "storage").exists()
+    cfg = dataclasses.replace(cfg, steps=k)
     summary = _train(cfg, corpus, base_path, tmp_path, keep_storage=True)
     assert summary["num_records"] == n
-    assert summary["steps_taken"] == k and summary["stop_reason"] == "budget"
+    assert summary["steps_taken"] == k and summary["stop_reason"] == "steps"
+    assert summary["record_epsilon"] == pytest.approx(eps_k, rel=1e-9)
     assert summary["dp"] is True and summary["noise_calibrated"] is False
     assert summary["epsilon"] <= budget
     assert summary["epsilon_rdp"] == pytest.approx(eps_k, rel=1e-9)
@@ -170,9 +175,8 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     assert all("time" in a and a["nonfinite_records"] == 0 for a in applied)
     # Each grant names its release "<incarnation>:<step>", so a reserve Ray re-sends
     # to a restarted ledger is not charged twice (one incarnation here, k steps).
-    from privcode.dp.ledger import WAL_NAME, read_wal
-
-    ids = [e["request_id"] for e in read_wal(tmp_path / "ledger" / WAL_NAME).entries]
+    wal = (tmp_path / "privacy-store" / "ledger.wal").read_text().splitlines()
+    ids = [e["request_id"] for e in map(json.loads, wal) if e["type"] == "grant"]
     assert len({i.split(":")[0] for i in ids}) == 1
     assert [int(i.split(":")[1]) for i in ids] == list(range(k))
 
@@ -198,9 +202,11 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
             assert digest[:8].encode() not in path.read_bytes().lower(), path
     assert Path(privacy["base_model"]) == Path(base_path)
 
-    # The budget is spent: training again on the same data under this ledger takes no step.
-    with pytest.raises(TrainingError, match="already spent") as refused:
-        _train(cfg, corpus, base_path, tmp_path)
+    # The budget is spent: training again on the same data (any run name) is refused.
+    with pytest.raises(BudgetRefused, match="has spent epsilon") as refused:
+        _train(
+            cfg, corpus, base_path, tmp_path / "renamed", privacy_store=tmp_path / "privacy-store"
+        )
     # The error names no digest of the corpus and never suggests a rename to get a budget.
     assert digest[:8] not in str(refused.value) and "run.name" not in str(refused.value)
 
@@ -502,7 +508,7 @@ def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, ba
     else:
         assert summary["dp"] is False and summary["epsilon"] is None
         assert any("NOT PRIVATE" in str(w.message) for w in caught)
-        assert not (tmp_path / "ledger").exists()
+        assert not (tmp_path / "privacy-store" / "ledger.wal").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         release = load_release(tmp_path / "release")

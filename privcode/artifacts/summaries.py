@@ -48,6 +48,9 @@ class TrainSummary(DPOutcome):
     )
     #: The DP engine's mode record (absent from summaries written before it was kept).
     training_mode: dict[str, Any] = field(default_factory=dict)
+    #: The worst epsilon among the job's records, composed over every DP job of the
+    #: privacy store that trained on them (None: non-private, or written before the store).
+    record_epsilon: float | None = None
 
     @property
     def reason_not_private(self) -> str | None:

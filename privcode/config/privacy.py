@@ -13,10 +13,25 @@ class PrivacyConfig:
 
     store: str = opt(
         "",
-        "Privacy store directory (0700; PRIVCODE_PRIVACY_STORE overrides): "
-        "the secret key of opaque dataset ids. '' = 'privacy-store' beside "
-        "run.out_dir. Never mounted where generated code runs; no make "
-        "target deletes it.",
+        "Privacy store directory (0700; PRIVCODE_PRIVACY_STORE overrides): the "
+        "per-record privacy ledger of every DP job and the secret key of record "
+        "fingerprints and opaque ids. '' = 'privacy-store' beside run.out_dir. Never "
+        "mounted where generated code runs; no make target deletes it.",
+    )
+    epsilon_budget: float = opt(
+        0.0,
+        "Per-record epsilon budget of the privacy store: every record's epsilon, "
+        "composed over every DP job that trained on it (any run, directory or copy of "
+        "the file), stays within it. Set once, by the store's first job; 0 = that job's "
+        "train.epsilon. A higher value later is refused: only `privcode budget raise` "
+        "raises it (logged with who and why); a lower one holds this run to it.",
+        min=0,
+    )
+    delta: float = opt(
+        0.0,
+        "Delta of the per-record budget (set once with it); 0 = the first job's train.delta.",
+        min=0,
+        max=0.5,
     )
 
 

@@ -1,584 +1,629 @@
-"""The privacy-budget ledger of a run: one fail-closed Ray actor backed by a write-ahead log.
+"""The privacy store's ledger: one writer per store, per-record budgets, fail-closed.
 
-Every DP-SGD step asks the ledger first.  :meth:`BudgetLedger.reserve`
-grants a step (or a block of steps) of the Poisson-subsampled Gaussian
-mechanism with noise multiplier sigma at sample rate q only if
+Every private update asks the store's ledger, one named Ray actor per store
+(:mod:`privcode.dp.ledger_actor`: ``privcode-store:<store id>``, detached,
+restarted without limit and rebuilt from the store on every start). It keeps the per-record state of
+:class:`~privcode.dp.groups.RecordGroups`: a record's epsilon is the
+composition of the DP events of every job that trained on it, whatever run,
+directory or copy of the file it came from. A job is
 
-    epsilon(history + [(sigma, q, steps)], delta) <= budget
+1. admitted (:meth:`StoreLedger.admit`) on the keyed fingerprints of its
+   training records with its planned event ``(sigma, q, steps)``: only if
+   ``epsilon(events(G) + plan) <= budget`` for the worst group G met; the
+   plan is then reserved for those records, so concurrent jobs on
+   overlapping data can never be admitted past the budget together;
+2. granted steps one by one (:meth:`StoreLedger.reserve`); a step within the
+   plan is covered by the admission, one past it (a recomputed step after a
+   restart: a second release) must fit for every group of the job;
+3. finished (:meth:`StoreLedger.finish`): its committed events become what
+   was granted; no step is granted to a finished job again.
 
-for the run's accountant (:mod:`privcode.dp.accounting`).  A denied request
-records nothing.  A grant is appended to the write-ahead log (WAL), flushed
-and ``fsync``'ed *before* the method returns, so the persisted history is
-always a superset of the steps a trainer was allowed to take: a crash can
-only over-count epsilon, never under-count it.
+Files in the store (0700 directory, 0600 files, never in a run directory):
 
-WAL format (``<run_dir>/ledger.wal``, JSON lines, UTF-8).  Line 1 is the
-header ``{"type": "header", "format": 1, "run_id", "budget", "delta",
-"accountant", "created"}``; every further line is one grant ``{"type":
-"event", "seq": 1, 2, ..., "noise_multiplier", "sample_rate", "steps",
-"epsilon", "time"}`` plus ``"request_id"`` when the caller gave one.  Every
-line carries ``"crc"``: the CRC-32 of its canonical JSON without that key, so
-a line altered in place is detected.
-``epsilon`` and ``time`` are informative; replay recomputes epsilon from
-(sigma, q, steps) only.
+* ``ledger.wal``: the write-ahead log (:mod:`privcode.dp.wal`), entries
+  ``header``, ``budget`` (epsilon, delta, accountant: set by the first job,
+  changed only by :meth:`StoreLedger.raise_budget`, which logs who and
+  why), ``admit``, ``grant``, ``finish``, ``import``; every entry carries
+  ``seq`` and the writer's ``epoch``. An entry is fsynced before the call
+  that made it returns: a crash can only over-count.
+* ``jobs/<job>.fps``: the sorted fingerprints of a job's records, written
+  (temporary name, fsync, rename, directory fsync) before its ``admit``.
+* ``groups/``: a snapshot of the record groups at a WAL position, so a
+  restart reads one index instead of every job's fingerprints.
+* ``lock``: held with ``flock(LOCK_EX)`` by the one writer for its life;
+  ``epoch``: bumped by each writer on start, with the lock held. A writer
+  re-reads the epoch before and after every append and fails closed when
+  another writer took over (a second cluster on the same volume, a stale
+  actor after a network split): it never grants again, and its last line,
+  if any, only over-counts. Replay applies every verified line in order.
 
-Replay (:func:`read_wal`, :func:`replay_wal`, and the actor on every start):
-
-* A last line without a trailing newline that does not parse or verify is a
-  write torn by a crash.  The grant it would record was never returned (the
-  fsync comes before the reply), so it is dropped and the file is truncated
-  to its last complete line before anything is appended.  A last line that
-  parses and verifies but lacks its newline is counted (conservative) and
-  completed.
-* Any other bad line (not JSON, wrong CRC, a sequence gap, an invalid event,
-  a complete but garbled last line) means the log cannot be trusted: the
-  restore fails with :class:`LedgerUnavailableError` and the run does not
-  train.  A file holding nothing but a torn header has recorded no grant and
-  is started afresh.
-* The header must match the run: a WAL written for another run id, budget,
-  delta or accountant is refused with :class:`LedgerConflictError`.  The
-  budget of a run cannot be changed by reopening it (start a new run
-  directory instead); spent epsilon therefore never goes down.
-
-The actor (:func:`open_ledger`) is named ``privcode-ledger:<run_id>`` in the
-namespace :data:`LEDGER_NAMESPACE`, detached (it outlives the job or task
-that opened it, so a stage running as a short Ray task cannot take it down
-with its worker; :func:`close_ledger` removes it), restarted by Ray without
-limit when its process dies, and rebuilt from the WAL on every start.
-Calls are serialised (one at a time), so concurrent reserves from many
-workers can never overshoot together.  A call in flight when the actor dies
-is retried (up to :data:`MAX_TASK_RETRIES`); if its grant had already been
-logged, the retry is answered from the log when the call carries a
-``request_id``, and otherwise logs a second grant: again only an over-count.
-
-Metrics (``ray.util.metrics``, tag ``run``): Gauge ``privcode_epsilon_spent``,
-Gauge ``privcode_epsilon_budget`` and Counter ``privcode_dp_steps``.  On a
-restart the counter starts again from the steps replayed from the WAL
-(Prometheus sees a counter reset).  The ledger sees numbers only: no record,
-gradient or loss ever reaches it, and it logs nothing else.
+Metrics (``ray.util.metrics``, tag ``store``): Gauges
+``privcode_epsilon_spent`` (the worst record's epsilon) and
+``privcode_epsilon_budget``, Counter ``privcode_dp_steps``. The ledger sees
+fingerprints and numbers only, and logs aggregates only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import time
-import zlib
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privcode.dp.accounting import ACCOUNTANTS, DPEvent, make_accountant
+from privcode.dp.accounting import ACCOUNTANTS, make_accountant
+from privcode.dp.events import DPEvent
+from privcode.dp.groups import RecordGroups, merge_events
+from privcode.dp.store import FINGERPRINT_BYTES, PrivacyStore
+from privcode.dp.wal import append_line, read_log, repair, write_new
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
-from privcode.utils import fsync_dir as _fsync_dir
 
-__all__ = [
-    "LEDGER_NAMESPACE",
-    "WAL_NAME",
-    "BudgetLedger",
-    "LedgerConflictError",
-    "LedgerUnavailableError",
-    "WalContents",
-    "close_ledger",
-    "get_ledger",
-    "ledger_call",
-    "ledger_name",
-    "open_ledger",
-    "read_wal",
-    "replay_wal",
-]
+__all__ = ["WAL_NAME", "Budget", "StoreLedger", "pack_fingerprints"]
 
 log = logging.getLogger("privcode.ledger")
 
-LEDGER_NAMESPACE = "privcode"
 WAL_NAME = "ledger.wal"
-WAL_FORMAT = 1
-#: Retries of a call that was in flight when the actor died.  Bounded so a call
-#: that itself kills the actor cannot loop forever.
-MAX_TASK_RETRIES = 5
+WAL_FORMAT = 2
+_ENTRY_TYPES = {"header", "budget", "admit", "grant", "finish", "import"}
 
 
-def ledger_name(run_id: str) -> str:
-    """Name of the run's ledger actor (in namespace :data:`LEDGER_NAMESPACE`)."""
-    return f"privcode-ledger:{_check_run_id(run_id)}"
+def pack_fingerprints(fingerprints: list[bytes]) -> bytes:
+    """Distinct fingerprints, sorted and concatenated (what :meth:`StoreLedger.admit` takes)."""
+    fps = sorted(set(fingerprints))
+    if any(len(fp) != FINGERPRINT_BYTES for fp in fps):
+        raise AccountingError(f"a record fingerprint must be {FINGERPRINT_BYTES} bytes")
+    return b"".join(fps)
 
 
-def _check_run_id(run_id: str) -> str:
-    if (
-        not isinstance(run_id, str)
-        or not run_id.strip()
-        or len(run_id) > 200
-        or any(ord(ch) < 32 for ch in run_id)
-    ):
-        raise LedgerUnavailableError(
-            f"run id must be a non-empty printable string of at most 200 characters, got {run_id!r}"
-        )
-    return run_id
+def _unpack(blob: bytes) -> list[bytes]:
+    if len(blob) % FINGERPRINT_BYTES:
+        raise AccountingError("fingerprints must be a whole number of 16-byte entries")
+    n = FINGERPRINT_BYTES
+    return [blob[i : i + n] for i in range(0, len(blob), n)]
 
 
-def _check_settings(budget: float, delta: float, accountant: str) -> tuple[float, float, str]:
-    if (
-        isinstance(budget, bool)
-        or not isinstance(budget, int | float)
-        or not math.isfinite(budget)
-        or budget <= 0
-    ):
-        raise AccountingError(f"epsilon budget must be a finite number > 0, got {budget!r}")
-    if (
-        isinstance(delta, bool)
-        or not isinstance(delta, int | float)
-        or not math.isfinite(delta)
-        or not 0 < delta < 1
-    ):
-        raise AccountingError(f"delta must be a number in (0, 1), got {delta!r}")
-    make_accountant(accountant)
-    return float(budget), float(delta), accountant
+@dataclass(frozen=True)
+class Budget:
+    """A store's budget: every record's epsilon at ``delta`` under ``accountant`` stays <= it."""
 
+    epsilon: float
+    delta: float
+    accountant: str = "rdp"
 
-# --------------------------------------------------------------------------- WAL
+    def __post_init__(self) -> None:
+        e, d = self.epsilon, self.delta
+        if isinstance(e, bool) or not isinstance(e, int | float) or not math.isfinite(e) or e <= 0:
+            raise AccountingError(f"epsilon budget must be a finite number > 0, got {e!r}")
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d < 1:
+            raise AccountingError(f"delta must be a number in (0, 1), got {d!r}")
+        make_accountant(self.accountant)
+        object.__setattr__(self, "epsilon", float(e))
+        object.__setattr__(self, "delta", float(d))
 
-
-def _crc(record: dict[str, Any]) -> str:
-    body = {k: v for k, v in record.items() if k != "crc"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return f"{zlib.crc32(text.encode('utf-8')):08x}"
-
-
-def _encode(record: dict[str, Any]) -> bytes:
-    line = dict(record, crc=_crc(record))
-    return (json.dumps(line, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode(
-        "utf-8"
-    )
+    def to_dict(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant}
 
 
 @dataclass
-class WalContents:
-    """A parsed WAL: header (None if the file holds no complete header), grants, repair info."""
+class _Job:
+    run: str
+    run_key: str
+    plan: DPEvent
+    records: int
+    budget: float
+    granted: int = 0
+    finished: bool = False
+    requests: set[str] = field(default_factory=set)
 
-    path: Path
-    header: dict[str, Any] | None
-    entries: list[dict[str, Any]] = field(default_factory=list)
-    valid_bytes: int = 0  # length of the prefix made of complete, verified lines
-    size: int = 0  # file size when read
-    torn_tail: bool = False  # an unverifiable last line (a torn write) was dropped
-    missing_newline: bool = False  # the last verified line lacks its newline
-
-    @property
-    def events(self) -> list[DPEvent]:
-        return [DPEvent(e["noise_multiplier"], e["sample_rate"], e["steps"]) for e in self.entries]
+    def committed(self) -> tuple[DPEvent, ...]:
+        """What the job may have released: its plan while running, its grants once done."""
+        steps = self.granted if self.finished else max(self.granted, self.plan.steps)
+        return (DPEvent(self.plan.noise_multiplier, self.plan.sample_rate, steps),) if steps else ()
 
 
-def _parse_line(raw: bytes, index: int, expected_seq: int) -> dict[str, Any]:
-    """One verified WAL record; ValueError saying what is wrong otherwise."""
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError("not a JSON line") from None
-    if not isinstance(record, dict) or record.get("crc") != _crc(record):
-        raise ValueError("checksum mismatch")
+def _check_entry(record: dict[str, Any], index: int) -> None:
+    kind = record.get("type")
     if index == 0:
-        if record.get("type") != "header":
-            raise ValueError("first line is not a ledger header")
-        if record.get("format") != WAL_FORMAT:
-            raise ValueError(f"unsupported WAL format {record.get('format')!r}")
-        return record
-    if record.get("type") != "event":
-        raise ValueError(f"unexpected record type {record.get('type')!r}")
-    if record.get("seq") != expected_seq:
-        raise ValueError(f"sequence number {record.get('seq')!r}, expected {expected_seq}")
-    if not isinstance(record.get("request_id", ""), str):
-        raise ValueError("request_id is not a string")
-    try:
-        DPEvent(record.get("noise_multiplier"), record.get("sample_rate"), record.get("steps"))
-    except AccountingError as exc:
-        raise ValueError(f"invalid event ({exc})") from None
-    return record
+        if kind != "header" or record.get("format") != WAL_FORMAT:
+            raise ValueError(f"not a privacy store ledger (format {WAL_FORMAT}) header")
+        return
+    if kind not in _ENTRY_TYPES - {"header"}:
+        raise ValueError(f"unexpected entry type {kind!r}")
+    if not isinstance(record.get("seq"), int) or not isinstance(record.get("epoch"), int):
+        raise ValueError("entry without an integer seq and epoch")
+    if kind in ("admit", "grant", "finish") and not isinstance(record.get("job"), str):
+        raise ValueError("entry without a job")
 
 
-def read_wal(wal_path: str | os.PathLike) -> WalContents:
-    """Parse and verify a WAL (pure; see the module docstring for the torn-line rule).
+class StoreLedger:
+    """The ledger of one store (module docstring); :func:`open_ledger` runs it as an actor.
 
-    Raises :class:`LedgerUnavailableError` naming the file and line when the
-    log cannot be read or trusted.
-    """
-    path = Path(wal_path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LedgerUnavailableError(f"cannot read ledger WAL {path}: {exc}") from exc
-    out = WalContents(path=path, header=None, size=len(data))
-    segments = data.split(b"\n")
-    complete = len(segments) - 1  # segments before the last "\n"; the rest is an unterminated tail
-    if segments[-1] == b"":
-        segments.pop()
-    offset = 0
-    for index, raw in enumerate(segments):
-        terminated = index < complete
-        try:
-            record = _parse_line(raw, index, expected_seq=len(out.entries) + 1)
-        except ValueError as why:
-            if not terminated:
-                out.torn_tail = True  # a write cut short by a crash: never granted
-                break
-            raise LedgerUnavailableError(
-                f"ledger WAL {path} is corrupt at line {index + 1} ({why}); the spent budget "
-                f"cannot be restored, so the run must not train. Inspect the file; do not "
-                f"delete it to reset the budget"
-            ) from None
-        if index == 0:
-            out.header = record
-        else:
-            out.entries.append(record)
-        offset += len(raw) + (1 if terminated else 0)
-        out.missing_newline = not terminated
-        out.valid_bytes = offset
-    return out
-
-
-def replay_wal(wal_path: str | os.PathLike) -> list[DPEvent]:
-    """The granted DP events recorded in a WAL, in order (pure; for restores and audits)."""
-    return read_wal(wal_path).events
-
-
-def _check_header(
-    wal: Path, header: dict[str, Any], run_id: str, budget: float, delta: float, accountant: str
-) -> None:
-    """LedgerConflictError unless the WAL header records exactly these settings."""
-    want = {"run_id": run_id, "budget": budget, "delta": delta, "accountant": accountant}
-    diffs = [
-        f"{k} {header.get(k)!r} (requested {v!r})" for k, v in want.items() if header.get(k) != v
-    ]
-    if diffs:
-        raise LedgerConflictError(
-            f"ledger WAL {wal} belongs to a run with other settings: {', '.join(diffs)}. A "
-            f"run's budget cannot be changed by reopening it; use a new run directory"
-        )
-
-
-# --------------------------------------------------------------------------- the actor
-
-
-class BudgetLedger:
-    """The ledger itself; :func:`open_ledger` runs it as a named Ray actor.
-
-    Usable as a plain object too (tests, offline tools): nothing here needs
-    Ray except the optional metrics.
+    Usable as a plain object in one process (tests, offline tools). Not
+    thread-safe: Ray runs an actor's calls one at a time.
     """
 
-    def __init__(
-        self,
-        run_id: str,
-        wal_path: str,
-        epsilon_budget: float,
-        delta: float,
-        accountant: str = "rdp",
-    ) -> None:
-        self._run_id = _check_run_id(run_id)
-        try:
-            self._budget, self._delta, self._accountant_name = _check_settings(
-                epsilon_budget, delta, accountant
-            )
-        except AccountingError as exc:
-            raise LedgerUnavailableError(f"ledger for run {run_id!r}: {exc}") from None
-        self._wal = Path(wal_path)
-        self._acc = make_accountant(accountant)
-        self._entries: list[dict[str, Any]] = []
-        self._requests: dict[str, dict[str, Any]] = {}  # request_id -> its WAL record
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).resolve()
+        self._wal = self.root / WAL_NAME
+        self._lock_fd = -1
         self._failed: str | None = None
-        self._by_accountant: tuple[int, dict[str, float | None]] | None = None
+        self._budget: Budget | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._groups: RecordGroups | None = None
+        self._seq = self._lines = 0
+        self._worst = 0.0
         try:
+            self._store = PrivacyStore(self.root)
+            self._lock_fd = self._store.lock_writer()
+            self._epoch = self._store.next_epoch()
             self._restore()
-        except LedgerUnavailableError:
-            raise
         except OSError as exc:
+            self.close()
             raise LedgerUnavailableError(
-                f"ledger for run {run_id!r}: cannot create or repair its WAL {self._wal}: {exc}"
+                f"the privacy store {self.root} cannot be opened for writing: {exc}"
             ) from exc
-        try:
-            self._epsilon = self._acc.epsilon(self._delta)
-        except Exception as exc:  # noqa: BLE001 - spent budget unknown: do not serve
-            raise LedgerUnavailableError(
-                f"ledger for run {run_id!r}: the {accountant} "
-                f"accountant cannot evaluate the logged history "
-                f"({exc})"
-            ) from None
+        except BaseException:
+            self.close()
+            raise
         self._metrics = self._make_metrics()
-        if self._entries:
-            log.info(
-                "ledger %s restored %d steps from %s: epsilon %.6g of %.6g",
-                self._run_id,
-                self._acc.steps,
-                self._wal,
-                self._epsilon,
-                self._budget,
-            )
+        self._refresh()  # the gauges start at the restored state
 
-    # -- restore ---------------------------------------------------------------
+    # -- the one writer ------------------------------------------------------------
+
+    def _fenced(self) -> str | None:
+        """Why this writer must stop (another took over), or None."""
+        if self._failed:
+            return self._failed
+        try:
+            now = self._store.read_epoch()
+        except (OSError, LedgerUnavailableError) as exc:
+            now, why = -1, str(exc)
+        else:
+            why = f"epoch {now}, this writer's is {self._epoch}"
+        if now != self._epoch:
+            self._failed = (
+                f"another writer took over the privacy store {self.root} ({why}); this ledger "
+                "grants nothing more"
+            )
+            log.error("%s", self._failed)
+        return self._failed
+
+    def close(self) -> None:
+        """Release the store's lock (the actor's process exit does the same)."""
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _append(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Log one entry durably, fenced before and after; LedgerUnavailableError if refused."""
+        if why := self._fenced():
+            raise LedgerUnavailableError(why)
+        entry = {**record, "seq": self._seq + 1, "epoch": self._epoch, "time": time.time()}
+        try:
+            append_line(self._wal, entry)
+        except OSError as exc:
+            self._failed = f"the ledger {self._wal} could not be written ({exc})"
+            raise LedgerUnavailableError(self._failed) from exc
+        self._seq += 1
+        self._lines += 1
+        if why := self._fenced():  # taken over while writing: the line only over-counts
+            raise LedgerUnavailableError(why)
+        return entry
+
+    # -- restore -------------------------------------------------------------------
 
     def _restore(self) -> None:
-        self._wal.parent.mkdir(parents=True, exist_ok=True)
-        contents = read_wal(self._wal) if self._wal.exists() else None
-        if contents is None or contents.header is None:
-            # No file, an empty one, or only a torn header: no grant was ever recorded.
-            self._write_header()
-            return
-        _check_header(
-            self._wal,
-            contents.header,
-            self._run_id,
-            self._budget,
-            self._delta,
-            self._accountant_name,
-        )
-        for entry in contents.entries:
-            self._acc.compose(
-                DPEvent(entry["noise_multiplier"], entry["sample_rate"], entry["steps"])
+        header = {"type": "header", "format": WAL_FORMAT, "created": time.time()}
+        if not self._wal.exists():
+            write_new(self._wal, [header])
+        contents = read_log(self._wal, _check_entry)
+        if not contents.records:  # only a torn header: nothing was ever recorded
+            write_new(self._wal, [header])
+            contents = read_log(self._wal, _check_entry)
+        repair(contents)
+        records = contents.records
+        for entry in records[1:]:
+            self._apply(entry)
+            self._seq = max(self._seq, entry["seq"])
+        self._lines = len(records)
+        if self._budget is None and self._jobs:
+            raise LedgerUnavailableError(f"the ledger {self._wal} records jobs but no budget")
+        self._groups = self._load_groups(records)
+        self._refresh()
+
+    def _apply(self, e: dict[str, Any]) -> None:
+        kind = e["type"]
+        if kind == "budget":
+            self._budget = Budget(e["epsilon"], e["delta"], e["accountant"])
+        elif kind in ("admit", "import"):
+            assert self._budget is not None
+            self._jobs[e["job"]] = _Job(
+                e.get("run", ""),
+                e.get("run_key", ""),
+                DPEvent.from_dict(e["plan"]),
+                e["records"],
+                float(e.get("budget", self._budget.epsilon)),
             )
-        self._entries = contents.entries
-        self._requests = {e["request_id"]: e for e in self._entries if "request_id" in e}
-        if contents.torn_tail or contents.missing_newline:
-            self._repair(contents)
+            if kind == "import":  # a legacy run ledger: its grants, already finished
+                job = self._jobs[e["job"]]
+                job.granted, job.finished = e["plan"]["steps"], True
+        elif kind == "grant":
+            job = self._jobs[e["job"]]
+            job.granted += e["steps"]
+            job.requests.add(e["request_id"])
+        elif kind == "finish":
+            self._jobs[e["job"]].finished = True
 
-    def _write_header(self) -> None:
-        header = {
-            "type": "header",
-            "format": WAL_FORMAT,
-            "run_id": self._run_id,
-            "budget": self._budget,
-            "delta": self._delta,
-            "accountant": self._accountant_name,
-            "created": time.time(),
-        }
-        fd = os.open(self._wal, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    def _load_groups(self, records: list[dict[str, Any]]) -> RecordGroups:
+        """The record groups: the snapshot, then every job admitted after it (their files)."""
+        budget = self._budget or Budget(1.0, 1e-5)  # no budget yet: no job either
+        snap = self._read_snapshot(records)
+        groups, done = snap if snap else (RecordGroups(budget.accountant, budget.delta), 1)
+        later = [e for e in records[done:] if e["type"] in ("admit", "import")]
+        for entry in later:
+            blob = self._store.read_job_records(entry["job"], entry["fps_sha256"])
+            groups.add_job(entry["job"], _unpack(blob), ())
+        for job_id, job in self._jobs.items():
+            groups.set_events(job_id, job.committed())
+        if later:
+            self._write_snapshot(groups)
+        return groups
+
+    def _read_snapshot(self, records: list[dict[str, Any]]) -> tuple[RecordGroups, int] | None:
+        """The snapshot and the log lines it covers, if it is of a prefix of this log."""
         try:
-            _write_all(fd, _encode(header))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_dir(self._wal.parent)  # the new directory entry must survive a crash too
-
-    def _repair(self, contents: WalContents) -> None:
-        """Cut a torn last line and complete a last line missing its newline."""
-        fd = os.open(self._wal, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, contents.valid_bytes)
-            if contents.missing_newline:
-                os.lseek(fd, 0, os.SEEK_END)
-                _write_all(fd, b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    # -- metrics ---------------------------------------------------------------
-
-    def _make_metrics(self) -> dict[str, Any] | None:
-        try:
-            from ray.util.metrics import Counter, Gauge
-
-            tags = {"run": self._run_id}
-            metrics = {
-                "spent": Gauge(
-                    "privcode_epsilon_spent", "Epsilon spent by the run so far.", tag_keys=("run",)
-                ),
-                "budget": Gauge(
-                    "privcode_epsilon_budget", "Epsilon budget of the run.", tag_keys=("run",)
-                ),
-                "steps": Counter(
-                    "privcode_dp_steps", "DP-SGD steps granted to the run.", tag_keys=("run",)
-                ),
-            }
-            for metric in metrics.values():
-                metric.set_default_tags(tags)
-            metrics["spent"].set(self._epsilon)
-            metrics["budget"].set(self._budget)
-            if self._acc.steps:
-                metrics["steps"].inc(self._acc.steps)
-            return metrics
-        except Exception as exc:  # noqa: BLE001 - metrics are optional; accounting is not
-            log.warning("ledger %s: metrics unavailable (%s)", self._run_id, exc)
+            found = self._store.read_groups()
+            if found is None:
+                return None
+            state, index = found
+            n = int(state["wal_records"])
+            jobs = {e["job"] for e in records[1:n] if e["type"] in ("admit", "import")}
+            if not 0 < n <= len(records) or set(state["jobs"]) != jobs:
+                raise ValueError("it is not of this log")
+            return RecordGroups.from_state(state, index), n
+        except (ValueError, KeyError, TypeError, AccountingError) as exc:
+            log.warning("record-group snapshot unusable (%s); rebuilding from the jobs", exc)
             return None
 
-    def _update_metrics(self, steps: int) -> None:
-        with contextlib.suppress(Exception):  # metrics must never block a grant
-            if self._metrics is not None:
-                self._metrics["spent"].set(self._epsilon)
-                self._metrics["steps"].inc(steps)
+    def _write_snapshot(self, groups: RecordGroups) -> None:
+        self._store.write_groups(
+            {**groups.state(), "wal_records": self._lines}, groups.index_bytes()
+        )
 
-    # -- API -------------------------------------------------------------------
+    # -- metrics -------------------------------------------------------------------
+
+    def _make_metrics(self) -> dict[str, Any] | None:
+        """Gauges ``spent``/``budget`` and Counter ``steps`` (the actor's); none here."""
+        return None
+
+    @property
+    def store_id(self) -> str:
+        return self._store.ledger_id
+
+    def _refresh(self, steps: int = 0) -> None:
+        """Recompute the worst record's epsilon (after admits and finishes) and the gauges."""
+        g = self._groups
+        if g is not None and self._budget is not None:
+            self._worst = max((g.epsilon(jobs) for jobs in g.groups()), default=0.0)
+        with contextlib.suppress(Exception):  # metrics must never block a grant
+            m = getattr(self, "_metrics", None)
+            if m is not None:
+                m["spent"].set(self._worst)
+                if self._budget is not None:
+                    m["budget"].set(self._budget.epsilon)
+                if steps:
+                    m["steps"].inc(steps)
+
+    # -- budget --------------------------------------------------------------------
+
+    def _settle_budget(self, requested: Budget, explicit: bool, who: str, write: bool) -> Budget:
+        """The budget a job is held to: the store's (set by the first job), or a stricter one.
+
+        A job may ask for a lower epsilon than the store's (it is held to it); a
+        higher one, another delta or another accountant is refused: only
+        :meth:`raise_budget` changes the store's budget, and it logs who and why.
+        """
+        b = self._budget
+        if b is None:
+            if write:
+                self._append(
+                    {
+                        "type": "budget",
+                        **requested.to_dict(),
+                        "who": who,
+                        "why": "set by the first job on this store",
+                    }
+                )
+                self._budget = requested
+                self._groups = RecordGroups(requested.accountant, requested.delta)
+            return requested
+        if not explicit:
+            return b
+        if (requested.delta, requested.accountant) != (b.delta, b.accountant) or (
+            requested.epsilon > b.epsilon
+        ):
+            raise LedgerConflictError(
+                f"the privacy store's budget is epsilon {b.epsilon:g} at delta {b.delta:g} "
+                f"({b.accountant}); this run asks for epsilon {requested.epsilon:g} at delta "
+                f"{requested.delta:g} ({requested.accountant}). A budget is never raised by a "
+                "config change: the data owner runs `privcode budget raise --epsilon E --who "
+                "NAME --why REASON`"
+            )
+        return requested
+
+    def budget_for(self, budget: dict, explicit: bool = False) -> dict:
+        """The budget a job asking for ``budget`` is held to (a conflict raises); no write."""
+        return self._settle_budget(Budget(**budget), explicit, "", write=False).to_dict()
+
+    def raise_budget(self, epsilon: float, who: str, why: str) -> dict:
+        """Raise the store's epsilon budget (logged with ``who`` and ``why``); never lowers it."""
+        if self._budget is None:
+            raise LedgerConflictError("the store has no budget yet: the first job sets it")
+        if not who.strip() or not why.strip():
+            raise LedgerConflictError("a budget raise must say who raises it and why")
+        new = Budget(epsilon, self._budget.delta, self._budget.accountant)
+        if new.epsilon <= self._budget.epsilon:
+            raise LedgerConflictError(
+                f"epsilon {new.epsilon:g} does not raise the budget {self._budget.epsilon:g}"
+            )
+        self._append({"type": "budget", **new.to_dict(), "who": who[:200], "why": why[:500]})
+        self._budget = new
+        self._refresh()
+        return self.describe()
+
+    # -- admission -----------------------------------------------------------------
+
+    def admission(
+        self, fingerprints: bytes, plan: dict, budget: dict, explicit: bool = False
+    ) -> dict:
+        """Would a job with ``plan`` fit on these records? Nothing is written."""
+        b = self._settle_budget(Budget(**budget), explicit, "", write=False)
+        groups = self._groups if self._budget is not None else RecordGroups(b.accountant, b.delta)
+        assert groups is not None
+        adm = groups.admission(_unpack(fingerprints), [DPEvent.from_dict(plan)], b.epsilon)
+        return _admission_reply(adm, b)
+
+    def admit(
+        self,
+        fingerprints: bytes,
+        plan: dict,
+        budget: dict,
+        *,
+        explicit: bool = False,
+        run: str = "",
+        run_key: str = "",
+    ) -> dict:
+        """Admit a job on these records with its planned event, reserving it; or refuse.
+
+        A job of the same ``run_key`` (the same run directory) that never
+        finished is finished first, at what it was granted: its driver is gone
+        (or it is stopped now: a finished job gets no further step).
+        """
+        if why := self._fenced():
+            raise LedgerUnavailableError(why)
+        event = DPEvent.from_dict(plan)
+        b = self._settle_budget(Budget(**budget), explicit, f"first job ({run})", write=True)
+        for job_id, job in list(self._jobs.items()):
+            if run_key and job.run_key == run_key and not job.finished:
+                self.finish(job_id, "superseded by a new job of the same run")
+        fps = _unpack(fingerprints)
+        assert self._groups is not None
+        adm = self._groups.admission(fps, [event], b.epsilon)
+        reply = _admission_reply(adm, b)
+        if not adm.fits:
+            return reply
+        job_id = self._add_job("admit", fps, event, run, run_key, budget=b.epsilon)
+        self._write_snapshot(self._groups)
+        self._refresh()
+        return {**reply, "job": job_id}
+
+    def _add_job(
+        self, kind: str, fps: list[bytes], event: DPEvent, run: str, run_key: str, **extra: Any
+    ) -> str:
+        """Keep a new job's records, log it, add it to the groups; its id."""
+        job_id = uuid.uuid4().hex[:16]
+        digest = self._store.write_job_records(job_id, b"".join(sorted(set(fps))))
+        entry = {
+            "type": kind,
+            "job": job_id,
+            "run": run[:200],
+            "run_key": run_key,
+            "plan": event.to_dict(),
+            "records": len(set(fps)),
+            "fps_sha256": digest,
+            **extra,
+        }
+        self._append(entry)
+        self._apply(entry)
+        assert self._groups is not None
+        self._groups.add_job(job_id, fps, self._jobs[job_id].committed())
+        return job_id
+
+    def import_legacy(
+        self, fingerprints: bytes, events: list[dict], source: str, budget: dict, run: str = ""
+    ) -> dict:
+        """Count a pre-store run ledger's grants on these records, once per ``source``."""
+        if why := self._fenced():
+            raise LedgerUnavailableError(why)
+        if any(j.run_key == f"import:{source}" for j in self._jobs.values()):
+            return {"imported": 0}
+        self._settle_budget(Budget(**budget), False, f"import ({run})", write=True)
+
+        fps, count = _unpack(fingerprints), 0
+        for event in merge_events(DPEvent.from_dict(e) for e in events):
+            self._add_job("import", fps, event, run, f"import:{source}")
+            count += event.steps
+        if count and self._groups is not None:
+            self._write_snapshot(self._groups)
+            self._refresh(count)
+        return {"imported": count}
+
+    # -- steps ---------------------------------------------------------------------
 
     def reserve(
         self,
+        job: str,
         noise_multiplier: float,
         sample_rate: float,
         steps: int = 1,
         request_id: str | None = None,
     ) -> dict:
-        """Grant ``steps`` steps at (sigma, q) if the budget allows; all or nothing.
+        """Grant ``steps`` steps of an admitted job at its planned (sigma, q); all or nothing.
 
-        Returns ``{"granted", "epsilon" (spent after the call), "position"
-        (steps recorded so far), "reason" (None when granted)}``.  A grant is
-        durable (in the fsync'ed WAL) when this returns.  A WAL write failure
-        denies the request and every later one of this actor instance.
-
-        ``request_id`` (optional) makes the call idempotent: Ray re-sends a
-        call that was in flight when the actor died, and a request already in
-        the WAL is answered from it (``"duplicate": True``) instead of being
-        charged twice.  Without it such a retry is charged again (an
-        over-count).  It must name one release of the mechanism, e.g.
-        ``f"{attempt}:{step}"`` with ``attempt`` unique to the worker group's
-        incarnation: a step recomputed after a restart with fresh noise is a
-        second release and must be charged again, so the bare step number is
-        only right if a recomputed step is bit-identical (same batch, same noise).
+        Returns ``{"granted", "position" (the job's steps granted so far),
+        "reason"}``; a grant is in the fsynced log when this returns.
+        ``request_id`` names one release (``"<incarnation>:<step>"``): a call Ray
+        re-sends after an actor restart is answered from the log
+        (``"duplicate": True``), never charged twice.
         """
-        if request_id is not None:
-            seen = self._requests.get(str(request_id))
-            if seen is not None:
-                return self._duplicate(seen, noise_multiplier, sample_rate, steps)
-        if self._failed:
-            return self._deny(self._failed)
+        j = self._jobs.get(job)
+        if j is None:
+            return self._deny(None, f"job {job!r} was never admitted to this store")
+        if request_id is not None and str(request_id) in j.requests:
+            return {"granted": True, "position": j.granted, "reason": None, "duplicate": True}
+        if why := self._fenced():
+            return self._deny(j, why)
+        if j.finished:
+            return self._deny(j, "the job has finished: it is granted no further step")
         try:
             event = DPEvent(noise_multiplier, sample_rate, steps)
         except AccountingError as exc:
-            return self._deny(f"invalid request: {exc}")
-        candidate = self._acc.copy().compose(event)
-        try:
-            eps = candidate.epsilon(self._delta)
-        except Exception as exc:  # noqa: BLE001 - an accountant failure must deny, not grant
-            return self._deny(f"accountant {self._accountant_name} failed: {exc}")
-        if not eps <= self._budget:  # also denies NaN
-            return self._deny(
-                f"budget exhausted: epsilon would be {eps:.6g} > budget "
-                f"{self._budget:g} (delta {self._delta:g}, "
-                f"{self._accountant_name})"
-            )
-        record = {
-            "type": "event",
-            "seq": len(self._entries) + 1,
-            **event.to_dict(),
-            "epsilon": eps,
-            "time": time.time(),
-        }
-        if request_id is not None:
-            record["request_id"] = str(request_id)
-        try:
-            self._append(record)
-        except OSError as exc:
-            self._failed = (
-                f"ledger WAL {self._wal} could not be written ({exc}); no further "
-                f"step is granted until the ledger is reopened"
-            )
-            log.error("ledger %s: %s", self._run_id, self._failed)
-            return self._deny(self._failed)
-        self._acc = candidate
-        self._entries.append(record)
-        if request_id is not None:
-            self._requests[str(request_id)] = record
-        self._epsilon = eps
-        self._update_metrics(event.steps)
-        return {"granted": True, "epsilon": eps, "position": self._acc.steps, "reason": None}
-
-    def _duplicate(
-        self, record: dict[str, Any], noise_multiplier: Any, sample_rate: Any, steps: Any
-    ) -> dict:
-        same = (record["noise_multiplier"], record["sample_rate"], record["steps"]) == (
-            noise_multiplier,
-            sample_rate,
-            steps,
-        )
-        if not same:
-            return self._deny(
-                f"request id {record['request_id']!r} was already granted "
-                f"(seq {record['seq']}) with other parameters"
-            )
-        return {
-            "granted": True,
-            "epsilon": self._epsilon,
-            "position": self._acc.steps,
-            "reason": None,
-            "duplicate": True,
-        }
-
-    def _deny(self, reason: str) -> dict:
-        return {
-            "granted": False,
-            "epsilon": self._epsilon,
-            "position": self._acc.steps,
-            "reason": reason,
-        }
-
-    def _append(self, record: dict[str, Any]) -> None:
-        line = _encode(record)
-        # No O_CREAT: a WAL that vanished must fail the write, not restart the log empty.
-        fd = os.open(self._wal, os.O_WRONLY | os.O_APPEND)
-        try:
-            size = os.fstat(fd).st_size
+            return self._deny(j, f"invalid request: {exc}")
+        if (event.noise_multiplier, event.sample_rate) != (
+            j.plan.noise_multiplier,
+            j.plan.sample_rate,
+        ):
+            return self._deny(j, "the request's (sigma, q) is not the admitted plan's")
+        total = j.granted + event.steps
+        assert self._groups is not None
+        if total > j.plan.steps:  # past the plan: every record of the job must still fit
+            new = DPEvent(event.noise_multiplier, event.sample_rate, total)
             try:
-                _write_all(fd, line)
-                os.fsync(fd)
-            except OSError:
-                with contextlib.suppress(OSError):  # best effort: keep the log replayable
-                    os.ftruncate(fd, size)
-                raise
-        finally:
-            os.close(fd)
+                over = self._groups.check_step(job, [new], j.budget)
+            except Exception as exc:  # noqa: BLE001 - an accountant failure denies
+                return self._deny(j, f"the accountant failed: {exc}")
+            if over is not None:
+                return self._deny(
+                    j,
+                    f"budget exhausted: a record this job trains on would reach epsilon "
+                    f"{over.epsilon_after:.6g} > budget {j.budget:g}",
+                )
+        entry = {"type": "grant", "job": job, **event.to_dict()}
+        entry["request_id"] = "" if request_id is None else str(request_id)
+        try:
+            self._append(entry)
+        except LedgerUnavailableError as exc:
+            return self._deny(j, str(exc))
+        self._apply(entry)
+        if total > j.plan.steps:
+            self._groups.set_events(job, j.committed())
+            self._refresh(event.steps)
+        else:
+            self._refresh_steps(event.steps)
+        return {"granted": True, "position": j.granted, "reason": None}
 
-    def spent(self) -> dict:
-        """The run's spending: epsilon under its accountant, and under every accountant.
+    def _deny(self, job: _Job | None, reason: str) -> dict:
+        return {"granted": False, "position": job.granted if job else 0, "reason": reason}
 
-        ``steps`` and ``position`` both count the DP steps recorded; ``entries``
-        counts WAL grants.  ``epsilon_by_accountant`` maps each accountant name
-        to its epsilon of the same history (None if that accountant fails).
-        """
-        steps = self._acc.steps
-        if self._by_accountant is None or self._by_accountant[0] != len(self._entries):
-            by: dict[str, float | None] = {}
-            for name in ACCOUNTANTS:
-                if name == self._accountant_name:
-                    by[name] = self._epsilon
-                    continue
-                acc = make_accountant(name)
-                for event in self._acc.history:
-                    acc.compose(event)
-                try:
-                    by[name] = acc.epsilon(self._delta)
-                except Exception:  # noqa: BLE001 - informative only
-                    by[name] = None
-            self._by_accountant = (len(self._entries), by)
+    def _refresh_steps(self, steps: int) -> None:
+        with contextlib.suppress(Exception):
+            if self._metrics is not None:
+                self._metrics["steps"].inc(steps)
+
+    def finish(self, job: str, reason: str = "") -> dict:
+        """End a job: its committed events become its grants. Returns :meth:`job_spent`."""
+        j = self._jobs.get(job)
+        if j is None:
+            raise LedgerConflictError(f"job {job!r} was never admitted to this store")
+        if not j.finished:
+            self._append({"type": "finish", "job": job, "reason": reason[:200]})
+            j.finished = True
+            assert self._groups is not None
+            self._groups.set_events(job, j.committed())
+            self._refresh()
+        return self.job_spent(job)
+
+    def job_spent(self, job: str) -> dict:
+        """A job's grants (its release's history) and the worst epsilon of its records."""
+        j = self._jobs[job]
+        assert self._groups is not None and self._budget is not None
+        worst = max((self._groups.epsilon(g) for g in self._groups.groups_of_job(job)), default=0.0)
+        history = (
+            [e.to_dict() for e in j.committed()]
+            if j.finished
+            else (
+                [DPEvent(j.plan.noise_multiplier, j.plan.sample_rate, j.granted).to_dict()]
+                if j.granted
+                else []
+            )
+        )
         return {
-            "run_id": self._run_id,
-            "epsilon": self._epsilon,
-            "delta": self._delta,
-            "budget": self._budget,
-            "remaining": max(0.0, self._budget - self._epsilon),
-            "accountant": self._accountant_name,
-            "steps": steps,
-            "position": steps,
-            "entries": len(self._entries),
-            "epsilon_by_accountant": dict(self._by_accountant[1]),
-            "history": [e.to_dict() for e in self._acc.history],
+            "job": job,
+            "run": j.run,
+            "steps": j.granted,
+            "finished": j.finished,
+            "history": history,
+            "record_epsilon": worst,
+            "budget": self._budget.to_dict(),
         }
 
-    def history(self) -> list[dict]:
-        """The WAL's grant records (noise_multiplier, sample_rate, steps, seq, epsilon, time)."""
-        return [{k: v for k, v in e.items() if k not in ("type", "crc")} for e in self._entries]
+    # -- reading -------------------------------------------------------------------
+
+    def show(self) -> dict:
+        """Budget, record groups (epsilon under every accountant), jobs: aggregates only."""
+        b, g = self._budget, self._groups
+        groups = []
+        if b is not None and g is not None:
+            for jobs, n in g.groups().items():
+                by: dict[str, float | None] = {}
+                for name in ACCOUNTANTS:
+                    acc = make_accountant(name)
+                    for e in g.events_of(jobs):
+                        acc.compose(e)
+                    try:
+                        by[name] = float(acc.epsilon(b.delta)) if acc.steps else 0.0
+                    except Exception:  # noqa: BLE001 - informative only
+                        by[name] = None
+                groups.append({"jobs": sorted(jobs), "records": n, "epsilon": by})
+        groups.sort(key=lambda r: -(r["epsilon"].get(b.accountant if b else "rdp") or 0.0))
+        jobs = [
+            {
+                "job": job_id,
+                "run": j.run,
+                "status": "finished" if j.finished else "running",
+                "imported": j.run_key.startswith("import:"),
+                "records": j.records,
+                "plan": j.plan.to_dict(),
+                "steps_granted": j.granted,
+            }
+            for job_id, j in self._jobs.items()
+        ]
+        return {
+            "store": str(self.root),
+            "store_id": self.store_id,
+            "budget": b.to_dict() if b else None,
+            "epsilon_spent": self._worst,
+            "epsilon_left": max(0.0, b.epsilon - self._worst) if b else None,
+            "records": g.records if g else 0,
+            "groups": groups,
+            "jobs": jobs,
+        }
 
     def describe(self) -> dict:
-        """Settings and state, for :func:`open_ledger`'s checks."""
         return {
-            "run_id": self._run_id,
-            "wal_path": str(self._wal),
-            "budget": self._budget,
-            "delta": self._delta,
-            "accountant": self._accountant_name,
-            "epsilon": self._epsilon,
-            "position": self._acc.steps,
-            "entries": len(self._entries),
+            "root": str(self.root),
+            "store_id": self.store_id,
+            "epoch": self._epoch,
             "failed": self._failed,
+            "budget": self._budget.to_dict() if self._budget else None,
+            "jobs": len(self._jobs),
+            "epsilon_spent": self._worst,
             "pid": os.getpid(),
-            "wal_present": self._wal.is_file(),
             "metrics": self._metrics is not None,
         }
 
@@ -586,151 +631,15 @@ class BudgetLedger:
         return "ok"
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-# --------------------------------------------------------------------------- handles
-
-
-def open_ledger(
-    run_id: str,
-    run_dir: str | Path,
-    epsilon_budget: float,
-    delta: float,
-    accountant: str = "rdp",
-    *,
-    timeout_s: float = 120.0,
-) -> Any:
-    """Get or create the run's ledger actor, with its WAL at ``<run_dir>/ledger.wal``.
-
-    Returns the actor handle once the ledger has answered with its WAL
-    restored.  Raises :class:`LedgerConflictError` when the WAL or a running
-    ledger of this run has another budget, delta, accountant or WAL path, and
-    :class:`LedgerUnavailableError` when Ray is not initialised, the run
-    directory cannot be written, the WAL cannot be restored, or the actor does
-    not answer within ``timeout_s``.  ``run_dir`` must be reachable from every
-    node the actor may run on (shared storage on a multi-node cluster).
-    """
-    name = ledger_name(run_id)
-    try:
-        budget, delta, accountant = _check_settings(epsilon_budget, delta, accountant)
-    except AccountingError as exc:
-        raise LedgerUnavailableError(f"ledger for run {run_id!r}: {exc}") from None
-    wal = Path(run_dir).expanduser().resolve() / WAL_NAME
-    # Refuse a settings change here already, with a plain message, when the WAL is readable.
-    if wal.is_file():
-        contents = read_wal(wal)
-        if contents.header is not None:
-            _check_header(wal, contents.header, run_id, budget, delta, accountant)
-
-    import ray
-
-    if not ray.is_initialized():
-        raise LedgerUnavailableError(
-            "Ray is not initialized: connect first (privcode.cluster.local.connect)"
-        )
-    actor_cls = ray.remote(BudgetLedger).options(
-        name=name,
-        namespace=LEDGER_NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=-1,
-        max_task_retries=MAX_TASK_RETRIES,
-        num_cpus=0,
-    )
-    try:
-        handle = actor_cls.remote(run_id, str(wal), budget, delta, accountant)
-        info = ray.get(handle.describe.remote(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise LedgerUnavailableError(
-            f"ledger for run {run_id!r} did not answer within "
-            f"{timeout_s:g}s; the run must not train"
-        ) from None
-    except ray.exceptions.RayError as exc:
-        raise _unavailable(f"ledger for run {run_id!r} (WAL {wal})", exc) from None
-    want = {"wal_path": str(wal), "budget": budget, "delta": delta, "accountant": accountant}
-    diffs = [f"{k} {info.get(k)!r} (requested {v!r})" for k, v in want.items() if info.get(k) != v]
-    if diffs:
-        raise LedgerConflictError(
-            f"ledger {name!r} is already open with other settings: {', '.join(diffs)}"
-        )
-    if not info.get("wal_present"):
-        raise LedgerUnavailableError(
-            f"ledger for run {run_id!r} is running but its WAL {wal} is gone; refusing to go on "
-            f"(restore the file, or close_ledger({run_id!r}) to start a new budget there)"
-        )
-    if info.get("failed"):
-        raise LedgerUnavailableError(
-            f"ledger for run {run_id!r} is unusable: {info['failed']} "
-            f"(close_ledger({run_id!r}) stops it; the next open_ledger "
-            f"rebuilds it from the WAL)"
-        )
-    return handle
-
-
-def _unavailable(context: str, exc: BaseException) -> LedgerUnavailableError:
-    """The ledger error behind a Ray error (the actor's constructor message if there is one)."""
-    text = str(exc)
-    for cls in (LedgerConflictError, LedgerUnavailableError):
-        marker = f"{cls.__name__}: "
-        if marker in text:
-            message = text.rsplit(marker, 1)[1].strip().splitlines()[0]
-            return cls(message)
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    detail = lines[0] if lines else type(exc).__name__
-    return LedgerUnavailableError(
-        f"{context} cannot be reached or restored "
-        f"({type(exc).__name__}: {detail[:300]}); the run must not train"
-    )
-
-
-def ledger_call(
-    handle: Any, method: str, *args: Any, timeout_s: float = 120.0, **kwargs: Any
-) -> Any:
-    """``ray.get(handle.<method>.remote(*args, **kwargs))``, failing as the ledger would.
-
-    Any Ray error (the actor died for good, its restore from the WAL failed,
-    it did not answer within ``timeout_s``) becomes :class:`LedgerUnavailableError`,
-    so a trainer has one exception that means "stop"::
-
-        reply = ledger_call(ledger, "reserve", sigma, q, 1, request_id=str(step))
-    """
-    import ray
-
-    try:
-        return ray.get(getattr(handle, method).remote(*args, **kwargs), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise LedgerUnavailableError(
-            f"the ledger did not answer {method}() within {timeout_s:g}s; the run must not train"
-        ) from None
-    except ray.exceptions.RayError as exc:
-        raise _unavailable("the ledger", exc) from None
-
-
-def get_ledger(run_id: str) -> Any:
-    """Handle of a run's open ledger (for Ray Train workers and tasks); no creation."""
-    import ray
-
-    try:
-        return ray.get_actor(ledger_name(run_id), namespace=LEDGER_NAMESPACE)
-    except ValueError:
-        raise LedgerUnavailableError(
-            f"no ledger is open for run {run_id!r} (actor "
-            f"{ledger_name(run_id)!r} in namespace "
-            f"{LEDGER_NAMESPACE!r}); open_ledger must run first"
-        ) from None
-
-
-def close_ledger(run_id: str) -> bool:
-    """Stop a run's ledger actor (its WAL stays); True if one was running."""
-    import ray
-
-    try:
-        handle = ray.get_actor(ledger_name(run_id), namespace=LEDGER_NAMESPACE)
-    except ValueError:
-        return False
-    ray.kill(handle, no_restart=True)
-    return True
+def _admission_reply(adm: Any, budget: Budget) -> dict:
+    w = adm.worst
+    return {
+        "admitted": bool(adm.fits),
+        "message": adm.message(),
+        "records": adm.records,
+        "new_records": adm.new_records,
+        "epsilon_spent": w.epsilon,
+        "epsilon_after": w.epsilon_after,
+        "epsilon_left": max(0.0, budget.epsilon - w.epsilon),
+        "budget": budget.to_dict(),
+    }

@@ -20,20 +20,30 @@ The directory is 0700 and the key file 0600; the key is created once
 (atomically: a second process racing on the first use reads the same key)
 and never leaves the store. Deleting the key only makes new ids (the runs
 of one corpus no longer group in reports); it grants no budget.
+
+The store also holds the files of its ledger (:mod:`privcode.dp.ledger`),
+written here and only by its one writer: the writer's ``lock`` (flock) and
+``epoch``, each job's record fingerprints under ``jobs/``, and a snapshot of
+the record groups under ``groups/`` (all 0600, written to a temporary name,
+fsynced, renamed, the directory fsynced).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
+import json
 import os
+import socket
 import tempfile
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from privcode.errors import PrivcodeError
-from privcode.utils import fsync_dir, sha256_file
+from privcode.errors import LedgerUnavailableError, PrivcodeError
+from privcode.utils import atomic_write_bytes, fsync_dir, sha256_file
 
 __all__ = [
     "ENV_VAR",
@@ -48,6 +58,7 @@ __all__ = [
 ENV_VAR = "PRIVCODE_PRIVACY_STORE"
 DEFAULT_DIRNAME = "privacy-store"
 KEY_FILE = "dataset-id.key"
+LOCK_FILE, EPOCH_FILE, JOBS_DIR, SNAPSHOT_DIR = "lock", "epoch", "jobs", "groups"
 _KEY_BYTES = 32
 FINGERPRINT_BYTES = 16
 
@@ -154,6 +165,11 @@ class PrivacyStore:
         mac = hmac.new(self._load_key(), f"privcode-{label}/1\0".encode() + data, hashlib.sha256)
         return mac.hexdigest()[:length]
 
+    @property
+    def ledger_id(self) -> str:
+        """The store's name for its ledger actor and metrics (keyed: stable across mounts)."""
+        return self.opaque("store-id", "ledger", 12)
+
     def record_fingerprints(self, records: Iterable[tuple[str, str]]) -> list[bytes]:
         """One keyed fingerprint per ``(prompt, code)`` record (:func:`record_fingerprint`)."""
         key = hmac.digest(self._load_key(), b"privcode-record-key/1", "sha256")
@@ -162,3 +178,82 @@ class PrivacyStore:
     def dataset_id(self, path: str | os.PathLike) -> str:
         """The opaque id of a training file's content: ``ds-`` + 20 hex of a keyed HMAC."""
         return "ds-" + self.opaque("dataset-id", bytes.fromhex(sha256_file(path)))
+
+    # -- the ledger's files (written by its one writer only) ---------------------------
+
+    def lock_writer(self) -> int:
+        """Take the store's writer lock (``flock``, held while the fd is open): the fd.
+
+        :class:`LedgerUnavailableError` naming the holder when another process has it.
+        """
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise LedgerUnavailableError(
+                f"another ledger holds the privacy store {self.root} ({holder}); one store has "
+                "one writer: use that cluster, or stop its ledger first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        return fd
+
+    def read_epoch(self) -> int:
+        """The current writer's epoch (0 before the first)."""
+        try:
+            return int((self.root / EPOCH_FILE).read_text(encoding="utf-8").strip() or 0)
+        except FileNotFoundError:
+            return 0
+        except ValueError:
+            raise LedgerUnavailableError(f"the epoch file of {self.root} is damaged") from None
+
+    def next_epoch(self) -> int:
+        """Bump the epoch (with the lock held): every older writer is fenced out."""
+        epoch = self.read_epoch() + 1
+        atomic_write_bytes(self.root / EPOCH_FILE, f"{epoch}\n".encode(), mode=0o600)
+        return epoch
+
+    def write_job_records(self, job: str, fingerprints: bytes) -> str:
+        """Keep a job's packed fingerprints; returns their SHA-256 (for the log entry)."""
+        (self.root / JOBS_DIR).mkdir(mode=0o700, exist_ok=True)
+        atomic_write_bytes(self.root / JOBS_DIR / f"{job}.fps", fingerprints, mode=0o600)
+        return hashlib.sha256(fingerprints).hexdigest()
+
+    def read_job_records(self, job: str, sha256: str) -> bytes:
+        """A job's packed fingerprints, checked against the log's digest."""
+        try:
+            blob = (self.root / JOBS_DIR / f"{job}.fps").read_bytes()
+        except OSError as exc:
+            raise LedgerUnavailableError(
+                f"the records of job {job} are missing from the store ({exc.strerror}); the "
+                "per-record budget cannot be restored"
+            ) from None
+        if hashlib.sha256(blob).hexdigest() != sha256:
+            raise LedgerUnavailableError(f"the records file of job {job} is damaged")
+        return blob
+
+    def write_groups(self, state: dict[str, Any], index: bytes) -> None:
+        """Snapshot the record groups: the index, then the state naming its digest."""
+        d = self.root / SNAPSHOT_DIR
+        d.mkdir(mode=0o700, exist_ok=True)
+        atomic_write_bytes(d / "index.bin", index, mode=0o600)
+        state = {**state, "index_sha256": hashlib.sha256(index).hexdigest()}
+        atomic_write_bytes(d / "state.json", json.dumps(state).encode(), mode=0o600)
+
+    def read_groups(self) -> tuple[dict[str, Any], bytes] | None:
+        """The snapshot (state, index); None when absent; ValueError when damaged."""
+        d = self.root / SNAPSHOT_DIR
+        try:
+            state = json.loads((d / "state.json").read_text(encoding="utf-8"))
+            index = (d / "index.bin").read_bytes()
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"unreadable ({exc})") from None
+        if not isinstance(state, dict) or hashlib.sha256(index).hexdigest() != state.get(
+            "index_sha256"
+        ):
+            raise ValueError("the index does not match its state")
+        return state, index

@@ -211,6 +211,11 @@ def run_pipeline(
 
         cluster = connect(cfg.run.ray_address or None)
         log.info("running on Ray cluster %s", cluster.get("address"))
+        from privcode.pipeline.admission import preflight
+
+        verdict = preflight(cfg, order)  # BudgetRefused before any stage starts
+        if verdict:
+            _say(f"privacy budget: {verdict}")
     results: dict[str, dict[str, Any]] = {}
     manifests: dict[str, StageManifest] = {}
     pending = list(order)

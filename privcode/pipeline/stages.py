@@ -131,22 +131,35 @@ class TrainStage(Stage):
         return max(1, cfg.train.num_workers) * cfg.train.cpus_per_worker
 
     def run(self, cfg, out_dir, inputs):
+        from privcode.dp.ledger import Budget
         from privcode.dp.store import resolve_store
         from privcode.train.loop import run_training
         from privcode.utils import sha256_file
 
         layout = RunLayout.of(cfg)
         data = Path(cfg.train.data) if cfg.train.data else layout.train_data
-        digest = sha256_file(data)  # names a PRIVATE directory only
+        # Run ledgers from before the privacy store, of this corpus under any run name:
+        # imported once (their charges count). The digest only finds them; it is not kept.
+        digest = sha256_file(data)[:16]
+        legacy = sorted(Path(cfg.run.out_dir).resolve().glob(f"*/ledger/{digest}/ledger.wal"))
         summary = run_training(
             cfg.train,
             data_path=data,
             base_path=base_path(inputs),
             out_dir=layout.release_in(out_dir),
-            ledger_dir=layout.root / "ledger" / digest[:16],
             run_name=cfg.run.name,
             storage_dir=layout.work("train"),
             privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir),
+            budget=(
+                Budget(
+                    cfg.privacy.epsilon_budget,
+                    cfg.privacy.delta or cfg.train.delta,
+                    cfg.train.accountant,
+                )
+                if cfg.privacy.epsilon_budget
+                else None
+            ),
+            legacy_ledgers=tuple(legacy),
         )
         summary.pop("audit_log", None)  # a path in private storage, removed on success
         return {**summary, "data_path": str(data.resolve())}

@@ -82,14 +82,16 @@ from privcode.cluster.local import connect
 from privcode.config import TrainConfig
 from privcode.data.records import read_records
 from privcode.data.stdlib import stdlib_dir
-from privcode.dp.accounting import DPEvent, calibrate, epsilon
+from privcode.dp.accounting import ACCOUNTANTS, DPEvent, calibrate, epsilon
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import BudgetUnavailable, Privacy, Reserve, make_private
-from privcode.dp.ledger import WAL_NAME, close_ledger, get_ledger, open_ledger, read_wal
+from privcode.dp.ledger import Budget, pack_fingerprints
+from privcode.dp.ledger_actor import get_ledger, ledger_call, ledger_name, open_ledger, store_id
 from privcode.dp.randomness import record_key
 from privcode.dp.sampler import shard_of
 from privcode.dp.store import PrivacyStore, resolve_store
-from privcode.errors import PrivcodeError
+from privcode.dp.wal import legacy_events
+from privcode.errors import BudgetRefused, PrivcodeError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
 from privcode.train.artifact import privacy_record, write_junior_release
@@ -101,7 +103,14 @@ from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.train")
 
-__all__ = ["TrainingError", "TrainJob", "run_training", "train_loop_per_worker"]
+__all__ = [
+    "BudgetRefused",
+    "TrainJob",
+    "TrainingError",
+    "admit_job",
+    "run_training",
+    "train_loop_per_worker",
+]
 
 
 class TrainingError(PrivcodeError):
@@ -119,7 +128,8 @@ class TrainJob:
     num_records: int
     sample_rate: float
     privacy: Privacy  # the engine's mode: DP-SGD, or the named non-private one
-    run_id: str  # ledger name ('' = no ledger: non-private only)
+    ledger: str  # the store ledger actor's name ('' = no ledger: non-private only)
+    job_id: str  # this job in the store's ledger
     audit_log: str
     local_checkpoints: str = ""  # Ray Train local mode: where checkpoints are written
 
@@ -136,7 +146,7 @@ def _ledger_reserve(job: TrainJob, ledger: Any) -> Reserve:
     def reserve(request_id: str) -> tuple[bool, int, str | None]:
         d = ray.get(
             ledger.reserve.remote(
-                job.privacy.noise_multiplier, job.sample_rate, 1, request_id=request_id
+                job.job_id, job.privacy.noise_multiplier, job.sample_rate, 1, request_id=request_id
             ),
             timeout=120,
         )
@@ -297,7 +307,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     keys = [record_key(e.input_ids, e.segments) for e in encoded]
     _write_private_stats(job, rank, world, private_stats, device)
 
-    ledger = get_ledger(job.run_id) if rank == 0 and job.privacy.private else None
+    ledger = get_ledger(job.ledger) if rank == 0 and job.privacy.private else None
     engine = make_private(
         objective,
         optimizer,
@@ -375,40 +385,91 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the launcher
 
 
-def _ledger_id(run_name: str, ledger_dir: Path, store: Any) -> str:
-    """The ledger actor's cluster-wide name (also the metrics' ``run`` tag).
+def _legacy_ledgers(paths: list[Path]) -> list[tuple[str, dict, list[dict]]]:
+    """(source, header, grants) of each pre-store run ledger to import (migration)."""
+    out = []
+    for wal in paths:
+        header, events = legacy_events(wal)
+        if events:
+            out.append((f"{wal.resolve()}:{header.get('created')}", header, events))
+    return out
 
-    Tied to the WAL's directory, so two runs of the same name elsewhere (other
-    out_dir, other data) never share it; the directory's path holds a corpus
-    digest, so the name is a keyed HMAC of it (:meth:`PrivacyStore.opaque`),
-    never a plain hash. A WAL written before this rule keeps the id in its
-    header (changing it would lock the ledger with a conflict).
+
+def admit_job(
+    store: PrivacyStore,
+    records: list[Any],
+    plan: DPEvent,
+    budget: Budget,
+    *,
+    explicit: bool,
+    run: str,
+    run_key: str,
+    legacy: list[Path] = (),  # type: ignore[assignment]
+) -> tuple[Any, str, dict[str, Any]]:
+    """Admit a DP job on ``records`` to the store's ledger: (handle, job id, reply).
+
+    Fingerprints the records (keyed, :meth:`PrivacyStore.record_fingerprints`),
+    imports the grants of pre-store run ledgers of this corpus once (their
+    charges count), and asks for ``plan``; :class:`BudgetRefused` with the
+    worst record's numbers when it does not fit.
     """
-
-    wal = ledger_dir / WAL_NAME
-    if wal.is_file():
-        with contextlib.suppress(Exception):
-            legacy = (read_wal(wal).header or {}).get("run_id")
-            if isinstance(legacy, str) and legacy.startswith(f"{run_name}-"):
-                return legacy
-    return f"{run_name}-{store.opaque('ledger', str(ledger_dir.resolve()), 16)}"
-
-
-def _check_room(ledger: Any, cfg: TrainConfig, sigma: float, q: float) -> None:
-    """Refuse early (before starting workers) when not even one step fits in the budget.
-
-    Only a courtesy: the ledger's reservation inside the loop is what
-    enforces the budget.
-    """
-    spent = ray.get(ledger.spent.remote())
-    history = [DPEvent.from_dict(e) for e in spent.get("history", [])]
-    if epsilon([*history, DPEvent(sigma, q, 1)], cfg.delta, cfg.accountant) > cfg.epsilon:
-        raise TrainingError(
-            "no DP-SGD step can be taken: the privacy budget of this training set's ledger "
-            f"is already spent (epsilon {spent.get('epsilon', 0.0):.4g} of {cfg.epsilon:g}). "
-            "The budget belongs to these records: training on them again composes with "
-            "every release made from them, and only the data owner may raise it."
+    fps = pack_fingerprints(store.record_fingerprints((r.prompt, r.code) for r in records))
+    ledger = open_ledger(store.root)
+    for source, header, events in _legacy_ledgers(list(legacy)):
+        old = Budget(
+            header.get("budget", budget.epsilon),
+            header.get("delta", budget.delta),
+            header.get("accountant", budget.accountant),
         )
+        done = ledger_call(
+            ledger,
+            "import_legacy",
+            fps,
+            events,
+            store.opaque("legacy", source),
+            old.to_dict(),
+            run=run,
+        )
+        if done["imported"]:
+            log.warning(
+                "imported %d DP steps of a run ledger from before the privacy store: "
+                "they count against these records' budget",
+                done["imported"],
+            )
+    reply = ledger_call(
+        ledger,
+        "admit",
+        fps,
+        plan.to_dict(),
+        budget.to_dict(),
+        explicit=explicit,
+        run=run,
+        run_key=run_key,
+    )
+    if not reply["admitted"]:
+        raise BudgetRefused(
+            f"privacy budget: {reply['message']}. The budget belongs to these records, "
+            "whatever run, directory or copy of the file trains on them; lower "
+            "train.epsilon or train.steps, or the data owner raises it with `privcode "
+            "budget raise`"
+        )
+    return ledger, reply["job"], reply
+
+
+def _release_spent(history: list[dict], cfg: TrainConfig) -> dict[str, Any]:
+    """The release's own epsilon (its job's grants) under every accountant."""
+    events = [DPEvent.from_dict(e) for e in history]
+    by: dict[str, float | None] = {}
+    for name in ACCOUNTANTS:
+        try:
+            by[name] = epsilon(events, cfg.delta, name) if events else 0.0
+        except Exception:  # noqa: BLE001 - informative only
+            by[name] = None
+    return {
+        "epsilon": by[cfg.accountant],
+        "epsilon_by_accountant": by,
+        "steps": sum(e.steps for e in events),
+    }
 
 
 def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
@@ -424,27 +485,33 @@ def run_training(
     data_path: str | Path,
     base_path: str | Path,
     out_dir: str | Path,
-    ledger_dir: str | Path,
     run_name: str,
     storage_dir: str | Path,
     non_private: Privacy | None = None,
     keep_storage: bool = False,
     privacy_store: str | Path | None = None,
+    budget: Budget | None = None,
+    run_key: str = "",
+    legacy_ledgers: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
 
     Release (``out_dir``): ``adapter/`` (peft ``save_pretrained``) and
-    ``privacy.json`` (method, epsilon under RDP and PRV from the ledger's
-    history, delta, the history's DP events, C, q, N, sigma, steps taken, the
-    RNG mode, the adjacency, an opaque dataset id, the base model path). The
-    ledger's WAL lives in
-    ``ledger_dir`` (outside the release, kept across runs: a second run on
-    the same data spends from the same budget). Ray Train checkpoints and the
-    audit log go to ``storage_dir/<unique name>``, removed after success
-    unless ``keep_storage``. ``privacy_store`` (default: beside
-    ``ledger_dir`` (``privacy-store/``), or ``PRIVCODE_PRIVACY_STORE``) holds the key of
-    the opaque dataset id (:mod:`privcode.dp.store`). Raises
-    :class:`TrainingError` when no step could be taken.
+    ``privacy.json`` (method, epsilon under RDP and PRV of the job's grants,
+    delta, the history's DP events, C, q, N, sigma, steps taken, the RNG
+    mode, the adjacency, an opaque dataset id, the base model path).
+
+    Before any worker starts, the job is admitted to the ledger of the privacy
+    store (``privacy_store``, default ``PRIVCODE_PRIVACY_STORE`` or
+    ``privacy-store/`` beside ``out_dir``): the worst of its records,
+    counting every earlier job that trained on it, must stay within
+    ``budget`` (None: the store's, set by its first job to ``cfg.epsilon`` at
+    ``cfg.delta``) with the planned steps added, else :class:`BudgetRefused`.
+    ``run_key`` names the run (a new job of the same key finishes an
+    abandoned one); ``legacy_ledgers`` are pre-store run ledgers of this
+    corpus, imported once. Ray Train checkpoints and the audit log go to
+    ``storage_dir/<unique name>``, removed after success unless
+    ``keep_storage``. Raises :class:`TrainingError` when no step could be taken.
 
     ``non_private`` (tests and comparisons; never from a config file): the
     engine's non-private mode instead of DP-SGD (no noise, no ledger; its
@@ -473,11 +540,10 @@ def run_training(
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.error(msg)
     data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
-    out_dir, ledger_dir = Path(out_dir), Path(ledger_dir).resolve()
-    store = PrivacyStore(
-        privacy_store if privacy_store is not None else resolve_store("", ledger_dir)
-    )
-    n = len(read_records(data_path))
+    out_dir = Path(out_dir)
+    store = PrivacyStore(privacy_store if privacy_store is not None else resolve_store("", out_dir))
+    records = read_records(data_path)
+    n = len(records)
     corpus_sha = sha256_file(data_path)
     dataset_id = store.dataset_id(data_path)
     q = cfg.expected_batch_size / n
@@ -501,16 +567,20 @@ def run_training(
 
     if not ray.is_initialized():
         connect()
-    run_id = ""
-    ledger = None
+    ledger, job_id = None, ""
     if privacy.private:
-        run_id = _ledger_id(run_name, ledger_dir, store)
-        ledger = open_ledger(run_id, ledger_dir, cfg.epsilon, cfg.delta, cfg.accountant)
-        try:
-            _check_room(ledger, cfg, sigma, q)
-        except BaseException:
-            close_ledger(run_id)
-            raise
+        ledger, job_id, admitted = admit_job(
+            store,
+            records,
+            DPEvent(sigma, q, cfg.steps),
+            budget or Budget(cfg.epsilon, cfg.delta, cfg.accountant),
+            explicit=budget is not None,
+            run=run_name,
+            run_key=run_key or store.opaque("run", str(out_dir.resolve())),
+            legacy=list(legacy_ledgers),
+        )
+        log.info("privacy budget: %s", admitted["message"])
+    del records
 
     storage_root = Path(storage_dir).resolve()
     storage_root.mkdir(parents=True, exist_ok=True)
@@ -525,7 +595,8 @@ def run_training(
         num_records=n,
         sample_rate=q,
         privacy=privacy,
-        run_id=run_id,
+        ledger=ledger_name(store_id(store.root)) if ledger is not None else "",
+        job_id=job_id,
         audit_log=str(audit_log),
         local_checkpoints=str(storage_root / name) if local else "",
     )
@@ -543,6 +614,7 @@ def run_training(
     started = time.time()
     spent: dict[str, Any] = {}
     history: list[dict] = []
+    finished: dict[str, Any] = {}
     try:
         try:
             result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)
@@ -562,19 +634,23 @@ def run_training(
             state = json.loads((Path(d) / "state.json").read_text(encoding="utf-8"))
             if state["step"] == 0:
                 raise TrainingError(
-                    "no DP-SGD step was taken: the privacy budget of this training set's "
-                    "ledger is already spent. Training again on the same data needs a "
-                    "new budget decision by the data owner: it composes with every release "
-                    "made from these records."
+                    "no DP-SGD step was taken: the privacy budget of these records is "
+                    "spent. Training again on the same data needs a new budget decision "
+                    "by the data owner: it composes with every release made from them."
                 )
             shutil.copytree(Path(d), ckpt_dir, dirs_exist_ok=True)
-        if ledger is not None:
-            spent = ray.get(ledger.spent.remote())
-            history = ray.get(ledger.history.remote())
     finally:
         if ledger is not None:
-            # The actor is detached: stop it; its WAL keeps the state for the next open.
-            close_ledger(run_id)
+            # Always: a finished job's committed events become what it was granted.
+            try:
+                finished = ledger_call(ledger, "finish", job_id, "training ended")
+            except PrivcodeError as exc:  # its plan stays reserved: an over-count only
+                log.error("the job could not be finished in the privacy ledger: %s", exc)
+    if ledger is not None and not finished:
+        raise TrainingError("the privacy ledger did not confirm the job's grants; no release")
+    if finished:
+        history = finished["history"]
+        spent = _release_spent(history, cfg)
     seconds = time.time() - started
     privacy = privacy_record(
         cfg,
@@ -638,4 +714,6 @@ def run_training(
         "conditioning": method.conditioning,
         "audit_log": str(audit_log),
         "privacy_store": str(store.root),
+        # The worst epsilon of this job's records, every job that trained on them composed.
+        "record_epsilon": finished.get("record_epsilon"),
     }

@@ -1,0 +1,96 @@
+"""Admission before any stage starts: will the run's DP training fit its records' budget?
+
+:func:`preflight` runs in ``run_pipeline`` (so in ``privcode run``, ``privcode
+train`` and every ``make submit-job`` target, whose job runs ``privcode run``)
+before the first stage. When the train stage is selected and has no result on
+disk yet (or ``run.force``), it asks the privacy store's ledger, without
+reserving anything, the question the train stage's admission will ask:
+
+* the training file exists (``train.data``, or the run's built corpus): the
+  worst of its records, with every earlier job that trained on it, plus the
+  planned ``(sigma, q, steps)`` must fit the budget;
+* it does not exist yet (the data stage builds it): the plan alone must fit
+  (a record never trained on), and the config must not ask for another budget
+  than the store's.
+
+A refusal is a :class:`~privcode.errors.BudgetRefused` naming the worst record's epsilon spent, what the run
+would add and what is left. The train stage's own admission, which reserves,
+stays the binding check.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from privcode.config import PipelineConfig
+from privcode.errors import BudgetRefused
+from privcode.layout import RunLayout
+from privcode.registry import get_method
+
+log = logging.getLogger("privcode.pipeline")
+
+__all__ = ["BudgetRefused", "preflight"]
+
+
+def _refusal(message: str) -> BudgetRefused:
+    return BudgetRefused(
+        f"privacy budget, checked before any stage: {message}. The budget belongs to these "
+        "records, whatever run, directory or copy of the file trains on them; lower "
+        "train.epsilon or train.steps, or the data owner raises it with `privcode budget raise`"
+    )
+
+
+def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
+    """Check the train stage's budget before anything runs (module docstring); None: no check."""
+    from privcode.pipeline.runner import read_manifest
+
+    train = cfg.train
+    layout = RunLayout.of(cfg)
+    if "train" not in order or not get_method(train.method).dp:
+        return None
+    if read_manifest(layout.stage("train")) is not None and not cfg.run.force:
+        return None  # probably current (then skipped); if not, the stage's admission decides
+    from privcode.dp.accounting import DPEvent, calibrate
+    from privcode.dp.ledger import Budget, pack_fingerprints
+    from privcode.dp.ledger_actor import ledger_call, open_ledger
+    from privcode.dp.store import PrivacyStore, resolve_store
+
+    store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
+    explicit = bool(cfg.privacy.epsilon_budget)
+    budget = Budget(
+        cfg.privacy.epsilon_budget or train.epsilon,
+        cfg.privacy.delta or train.delta,
+        train.accountant,
+    )
+    data = Path(train.data) if train.data else layout.train_data
+    ledger = open_ledger(store.root)
+    if not data.is_file():
+        held = ledger_call(ledger, "budget_for", budget.to_dict(), explicit)  # conflicts raise
+        if train.epsilon > held["epsilon"]:
+            raise _refusal(
+                f"train.epsilon {train.epsilon:g} alone is over the per-record budget "
+                f"{held['epsilon']:g} of the privacy store"
+            )
+        return None
+    from privcode.data.records import read_records
+
+    records = read_records(data)
+    n = len(records)
+    q = min(1.0, train.expected_batch_size / n)
+    sigma = train.noise_multiplier or calibrate(
+        train.epsilon, train.delta, q, train.steps, train.accountant
+    )
+    fps = pack_fingerprints(store.record_fingerprints((r.prompt, r.code) for r in records))
+    reply = ledger_call(
+        ledger,
+        "admission",
+        fps,
+        DPEvent(sigma, q, train.steps).to_dict(),
+        budget.to_dict(),
+        explicit=explicit,
+    )
+    if not reply["admitted"]:
+        raise _refusal(reply["message"])
+    log.info("privacy budget before the run: %s", reply["message"])
+    return reply["message"]

@@ -1,0 +1,138 @@
+"""Budgets that belong to the data, end to end: real Ray, real training, the real store.
+
+A renamed run is refused before any stage; epsilons of a sweep on one corpus
+compose per record; a pre-store run ledger is imported once; `privcode budget`
+shows, raises and wipes; `make clean` leaves the store (test_record_groups).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from privcode.config import TrainConfig
+from privcode.dp.accounting import DPEvent, epsilon
+from privcode.dp.ledger import Budget
+from privcode.dp.wal import write_new
+from privcode.errors import BudgetRefused, PrivcodeError
+from privcode.train.loop import run_training
+
+pytestmark = pytest.mark.ray
+
+SMALL = TrainConfig(
+    method="dpft",
+    expected_batch_size=8,
+    max_length=32,
+    eval_tokens=0,
+    checkpoint_every=50,
+    num_workers=0,
+    noise_multiplier=1.0,
+    steps=3,
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from privcode.config import DataConfig
+    from privcode.data.demo import build_demo_corpus
+
+    out = tmp_path_factory.mktemp("corpus")
+    build_demo_corpus(out, DataConfig(size=40, canary_repetitions=(1,)), progress=False)
+    return out / "train.parquet"
+
+
+def _train(cfg, data, base, store, name, **kwargs):
+    return run_training(
+        cfg,
+        data_path=data,
+        base_path=base,
+        out_dir=store.parent / name / "release",
+        run_name=name,
+        storage_dir=store.parent / name / "storage",
+        privacy_store=store,
+        **kwargs,
+    )
+
+
+def _cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "privcode.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_sweep_composes_per_record_and_a_legacy_ledger_counts(
+    ray_connected, corpus, ci_model, tmp_path
+):
+    base_path = ci_model
+    store = tmp_path / "privacy-store"
+    from privcode.data.records import read_records
+
+    q = SMALL.expected_batch_size / len(read_records(corpus))
+    # A pre-store run ledger of this corpus (format 1): its 4 steps count once.
+    legacy = tmp_path / "runs" / "old" / "ledger" / "abcd" / "ledger.wal"
+    header = {"type": "header", "format": 1, "run_id": "old", "budget": 9.0, "delta": 1e-5}
+    grant = {"type": "event", "noise_multiplier": 1.0, "sample_rate": q, "steps": 4}
+    write_new(legacy, [{**header, "accountant": "rdp"}, {**grant, "seq": 1}])
+    budget = Budget(9.0, 1e-5)
+    a = _train(SMALL, corpus, base_path, store, "eps-a", budget=budget, legacy_ledgers=(legacy,))
+    b = _train(SMALL, corpus, base_path, store, "eps-b", budget=budget, legacy_ledgers=(legacy,))
+    one = epsilon([DPEvent(1.0, q, 3)], 1e-5)
+    assert a["epsilon"] == pytest.approx(one) and b["epsilon"] == pytest.approx(one)
+    assert a["record_epsilon"] == pytest.approx(epsilon([DPEvent(1.0, q, 7)], 1e-5))
+    assert b["record_epsilon"] == pytest.approx(epsilon([DPEvent(1.0, q, 10)], 1e-5))
+    # A third run asking for what is left and more is refused before it starts.
+    big = dataclasses.replace(SMALL, steps=2000)
+    with pytest.raises(BudgetRefused, match="worst of the") as refused:
+        _train(big, corpus, base_path, store, "eps-c", budget=budget)
+    assert not (tmp_path / "eps-c" / "release").exists()
+    assert "has spent epsilon" in str(refused.value)
+
+    shown = json.loads(_cli("budget", "show", "--store", str(store), "--json").stdout)
+    assert shown["budget"]["epsilon"] == 9.0 and len(shown["jobs"]) == 3
+    assert [j["imported"] for j in shown["jobs"]] == [True, False, False]
+    assert shown["epsilon_spent"] == pytest.approx(b["record_epsilon"])
+    text = _cli("budget", "show", "--store", str(store)).stdout
+    assert "worst record" in text and "record groups" in text
+    # Raised on record only; wiped only when confirmed by path.
+    out = _cli(
+        "budget", "raise", "--store", str(store), "--epsilon", "8", "--who", "me", "--why", "x"
+    )
+    assert out.returncode == 2 and "does not raise" in out.stderr
+    out = _cli("budget", "wipe", "--store", str(store))
+    assert out.returncode == 2 and "--confirm" in out.stderr and store.is_dir()
+
+
+def test_a_renamed_run_is_refused_before_any_stage(tiny_pipeline, ci_base_cache):
+    from conftest import tiny_pipeline_overrides
+
+    from privcode.config import load_config
+    from privcode.pipeline.runner import run_pipeline
+
+    root, _ = tiny_pipeline
+    data = root / "runs" / "t" / "data" / "train.parquet"
+    overrides = [
+        *tiny_pipeline_overrides(root, ci_base_cache),
+        "run.name=t-renamed",
+        f"train.data={data}",
+        "privacy.epsilon_budget=4.5",
+    ]
+    with pytest.raises(BudgetRefused, match="checked before any stage"):
+        run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
+    assert not (root / "runs" / "t-renamed").exists() or not any(
+        (root / "runs" / "t-renamed").glob("*/manifest.json")
+    )
+    # A budget above the store's is refused too: only `privcode budget raise` raises it.
+    with pytest.raises(PrivcodeError, match="privcode budget raise"):
+        run_pipeline(
+            load_config("jobs/configs/demo.yaml", [*overrides, "privacy.epsilon_budget=100"])
+        )
