@@ -193,12 +193,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         }
         apps.append(("premium", "/", app(options), f"premium model {release}"))
     if args.pac:
+        from privcode.dp.store import resolve_store
         from privcode.pac.ensemble import read_manifest
         from privcode.serve.ensemble import app as pac_app
 
         read_manifest(args.pac)  # a wrong dir fails here, not later inside the replica
-        # The mechanism and budgets come from the config's pac section; the state dir
-        # is the app's default (<worlds>/curator-state). The chart sets them on Kubernetes.
+        # The mechanism and budgets come from the config's pac section; the curator's state
+        # lives in the config's privacy store. The chart sets them on Kubernetes.
         pac = cfg.pac
         options = {
             "worlds": args.pac,
@@ -208,6 +209,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "decoder": args.pac_decoder,
             "session_budget": pac.session_budget,
             "deployment_budget": pac.deployment_budget,
+            "privacy_store": str(resolve_store(cfg.privacy.store, cfg.run.out_dir)),
         }
         apps.append(("pac", PAC_ROUTE, pac_app(options), f"PAC ensemble {args.pac}"))
     connect(args.address)
@@ -396,8 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
         "stage's <run.out_dir>/<run.name>/pac/worlds) at /ensemble (the "
         "chart's route), with the config's pac.b, top_k and budgets; its "
-        "curator state (secret and charges) persists in "
-        "WORLDS_DIR/curator-state.",
+        "curator state (secret and charges) persists in the privacy store.",
     )
     p.add_argument(
         "--pac-decoder",

@@ -4,9 +4,11 @@ auth, accounting), the state lock and restarts, and one real Ray Serve app over 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import torch
 from serve_support import http_json, scrape_metrics
 
 from privcode.config import BaseConfig
+from privcode.errors import LedgerConflictError
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
 from privcode.serve.ensemble import (
     Ensemble,
@@ -82,16 +85,14 @@ def ensemble(worlds):
 def _service(ensemble, tmp_path, key=None, **args):
     from privcode.pac.curator import Curator
 
-    cfg = parse_args(
-        {"worlds": "/unused", "max_tokens_limit": 32, "state_dir": str(tmp_path), **args}
-    )
+    cfg = parse_args({"worlds": "/unused", "max_tokens_limit": 32, **args})
     curator = Curator(
         M,
         cfg.b,
         deployment_budget=cfg.deployment_budget,
         session_budget=cfg.session_budget,
         scope=cfg.scope,
-        state_dir=cfg.state_path,
+        state_dir=tmp_path,
         rng_seed=0,
     )
     return PacService(ensemble, curator, cfg, api_key=key)
@@ -148,7 +149,7 @@ def _assert_accounting(body, b=B):
         ({"worlds": "/w", "wrolds": "/w"}, "wrolds"),
         ({"worlds": "/w", "device": "gpu"}, "device"),
         ({"worlds": "/w", "model": ""}, "model"),
-        ({"worlds": "/w", "state_dir": " "}, "state_dir"),
+        ({"worlds": "/w", "privacy_store": " "}, "privacy_store"),
         ({"worlds": "/w", "top_k": 0}, "top_k"),
         ({"worlds": "/w", "top_k": True}, "top_k"),
         ({"worlds": "/w", "b": 0}, "b"),
@@ -186,8 +187,9 @@ def test_app_args_defaults_one_replica_and_builder():
         cfg.device,
         cfg.served_model_name,
     ) == (2.0**-16, 2.0**-10, 2.0**-4, "deployment", "gumbel", 50, "auto", "privcode-pac")
-    assert str(cfg.state_path) == "/w/curator-state"
-    assert str(parse_args({"worlds": "/w", "state_dir": "/s"}).state_path) == "/s"
+    assert str(parse_args({"worlds": "/w", "privacy_store": "/s"}).store_path) == "/s"
+    worlds = "/data/runs/demo/pac/worlds"  # the pipeline's store: privacy-store/ beside runs/
+    assert str(parse_args({"worlds": worlds}).store_path) == "/data/privacy-store"
     with pytest.raises(EnsembleError, match="mapping"):
         parse_args(["worlds"])
     assert isinstance(app({"worlds": "/w"}), serve.Application)  # no Ray needed to build
@@ -211,7 +213,7 @@ def test_the_charts_ensemble_args_are_accepted(helm):
         2.0**-4,
         "deployment",
     )
-    assert str(cfg.state_path).startswith("/mnt/artifacts/")  # persistent: the artifacts PVC
+    assert str(cfg.store_path) == "/mnt/artifacts/privacy-store"  # the pipeline's store, on the PVC
     assert ens["deployments"][0]["name"] == Ensemble.name
     assert ens["deployments"][0]["num_replicas"] == 1
     # `privcode serve --pac` serves what the chart serves: the same route and decoder.
@@ -400,8 +402,10 @@ def test_routes_and_api_key(ensemble, tmp_path):
         svc.close()
 
 
-def test_state_is_locked_and_survives_a_restart(worlds, tmp_path):
-    cfg = parse_args({"worlds": str(worlds), "device": "cpu", "state_dir": str(tmp_path / "s")})
+def test_state_is_locked_and_survives_a_restart(worlds, tmp_path, monkeypatch):
+    monkeypatch.delenv("PRIVCODE_PRIVACY_STORE", raising=False)
+    store = tmp_path / "store"
+    cfg = parse_args({"worlds": str(worlds), "device": "cpu", "privacy_store": str(store)})
     svc = PacService.load(cfg, lock_wait_s=0)
     try:
         with pytest.raises(EnsembleError, match="ONE replica"):
@@ -413,12 +417,70 @@ def test_state_is_locked_and_survives_a_restart(worlds, tmp_path):
         assert charged > 0
     finally:
         svc.close()
-    svc = PacService.load(cfg, lock_wait_s=0)  # same secret, same charges, same sessions
+    # A copy of the worlds elsewhere (a re-run that reproduces them) finds the same state:
+    # same secret, same charges, same sessions.
+    import shutil
+
+    copy = tmp_path / "rerun" / "pac" / "worlds"
+    shutil.copytree(worlds, copy)
+    again = parse_args({"worlds": str(copy), "device": "cpu", "privacy_store": str(store)})
+    svc = PacService.load(again, lock_wait_s=0)
     try:
         assert _call(svc, "GET", f"/v1/sessions/{sid}")[1] == before
         assert _call(svc, "GET", "/v1/privacy")[1]["deployment_charged_nats"] == charged
     finally:
         svc.close()
+    (state,) = (store / "pac").iterdir()
+    assert oct(state.stat().st_mode & 0o777) == "0o700"
+    # More than the allowance, later, is refused: only `privcode budget raise --pac` raises it.
+    more = parse_args({**dataclasses.asdict(again), "deployment_budget": 1.0})
+    with pytest.raises(LedgerConflictError, match="privcode budget raise --pac"):
+        PacService.load(more, lock_wait_s=0)
+    # A deleted state of served worlds fails closed; it is never redrawn with a full budget.
+    (state / "curator.json").unlink()
+    with pytest.raises(EnsembleError, match="were served"):
+        PacService.load(again, lock_wait_s=0)
+    assert not (state / "curator.json").exists()
+
+
+def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
+    """Other worlds of the same data (a pac re-run with new adapters) get only what is left."""
+    import shutil
+
+    from privcode.dp.budget import call
+
+    store = tmp_path / "store"
+
+    def variant(name: str, extra: bytes) -> Path:
+        root = tmp_path / name / "pac" / "worlds"
+        shutil.copytree(worlds, root)
+        info = json.loads((root / "pac.json").read_text())
+        (root / "pac.json").write_text(json.dumps({**info, "dataset_id": "ds-same"}))
+        cfg_file = root / "adapters" / info["worlds"][0] / "adapter_config.json"
+        cfg_file.write_bytes(cfg_file.read_bytes() + extra)  # other adapters: other worlds
+        return root
+
+    def load(root: Path, budget: float):
+        return PacService.load(
+            parse_args(
+                {
+                    "worlds": str(root),
+                    "device": "cpu",
+                    "privacy_store": str(store),
+                    "session_budget": budget,
+                    "deployment_budget": budget,
+                }
+            ),
+            lock_wait_s=0,
+        )
+
+    load(variant("first", b" "), 2.0**-4).close()
+    with pytest.raises(LedgerConflictError, match="does not reset what the data has paid"):
+        load(variant("second", b"  "), 2.0**-4)
+    out = call(store, "pac_raise", call(store, "show")["pac"][0]["worlds"], 2.0**-3, "o", "why")
+    assert out["allowance_nats"] == 2.0**-3
+    shown = call(store, "show")["pac"]
+    assert len(shown) == 1 and shown[0]["dataset_budget_nats"] == 2.0**-3
 
 
 # --------------------------------------------------------------------------- Ray Serve
@@ -434,7 +496,7 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
                 "worlds": str(worlds),
                 "device": "cpu",
                 "max_tokens_limit": 32,
-                "state_dir": str(tmp_path / "state"),
+                "privacy_store": str(tmp_path / "store"),
                 "api_key_env": "PRIVCODE_TEST_PAC_KEY",
             },
             ray_actor_options={
@@ -497,6 +559,7 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
         serve.delete("pac-test")
     for answer in answers:  # the secret and the posterior never leave the server
         assert not HIDDEN & set(_keys(answer))
-    state = json.loads((tmp_path / "state" / "curator.json").read_text())
+    (state_file,) = (tmp_path / "store" / "pac").glob("*/curator.json")
+    state = json.loads(state_file.read_text())
     text = json.dumps(answers)
     assert not [x for x in state["posterior"] if repr(float(x)) in text]

@@ -63,6 +63,8 @@ class PacWorldsRecord(JsonRecord):
     max_length: int | None = None
     groups: list[dict[str, Any]] = field(default_factory=list)
     seconds: float | None = None
+    #: The training data's opaque id in the privacy store (keyed; None: written before it).
+    dataset_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.format != WORLDS_FORMAT:

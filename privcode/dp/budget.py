@@ -1,9 +1,10 @@
 """The privacy store seen from a terminal: `privcode budget show | raise | wipe`.
 
-Every call goes through the store's one writer: the running ledger actor
-when a Ray cluster holds it (``RAY_ADDRESS`` or the local head), else the
-ledger as a plain object in this process for the length of the call (it
-takes the store's lock, so it can never run beside an actor). What is
+Every call goes through the store's one writer: the ledger actor when this
+process is connected to Ray (a Serve replica) or a cluster holds the store
+(``RAY_ADDRESS`` or the local head), else the ledger as a plain object in
+this process for the length of the call (it takes the store's lock, so it
+can never run beside an actor). What is
 printed is aggregates only: the budget, per group of records the jobs that
 trained on them, their number and epsilon (RDP and PRV), and the jobs.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,20 +27,26 @@ from privcode.errors import LedgerUnavailableError, PrivcodeError
 __all__ = ["call", "format_show", "wipe"]
 
 
+def _ray_initialized() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 @contextlib.contextmanager
 def _ledger(root: Path) -> Iterator[Any]:
-    """(kind, ledger): a plain one here, or the actor when a cluster holds the store."""
+    """(kind, ledger): the actor inside a Ray process or when a cluster holds the store, else
+    a plain one here for the length of the call."""
+    if _ray_initialized():  # a Serve replica, a stage: the cluster's one writer
+        yield "actor", open_ledger(root)
+        return
     try:
         plain = StoreLedger(root)
     except LedgerUnavailableError as exc:
         if "another ledger holds" not in str(exc):
             raise
-        import ray
-
         from privcode.cluster.local import connect
 
-        if not ray.is_initialized():
-            connect(os.environ.get("RAY_ADDRESS") or None)
+        connect(os.environ.get("RAY_ADDRESS") or None)
         yield "actor", open_ledger(root)
         return
     try:
@@ -50,7 +58,7 @@ def _ledger(root: Path) -> Iterator[Any]:
 def call(root: str | os.PathLike, method: str, *args: Any, **kwargs: Any) -> Any:
     """``method(*args, **kwargs)`` on the store's one writer (module docstring)."""
     path = Path(root).resolve()
-    if method != "raise_budget" and not (path / "ledger.wal").exists():
+    if method == "show" and not (path / "ledger.wal").exists():
         raise PrivcodeError(f"no privacy store ledger at {path} (no DP job has trained there)")
     with _ledger(path) as (kind, ledger):
         if kind == "plain":
@@ -116,5 +124,10 @@ def format_show(shown: dict[str, Any], max_groups: int = 20) -> str:
             f"    {j['job']}  run {j['run'] or '-'}  {j['status']}{kind}  {j['records']} records  "
             f"{j['steps_granted']}/{p['steps']} steps at sigma {p['noise_multiplier']:.4g}, "
             f"q {p['sample_rate']:.4g}"
+        )
+    for w in shown.get("pac", []):
+        lines.append(
+            f"  PAC worlds {w['worlds']}: m={w['m']}, {w['allowance_nats']:g} nats allowed "
+            f"(data budget {w['dataset_budget_nats']:g}), scope {w['scope']}"
         )
     return "\n".join(lines)

@@ -2,8 +2,9 @@
 
 ``privcode budget show [--json]`` prints the store's budget, its record groups
 (the records trained on by the same jobs, their number and epsilon under RDP
-and PRV) and its jobs; ``budget raise --epsilon E --who NAME --why REASON``
-raises the per-record budget on record in the store's log; ``budget wipe
+and PRV), its jobs and its PAC deployments; ``budget raise --epsilon E --who
+NAME --why REASON`` raises the per-record budget on record in the store's log
+(``--pac WORLDS_ID --nats N``: a PAC deployment's allowance); ``budget wipe
 --confirm PATH`` deletes a local demo store (every spent budget in it). The
 store is ``--store``, else the config's (``privacy.store``,
 ``PRIVCODE_PRIVACY_STORE``, or ``privacy-store/`` beside ``run.out_dir``).
@@ -90,12 +91,19 @@ def cmd_budget_show(args: argparse.Namespace) -> int:
 
 def cmd_budget_raise(args: argparse.Namespace) -> int:
     from privcode.dp.budget import call
+    from privcode.errors import PrivcodeError
 
-    info = call(_store(args), "raise_budget", args.epsilon, args.who, args.why)
-    _json(info) if args.json else print(
-        f"privacy budget raised to epsilon {info['budget']['epsilon']:g} per record "
-        f"(logged: who {args.who!r}, why {args.why!r})"
-    )
+    if (args.epsilon is None) == (args.pac is None):
+        raise PrivcodeError("budget raise: give --epsilon E (records) or --pac WORLDS --nats N")
+    if args.pac is not None:
+        if args.nats is None:
+            raise PrivcodeError("budget raise --pac WORLDS needs --nats N")
+        info = call(_store(args), "pac_raise", args.pac, args.nats, args.who, args.why)
+        what = f"PAC worlds {args.pac} may spend {info['allowance_nats']:g} nats"
+    else:
+        info = call(_store(args), "raise_budget", args.epsilon, args.who, args.why)
+        what = f"privacy budget raised to epsilon {info['budget']['epsilon']:g} per record"
+    _json(info) if args.json else print(f"{what} (logged: who {args.who!r}, why {args.why!r})")
     return 0
 
 
@@ -157,7 +165,9 @@ def add_budget_parser(sub: argparse._SubParsersAction) -> None:
         d.add_argument("--store", default=None, help="The store directory (overrides --config).")
         d.add_argument("--json", action="store_true", help="Print one JSON object.")
         if action == "raise":
-            d.add_argument("--epsilon", type=float, required=True, help="The new, higher budget.")
+            d.add_argument("--epsilon", type=float, help="The new, higher per-record budget.")
+            d.add_argument("--pac", metavar="WORLDS_ID", help="Raise a PAC deployment instead.")
+            d.add_argument("--nats", type=float, help="The PAC worlds' new, higher allowance.")
             d.add_argument("--who", required=True, help="Who decides (kept in the store's log).")
             d.add_argument("--why", required=True, help="Why (kept in the store's log).")
         if action == "wipe":

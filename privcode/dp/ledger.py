@@ -58,6 +58,7 @@ from typing import Any
 from privcode.dp.accounting import ACCOUNTANTS, make_accountant
 from privcode.dp.events import DPEvent
 from privcode.dp.groups import RecordGroups, merge_events
+from privcode.dp.pac_budgets import PacBudgets
 from privcode.dp.store import FINGERPRINT_BYTES, PrivacyStore
 from privcode.dp.wal import append_line, read_log, repair, write_new
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
@@ -68,7 +69,7 @@ log = logging.getLogger("privcode.ledger")
 
 WAL_NAME = "ledger.wal"
 WAL_FORMAT = 2
-_ENTRY_TYPES = {"header", "budget", "admit", "grant", "finish", "import"}
+_ENTRY_TYPES = {"header", "budget", "admit", "grant", "finish", "import", "pac-open", "pac-raise"}
 
 
 def pack_fingerprints(fingerprints: list[bytes]) -> bytes:
@@ -153,6 +154,7 @@ class StoreLedger:
         self._failed: str | None = None
         self._budget: Budget | None = None
         self._jobs: dict[str, _Job] = {}
+        self._pac = PacBudgets()
         self._groups: RecordGroups | None = None
         self._seq = self._lines = 0
         self._worst = 0.0
@@ -258,6 +260,8 @@ class StoreLedger:
             job.requests.add(e["request_id"])
         elif kind == "finish":
             self._jobs[e["job"]].finished = True
+        elif kind.startswith("pac-"):
+            self._pac.apply(e)
 
     def _load_groups(self, records: list[dict[str, Any]]) -> RecordGroups:
         """The record groups: the snapshot, then every job admitted after it (their files)."""
@@ -572,6 +576,29 @@ class StoreLedger:
             "budget": self._budget.to_dict(),
         }
 
+    # -- PAC deployments (privcode.dp.pac_budgets) ---------------------------------
+
+    def pac_open(
+        self, worlds: str, dataset: str, m: int, b: float, scope: str, budget: float
+    ) -> dict:
+        """A curator of ``worlds`` starts: its allowance, and whether they were served before."""
+        if why := self._fenced():
+            raise LedgerUnavailableError(why)
+        entry, reply = self._pac.open(worlds, dataset, int(m), float(b), scope, float(budget))
+        if entry is not None:  # logged before the curator serves anything
+            self._pac.apply(self._append(entry))
+        return reply
+
+    def pac_served(self, worlds: str) -> bool:
+        """Whether a curator of ``worlds`` ever started from this store."""
+        return worlds in self._pac.worlds
+
+    def pac_raise(self, worlds: str, nats: float, who: str, why: str) -> dict:
+        """Raise a set of worlds' deployment allowance (and its data's PAC budget), on record."""
+        entry = self._pac.raise_entry(worlds, float(nats), who, why)
+        self._pac.apply(self._append(entry))
+        return {"worlds": worlds, "allowance_nats": entry["allowance"]}
+
     # -- reading -------------------------------------------------------------------
 
     def show(self) -> dict:
@@ -612,6 +639,7 @@ class StoreLedger:
             "records": g.records if g else 0,
             "groups": groups,
             "jobs": jobs,
+            "pac": self._pac.show(),
         }
 
     def describe(self) -> dict:

@@ -215,6 +215,13 @@ class PrivacyStore:
         atomic_write_bytes(self.root / EPOCH_FILE, f"{epoch}\n".encode(), mode=0o600)
         return epoch
 
+    def pac_state_dir(self, worlds_id: str) -> Path:
+        """Where the PAC curator of a set of worlds keeps its secret and charges (0700)."""
+        d = self.root / "pac" / worlds_id
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root / "pac", 0o700)
+        return d
+
     def write_job_records(self, job: str, fingerprints: bytes) -> str:
         """Keep a job's packed fingerprints; returns their SHA-256 (for the log entry)."""
         (self.root / JOBS_DIR).mkdir(mode=0o700, exist_ok=True)

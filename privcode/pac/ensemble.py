@@ -41,6 +41,7 @@ votes and log-probs are never logged; only sizes and timings are.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import logging
 import math
@@ -57,6 +58,7 @@ from privcode.artifacts.pac import BASE_ROW, WORLDS_FORMAT, PacWorldsRecord
 from privcode.artifacts.record import ArtifactError
 from privcode.errors import PrivcodeError
 from privcode.pac.mechanism import world_votes
+from privcode.utils import sha256_file
 
 log = logging.getLogger("privcode.pac")
 
@@ -69,6 +71,7 @@ __all__ = [
     "PacEnsembleError",
     "StepLogprobs",
     "read_manifest",
+    "worlds_digest",
 ]
 
 MANIFEST = PacWorldsRecord.FILE
@@ -102,6 +105,24 @@ class PacCompletion:
     free_tokens: int  #: unanimous tokens (no charge)
     fallback_tokens: int  #: public-model tokens emitted because a budget was spent
     charged_nats: float  #: b * private_tokens
+
+
+def worlds_digest(worlds_dir: str | Path) -> bytes:
+    """SHA-256 over ``pac.json`` and every file of every world's adapter (names and content).
+
+    Names the worlds for the privacy store (keyed there: :meth:`PrivacyStore.opaque`),
+    so the same worlds, wherever they are copied, find the same curator state.
+    """
+    root = Path(worlds_dir).expanduser()
+    info = read_manifest(root)
+    h = hashlib.sha256(b"privcode-pac-worlds/1\0")
+    h.update(sha256_file(root / PacWorldsRecord.FILE).encode())
+    for name in info.worlds:
+        adapter = root / "adapters" / name
+        for path in sorted(p for p in adapter.rglob("*") if p.is_file()):
+            h.update(f"\0{name}/{path.relative_to(adapter).as_posix()}\0".encode())
+            h.update(sha256_file(path).encode())
+    return h.digest()
 
 
 def read_manifest(worlds_dir: str | Path, *, model: str | None = None) -> PacWorldsRecord:

@@ -202,8 +202,13 @@ def train_worlds(
     base: str | Path,
     out_dir: str | Path,
     progress: bool = True,
+    dataset_id: str | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg.worlds`` adapters on ``data`` (private records) into ``out_dir``.
+
+    ``dataset_id`` (the data's opaque id in the privacy store) goes into
+    ``pac.json``: the store keeps one PAC budget per dataset, shared by every
+    set of worlds trained on it.
 
     Returns the public summary (settings, sizes, timings: nothing about a
     record). The adapters are NOT private on their own (see the module
@@ -268,5 +273,6 @@ def train_worlds(
         max_length=cfg.max_length,
         groups=summary["groups"],
         seconds=summary["seconds"],
+        dataset_id=dataset_id,
     ).write(out / MANIFEST)
     return summary

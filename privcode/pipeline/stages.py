@@ -455,8 +455,16 @@ class PacStage(Stage):
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         worlds = layout.pac_worlds_in(out_dir)
+        from privcode.dp.store import PrivacyStore, resolve_store
+
+        store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
         trained = train_worlds(
-            cfg.pac, data=train_data, base=base_path(inputs), out_dir=worlds, progress=False
+            cfg.pac,
+            data=train_data,
+            base=base_path(inputs),
+            out_dir=worlds,
+            progress=False,
+            dataset_id=store.dataset_id(train_data),
         )
         canaries = layout.canaries
         result = evaluate_pac(

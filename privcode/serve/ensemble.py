@@ -9,9 +9,13 @@ non-unanimous token, 2^-16), ``decoder`` (``gumbel``: requests with
 is greedy), ``session_budget`` (default and largest budget of a session,
 2^-10 nats), ``deployment_budget`` (all sessions, all restarts, 2^-4 nats),
 ``scope`` (``deployment`` | ``session``, see
-:mod:`privcode.pac.curator`), ``state_dir`` (the curator's persisted
-secret and charges; default ``<worlds>/curator-state``; must be persistent
-storage), ``max_tokens_limit``, ``api_key_env``, ``served_model_name``.
+:mod:`privcode.pac.curator`), ``privacy_store`` (default
+``PRIVCODE_PRIVACY_STORE``, else ``privacy-store/`` beside the worlds'
+``runs/``: the curator's secret and charges live there, under
+``pac/<worlds id>/``, keyed by the worlds' content, so a re-run of the pac
+stage, a restart or a new replica never resets them; the store's ledger
+grants the deployment budget, :mod:`privcode.dp.pac_budgets`),
+``max_tokens_limit``, ``api_key_env``, ``served_model_name``.
 
 Routes (``Authorization: Bearer`` on all but ``/healthz`` when a key is set):
 
@@ -30,10 +34,10 @@ Routes (``Authorization: Bearer`` on all but ``/healthz`` when a key is set):
 Privacy assumptions (docs/methods.md, PAC-private generation):
 
 * ONE replica. The curator (the secret realised world, the posterior(s)
-  and the budgets) lives in the replica's memory and in ``state_dir``; a
+  and the budgets) lives in the replica's memory and in the privacy store; a
   second replica would hold a second posterior and spend the deployment
   budget twice. ``num_replicas`` is fixed to 1 here (:func:`build_app`
-  refuses more), and the replica takes an exclusive lock on ``state_dir``
+  refuses more), and the replica takes an exclusive lock on the worlds' state
   so a second process using the same state waits and then fails instead of
   racing it. Scaling out would need the curator moved into one named Ray
   actor that every replica calls for each step.
@@ -131,15 +135,18 @@ class EnsembleArgs:
     session_budget: float = 2.0**-10
     deployment_budget: float = 2.0**-4
     scope: str = "deployment"
-    state_dir: str | None = None
+    privacy_store: str | None = None
     max_tokens_limit: int = 256
     api_key_env: str = "PRIVCODE_API_KEY"
     served_model_name: str = DEFAULT_MODEL_NAME
 
     @property
-    def state_path(self) -> Path:
-        """Where the curator persists its secret and charges."""
-        return Path(self.state_dir or Path(self.worlds) / "curator-state").expanduser()
+    def store_path(self) -> Path:
+        """The privacy store holding the curator's state and the deployment budgets."""
+        from privcode.dp.store import resolve_store
+
+        parents = Path(self.worlds).expanduser().resolve().parents  # <runs>/<run>/pac/worlds
+        return resolve_store(self.privacy_store or "", parents[min(2, len(parents) - 1)])
 
 
 _DEVICES = ("auto", "cpu", "cuda")
@@ -166,7 +173,7 @@ def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
     for key in ("worlds", "api_key_env", "served_model_name"):
         if key in out and (not isinstance(out[key], str) or not out[key].strip()):
             raise _bad(key, "must be a non-empty string", out[key])
-    for key in ("model", "state_dir"):
+    for key in ("model", "privacy_store"):
         if out.get(key) is not None and (not isinstance(out[key], str) or not out[key].strip()):
             raise _bad(key, "must be a non-empty string (a directory) or null", out[key])
     for key, choices in (("device", _DEVICES), ("decoder", _DECODERS), ("scope", _SCOPES)):
@@ -217,7 +224,7 @@ class _StateLock:
                     self.release()
                     raise EnsembleError(
                         f"{path}: another process holds this PAC curator state (waited "
-                        f"{wait_s:g} s); the PAC ensemble must run as ONE replica per state_dir "
+                        f"{wait_s:g} s); the PAC ensemble must run as ONE replica per set of worlds "
                         "(a second one would spend the budget twice)"
                     ) from None
                 time.sleep(0.5)
@@ -302,17 +309,38 @@ class PacService:
         rng_seed: int | None = None,
         lock_wait_s: float = STATE_LOCK_WAIT_S,
     ) -> PacService:
-        """Lock ``state_dir``, load the worlds and restore (or start) the curator.
+        """Lock the worlds' curator state in the privacy store, load the worlds, restore the curator.
 
+        The state is ``<store>/pac/<worlds id>/`` (the id: a keyed digest of
+        the worlds' files). Worlds the store's ledger knows were served but
+        whose state is gone are refused (fail closed: a fresh secret with a
+        full budget is never drawn for them); the curator is held to the
+        allowance the ledger grants (:mod:`privcode.dp.pac_budgets`), logged
+        after its state exists, so a crash in between cannot lock the worlds out.
         ``rng_seed`` seeds the curator's NOISE only (tests); the secret is
         always drawn with ``secrets``.
         """
-        from privcode.pac.curator import Curator
-        from privcode.pac.ensemble import MANIFEST, PacEnsemble
+        from privcode.dp.budget import call as store_call
+        from privcode.dp.store import PrivacyStore
+        from privcode.pac.curator import STATE_FILE, Curator
+        from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
 
         worlds = Path(cfg.worlds).expanduser()
-        lock = _StateLock(cfg.state_path, lock_wait_s)
+        info = read_manifest(worlds, model=cfg.model)
+        store = PrivacyStore(cfg.store_path)
+        worlds_id = "pw-" + store.opaque("pac-worlds", worlds_digest(worlds), 16)
+        state = store.pac_state_dir(worlds_id)
+        lock = _StateLock(state, lock_wait_s)
         try:
+            if (
+                store_call(store.root, "pac_served", worlds_id)
+                and not (state / STATE_FILE).exists()
+            ):
+                raise EnsembleError(
+                    f"the privacy store knows these PAC worlds ({worlds_id}) were served, but "
+                    f"their curator state in {state} is gone; refusing to start (a new secret "
+                    "with a full budget would reset what was spent). Restore the state"
+                )
             ensemble = PacEnsemble(worlds, model=cfg.model, device=cfg.device, top_k=cfg.top_k)
             curator = Curator(
                 ensemble.m,
@@ -320,9 +348,20 @@ class PacService:
                 deployment_budget=cfg.deployment_budget,
                 session_budget=cfg.session_budget,
                 scope=cfg.scope,
-                state_dir=cfg.state_path,
+                state_dir=state,
                 rng_seed=rng_seed,
             )
+            grant = store_call(
+                store.root,
+                "pac_open",
+                worlds_id,
+                info.dataset_id or worlds_id,  # worlds of unknown data: a budget of their own
+                ensemble.m,
+                cfg.b,
+                cfg.scope,
+                cfg.deployment_budget,
+            )
+            curator.deployment_budget = float(grant["allowance"])
             created = int((worlds / MANIFEST).stat().st_mtime)
             return cls(
                 ensemble,
@@ -338,7 +377,7 @@ class PacService:
             raise
 
     def close(self) -> None:
-        """Stop the worker (after the running request) and release ``state_dir``."""
+        """Stop the worker (after the running request) and release the curator's state."""
         self._worker.shutdown(wait=True)
         if self._state_lock is not None:
             self._state_lock.release()
