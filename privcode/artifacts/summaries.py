@@ -51,6 +51,8 @@ class TrainSummary(DPOutcome):
     #: The worst epsilon among the job's records, composed over every DP job of the
     #: privacy store that trained on them (None: non-private, or written before the store).
     record_epsilon: float | None = None
+    #: The privacy store's per-record epsilon budget that admitted the job.
+    record_budget: float | None = None
 
     @property
     def reason_not_private(self) -> str | None:

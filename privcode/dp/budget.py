@@ -46,7 +46,7 @@ def _ledger(root: Path) -> Iterator[Any]:
             raise
         from privcode.cluster.local import connect
 
-        connect(os.environ.get("RAY_ADDRESS") or None)
+        connect(os.environ.get("RAY_ADDRESS") or "auto")  # the cluster whose actor holds it
         yield "actor", open_ledger(root)
         return
     try:

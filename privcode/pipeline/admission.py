@@ -65,14 +65,22 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     )
     data = Path(train.data) if train.data else layout.train_data
     ledger = open_ledger(store.root)
-    if not data.is_file():
+    if not data.is_file():  # the data stage builds it: only the plan alone can be checked
         held = ledger_call(ledger, "budget_for", budget.to_dict(), explicit)  # conflicts raise
         if train.epsilon > held["epsilon"]:
             raise _refusal(
                 f"train.epsilon {train.epsilon:g} alone is over the per-record budget "
                 f"{held['epsilon']:g} of the privacy store"
             )
+        spent = ledger_call(ledger, "describe")["epsilon_spent"]
+        if spent + train.epsilon > held["epsilon"]:
+            return (
+                f"the store's worst record has spent epsilon {spent:.4g} of {held['epsilon']:g}: "
+                "if this run's data holds records earlier jobs trained on, the train stage will "
+                "refuse it (checked once the data exists)"
+            )
         return None
+
     from privcode.data.records import read_records
 
     records = read_records(data)

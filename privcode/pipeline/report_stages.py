@@ -156,8 +156,8 @@ def _train_section(info: TrainSummary) -> list[str]:
         "Poisson sampling, one optimiser and one privacy ledger. The released artifact "
         "(`train/release/`) is the adapter, the prefix decoder D (latent methods) and "
         "`privacy.json`; the encoders E_c and E_p, which saw private code and prompts, are "
-        "never released. Epsilon comes from the run's privacy ledger, which granted every "
-        "step before it was applied.",
+        "never released. Epsilon comes from the privacy store's ledger, which admitted the "
+        "job on its records' budget and granted every step before it was applied.",
         "",
         table([(k, number(v)) for k, v in rows]),
         "",
@@ -364,13 +364,68 @@ def base_section(base: StageManifest, ctx: ReportContext) -> Section:
     return section
 
 
+def store_section(info: TrainSummary) -> tuple[list[str], dict[str, Any] | None]:
+    """The per-record budget of the privacy store (``privcode budget show``): aggregates only.
+
+    The worst record's epsilon over every DP job that trained on it, what is left, the
+    number of jobs and of record groups; never a record, a fingerprint or the store's path.
+    """
+    if not info.dp or not info.privacy_store:
+        return [], None
+    from privcode.dp.budget import call
+    from privcode.errors import PrivcodeError
+
+    try:
+        shown = call(info.privacy_store, "show")
+    except PrivcodeError as exc:
+        return [f"Privacy store: unavailable to the report ({type(exc).__name__}).", ""], None
+    b = shown["budget"] or {}
+    summary = {
+        "budget": b.get("epsilon"),
+        "delta": b.get("delta"),
+        "accountant": b.get("accountant"),
+        "this_run_worst_record": info.record_epsilon,
+        "store_worst_record": shown["epsilon_spent"],
+        "store_left": shown["epsilon_left"],
+        "jobs": len(shown["jobs"]),
+        "record_groups": len(shown["groups"]),
+    }
+    rows = [
+        (
+            f"per-record epsilon budget ({b.get('accountant')}, delta {b.get('delta')})",
+            b.get("epsilon"),
+        ),
+        ("worst record of this run's data, every job on it composed", info.record_epsilon),
+        ("worst record in the store", shown["epsilon_spent"]),
+        ("left for the worst record", shown["epsilon_left"]),
+        ("DP jobs recorded in the store", len(shown["jobs"])),
+        ("record groups (records trained on by the same jobs)", len(shown["groups"])),
+    ]
+    lines = [
+        "### Per-record budget (privacy store)",
+        "",
+        "A record's epsilon composes every DP job that trained on it, whatever run, "
+        "directory or copy of the file (`privcode budget show`); a job is admitted only if "
+        "its worst record stays within the budget.",
+        "",
+        table([(k, number(v)) for k, v in rows]),
+        "",
+    ]
+    return lines, summary
+
+
 def train_section(train: StageManifest, ctx: ReportContext) -> Section:
     """The accounting, the public held-out curve and the privacy-utility comparison."""
     info = TrainSummary.from_json(train.summary, "the train stage's summary")
     sweep = privacy_utility(ctx.cfg, train)
+    store_lines, store = store_section(info)
     section = Section(
-        lines=_train_section(info),
-        summary={"train_epsilon": info.epsilon_by_accountant, "privacy_utility": sweep},
+        lines=_train_section(info) + store_lines,
+        summary={
+            "train_epsilon": info.epsilon_by_accountant,
+            "privacy_utility": sweep,
+            "privacy_store": store,
+        },
     )
     made = ctx.plots and plot_train(info, ctx.out_dir / "train_loss.png")
     section.add_plot(made, "train_loss.png", "DP training: public held-out loss")

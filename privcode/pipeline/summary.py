@@ -121,11 +121,17 @@ def _read(manifests: dict[str, StageManifest], stage: str, record: type[R]) -> R
 def _privacy(t: TrainSummary) -> str:
     if not t.dp:
         return f"NO DP: method {t.method} (not private)"
-    return (
+    line = (
         f"epsilon {_f(t.epsilon, 2)} of {_f(t.epsilon_budget, 2)} "
         f"(delta {t.delta}, {t.accountant}); {t.steps_taken} steps, "
         f"sigma {_f(t.noise_multiplier, 2)}, {t.method}"
     )
+    if t.record_epsilon is not None and t.record_budget is not None:
+        line += (
+            f"; worst record {_f(t.record_epsilon, 2)} of {_f(t.record_budget, 2)} "
+            "over every run (privacy store)"
+        )
+    return line
 
 
 def _synthesis(y: SynthSummary) -> str | None:

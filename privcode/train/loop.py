@@ -716,4 +716,5 @@ def run_training(
         "privacy_store": str(store.root),
         # The worst epsilon of this job's records, every job that trained on them composed.
         "record_epsilon": finished.get("record_epsilon"),
+        "record_budget": finished.get("budget", {}).get("epsilon"),
     }
