@@ -51,18 +51,14 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
         return None
     if read_manifest(layout.stage("train")) is not None and not cfg.run.force:
         return None  # probably current (then skipped); if not, the stage's admission decides
-    from privcode.dp.accounting import DPEvent, calibrate
-    from privcode.dp.ledger import Budget, pack_fingerprints
+    from privcode.dp.events import DPEvent
+    from privcode.dp.ledger import pack_fingerprints
     from privcode.dp.ledger_actor import ledger_call, open_ledger
     from privcode.dp.store import PrivacyStore, resolve_store
+    from privcode.train.admission import noise_for, requested_budget
 
     store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
-    explicit = bool(cfg.privacy.epsilon_budget)
-    budget = Budget(
-        cfg.privacy.epsilon_budget or train.epsilon,
-        cfg.privacy.delta or train.delta,
-        train.accountant,
-    )
+    budget, explicit = requested_budget(cfg.privacy, train)
     data = Path(train.data) if train.data else layout.train_data
     ledger = open_ledger(store.root)
     if not data.is_file():  # the data stage builds it: only the plan alone can be checked
@@ -86,9 +82,7 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     records = read_records(data)
     n = len(records)
     q = min(1.0, train.expected_batch_size / n)
-    sigma = train.noise_multiplier or calibrate(
-        train.epsilon, train.delta, q, train.steps, train.accountant
-    )
+    sigma, _ = noise_for(train, q)
     fps = pack_fingerprints(store.record_fingerprints((r.prompt, r.code) for r in records))
     reply = ledger_call(
         ledger,

@@ -131,8 +131,8 @@ class TrainStage(Stage):
         return max(1, cfg.train.num_workers) * cfg.train.cpus_per_worker
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.dp.ledger import Budget
         from privcode.dp.store import resolve_store
+        from privcode.train.admission import requested_budget
         from privcode.train.loop import run_training
         from privcode.utils import sha256_file
 
@@ -142,6 +142,7 @@ class TrainStage(Stage):
         # imported once (their charges count). The digest only finds them; it is not kept.
         digest = sha256_file(data)[:16]
         legacy = sorted(Path(cfg.run.out_dir).resolve().glob(f"*/ledger/{digest}/ledger.wal"))
+        budget, explicit = requested_budget(cfg.privacy, cfg.train)
         summary = run_training(
             cfg.train,
             data_path=data,
@@ -150,15 +151,7 @@ class TrainStage(Stage):
             run_name=cfg.run.name,
             storage_dir=layout.work("train"),
             privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir),
-            budget=(
-                Budget(
-                    cfg.privacy.epsilon_budget,
-                    cfg.privacy.delta or cfg.train.delta,
-                    cfg.train.accountant,
-                )
-                if cfg.privacy.epsilon_budget
-                else None
-            ),
+            budget=budget if explicit else None,
             legacy_ledgers=tuple(legacy),
         )
         summary.pop("audit_log", None)  # a path in private storage, removed on success

@@ -82,18 +82,18 @@ from privcode.cluster.local import connect
 from privcode.config import TrainConfig
 from privcode.data.records import read_records
 from privcode.data.stdlib import stdlib_dir
-from privcode.dp.accounting import ACCOUNTANTS, DPEvent, calibrate, epsilon
+from privcode.dp.accounting import DPEvent
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import BudgetUnavailable, Privacy, Reserve, make_private
-from privcode.dp.ledger import Budget, pack_fingerprints
-from privcode.dp.ledger_actor import get_ledger, ledger_call, ledger_name, open_ledger, store_id
+from privcode.dp.ledger import Budget
+from privcode.dp.ledger_actor import get_ledger, ledger_call, ledger_name, store_id
 from privcode.dp.randomness import record_key
 from privcode.dp.sampler import shard_of
 from privcode.dp.store import PrivacyStore, resolve_store
-from privcode.dp.wal import legacy_events
 from privcode.errors import BudgetRefused, PrivcodeError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
+from privcode.train.admission import admit_job, noise_for, release_spent
 from privcode.train.artifact import privacy_record, write_junior_release
 from privcode.train.build import build_objective, load_checkpoint, save_checkpoint_files
 from privcode.train.data import collate, encode_records
@@ -107,7 +107,6 @@ __all__ = [
     "BudgetRefused",
     "TrainJob",
     "TrainingError",
-    "admit_job",
     "run_training",
     "train_loop_per_worker",
 ]
@@ -385,100 +384,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the launcher
 
 
-def _legacy_ledgers(paths: list[Path]) -> list[tuple[str, dict, list[dict]]]:
-    """(source, header, grants) of each pre-store run ledger to import (migration)."""
-    out = []
-    for wal in paths:
-        header, events = legacy_events(wal)
-        if events:
-            out.append((f"{wal.resolve()}:{header.get('created')}", header, events))
-    return out
-
-
-def admit_job(
-    store: PrivacyStore,
-    records: list[Any],
-    plan: DPEvent,
-    budget: Budget,
-    *,
-    explicit: bool,
-    run: str,
-    run_key: str,
-    legacy: list[Path] = (),  # type: ignore[assignment]
-) -> tuple[Any, str, dict[str, Any]]:
-    """Admit a DP job on ``records`` to the store's ledger: (handle, job id, reply).
-
-    Fingerprints the records (keyed, :meth:`PrivacyStore.record_fingerprints`),
-    imports the grants of pre-store run ledgers of this corpus once (their
-    charges count), and asks for ``plan``; :class:`BudgetRefused` with the
-    worst record's numbers when it does not fit.
-    """
-    fps = pack_fingerprints(store.record_fingerprints((r.prompt, r.code) for r in records))
-    ledger = open_ledger(store.root)
-    for source, header, events in _legacy_ledgers(list(legacy)):
-        old = Budget(
-            header.get("budget", budget.epsilon),
-            header.get("delta", budget.delta),
-            header.get("accountant", budget.accountant),
-        )
-        done = ledger_call(
-            ledger,
-            "import_legacy",
-            fps,
-            events,
-            store.opaque("legacy", source),
-            old.to_dict(),
-            run=run,
-        )
-        if done["imported"]:
-            log.warning(
-                "imported %d DP steps of a run ledger from before the privacy store: "
-                "they count against these records' budget",
-                done["imported"],
-            )
-    reply = ledger_call(
-        ledger,
-        "admit",
-        fps,
-        plan.to_dict(),
-        budget.to_dict(),
-        explicit=explicit,
-        run=run,
-        run_key=run_key,
-    )
-    if not reply["admitted"]:
-        raise BudgetRefused(
-            f"privacy budget: {reply['message']}. The budget belongs to these records, "
-            "whatever run, directory or copy of the file trains on them; lower "
-            "train.epsilon or train.steps, or the data owner raises it with `privcode "
-            "budget raise`"
-        )
-    return ledger, reply["job"], reply
-
-
-def _release_spent(history: list[dict], cfg: TrainConfig) -> dict[str, Any]:
-    """The release's own epsilon (its job's grants) under every accountant."""
-    events = [DPEvent.from_dict(e) for e in history]
-    by: dict[str, float | None] = {}
-    for name in ACCOUNTANTS:
-        try:
-            by[name] = epsilon(events, cfg.delta, name) if events else 0.0
-        except Exception:  # noqa: BLE001 - informative only
-            by[name] = None
-    return {
-        "epsilon": by[cfg.accountant],
-        "epsilon_by_accountant": by,
-        "steps": sum(e.steps for e in events),
-    }
-
-
-def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
-    """(sigma, calibrated): the configured multiplier, or the calibrated one when it is 0."""
-    if cfg.noise_multiplier > 0:
-        return float(cfg.noise_multiplier), False
-    return float(calibrate(cfg.epsilon, cfg.delta, sample_rate, cfg.steps, cfg.accountant)), True
-
-
 def run_training(
     cfg: TrainConfig,
     *,
@@ -650,7 +555,7 @@ def run_training(
         raise TrainingError("the privacy ledger did not confirm the job's grants; no release")
     if finished:
         history = finished["history"]
-        spent = _release_spent(history, cfg)
+        spent = release_spent(history, cfg)
     seconds = time.time() - started
     privacy = privacy_record(
         cfg,
