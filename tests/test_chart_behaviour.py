@@ -337,6 +337,8 @@ def test_job_disabled_renders_no_rayjob(helm):
         "cluster.enabled=true",
         "--set",
         "storage.pvc.enabled=false",
+        "--set",
+        "storage.privacyStore.enabled=false",
     )
     assert not by_kind(objects, "RayJob") and not by_kind(objects, "PersistentVolumeClaim")
     spec = one(objects, "RayCluster")["spec"]
@@ -345,18 +347,46 @@ def test_job_disabled_renders_no_rayjob(helm):
 
 
 def test_existing_claim_is_used_not_created(helm):
-    objects = render(helm, "--set", "storage.pvc.existingClaim=shared-artifacts")
+    objects = render(
+        helm,
+        "--set",
+        "storage.pvc.existingClaim=shared-artifacts",
+        "--set",
+        "storage.privacyStore.existingClaim=budgets",
+    )
     assert not by_kind(objects, "PersistentVolumeClaim")
     spec = one(objects, "RayJob")["spec"]["rayClusterSpec"]
     volumes = {v["name"]: v for v in spec["headGroupSpec"]["template"]["spec"]["volumes"]}
     assert volumes["artifacts"]["persistentVolumeClaim"]["claimName"] == "shared-artifacts"
+    assert volumes["privacy-store"]["persistentVolumeClaim"]["claimName"] == "budgets"
 
 
 def test_pvc_outlives_uninstall(default_objects):
-    pvc = one(default_objects, "PersistentVolumeClaim")
-    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert pvc["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    claims = {p["metadata"]["name"]: p for p in by_kind(default_objects, "PersistentVolumeClaim")}
+    assert set(claims) == {"rel-privcode-artifacts", "rel-privcode-privacy-store"}
+    for pvc in claims.values():
+        assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claims["rel-privcode-artifacts"]["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    store = claims["rel-privcode-privacy-store"]
+    assert store["spec"]["resources"]["requests"]["storage"] == "1Gi"
+
+
+def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, default_objects):
+    """Its own volume and PRIVCODE_PRIVACY_STORE on every Ray pod (they all train or serve)."""
+    for where, template in pod_templates(default_objects):
+        if where.endswith("submitter"):
+            continue
+        container = template["spec"]["containers"][0]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        claim = volumes[mounts["/mnt/privacy-store"]]["persistentVolumeClaim"]["claimName"]
+        assert claim == "rel-privcode-privacy-store", where
+        assert env_of(container)["PRIVCODE_PRIVACY_STORE"] == "/mnt/privacy-store/store", where
+    objects = render(helm, "--set", "storage.privacyStore.enabled=false")
+    for where, template in pod_templates(objects):
+        if not where.endswith("submitter"):
+            assert "PRIVCODE_PRIVACY_STORE" not in env_of(template["spec"]["containers"][0])
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{- define "privcode.storePvcName" -}}
+{{- if .Values.storage.privacyStore.existingClaim }}
+{{- .Values.storage.privacyStore.existingClaim }}
+{{- else }}
+{{- include "privcode.suffixedName" (list . "privacy-store") }}
+{{- end }}
+{{- end }}
+
 {{/* The artifacts mount path without a trailing slash. */}}
 {{- define "privcode.mountPath" -}}
 {{- $p := trimSuffix "/" .Values.storage.mountPath }}
@@ -209,6 +217,10 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
   value: "1"
 - name: OMP_WAIT_POLICY
   value: PASSIVE
+{{- if $root.Values.storage.privacyStore.enabled }}
+- name: PRIVCODE_PRIVACY_STORE
+  value: {{ printf "%s/store" (trimSuffix "/" $root.Values.storage.privacyStore.mountPath) | quote }}
+{{- end }}
 {{- if $root.Values.storage.objectStore.uri }}
 - name: PRIVCODE_OBJECT_STORE_URI
   value: {{ $root.Values.storage.objectStore.uri | quote }}
@@ -325,6 +337,10 @@ spec:
           readOnly: true
         - name: artifacts
           mountPath: {{ include "privcode.mountPath" $root }}
+        {{- if $root.Values.storage.privacyStore.enabled }}
+        - name: privacy-store
+          mountPath: {{ $root.Values.storage.privacyStore.mountPath | trimSuffix "/" }}
+        {{- end }}
   volumes:
     {{- include "privcode.tmpVolume" $root | trim | nindent 4 }}
     - name: pipeline-config
@@ -337,6 +353,11 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
+    {{- if $root.Values.storage.privacyStore.enabled }}
+    - name: privacy-store
+      persistentVolumeClaim:
+        claimName: {{ include "privcode.storePvcName" $root }}
+    {{- end }}
 {{- end }}
 
 {{/*
