@@ -132,6 +132,11 @@ def test_a_renamed_run_is_refused_before_any_stage(tiny_pipeline, ci_base_cache)
     ]
     with pytest.raises(BudgetRefused, match="checked before any stage"):
         run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
+    # Without train.data too: the renamed run's data stage would build the same records
+    # (same data section), so it is refused before its data stage runs.
+    built_here = [o for o in overrides if not o.startswith("train.data=")]
+    with pytest.raises(BudgetRefused, match="checked before any stage"):
+        run_pipeline(load_config("jobs/configs/demo.yaml", built_here))
     assert not (root / "runs" / "t-renamed").exists() or not any(
         (root / "runs" / "t-renamed").glob("*/manifest.json")
     )

@@ -215,16 +215,26 @@ class PrivacyStore:
         atomic_write_bytes(self.root / EPOCH_FILE, f"{epoch}\n".encode(), mode=0o600)
         return epoch
 
+    def _subdir(self, name: str) -> Path:
+        """A 0700 directory of the store, its entry fsynced when new (a crash keeps it)."""
+        d = self.root / name
+        if not d.is_dir():
+            d.mkdir(mode=0o700, exist_ok=True)
+            fsync_dir(self.root)
+        return d
+
     def pac_state_dir(self, worlds_id: str) -> Path:
         """Where the PAC curator of a set of worlds keeps its secret and charges (0700)."""
         d = self.root / "pac" / worlds_id
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.root / "pac", 0o700)
+        self._subdir("pac")
+        if not d.is_dir():
+            d.mkdir(mode=0o700, exist_ok=True)
+            fsync_dir(d.parent)
         return d
 
     def write_job_records(self, job: str, fingerprints: bytes) -> str:
         """Keep a job's packed fingerprints; returns their SHA-256 (for the log entry)."""
-        (self.root / JOBS_DIR).mkdir(mode=0o700, exist_ok=True)
+        self._subdir(JOBS_DIR)
         atomic_write_bytes(self.root / JOBS_DIR / f"{job}.fps", fingerprints, mode=0o600)
         return hashlib.sha256(fingerprints).hexdigest()
 
@@ -243,8 +253,7 @@ class PrivacyStore:
 
     def write_groups(self, state: dict[str, Any], index: bytes) -> None:
         """Snapshot the record groups: the index, then the state naming its digest."""
-        d = self.root / SNAPSHOT_DIR
-        d.mkdir(mode=0o700, exist_ok=True)
+        d = self._subdir(SNAPSHOT_DIR)
         atomic_write_bytes(d / "index.bin", index, mode=0o600)
         state = {**state, "index_sha256": hashlib.sha256(index).hexdigest()}
         atomic_write_bytes(d / "state.json", json.dumps(state).encode(), mode=0o600)

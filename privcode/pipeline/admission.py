@@ -6,9 +6,10 @@ before the first stage. When the train stage is selected and has no result on
 disk yet (or ``run.force``), it asks the privacy store's ledger, without
 reserving anything, the question the train stage's admission will ask:
 
-* the training file exists (``train.data``, or the run's built corpus): the
-  worst of its records, with every earlier job that trained on it, plus the
-  planned ``(sigma, q, steps)`` must fit the budget;
+* the training file exists (``train.data``, the run's built corpus, or the
+  corpus another run built from the same data section): the worst of its
+  records, with every earlier job that trained on it, plus the planned
+  ``(sigma, q, steps)`` must fit the budget;
 * it does not exist yet (the data stage builds it): the plan alone must fit
   (a record never trained on), and the config must not ask for another budget
   than the store's.
@@ -41,6 +42,29 @@ def _refusal(message: str) -> BudgetRefused:
     )
 
 
+def _training_file(cfg: PipelineConfig, layout: RunLayout) -> Path | None:
+    """The records the train stage will read, if they exist yet.
+
+    ``train.data``; else this run's built corpus; else the corpus of another run whose
+    data stage has the same fingerprint (the data stage builds the same records from the
+    same data section: a renamed run of the demo corpus is checked before it starts too).
+    """
+    if cfg.train.data:
+        return Path(cfg.train.data) if Path(cfg.train.data).is_file() else None
+    if layout.train_data.is_file():
+        return layout.train_data
+    from privcode.pipeline.runner import fingerprint, read_manifest
+    from privcode.pipeline.stages import STAGES
+
+    fp = fingerprint(cfg, STAGES["data"], {})
+    for path in layout.manifests_of_every_run("data").values():
+        manifest = read_manifest(path.parent)
+        built = path.parent / layout.train_data.name
+        if manifest is not None and manifest.fingerprint == fp and built.is_file():
+            return built
+    return None
+
+
 def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     """Check the train stage's budget before anything runs (module docstring); None: no check."""
     from privcode.pipeline.runner import read_manifest
@@ -59,9 +83,9 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
 
     store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
     budget, explicit = requested_budget(cfg.privacy, train)
-    data = Path(train.data) if train.data else layout.train_data
+    data = _training_file(cfg, layout)
     ledger = open_ledger(store.root)
-    if not data.is_file():  # the data stage builds it: only the plan alone can be checked
+    if data is None:  # the data stage builds it: only the plan alone can be checked
         held = ledger_call(ledger, "budget_for", budget.to_dict(), explicit)  # conflicts raise
         if train.epsilon > held["epsilon"]:
             raise _refusal(
