@@ -78,6 +78,11 @@ def test_admission_is_the_worst_record_by_brute_force():
         assert sum(g.records for g in adm.groups) == 120
         groups.add_job(f"job{j}", records, planned)
         seen[f"job{j}"] = (records, planned)
+        # The groups of a job, kept per job, are those a scan of every group finds.
+        for name in seen:
+            scan = {g: n for g, n in groups.groups().items() if name in g}
+            assert groups.groups_of_job(name) == scan
+            assert sum(scan.values()) == len(seen[name][0])
     for fp in rng.sample(universe, 30):  # every record's own epsilon, as stored
         group = next((g for g, _ in groups.group_counts([fp]).items()), frozenset())
         assert groups.epsilon(group) == pytest.approx(brute_force(seen, fp), rel=1e-9)
@@ -126,6 +131,7 @@ def test_state_round_trips_and_damage_is_refused():
     back = RecordGroups.from_state(groups.state(), groups.index_bytes())
     assert back.groups() == groups.groups() and back.jobs == groups.jobs
     assert back.records == 120
+    assert all(back.groups_of_job(j) == groups.groups_of_job(j) for j in ("a", "b"))
     assert sorted(back.groups().values()) == [40, 40, 40]
     with pytest.raises(ValueError, match="whole number"):
         RecordGroups.from_state(groups.state(), groups.index_bytes()[:-1])

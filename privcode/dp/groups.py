@@ -110,6 +110,7 @@ class RecordGroups:
         self._ids: dict[frozenset[str], int] = {frozenset(): 0}
         self._jobs: dict[str, tuple[DPEvent, ...]] = {}
         self._sizes: Counter[int] = Counter()  # group id -> records in it
+        self._of_job: dict[str, set[int]] = {}  # job -> ids of the groups holding it
         self._eps: dict[tuple[frozenset[str], tuple[DPEvent, ...]], float] = {}
 
     # -- reading ----------------------------------------------------------------
@@ -182,8 +183,9 @@ class RecordGroups:
         )
 
     def groups_of_job(self, job: str) -> Counter[frozenset[str]]:
-        """The groups holding ``job``, with their sizes."""
-        return Counter({g: n for g, n in self.groups().items() if job in g})
+        """The groups holding ``job`` (and records), with their sizes; no scan of the others."""
+        sizes = self._sizes
+        return Counter({self._groups[g]: sizes[g] for g in self._of_job.get(job, ()) if sizes[g]})
 
     def check_step(self, job: str, events: Sequence[DPEvent], budget: float) -> GroupCharge | None:
         """The worst group of ``job`` over ``budget`` if its committed events became ``events``.
@@ -229,6 +231,8 @@ class RecordGroups:
                 if new is None:
                     new = ids[members] = len(groups)
                     groups.append(members)
+                    for member in members:
+                        self._of_job.setdefault(member, set()).add(new)
                 moved[old] = new
             index[fp] = new
             sizes[new] += 1
@@ -269,6 +273,9 @@ class RecordGroups:
             raise ValueError("index length is not a whole number of entries")
         out._index = dict(_ENTRY.iter_unpack(index))
         out._sizes = Counter(out._index.values())
+        for gid, members in enumerate(out._groups):
+            for member in members:
+                out._of_job.setdefault(member, set()).add(gid)
         n = len(out._groups)
         if any(g >= n for g in out._index.values()):
             raise ValueError("index names a group that does not exist")
