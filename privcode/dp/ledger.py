@@ -309,10 +309,11 @@ class StoreLedger:
     def store_id(self) -> str:
         return self._store.ledger_id
 
-    def _refresh(self, steps: int = 0) -> None:
-        """Recompute the worst record's epsilon (after admits and finishes) and the gauges."""
+    def _refresh(self, steps: int = 0, recompute: bool = True) -> None:
+        """Recompute the worst record's epsilon (after admits and finishes; not for a step
+        within its plan, which changes no commitment) and update the metrics."""
         g = self._groups
-        if g is not None and self._budget is not None:
+        if recompute and g is not None and self._budget is not None:
             self._worst = max((g.epsilon(jobs) for jobs in g.groups()), default=0.0)
         with contextlib.suppress(Exception):  # metrics must never block a grant
             m = getattr(self, "_metrics", None)
@@ -528,16 +529,11 @@ class StoreLedger:
             self._groups.set_events(job, j.committed())
             self._refresh(event.steps)
         else:
-            self._refresh_steps(event.steps)
+            self._refresh(event.steps, recompute=False)
         return {"granted": True, "position": j.granted, "reason": None}
 
     def _deny(self, job: _Job | None, reason: str) -> dict:
         return {"granted": False, "position": job.granted if job else 0, "reason": reason}
-
-    def _refresh_steps(self, steps: int) -> None:
-        with contextlib.suppress(Exception):
-            if self._metrics is not None:
-                self._metrics["steps"].inc(steps)
 
     def finish(self, job: str, reason: str = "") -> dict:
         """End a job: its committed events become its grants. Returns :meth:`job_spent`."""
@@ -557,15 +553,10 @@ class StoreLedger:
         j = self._jobs[job]
         assert self._groups is not None and self._budget is not None
         worst = max((self._groups.epsilon(g) for g in self._groups.groups_of_job(job)), default=0.0)
-        history = (
-            [e.to_dict() for e in j.committed()]
-            if j.finished
-            else (
-                [DPEvent(j.plan.noise_multiplier, j.plan.sample_rate, j.granted).to_dict()]
-                if j.granted
-                else []
-            )
+        granted = (
+            DPEvent(j.plan.noise_multiplier, j.plan.sample_rate, j.granted) if j.granted else None
         )
+        history = [granted.to_dict()] if granted else []
         return {
             "job": job,
             "run": j.run,
