@@ -93,6 +93,10 @@ def test_bench_sandbox_smallest():
     _line(out, rf"run_code, sequential +: +{NUMBER} snippets/s")
     _line(out, rf"SandboxPool\(1 workers\) +: +{NUMBER} snippets/s")
     _line(out, rf"pool / sequential +: +{NUMBER}x$")
+    if "isolation: namespaces+uid+seccomp" in out:  # root: the layers side by side
+        for name in (r"namespaces\+uid only", r"\+ seccomp", r"\+ cgroup", r"\+ seccomp \+ cgroup"):
+            _line(out, rf"layers {name} +: +{NUMBER} snippets/s +\( *{NUMBER}x\)")
+        _line(out, rf"executor over HTTP +: +{NUMBER} snippets/s")
 
 
 @pytest.mark.model  # trains a base model's first step

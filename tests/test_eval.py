@@ -28,7 +28,8 @@ from privcode.eval import (
     write_samples,
 )
 from privcode.eval.cli import add_eval_parser
-from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool
+from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool, isolation_level
+from privcode.sandbox import pool as sandbox_pool
 
 WORKERS = 2
 FAST = SandboxLimits(cpu_seconds=1, wall_seconds=2, memory_mb=1024)
@@ -198,7 +199,7 @@ def test_all_canonical_humaneval_solutions_pass_in_the_sandbox(humaneval, sandbo
     assert not failed, failed
     assert result["pass_at_k"] == {"pass@1": 1.0}
     assert result["n_tasks"] == 164 and result["status_counts"] == {"ok": 164}
-    assert result["sandbox"] in ("namespaces+uid", "rlimits-only")
+    assert result["sandbox"] == isolation_level() and result["sandbox_note"] is None
     assert result["missing_tasks"] == [] and result["notes"] == []
 
 
@@ -462,3 +463,17 @@ def test_sampling_is_seeded_and_adapters_load(ci_base, tmp_path, humaneval):
         load_generator(tmp_path / "adapter")
     with pytest.raises(EvalError, match="not a peft adapter"):
         load_generator(ci_base, tmp_path)
+
+
+def test_eval_stops_before_generating_when_full_isolation_is_missing(
+    humaneval, tmp_path, monkeypatch
+):
+    """sandbox.isolation full that cannot be had: an EvalError saying what and how, first."""
+    monkeypatch.setattr(sandbox_pool, "_LEVEL", "rlimits-only")
+    monkeypatch.setattr(sandbox_pool, "_MISSING", "not running as root (uid 1000)")
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "HumanEval/0", "completion": "pass"}) + "\n")
+    with pytest.raises(EvalError, match=r"'full' but .*uid 1000\)\. To get it: run as root"):
+        evaluate(samples_file=samples, limit=1, progress=False)
+    with pytest.raises(EvalError, match="sandbox.isolation: rlimits-only"):
+        evaluate(model="/nonexistent-model", limit=1, progress=False)  # before any loading

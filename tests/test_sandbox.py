@@ -5,18 +5,20 @@ tries) runs through a real :class:`SandboxPool`; the tests check the verdicts AN
 that nothing escaped: host marker files absent, the 127.0.0.1 listener never
 connected, secrets not in any output, this process alive, and no process of the
 sandbox uids left (read from /proc).  Hostile tests need the full isolation
-(root: namespaces+uid) and are skipped otherwise: without it, kill(-1) or a
+(root: namespaces+uid+seccomp) and are skipped otherwise: without it, kill(-1) or a
 fork storm would hit the developer's own session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 import warnings
@@ -26,16 +28,17 @@ import pytest
 
 from privcode.cli import main as cli_main
 from privcode.sandbox import (
-    NAMESPACES,
     RLIMITS_ONLY,
     SandboxError,
     SandboxLimits,
     SandboxPool,
     check_file,
+    is_full,
     isolation_level,
     run_code,
 )
 from privcode.sandbox import pool as sb
+from privcode.sandbox.executor import ExecutorClient, ExecutorServer
 
 HOSTILE = Path(__file__).parent / "hostile"
 SECRET = "privcode-test-secret-7f3a9c41"
@@ -54,10 +57,8 @@ HOST_MARKERS = [
 
 
 def require_namespaces() -> None:
-    if isolation_level() != NAMESPACES:
-        pytest.skip(
-            f"hostile code needs the namespaces+uid sandbox (root); here: {isolation_level()}"
-        )
+    if not is_full(isolation_level()):
+        pytest.skip(f"hostile code needs the full sandbox (root); here: {isolation_level()}")
 
 
 def uid_processes(uids: set[int]) -> list[str]:
@@ -74,9 +75,28 @@ def uid_processes(uids: set[int]) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    """Every hostile file through one pool, with a listener, markers and a secret in place."""
+@contextlib.contextmanager
+def _backend(kind: str):
+    """(map function, the slots' pool): a local pool, or the executor service on 127.0.0.1."""
+    if kind == "local":
+        with SandboxPool(workers=2, limits=LIMITS) as pool:
+            yield pool.map, pool
+        return
+    server = ExecutorServer(("127.0.0.1", 0), workers=2)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = ExecutorClient(f"http://127.0.0.1:{server.server_address[1]}", LIMITS)
+        yield client.map, server.pool
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module", params=["local", "executor"])
+def hostile(request, tmp_path_factory):
+    """Every hostile file through one pool (local, or behind the executor service), with a
+    listener, markers and a secret in place."""
     require_namespaces()
     work = tmp_path_factory.mktemp("hostile")
     (work / "private.jsonl").write_text(json.dumps({"code": SECRET}) + "\n")
@@ -91,10 +111,12 @@ def hostile(tmp_path_factory):
         "paths": [str(Path.cwd() / "privcode-hostile-x"), str(work / "outside-x")],
     }
     files = sorted(HOSTILE.glob("*.py"))
+    if isolation_level().endswith("+no-cgroup"):  # nothing bounds a run's total memory here
+        files = [f for f in files if f.stem not in CGROUP_ONLY]
     os.environ["PRIVCODE_TEST_SECRET"] = SECRET  # before the pool starts its zygotes
     try:
-        with SandboxPool(workers=2, limits=LIMITS) as pool:
-            verdicts = pool.map([f.read_text() for f in files], [json.dumps(params)] * len(files))
+        with _backend(request.param) as (run, pool):
+            verdicts = run([f.read_text() for f in files], [json.dumps(params)] * len(files))
             uids = {s.uid for s in pool._slots if s.uid is not None}
             leftovers = uid_processes(uids)  # the slots are idle now
     finally:
@@ -111,16 +133,22 @@ def hostile(tmp_path_factory):
     listener.close()
 
 
+CGROUP_ONLY = ("fork_memory", "memfd_memory")
 EXPECTED = {
     "daemon": "ok",
+    "dns_exfil": "ok",
+    "double_fork": "timeout",
     "env_secrets": "ok",
+    "fork_memory": "memory",
     "fork_storm": "timeout",
     "huge_file": "error",
     "huge_output": "output",
     "ignore_sigterm": "timeout",
     "infinite_loop": "cpu",
+    "kernel_surface": "ok",
     "kill_host": "ok",
     "many_files": "error",
+    "memfd_memory": "memory",
     "memory_bomb": "memory",
     "namespace_escape": "ok",
     "net_connect": "error",
@@ -134,10 +162,13 @@ EXPECTED = {
 
 @pytest.mark.heavy
 def test_hostile_corpus_verdicts(hostile):
-    assert set(hostile.v) == set(EXPECTED), "a hostile file without an expected verdict"
+    expected = {n for n in EXPECTED if n in hostile.v or n not in CGROUP_ONLY}
+    assert set(hostile.v) == expected, "a hostile file without an expected verdict"
     got = {name: v.status for name, v in hostile.v.items()}
-    assert got == EXPECTED, {n: (v.status, v.stderr[-300:]) for n, v in hostile.v.items()}
-    assert all(v.isolation == NAMESPACES for v in hostile.v.values())
+    want = {n: EXPECTED[n] for n in hostile.v}
+    assert got == want, {n: (v.status, v.stderr[-300:]) for n, v in hostile.v.items()}
+    assert {v.isolation for v in hostile.v.values()} == {isolation_level()}
+    assert is_full(isolation_level())
     errors = {
         n: hostile.v[n].error
         for n in (
@@ -165,6 +196,47 @@ def test_no_network(hostile):
         hostile.listener.accept()  # nobody ever connected
     v = hostile.v["net_connect"]
     assert "CONNECTED" not in v.stdout and "Network is unreachable" in v.stderr
+
+
+@pytest.mark.heavy
+def test_no_dns_exfiltration(hostile):
+    out = hostile.v["dns_exfil"].stdout.splitlines()
+    assert out[0] == "getaddrinfo DENIED gaierror", out
+    attempts = [ln for ln in out[1:] if ln.startswith(("udp ", "tcp "))]
+    assert len(attempts) >= 6 and all(ln.endswith("DENIED OSError") for ln in attempts), out
+
+
+@pytest.mark.heavy
+def test_kernel_attack_surface_is_filtered_per_group(hostile):
+    """seccomp: every denied group answers EPERM; clone3 ENOSYS; a foreign ABI is killed."""
+    from privcode.sandbox.seccomp import DENIED
+
+    out = hostile.v["kernel_surface"].stdout.splitlines()
+    calls = {ln.split()[1]: ln.split()[0] for ln in out if " DENIED " in ln or "ALLOWED" in ln}
+    allowed = [ln for ln in out if "ALLOWED" in ln]
+    assert allowed == [], allowed
+    tested_groups = {ln.split()[0] for ln in out if " DENIED 1" in ln}
+    for group in ("io_uring", "bpf", "userfaultfd", "keys", "perf", "ptrace"):
+        assert group in tested_groups, (group, out)
+    for group in ("namespaces", "mount", "kexec", "modules", "handles", "clone_ns"):
+        assert group in tested_groups, (group, out)
+    assert all(
+        name in {n for g in DENIED.values() for n in g} | {"clone"}
+        for name in calls
+        if name != "clone3"
+    )
+    assert "clone3 clone3 DENIED 38" in out  # ENOSYS: glibc falls back to clone
+    assert "x32 getpid status 31" in out  # SIGSYS: outside the filter's architecture
+
+
+@pytest.mark.heavy
+def test_memory_is_bounded_per_run_not_per_process(hostile):
+    if "fork_memory" not in hostile.v:
+        pytest.skip(f"no cgroup here: {isolation_level()}")
+    fork = hostile.v["fork_memory"]
+    assert fork.status == "memory" and "-9" in fork.stdout, fork  # children OOM-killed
+    memfd = hostile.v["memfd_memory"]
+    assert memfd.status == "memory" and "HELD" not in memfd.stdout, memfd
 
 
 @pytest.mark.heavy
@@ -240,6 +312,7 @@ def test_no_process_survives_daemon_included(hostile):
     assert not os.path.exists("/tmp/privcode-daemon-marker")
     assert uid_processes(hostile.uids) == []
     assert hostile.v["daemon"].stdout == "parent done\n"
+    assert hostile.v["double_fork"].stdout == "forked\n"  # and its session's forks are gone
 
 
 @pytest.mark.heavy
@@ -366,7 +439,7 @@ def test_parent_killed_mid_run_takes_the_sandbox_down():
 def test_run_code_and_check_file(tmp_path):
     require_namespaces()
     v = run_code("print('hi')", slot=7)
-    assert (v.passed, v.status, v.stdout, v.isolation) == (True, "ok", "hi\n", NAMESPACES)
+    assert (v.passed, v.status, v.stdout, v.isolation) == (True, "ok", "hi\n", isolation_level())
     f = tmp_path / "snippet.py"
     f.write_text("raise KeyError('k')\n")
     result = check_file(f)
@@ -376,7 +449,7 @@ def test_run_code_and_check_file(tmp_path):
         "status": "error",
         "seconds": result["seconds"],
         "error": "KeyError",
-        "isolation": NAMESPACES,
+        "isolation": isolation_level(),
     }
 
 
@@ -423,15 +496,19 @@ def test_root_without_namespaces_is_refused(monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("needs root")
     monkeypatch.setattr(sb, "_LEVEL", RLIMITS_ONLY)  # as if the namespaces probe had failed
-    with pytest.raises(SandboxError, match="refusing to run generated code as root"):
+    monkeypatch.setattr(sb, "_MISSING", "the namespace sandbox does not work here: EPERM")
+    with pytest.raises(SandboxError, match="'full' but .* does not work here: EPERM. To get it"):
         run_code("print('never runs')", slot=900)
+    weak = {"isolation": RLIMITS_ONLY}
+    with pytest.raises(SandboxError, match="refusing to run generated code as root"):
+        run_code("print('never runs')", slot=900, **weak)
     with pytest.raises(SandboxError, match="refusing"):
-        SandboxPool(workers=1)
+        SandboxPool(workers=1, **weak)
     assert 900 not in sb._SLOTS
 
 
-def test_rlimits_only_fallback_as_unprivileged_user():
-    """Not root: rlimits only, with a RuntimeWarning; benign code still runs."""
+def _as_nobody(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` with the system python3 as uid/gid 65534, privcode from this checkout."""
     python = shutil.which("python3", path="/usr/bin:/bin")
     if (
         os.geteuid() != 0
@@ -442,15 +519,6 @@ def test_rlimits_only_fallback_as_unprivileged_user():
         ).returncode
     ):
         pytest.skip("needs root, setpriv and a system python3 >= 3.11 to run unprivileged")
-    code = (
-        "import json, sys, warnings\n"
-        "sys.path.insert(0, sys.argv[1])\n"
-        "from privcode.sandbox import pool as m\n"
-        "warnings.simplefilter('always')\n"
-        "v = m.run_code('import os; print(6 * 7, os.getuid())', m.SandboxLimits(wall_seconds=20))\n"
-        "t = m.run_code('import time; time.sleep(30)', m.SandboxLimits(wall_seconds=1))\n"
-        "print(t.status)\nprint(json.dumps(v.to_dict()))\n"
-    )
     proc = subprocess.run(
         [
             "setpriv",
@@ -460,7 +528,7 @@ def test_rlimits_only_fallback_as_unprivileged_user():
             python,
             "-S",
             "-c",
-            code,
+            "import sys\nsys.path.insert(0, sys.argv[1])\n" + code,
             str(Path(sb.__file__).parents[2]),  # the checkout root: privcode without site-packages
         ],
         capture_output=True,
@@ -470,11 +538,52 @@ def test_rlimits_only_fallback_as_unprivileged_user():
     )
     if proc.returncode != 0 and "Permission denied" in proc.stderr:
         pytest.skip(f"the checkout is not readable by an unprivileged user: {proc.stderr[-200:]}")
+    return proc
+
+
+def test_full_isolation_is_refused_as_unprivileged_user():
+    """Not root and nothing asked: every entry point refuses, saying what is missing and how."""
+    proc = _as_nobody(
+        "from privcode.sandbox import pool as m\n"
+        "for call in (lambda: m.run_code('print(1)'), lambda: m.SandboxPool(1)):\n"
+        "    try:\n        call()\n        print('RAN')\n"
+        "    except m.SandboxError as exc:\n        print('REFUSED', exc)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and all(ln.startswith("REFUSED") for ln in lines), proc.stdout
+    assert "not running as root (uid 65534)" in lines[0]
+    assert "CAP_SYS_ADMIN" in lines[0] and "sandbox.isolation: rlimits-only" in lines[0]
+
+
+def test_rlimits_only_asked_for_by_name_as_unprivileged_user():
+    """Not root, rlimits-only by name: rlimits only, with a RuntimeWarning; benign code runs."""
+    proc = _as_nobody(
+        "import json, warnings\n"
+        "from privcode.sandbox import pool as m\n"
+        "warnings.simplefilter('always')\n"
+        "v = m.run_code('import os; print(6 * 7, os.getuid())', m.SandboxLimits(wall_seconds=20),"
+        " isolation='rlimits-only')\n"
+        "t = m.run_code('import time; time.sleep(30)', m.SandboxLimits(wall_seconds=1),"
+        " isolation='rlimits-only')\n"
+        "print(t.status)\nprint(json.dumps(v.to_dict()))\n"
+    )
     assert proc.returncode == 0, proc.stderr
     v = json.loads(proc.stdout.splitlines()[-1])
     assert (v["passed"], v["isolation"], v["stdout"]) == (True, "rlimits-only", "42 65534\n")
     assert proc.stdout.splitlines()[-2] == "timeout"  # the process-group kill works too
     assert "RuntimeWarning" in proc.stderr and "WEAKER" in proc.stderr
+    assert "weak isolation: verdicts only, no protection" in proc.stderr
+
+
+def test_forbidden_where_private_data_lives(monkeypatch):
+    """PRIVCODE_SANDBOX_FORBID_LOCAL=1 (the chart's Ray pods): no local sandbox at all."""
+    monkeypatch.setenv("PRIVCODE_SANDBOX_FORBID_LOCAL", "1")
+    for call in (lambda: run_code("print(1)", slot=901), lambda: SandboxPool(1)):
+        with pytest.raises(SandboxError, match="PRIVCODE_SANDBOX_EXECUTOR"):
+            call()
+    with pytest.raises(ValueError, match="isolation"):
+        SandboxPool(1, isolation="none")
 
 
 def test_limits_validation():
@@ -482,5 +591,5 @@ def test_limits_validation():
         SandboxLimits(wall_seconds=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the full sandbox warns about nothing
-        if isolation_level() == NAMESPACES:
+        if is_full(isolation_level()):
             assert run_code("pass", slot=7).passed

@@ -340,3 +340,16 @@ def test_a_killed_runs_half_written_shards_are_cleared():
         assert _clear_stale_temporaries(work) == 1
         assert not stale.exists() and done.read_bytes() == b"whole"
         assert _clear_stale_temporaries(work) == 0
+
+
+def test_stage_two_stops_when_full_isolation_is_missing(no_ray, tmp_path, monkeypatch):
+    """Nothing is generated when the execution filter could not run with full isolation."""
+    from privcode.sandbox import pool as sandbox_pool
+
+    release = _light_release(tmp_path, dp=True)
+
+    monkeypatch.setattr(sandbox_pool, "_LEVEL", "rlimits-only")
+    monkeypatch.setattr(sandbox_pool, "_MISSING", "not running as root (uid 1000)")
+    with pytest.raises(SynthesisError, match="execution filter cannot run: .*'full' but"):
+        run_synthesis(TINY, release=release, out_dir=tmp_path / "o", work_root=tmp_path / "w")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

@@ -93,6 +93,9 @@ class SynthSummary(JsonRecord):
     epsilon: float | None
     delta: float | None
     privacy_warning: str | None
+    #: The isolation levels the verdicts ran under ({"isolation": {level: snippets},
+    #: "notes": [...]}: notes name a weaker sandbox than the full one).
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         removed = self.removed_execution + self.removed_roundtrip + self.removed_duplicate

@@ -17,7 +17,7 @@ New stages register their section in :data:`SECTIONS` (:mod:`~privcode.config.pi
 else changes.
 
 One module per section (``run``, ``data`` with ``base``, ``train``, ``synth``,
-``premium``, ``eval``, ``audit``, ``pac``, ``privacy`` with ``report``),
+``premium``, ``eval``, ``audit``, ``pac``, ``sandbox``, ``privacy`` with ``report``),
 :mod:`~privcode.config.fields` (``opt`` and the constraint check),
 :mod:`~privcode.config.pipeline` (``SECTIONS``, ``PipelineConfig``) and
 :mod:`~privcode.config.loader`; every name is imported from here.
@@ -33,6 +33,7 @@ from privcode.config.pipeline import SECTIONS, PipelineConfig
 from privcode.config.premium import PremiumConfig
 from privcode.config.privacy import PrivacyConfig, ReportConfig
 from privcode.config.run import RunConfig
+from privcode.config.sandbox import SandboxConfig
 from privcode.config.synth import SynthConfig
 from privcode.config.train import TrainConfig
 from privcode.errors import ConfigError
@@ -53,6 +54,7 @@ __all__ = [
     "AuditConfig",
     "PacConfig",
     "PrivacyConfig",
+    "SandboxConfig",
     "ReportConfig",
     "build_section",
     "opt",

@@ -13,6 +13,7 @@ from privcode.config.pac import PacConfig
 from privcode.config.premium import PremiumConfig
 from privcode.config.privacy import PrivacyConfig, ReportConfig
 from privcode.config.run import RunConfig
+from privcode.config.sandbox import SandboxConfig
 from privcode.config.synth import SynthConfig
 from privcode.config.train import TrainConfig
 
@@ -27,6 +28,7 @@ SECTIONS: dict[str, type] = {
     "eval": EvalConfig,
     "audit": AuditConfig,
     "pac": PacConfig,
+    "sandbox": SandboxConfig,
     "privacy": PrivacyConfig,
     "report": ReportConfig,
 }
@@ -45,6 +47,7 @@ class PipelineConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     pac: PacConfig = field(default_factory=PacConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     source: str = field(

@@ -46,6 +46,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         workers=args.workers,
         limits=limits,
+        isolation=args.isolation,
+        executor=args.executor or "",
         device=args.device,
         samples_out=samples_out,
         missing_as_failures=args.count_missing_as_failures,
@@ -135,6 +137,18 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     )
     box = p.add_argument_group("sandbox")
     box.add_argument("--workers", type=int, default=None, help="Sandbox slots (default: CPUs).")
+    box.add_argument(
+        "--isolation",
+        choices=("full", "rlimits-only"),
+        default="full",
+        help="Weakest isolation accepted (default full); rlimits-only = weak, verdicts only, "
+        "no protection.",
+    )
+    box.add_argument(
+        "--executor",
+        metavar="URL",
+        help="Run the programs on this executor service (PRIVCODE_SANDBOX_EXECUTOR wins).",
+    )
     box.add_argument(
         "--timeout",
         type=float,

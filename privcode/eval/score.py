@@ -42,7 +42,8 @@ from privcode.eval.completions import (
 )
 from privcode.eval.errors import EvalError
 from privcode.eval.passk import DEFAULT_KS, pass_at_k_table
-from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool
+from privcode.sandbox import SandboxError, SandboxLimits, isolation_note
+from privcode.sandbox.executor import open_sandbox, preflight
 
 log = logging.getLogger("privcode.eval")
 
@@ -75,6 +76,8 @@ def run_programs(
     workers: int | None = None,
     limits: SandboxLimits = EVAL_LIMITS,
     progress: bool = False,
+    isolation: str = "full",
+    executor: str = "",
 ) -> tuple[list[dict[str, Any]], str]:
     """Run each program in the sandbox: (one ``{passed, status, error, seconds}`` each,
     the isolation level).  See the module doc for the end marker and ``early_exit``."""
@@ -85,7 +88,7 @@ def run_programs(
     distinct = list(dict.fromkeys(programs))
     workers = max(1, min(workers or len(distinct), len(distinct) or 1))
     try:
-        pool = SandboxPool(workers=workers, limits=limits)
+        pool = open_sandbox(workers, limits, isolation=isolation, executor=executor)
     except SandboxError as exc:
         raise EvalError(f"the sandbox refuses to run the benchmark programs: {exc}") from None
     verdicts = {}
@@ -124,6 +127,8 @@ def score_samples(
     limit: int | None = None,
     missing_as_failures: bool = False,
     progress: bool = False,
+    isolation: str = "full",
+    executor: str = "",
 ) -> dict[str, Any]:
     """Score ``samples`` (``Sample`` or ``{task_id, completion}``) on ``benchmark``.
 
@@ -152,7 +157,14 @@ def score_samples(
             f"({len(selected)} tasks selected)"
         )
     programs = [selected[s.task_id].test_program(s.completion) for s in samples]
-    verdicts, level = run_programs(programs, workers=workers, limits=limits, progress=progress)
+    verdicts, level = run_programs(
+        programs,
+        workers=workers,
+        limits=limits,
+        progress=progress,
+        isolation=isolation,
+        executor=executor,
+    )
     results: dict[str, list[dict]] = {tid: [] for tid in present}
     for s, v in zip(samples, verdicts, strict=True):
         results[s.task_id].append(v)
@@ -174,6 +186,8 @@ def score_samples(
             }
         )
     notes: list[str] = []
+    if (note := isolation_note(level)) is not None:
+        notes.append(f"sandbox {level}: {note}")
     min_n = min(n for n, _ in counts)
     if missing:
         if missing_as_failures:
@@ -214,6 +228,7 @@ def score_samples(
         "status_counts": dict(sorted(all_status.items())),
         "per_task": per_task,
         "sandbox": level,
+        "sandbox_note": isolation_note(level),
         "sandbox_limits": asdict(limits),
         "score_seconds": round(time.monotonic() - started, 3),
         "notes": notes,
@@ -242,15 +257,23 @@ def evaluate(
     samples_out: str | Path | None = None,
     missing_as_failures: bool = False,
     progress: bool = True,
+    isolation: str = "full",
+    executor: str = "",
 ) -> dict[str, Any]:
     """pass@k of a model (generate, then score) or of a samples file (score only).
 
     Result: ``{benchmark, benchmark_source, n_tasks, n_tasks_selected, missing_tasks,
     n_samples_per_task, pass_at_k: {"pass@1": ...}, status_counts, per_task: [{task_id, n,
-    passed, statuses, errors}], sandbox (isolation level), sandbox_limits, notes, seconds,
-    score_seconds}`` plus ``generation`` (model, settings, samples file) when generating.
+    passed, statuses, errors}], sandbox (isolation level), sandbox_note (what a weaker level
+    means, or None), sandbox_limits, notes, seconds, score_seconds}`` plus ``generation``
+    (model, settings, samples file) when generating.  ``isolation``/``executor``: as
+    ``sandbox.*``; a sandbox that cannot give the isolation stops this before generating.
     """
     started = time.monotonic()
+    try:
+        preflight(isolation, executor)
+    except SandboxError as exc:
+        raise EvalError(f"the sandbox refuses to run the benchmark programs: {exc}") from None
     if (model is None and adapter is None) == (samples_file is None):
         raise EvalError(
             "pass either a model (--model [--adapter]) or a samples file "
@@ -301,6 +324,8 @@ def evaluate(
         limit=limit,
         missing_as_failures=missing_as_failures,
         progress=progress,
+        isolation=isolation,
+        executor=executor,
     )
     if generation is not None:
         result["generation"] = generation

@@ -95,9 +95,12 @@ def eval_section(
             ]
         )
     limit = info.limit
-    lines = [
-        "## Utility: pass@k",
-        "",
+    weak = sorted(
+        {f"{r['sandbox']}: {r['sandbox_note']}" for r in models.values() if r.get("sandbox_note")}
+    )
+    lines = ["## Utility: pass@k", ""]
+    lines += [f"**WARNING: sandbox {w}.**\n" for w in weak]
+    lines += [
         f"Benchmark `{info.benchmark}`"
         + (f" (first {limit} tasks)" if limit else "")
         + ": completions executed against the benchmark's tests in the project's sandbox, "

@@ -276,6 +276,11 @@ def _synth_section(info: SynthSummary) -> list[str]:
             "execution verdicts",
             ", ".join(f"{k} {v}" for k, v in info.execution_statuses.items()),
         ),
+        (
+            "sandbox isolation (snippets)",
+            ", ".join(f"{k} {v}" for k, v in (info.sandbox.get("isolation") or {}).items())
+            or "not recorded",
+        ),
         ("samples/s (end to end)", info.samples_per_second),
         (
             "shards (resumed from a previous run)",
@@ -283,6 +288,21 @@ def _synth_section(info: SynthSummary) -> list[str]:
         ),
     ]
     lines = ["## Synthetic data (Stage II)", ""]
+    levels = list(info.sandbox.get("isolation") or {})
+    weak = [lv for lv in levels if not lv.startswith("namespaces+uid+seccomp")]
+    for note in info.sandbox.get("notes") or []:
+        lines += [f"**WARNING: {note}** (sandbox: {', '.join(weak or levels)}).", ""]
+    sandbox_words = (
+        "(own namespaces, no network, unprivileged uid, seccomp, rlimits"
+        + (
+            ", a cgroup per snippet"
+            if levels and all(lv.endswith("+cgroup") for lv in levels)
+            else ""
+        )
+        + ", wall-clock kill)"
+        if levels and not weak
+        else "(see the isolation row: NOT the full sandbox)"
+    )
     dp = info.dp
     if not dp:
         lines += [
@@ -297,8 +317,8 @@ def _synth_section(info: SynthSummary) -> list[str]:
             else "Generated from the release only, streamed"
         )
         + " through Ray Data: generation by the junior, prompt "
-        "extraction, execution of every snippet in the sandbox (no network, unprivileged "
-        "uid, rlimits, wall-clock kill), round-trip filtering, deduplication. For "
+        f"extraction, execution of every snippet in the sandbox {sandbox_words}, round-trip "
+        "filtering, deduplication. For "
         "comparison, PrivCode++ (Table 6) reports 34.4% removed by execution and 5.9% by "
         "round-trip on 50,000 samples from a 1.5B junior.",
         "",

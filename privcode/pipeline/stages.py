@@ -186,7 +186,7 @@ class SynthStage(Stage):
 
     name = "synth"
     summary_type = SynthSummary
-    sections = ("synth",)
+    sections = ("synth", "sandbox")
     after = ("train",)
     # The stage task only drives Ray Data; the operators' actors hold the CPUs.
     num_cpus = 0
@@ -206,7 +206,11 @@ class SynthStage(Stage):
         layout = RunLayout.of(cfg)
         release = Path(cfg.synth.release) if cfg.synth.release else layout.release
         return run_synthesis(
-            cfg.synth, release=release, out_dir=out_dir, work_root=layout.work("synth")
+            cfg.synth,
+            release=release,
+            out_dir=out_dir,
+            work_root=layout.work("synth"),
+            sandbox=cfg.sandbox,
         )
 
     def still_valid(self, summary):
@@ -286,7 +290,7 @@ class EvalStage(Stage):
     name = "eval"
     summary_type = EvalSummary
     version = 1
-    sections = ("eval",)
+    sections = ("eval", "sandbox")
     needs = ("base",)
     after = ("train", "premium")
 
@@ -316,6 +320,8 @@ class EvalStage(Stage):
                 max_new_tokens=e.max_new_tokens,
                 seed=e.seed,
                 workers=e.sandbox_workers,
+                isolation=cfg.sandbox.isolation,
+                executor=cfg.sandbox.executor,
                 samples_out=Path(out_dir) / f"{name}.samples.jsonl",
                 progress=False,
             )
@@ -328,6 +334,7 @@ class EvalStage(Stage):
                     "n_samples_per_task",
                     "status_counts",
                     "sandbox",
+                    "sandbox_note",
                     "notes",
                     "seconds",
                 )

@@ -1,7 +1,10 @@
-"""``privcode sandbox check FILE...``: run Python files in the sandbox and report verdicts.
+"""``privcode sandbox check FILE...`` and ``privcode sandbox serve``.
 
-Exit code 0 when every file ran (whatever its verdict), 2 on usage errors (a missing or
-unreadable file is named).  ``--json`` prints one JSON object per file per line.
+``check`` runs Python files in the sandbox (locally, or on the executor with
+``--executor URL`` / ``PRIVCODE_SANDBOX_EXECUTOR``) and reports verdicts: exit code 0 when
+every file ran (whatever its verdict), 2 on usage errors (a missing or unreadable file is
+named).  ``--json`` prints one JSON object per file per line.  ``serve`` runs the executor
+service (:mod:`privcode.sandbox.executor`), the process of the chart's executor pods.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def _positive(kind):
 
 
 def cmd_sandbox_check(args: argparse.Namespace) -> int:
-    from privcode.sandbox import SandboxLimits, SandboxPool, file_result
+    from privcode.sandbox import SandboxError, SandboxLimits, file_result
+    from privcode.sandbox.executor import open_sandbox
 
     codes = []
     for name in args.files:
@@ -44,10 +48,17 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
         wall_seconds=args.wall_seconds or defaults.wall_seconds,
         memory_mb=args.memory_mb or defaults.memory_mb,
     )
-    with SandboxPool(workers=min(args.workers or 4, len(codes)), limits=limits) as pool:
-        results = [
-            file_result(name, v) for name, v in zip(args.files, pool.map(codes), strict=True)
-        ]
+    try:
+        with open_sandbox(
+            min(args.workers or 4, len(codes)),
+            limits,
+            isolation=args.isolation,
+            executor=args.executor or "",
+        ) as pool:
+            verdicts = pool.map(codes)
+    except SandboxError as exc:
+        raise PrivcodeError(f"sandbox check: {exc}") from None
+    results = [file_result(name, v) for name, v in zip(args.files, verdicts, strict=True)]
     if args.json:
         for r in results:
             print(json.dumps(r, sort_keys=True))
@@ -83,5 +94,46 @@ def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
     )
     c.add_argument("--memory-mb", type=_positive(int), help="Memory limit per file (default 512).")
     c.add_argument("--workers", type=_positive(int), help="Concurrent sandboxes (default 4).")
+    _isolation_arg(c)
+    c.add_argument(
+        "--executor",
+        metavar="URL",
+        help="Run on this executor service instead of locally (PRIVCODE_SANDBOX_EXECUTOR wins).",
+    )
     c.set_defaults(func=cmd_sandbox_check)
+    s = ssub.add_parser(
+        "serve",
+        help="Run the executor service: a sandbox pool behind HTTP (the chart's executor pods).",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1).")
+    s.add_argument("--port", type=_positive(int), default=8700, help="Port (default 8700).")
+    s.add_argument("--workers", type=_positive(int), default=2, help="Sandbox slots (default 2).")
+    _isolation_arg(s)
+    s.set_defaults(func=cmd_sandbox_serve)
     return p
+
+
+def _isolation_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--isolation",
+        choices=("full", "rlimits-only"),
+        default="full",
+        help="Weakest isolation accepted (default full: refuse to run without it); "
+        "rlimits-only = weak, verdicts only, no protection.",
+    )
+
+
+def cmd_sandbox_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from privcode.sandbox import SandboxError
+    from privcode.sandbox.executor import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        serve(args.host, args.port, workers=args.workers, isolation=args.isolation)
+    except SandboxError as exc:
+        raise PrivcodeError(f"sandbox serve: {exc}") from None
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -9,21 +9,34 @@ daemonise or kill other processes.  Snippets may use the standard library only
 
 API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`check_file`,
 :func:`isolation_level`; :class:`Verdict`, :class:`SandboxLimits`.  Each slot owns an
-exclusive uid (an ``flock`` per uid in /run/privcode-sandbox, across processes too) and
-a zygote process (:mod:`privcode.sandbox.zygote`, which lists the isolation layers of
-``isolation == "namespaces+uid"``: running as root) that forks each snippet.
+exclusive uid (an ``flock`` per uid in /run/privcode-sandbox, across processes too), a
+cgroup leaf (:mod:`privcode.sandbox.cgroups`) and a zygote process
+(:mod:`privcode.sandbox.zygote`, which lists the isolation layers) that forks each snippet.
 
-Fallback, never silent (a ``RuntimeWarning`` and an error log, once per process): not
-root (a laptop): ``"rlimits-only"``: rlimits, own session and process group, a temp
-dir and a scrubbed environment only; the code can use the network, read what you can
-read, write where you can, and a daemon escapes the kill.  Root without namespace
-support (no CAP_SYS_ADMIN) is refused rather than run hostile code as root.
+``isolation`` (``sandbox.isolation``) is the weakest level accepted:
+
+* ``"full"`` (the default): namespaces + uid + seccomp (:mod:`privcode.sandbox.seccomp`),
+  which needs root with namespace support and libseccomp.  Missing, it is a
+  :class:`SandboxError` saying what is missing and how to get it.  Every verdict's
+  ``isolation`` names the layers: ``namespaces+uid+seccomp+cgroup``, or ``...+no-cgroup``
+  where the cgroup filesystem is not writable (limits are then per process only).
+* ``"rlimits-only"``, asked for by name: the full sandbox when it can be had, else (not
+  root, a laptop) rlimits, own session and process group, a temp dir and a scrubbed
+  environment only: the code can use the network, read what you can read, write where
+  you can, and a daemon escapes the kill.  It warns (a ``RuntimeWarning`` and an error
+  log, once per process) and every verdict says ``rlimits-only`` (:data:`WEAK_NOTE`).
+  Root without namespace support is refused either way.
+
+``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` (set by the Helm chart on every pod that holds
+private data) refuses every local sandbox: there, generated code runs only on the
+executor service (:mod:`privcode.sandbox.executor`).
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import json
 import logging
 import math
 import os
@@ -40,9 +53,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from privcode.sandbox import zygote
+from privcode.sandbox import cgroups, seccomp, zygote
 
-NAMESPACES, RLIMITS_ONLY = "namespaces+uid", "rlimits-only"
+FULL, RLIMITS_ONLY = "full", "rlimits-only"
+ISOLATIONS = (FULL, RLIMITS_ONLY)
+#: The layers every full level starts with; then "+cgroup" or "+no-cgroup".
+FULL_LAYERS = "namespaces+uid+seccomp"
+WEAK_NOTE = "weak isolation: verdicts only, no protection"
+NO_CGROUP_NOTE = "no cgroup: memory and processes bounded per process only"
+FORBID_ENV = "PRIVCODE_SANDBOX_FORBID_LOCAL"
 STATUSES = ("ok", "error", "timeout", "cpu", "memory", "output", "killed", "syntax")
 UID_BASE, UID_SPAN = 61000, 1000
 _log = logging.getLogger(__name__)
@@ -50,6 +69,27 @@ _log = logging.getLogger(__name__)
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (setup, zygote crash): the snippet's verdict is unknown."""
+
+
+def is_full(level: str) -> bool:
+    """True for the levels ``isolation: full`` accepts."""
+    return level.startswith(FULL_LAYERS)
+
+
+def isolation_note(level: str) -> str | None:
+    """What a report must say about a level weaker than the full one with cgroups."""
+    if not is_full(level):
+        return WEAK_NOTE
+    return NO_CGROUP_NOTE if level.endswith("+no-cgroup") else None
+
+
+@dataclass(frozen=True)
+class SandboxLayers:
+    """Layers of the full sandbox that may be switched off, for measurements only
+    (bench/bench_sandbox.py): a level without seccomp is not "full"."""
+
+    seccomp: bool = True
+    cgroup: bool = True
 
 
 @dataclass(frozen=True)
@@ -64,6 +104,7 @@ class SandboxLimits:
     open_files: int = 64
     output_bytes: int = 65536
     disk_mb: int = 64
+    cpus: float = 1.0  # CPU quota of the whole run (its cgroup's cpu.max)
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -118,11 +159,13 @@ class _Slot:
         self.index, self.owner, self.lock = index, os.getpid(), threading.Lock()
         self.proc: subprocess.Popen | None = None
         self.uid: int | None = None
+        self.level: str | None = None
+        self.cgroup: cgroups.SlotCgroup | None = None
         self._lock_fd: int | None = None
 
-    def _start(self, level: str) -> None:
-        mnt = "-"
-        if level == NAMESPACES:  # uid = first free of 61000+index, 61000+index+1, ...
+    def _start(self, level: str, limits: SandboxLimits) -> None:
+        mnt, ns, layers = "-", level.startswith("namespaces"), {}
+        if ns:  # uid = first free of 61000+index, 61000+index+1, ...
             lock_dir, mnt = _state_dir(), os.path.join(_state_dir(), "mnt")
             for i in range(UID_SPAN):
                 uid = UID_BASE + (self.index + i) % UID_SPAN
@@ -140,6 +183,13 @@ class _Slot:
             else:
                 raise SandboxError(f"all {UID_SPAN} sandbox uids from {UID_BASE} are in use")
         try:  # the real binary: a pyenv shim would not start as another uid
+            if "+seccomp" in level:
+                layers["seccomp"] = seccomp.filter_program().hex()
+            if "+cgroup" in level:
+                self.cgroup = cgroups.create(
+                    f"slot-{self.uid}", *_cgroup_limits(limits), cpus=limits.cpus
+                )
+                layers["cgroup"] = self.cgroup.to_dict()
             self.proc = subprocess.Popen(
                 [
                     os.path.realpath(sys.executable),
@@ -149,8 +199,9 @@ class _Slot:
                     "-c",
                     zygote.BOOT,
                     os.path.realpath(zygote.__file__),
-                    "ns" if level == NAMESPACES else "plain",
+                    "ns" if ns else "plain",
                     mnt,
+                    json.dumps(layers),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -159,8 +210,12 @@ class _Slot:
                 pass_fds=() if self._lock_fd is None else (self._lock_fd,),
                 start_new_session=True,
             )
+            self.level = level
             if self.uid is not None:  # leftovers of a crashed previous owner of this uid
                 self._request({"sweep": self.uid}, 60.0)
+        except (OSError, seccomp.SeccompUnavailable) as exc:
+            self.close(kill=True)
+            raise SandboxError(f"sandbox setup failed ({level}): {exc}") from exc
         except BaseException:
             self.close(kill=True)
             raise
@@ -182,9 +237,11 @@ class _Slot:
             self.__init__(self.index)
         with self.lock:
             try:
-                if self.proc is None or self.proc.poll() is not None:
+                if self.proc is None or self.proc.poll() is not None or self.level != level:
                     self.close()
-                    self._start(level)
+                    self._start(level, limits)
+                if self.cgroup is not None:
+                    self.cgroup.set_limits(*_cgroup_limits(limits))
                 res = self._request(
                     {"code": code, "stdin": stdin, "uid": self.uid, "limits": asdict(limits)},
                     limits.wall_seconds + 60.0,
@@ -214,63 +271,114 @@ class _Slot:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             proc.stdout.close()
+        if self.cgroup is not None:  # empty now: its runs' pid namespaces are gone
+            self.cgroup.remove()
+            self.cgroup = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self.uid, self._lock_fd = None, None
+        self.level = None
+
+
+def _cgroup_limits(limits: SandboxLimits) -> tuple[int, int]:
+    """(memory bytes, tasks) of a run's leaf: its processes' memory plus its tmpfs /tmp;
+    its processes plus the run's init and the snippet's first process."""
+    return (limits.memory_mb + limits.disk_mb) << 20, limits.max_processes + 2
 
 
 _LEVEL: str | None = None
-_WARNED = False
+_MISSING: str | None = None  # why the full level cannot be had here
+_WARNED: set[str] = set()
 _LEVEL_LOCK, _SLOTS_LOCK = threading.Lock(), threading.Lock()
 _SLOTS: dict[int, _Slot] = {}
+HOW_TO_GET_FULL = (
+    "run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SYS_CHROOT and CAP_KILL "
+    "(in a container: those capabilities and an AppArmor profile that allows mount, or a "
+    "gVisor RuntimeClass; the Helm chart's executor pods are set up so), with libseccomp2 "
+    "and pyseccomp installed; or, for verdicts without protection, ask for the weak mode "
+    "by name: sandbox.isolation: rlimits-only (CLI: --isolation rlimits-only)"
+)
 
 
 def isolation_level() -> str:
-    """ "namespaces+uid" (root, and one trivial snippet ran so) or "rlimits-only"."""
-    global _LEVEL
+    """The strongest level here: ``namespaces+uid+seccomp+cgroup`` (or ``+no-cgroup``; root,
+    and one trivial snippet ran so) or ``rlimits-only``.  Probed once per process."""
+    global _LEVEL, _MISSING
     with _LEVEL_LOCK:
         if _LEVEL is None:
             _LEVEL = RLIMITS_ONLY
-            if os.geteuid() == 0:
+            if os.geteuid() != 0:
+                _MISSING = f"not running as root (uid {os.geteuid()})"
+            elif (why := seccomp.available()) is not None:
+                _MISSING = why
+            else:
+                no_cgroup = cgroups.probe()
+                level = FULL_LAYERS + ("+no-cgroup" if no_cgroup else "+cgroup")
+                if no_cgroup:
+                    _log.warning("sandbox: %s (%s)", NO_CGROUP_NOTE, no_cgroup)
                 probe = _Slot(UID_SPAN - 1)
                 try:
-                    if (
-                        probe.run("pass", "", SandboxLimits(wall_seconds=30), NAMESPACES)[
-                            "wait_status"
-                        ]
-                        == 0
-                    ):
-                        _LEVEL = NAMESPACES
+                    res = probe.run("pass", "", SandboxLimits(wall_seconds=30), level)
+                    if res["wait_status"] == 0:
+                        _LEVEL = level
+                    else:
+                        _MISSING = f"a trivial snippet failed in it ({res['stderr'][-300:]})"
                 except (OSError, SandboxError) as exc:
-                    _log.error("the namespaces+uid sandbox does not work here: %s", exc)
+                    _MISSING = f"the namespace sandbox does not work here: {exc}"
                 finally:
                     probe.close()
+            if _MISSING:
+                _log.error("the full sandbox is not available: %s", _MISSING)
         return _LEVEL
 
 
-def _checked_level() -> str:
-    """The level; refuses root without isolation, warns (once) about the weak fallback."""
-    global _WARNED
-    level = isolation_level()
-    if level != NAMESPACES and os.geteuid() == 0:
-        raise SandboxError(
-            "refusing to run generated code as root without isolation: the "
-            "namespaces+uid sandbox does not work here (needs CAP_SYS_ADMIN, "
-            "CAP_SETUID/SETGID; see the log); run as an unprivileged user for "
-            "the weaker rlimits-only fallback"
-        )
-    if level != NAMESPACES and not _WARNED:
-        _WARNED = True
-        msg = (
-            "privcode sandbox isolation is WEAKER than designed (rlimits-only: not running "
-            "as root): rlimits, own process group, temp dir and scrubbed environment ONLY; "
-            "NO network or filesystem isolation, the code can read and write what this user "
-            "can and escape the kill by daemonising. Do not run untrusted generated code "
-            "like this: run as root (namespaces+uid) or in a locked-down pod."
-        )
+def _layer_level(level: str, layers: SandboxLayers) -> str:
+    parts = ["namespaces", "uid"] + (["seccomp"] if layers.seccomp else [])
+    return "+".join(parts + ["cgroup" if layers.cgroup and "+cgroup" in level else "no-cgroup"])
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
         _log.error(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    return level
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+def _checked_level(isolation: str = FULL, layers: SandboxLayers | None = None) -> str:
+    """The level to run at, given the weakest one accepted; refuses what the module doc says."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"sandbox isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if os.environ.get(FORBID_ENV) == "1":
+        raise SandboxError(
+            f"this process may not run generated code ({FORBID_ENV}=1: it holds private data); "
+            "set sandbox.executor (PRIVCODE_SANDBOX_EXECUTOR) to the executor service"
+        )
+    level = isolation_level()
+    if is_full(level):
+        level = _layer_level(level, layers or SandboxLayers())
+        if isolation == FULL and not is_full(level):
+            raise ValueError(f"seccomp switched off gives {level}: not isolation 'full'")
+        if level.endswith("+no-cgroup") and (layers is None or layers.cgroup):
+            _warn_once(f"privcode sandbox: {NO_CGROUP_NOTE} ({level})")
+        return level
+    if isolation == FULL:
+        raise SandboxError(
+            f"sandbox.isolation is 'full' but the full sandbox cannot be had here: {_MISSING}. "
+            f"To get it: {HOW_TO_GET_FULL}"
+        )
+    if os.geteuid() == 0:
+        raise SandboxError(
+            "refusing to run generated code as root without isolation: the namespace "
+            f"sandbox does not work here ({_MISSING}); run as an unprivileged user for the "
+            "rlimits-only mode"
+        )
+    _warn_once(
+        f"privcode sandbox isolation is WEAKER than designed ({WEAK_NOTE}; rlimits-only, asked "
+        f"for by name: {_MISSING}): rlimits, own process group, temp dir and scrubbed "
+        "environment ONLY; NO network or filesystem isolation, the code can read and write "
+        "what this user can and escape the kill by daemonising."
+    )
+    return RLIMITS_ONLY
 
 
 def _exception_name(text: str) -> str | None:
@@ -294,12 +402,14 @@ def _verdict(res: dict, limits: SandboxLimits, level: str) -> Verdict:
             -rc == signal.SIGKILL and res["cpu"] >= max(1, math.ceil(limits.cpu_seconds))
         ):
             status = "cpu"
-        else:
-            status = "memory" if "MemoryError" in tail else "killed"
+        else:  # the cgroup's OOM killer, or RLIMIT_AS seen as a MemoryError
+            status = "memory" if res.get("oom") or "MemoryError" in tail else "killed"
     elif rc == 0:
         status = "ok"
     else:
         status = "memory" if error == "MemoryError" else "error"
+    if res.get("oom") and status in ("ok", "error", "killed"):  # a process of the run was
+        status = "memory"  # OOM-killed in its cgroup: the run hit its memory limit
     return Verdict(
         status == "ok", status, round(res["seconds"], 4), rc, res["stdout"], err, level, error
     )
@@ -323,19 +433,26 @@ def _run(slot: _Slot, code: str, stdin: str, limits: SandboxLimits, level: str) 
 
 
 def run_code(
-    code: str, limits: SandboxLimits = DEFAULT_LIMITS, *, stdin: str = "", slot: int = 0
+    code: str,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    *,
+    stdin: str = "",
+    slot: int = 0,
+    isolation: str = FULL,
 ) -> Verdict:
     """Run one snippet in the sandbox of ``slot`` (its own uid and zygote); see the module doc."""
-    level = _checked_level()
+    level = _checked_level(isolation)
     with _SLOTS_LOCK:
         s = _SLOTS.setdefault(slot, _Slot(slot))
     return _run(s, code, stdin, limits, level)
 
 
-def check_file(path: str | os.PathLike, limits: SandboxLimits = DEFAULT_LIMITS) -> dict:
+def check_file(
+    path: str | os.PathLike, limits: SandboxLimits = DEFAULT_LIMITS, *, isolation: str = FULL
+) -> dict:
     """Run a Python file in the sandbox: {file, passed, status, seconds, error, isolation}."""
     with open(path, encoding="utf-8", errors="replace") as fh:
-        return file_result(path, run_code(fh.read(), limits))
+        return file_result(path, run_code(fh.read(), limits, isolation=isolation))
 
 
 def file_result(path: str | os.PathLike, v: Verdict) -> dict:
@@ -350,13 +467,23 @@ def file_result(path: str | os.PathLike, v: Verdict) -> dict:
 
 
 class SandboxPool:
-    """Runs many snippets concurrently: ``workers`` slots, each its own uid and zygote."""
+    """Runs many snippets concurrently: ``workers`` slots, each its own uid and zygote.
 
-    def __init__(self, workers: int | None = None, limits: SandboxLimits = DEFAULT_LIMITS) -> None:
+    ``isolation``: the weakest level accepted (module doc); ``layers``: measurements only.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        limits: SandboxLimits = DEFAULT_LIMITS,
+        *,
+        isolation: str = FULL,
+        layers: SandboxLayers | None = None,
+    ) -> None:
         self.workers = workers or len(os.sched_getaffinity(0))
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.limits, self.level = limits, _checked_level()
+        self.limits, self.level = limits, _checked_level(isolation, layers)
         self._slots = [_Slot(i) for i in range(self.workers)]
         self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         for s in self._slots:
@@ -364,21 +491,27 @@ class SandboxPool:
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="privcode-sandbox")
         self._closed = False
 
-    def run(self, code: str, stdin: str = "") -> Verdict:
+    def run(self, code: str, stdin: str = "", limits: SandboxLimits | None = None) -> Verdict:
         if self._closed:
             raise RuntimeError("SandboxPool is closed")
         slot = self._free.get()
         try:
-            return _run(slot, code, stdin, self.limits, self.level)
+            return _run(slot, code, stdin, limits or self.limits, self.level)
         finally:
             self._free.put(slot)
 
-    def map(self, codes: Sequence[str], stdins: Sequence[str] | None = None) -> list[Verdict]:
-        """Verdicts in the order of ``codes`` (``stdins``: one stdin text per code)."""
+    def map(
+        self,
+        codes: Sequence[str],
+        stdins: Sequence[str] | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> list[Verdict]:
+        """Verdicts in the order of ``codes`` (``stdins``: one stdin text per code;
+        ``limits``: these instead of the pool's)."""
         stdins = [""] * len(codes) if stdins is None else list(stdins)
         if len(stdins) != len(codes):
             raise ValueError("stdins must have one entry per code")
-        return list(self._executor.map(self.run, codes, stdins))
+        return list(self._executor.map(self.run, codes, stdins, [limits] * len(codes)))
 
     def close(self) -> None:
         if not self._closed:

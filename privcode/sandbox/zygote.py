@@ -2,7 +2,7 @@
 
 Everything here runs in a zygote or a snippet; the parent (:mod:`privcode.sandbox.pool`)
 uses only BOOT, ENV, send and recv.  A slot's zygote is
-``python -S -s -P -c BOOT <this file> ns|plain <mnt>``, which loads this file by path (no
+``python -S -s -P -c BOOT <this file> ns|plain <mnt> <layers JSON>``, which loads this file by path (no
 site-packages; privcode is not importable there), serves one request per snippet on stdin
 and answers on stdout (:func:`send`/:func:`recv`: one JSON line each), and forks each
 snippet's process tree.  Hence the rules for this file: standard library only (an
@@ -32,6 +32,12 @@ Isolation layers (``isolation == "namespaces+uid"``, mode ``ns``: the parent run
   passes it to the zygote): concurrent sandboxes cannot signal each other nor share an
   RLIMIT_NPROC count.
 * rlimits before the code runs: CPU, AS (memory), NPROC, FSIZE, NOFILE, CORE=0.
+* A cgroup leaf per slot (:mod:`privcode.sandbox.cgroups`, when the cgroup filesystem is
+  writable): the run's pid 1 joins it first, so memory (tmpfs and memfd pages included),
+  tasks and CPU are bounded for the whole process tree, not per process.
+* seccomp, last before the code runs: the BPF program the parent built with libseccomp
+  (:mod:`privcode.sandbox.seccomp`: io_uring, bpf, userfaultfd, keys, perf, ptrace,
+  namespaces, mounts, kexec, modules, handle-based opens... fail with EPERM).
 * Wall clock: the zygote SIGKILLs the run's pid 1; the kernel then kills every
   process of the pid namespace, daemonised grandchildren included (pid 1 also dies
   with the zygote: parent-death signal); after a kill the zygote checks from the host
@@ -80,7 +86,8 @@ _TOP_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _NEWNS, _NEWUTS, _NEWIPC, _NEWPID, _NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
 _RDONLY, _NOSUID, _NODEV, _NOEXEC, _REMOUNT = 1, 2, 4, 8, 32
 _BIND, _REC, _PRIVATE = 4096, 16384, 1 << 18
-_PDEATHSIG, _DUMPABLE, _NO_NEW_PRIVS = 1, 4, 38  # prctl options
+_PDEATHSIG, _DUMPABLE, _NO_NEW_PRIVS, _SET_SECCOMP = 1, 4, 38, 22  # prctl options
+_SECCOMP_MODE_FILTER = 2
 _TAIL = 4096
 # The zygote's entry: load this file by path and serve.  Only a forked snippet process
 # gets past _zygote_main: it runs the code as __main__.
@@ -88,12 +95,15 @@ BOOT = (
     "import sys\nb = frozenset(sys.modules)\nimport importlib.util as u\n"
     "s = u.spec_from_file_location('_privcode_sandbox_zygote', sys.argv[1])\n"
     "m = u.module_from_spec(s)\nsys.modules[s.name] = m\ns.loader.exec_module(m)\n"
-    "job = m._zygote_main(sys.argv[2], sys.argv[3], b)\n"
+    "job = m._zygote_main(sys.argv[2], sys.argv[3], sys.argv[4], b)\n"
     "if job is not None:\n    m._snippet_main(*job)\n"
 )
 
 
 _LIBC = None
+# The layers this zygote applies (set once by _zygote_main): the seccomp program as a ready
+# ``struct sock_fprog`` (and its buffer, kept alive) and the slot's cgroup leaf.
+_LAYERS: dict = {"fprog": None, "cgroup": None}
 
 
 def _sys(name: str, *args) -> None:
@@ -220,6 +230,8 @@ def _become_snippet(spec: dict, baseline: frozenset) -> tuple:
     os.umask(0o077)
     os.environ.clear()
     os.environ.update(ENV, HOME=workdir, TMPDIR=workdir)
+    if _LAYERS["fprog"] is not None:  # last: the calls above (setgroups...) are never denied
+        _sys("prctl", _SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(_LAYERS["fprog"]), 0, 0)
     os.write(3, b'{"ready": true}\n')
     os.close(3)
     return spec["code"], os.path.join(workdir, "snippet.py"), baseline
@@ -242,6 +254,10 @@ def _ns_init(spec: dict, baseline: frozenset):
     """pid 1 of the run's pid namespace: new mount + IPC namespaces, a fresh /tmp and /proc,
     chroot; then fork the snippet, reap, report its status and exit (killing the rest)."""
     _sys("prctl", _PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for procs in (_LAYERS["cgroup"] or {}).get("procs", ()):  # first: all that follows counts
+        fd = os.open(procs, os.O_WRONLY)
+        os.write(fd, b"0")
+        os.close(fd)
     mnt, uid = spec["mnt"], spec["uid"]
     _unshare(_NEWNS | _NEWIPC)
     _mount(
@@ -325,6 +341,11 @@ def _monitor(pid: int, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
     def kill() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL) if mode == "ns" else os.killpg(pid, signal.SIGKILL)
+        if (_LAYERS["cgroup"] or {}).get("kill"):  # v2: every task of the leaf at once
+            with contextlib.suppress(OSError):
+                fd = os.open(_LAYERS["cgroup"]["kill"], os.O_WRONLY)
+                os.write(fd, b"1")
+                os.close(fd)
 
     try:
         pidfd = os.pidfd_open(pid)  # Linux 5.3+: wakes us at exit; else 10 ms ticks
@@ -406,6 +427,7 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
         "nproc_base": nproc,
         "mnt": mnt,
     }
+    oom_before = _oom_kills()
     if mode == "ns":
         _unshare(_NEWPID)  # the next child is pid 1 of a new pid namespace
     try:
@@ -433,6 +455,7 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
             shutil.rmtree(workdir, ignore_errors=True)
     if uid is not None and res["reason"] is not None:
         res["survivors"] = _sweep(uid)
+    res["oom"] = _oom_kills() > oom_before
     records = [json.loads(line) for line in lines.splitlines() if line.strip()]
     res["ready"] = any(r.get("ready") for r in records)
     res["setup_error"] = next((r["setup_error"] for r in records if "setup_error" in r), None)
@@ -443,10 +466,43 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
     return res
 
 
-def _zygote_main(mode: str, mnt: str, baseline: frozenset) -> tuple | None:
+def _oom_kills() -> int:
+    """OOM kills so far in the slot's cgroup leaf (0 without one)."""
+    cg = _LAYERS["cgroup"]
+    if not cg:
+        return 0
+    try:
+        with open(cg["oom"][0], encoding="ascii") as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key == cg["oom"][1]:
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _set_layers(conf: str) -> None:
+    """The seccomp program (hex of ``struct sock_filter[]``) and cgroup leaf of this zygote."""
+    layers = json.loads(conf)
+    if layers.get("seccomp"):
+        prog = bytes.fromhex(layers["seccomp"])
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
+        fprog._buf = buf  # type: ignore[attr-defined]  # the filter's memory lives with it
+        _LAYERS["fprog"] = fprog
+    _LAYERS["cgroup"] = layers.get("cgroup")
+
+
+def _zygote_main(mode: str, mnt: str, conf: str, baseline: frozenset) -> tuple | None:
     """The zygote's loop: one request in, one result out, per snippet, until EOF."""
 
     me = os.getpid()
+    _set_layers(conf)
     os.umask(0o022)
     pidns = _setup_zygote_namespaces(mnt) if mode == "ns" else None
     gc.freeze()  # forked snippets' collections skip the zygote's objects (fewer copied pages)

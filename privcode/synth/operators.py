@@ -15,7 +15,8 @@ Row columns, in the order they are filled:
 * :class:`Extract`: ``prompt`` (the instruction M_ext(code); for
   prompt-conditioned methods the public conditioning prompt itself);
 * :class:`ExecutionFilter`: ``exec_status``, ``exec_passed``, ``exec_seconds``,
-  ``exec_error`` (verdict of running the code in the sandbox);
+  ``exec_error``, ``exec_isolation`` (verdict of running the code in the sandbox, and the
+  isolation it ran under);
 * :class:`RoundTripScore`: ``roundtrip_score`` (NaN when the code did not
   pass execution: not scored) and ``roundtrip_passed``.
 """
@@ -146,10 +147,15 @@ class Extract:
 class ExecutionFilter:
     """Runs every snippet in the sandbox; keeps the verdict (never the snippet's output)."""
 
-    def __init__(self, limits: dict[str, Any], workers: int):
-        from privcode.sandbox import SandboxLimits, SandboxPool
+    def __init__(
+        self, limits: dict[str, Any], workers: int, isolation: str = "full", executor: str = ""
+    ):
+        from privcode.sandbox import SandboxLimits
+        from privcode.sandbox.executor import open_sandbox
 
-        self.pool = SandboxPool(workers=workers, limits=SandboxLimits(**limits))
+        self.pool = open_sandbox(
+            workers, SandboxLimits(**limits), isolation=isolation, executor=executor
+        )
         self.removed = _counter(
             "privcode_synth_exec_removed", "Samples removed by the execution filter."
         )
@@ -174,6 +180,7 @@ class ExecutionFilter:
             "exec_error": np.array(
                 [getattr(v, "error", None) or "" for v in verdicts], dtype=object
             ),
+            "exec_isolation": np.array([v.isolation for v in verdicts], dtype=object),
         }
 
 

@@ -41,7 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from privcode.config import SynthConfig, section_to_dict
+from privcode.config import SandboxConfig, SynthConfig, section_to_dict
 from privcode.errors import PrivcodeError
 from privcode.utils import atomic_path, atomic_write_json, sha256_bytes, sha256_file
 
@@ -215,6 +215,7 @@ def _dataset(
     indices: list[int],
     conditioning: str,
     generator: type | None = None,
+    sandbox: SandboxConfig | None = None,
 ):
     import ray.data
     from ray.data import ActorPoolStrategy
@@ -258,6 +259,7 @@ def _dataset(
         compute=ActorPoolStrategy(min_size=1, max_size=1),
         num_cpus=EXTRACT_CPUS,
     )
+    sb = sandbox or SandboxConfig()
     limits = {
         "cpu_seconds": cfg.sandbox_cpu_seconds,
         "wall_seconds": cfg.sandbox_wall_seconds,
@@ -265,7 +267,7 @@ def _dataset(
     }
     ds = ds.map_batches(
         ExecutionFilter,
-        fn_constructor_args=(limits, cfg.sandbox_workers),
+        fn_constructor_args=(limits, cfg.sandbox_workers, sb.isolation, sb.executor),
         batch_size=fbatch,
         batch_format="numpy",
         compute=ActorPoolStrategy(min_size=1, max_size=1),
@@ -294,6 +296,7 @@ def _generate_shards(
     conditioning: str,
     progress: bool,
     generator: type | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> dict[str, int]:
     n, size = cfg.num_samples, cfg.shard_size
     shards = range((n + size - 1) // size)
@@ -310,7 +313,7 @@ def _generate_shards(
     counts["generated_this_run"] = len(indices)
     expected = {k: min((k + 1) * size, n) - k * size for k in pending}
     buffers: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    ds = _dataset(cfg, release, indices, conditioning, generator)
+    ds = _dataset(cfg, release, indices, conditioning, generator, sandbox)
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         for j in range(len(batch["index"])):
             row = _row(batch, j)
@@ -364,6 +367,7 @@ def _finalize_shard(
     provenance: str,
     funnel: dict[str, int],
     statuses: dict[str, int],
+    levels: dict[str, int],
 ) -> list[dict[str, Any]]:
     """Count one shard into the funnel; its kept rows (passed both filters, not a duplicate)."""
     import pyarrow.parquet as pq
@@ -373,6 +377,7 @@ def _finalize_shard(
     survivors = []
     for r in rows:
         statuses[r["exec_status"]] += 1
+        levels[r.get("exec_isolation") or "unrecorded"] += 1
         if not r["exec_passed"]:
             funnel["removed_execution"] += 1
         elif not r["roundtrip_passed"]:
@@ -426,6 +431,7 @@ def _finalize(
         "kept": 0,
     }
     statuses: dict[str, int] = defaultdict(int)
+    levels: dict[str, int] = defaultdict(int)
     schema = pa.schema(
         [
             ("id", pa.string()),
@@ -442,7 +448,9 @@ def _finalize(
     n_shards = (cfg.num_samples + cfg.shard_size - 1) // cfg.shard_size
     with atomic_path(out_dir / "synthetic.parquet") as tmp, pq.ParquetWriter(tmp, schema) as writer:
         for k in range(n_shards):
-            kept = _finalize_shard(_shard_path(work, k), cfg, dedup, provenance, funnel, statuses)
+            kept = _finalize_shard(
+                _shard_path(work, k), cfg, dedup, provenance, funnel, statuses, levels
+            )
             if kept:  # one row group per shard: memory stays flat at any num_samples
                 writer.write_table(pa.Table.from_pylist(kept, schema=schema))
     if sum(v for k, v in funnel.items() if k != "generated") != funnel["generated"]:
@@ -455,6 +463,7 @@ def _finalize(
         "funnel": funnel,
         "rates": {k: round(v / g, 4) for k, v in funnel.items() if k != "generated"},
         "execution_statuses": dict(sorted(statuses.items())),
+        "sandbox": _sandbox_stats(levels),
         "release": {
             "sha256": release_sha,
             "method": release_meta["method"],
@@ -469,6 +478,14 @@ def _finalize(
     return stats
 
 
+def _sandbox_stats(levels: dict[str, int]) -> dict[str, Any]:
+    """The isolation levels the verdicts ran under (snippet counts) and what they mean."""
+    from privcode.sandbox.pool import isolation_note
+
+    notes = sorted({n for lv in levels if (n := isolation_note(lv)) is not None})
+    return {"isolation": dict(sorted(levels.items())), "notes": notes}
+
+
 def run_synthesis(
     cfg: SynthConfig,
     *,
@@ -477,12 +494,19 @@ def run_synthesis(
     work_root: str | Path,
     progress: bool = True,
     generator: type | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> dict[str, Any]:
     """Synthesise from ``release`` into ``out_dir`` (see the module docstring); returns a summary.
 
     ``generator`` replaces :class:`~privcode.synth.operators.Generate` (same
-    constructor and batch contract), e.g. a cheap stand-in for benchmarks.
+    constructor and batch contract), e.g. a cheap stand-in for benchmarks.  ``sandbox``:
+    the isolation required and the executor; a sandbox that cannot give it stops the
+    stage before anything runs.
     """
+    from privcode.sandbox import SandboxError
+    from privcode.sandbox.executor import preflight
+
+    sandbox = sandbox or SandboxConfig()
     if cfg.generators_max < cfg.generators_min:
         raise SynthesisError(
             f"synth.generators_max={cfg.generators_max} is below "
@@ -491,10 +515,14 @@ def run_synthesis(
     release = Path(release).resolve()
     meta = check_release_path(release)
     privacy = release_privacy(release, meta, allow_non_dp=cfg.allow_non_dp_release)
+    try:
+        preflight(sandbox.isolation, sandbox.executor)
+    except SandboxError as exc:
+        raise SynthesisError(f"synth: the execution filter cannot run: {exc}") from None
     work = Path(work_root).resolve() / work_key(cfg, meta)
     (work / "shards").mkdir(parents=True, exist_ok=True)
     _clear_stale_temporaries(work)
-    summary = _synthesise(cfg, release, meta, privacy, work, out_dir, progress, generator)
+    summary = _synthesise(cfg, release, meta, privacy, work, out_dir, progress, generator, sandbox)
     _clear_stale_temporaries(work)
     return summary
 
@@ -522,6 +550,7 @@ def _synthesise(
     out_dir: str | Path,
     progress: bool,
     generator: type | None,
+    sandbox: SandboxConfig,
 ) -> dict[str, Any]:
     import ray
 
@@ -536,7 +565,9 @@ def _synthesise(
     if not ray.is_initialized():
         connect()
     started = time.time()
-    counts = _generate_shards(cfg, release, work, meta["conditioning"], progress, generator)
+    counts = _generate_shards(
+        cfg, release, work, meta["conditioning"], progress, generator, sandbox
+    )
     stats = _finalize(cfg, work, out_dir, meta, release_sha, privacy)
     seconds = round(time.time() - started, 2)
     return {
@@ -544,6 +575,7 @@ def _synthesise(
         **counts,
         "rates": stats["rates"],
         "execution_statuses": stats["execution_statuses"],
+        "sandbox": stats["sandbox"],
         "seconds": seconds,
         # Over the samples generated by this run (resumed shards cost nothing).
         "samples_per_second": (

@@ -1,0 +1,215 @@
+"""The executor service (privcode.sandbox.executor) on 127.0.0.1: protocol, limits against
+hostile clients, nothing private in logs or errors, the client's isolation check.
+
+The hostile corpus itself runs through the executor in tests/test_sandbox.py (the
+``hostile`` fixture's "executor" backend)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from privcode.cli import main as cli_main
+from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool, is_full, isolation_level
+from privcode.sandbox.executor import ExecutorClient, ExecutorServer, open_sandbox, parse_limits
+
+MARK = "privcode-private-marker-51c2"
+
+
+def require_full() -> None:
+    if not is_full(isolation_level()):
+        pytest.skip(f"needs the full sandbox (root); here: {isolation_level()}")
+
+
+@pytest.fixture
+def server(request):
+    """A running executor; ``request.param`` may override its settings."""
+    require_full()
+    kw = getattr(request, "param", {})
+    srv = ExecutorServer(("127.0.0.1", 0), workers=2, **kw)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(
+        url + "/v1/run", body, {"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), dict(exc.headers)
+
+
+def raw_request(port: int, data: bytes, wait: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except TimeoutError:
+            pass
+    return b"".join(chunks)
+
+
+def test_runs_batches_in_order_with_the_full_level(server):
+    client = ExecutorClient(server.url, SandboxLimits(wall_seconds=5))
+    assert client.level == isolation_level() and client.workers == 2
+    codes = [f"print({i} * 3)" for i in range(40)] + ["import sys; sys.exit(3)", "x = ("]
+    v = client.map(codes, [""] * len(codes))
+    assert [x.stdout for x in v[:40]] == [f"{i * 3}\n" for i in range(40)]
+    assert (v[40].status, v[40].returncode, v[41].status) == ("error", 3, "syntax")
+    assert {x.isolation for x in v} == {isolation_level()}
+    # per-request limits reach the sandbox
+    slow = client.map(["import time; time.sleep(5)"], limits=SandboxLimits(wall_seconds=1))[0]
+    assert slow.status == "timeout" and slow.seconds < 3
+
+
+def test_batches_larger_than_max_batch_are_split(server):
+    server.max_batch = 7
+    client = ExecutorClient(server.url)
+    assert client.max_batch == 7
+    assert [v.stdout for v in client.map([f"print({i})" for i in range(20)])] == [
+        f"{i}\n" for i in range(20)
+    ]
+
+
+def test_hostile_clients_get_clear_refusals(server):
+    url, port = server.url, server.server_address[1]
+    ok = json.dumps({"programs": [{"code": "print(1)"}]}).encode()
+    assert post(url, ok)[0] == 200
+    assert post(url, b"not json")[:2] == (400, {"error": "body is not JSON"})
+    assert post(url, b'{"programs": []}')[0] == 400
+    assert post(url, b'{"programs": [{"code": 3}]}')[1]["error"].startswith("programs[0]")
+    assert post(url, json.dumps({"programs": [{"code": "x", "stdin": 5}]}).encode())[0] == 400
+    too_many = json.dumps({"programs": [{"code": "pass"}] * 257}).encode()
+    assert post(url, too_many)[0] == 413
+    huge = json.dumps({"programs": [{"code": "#" * (1 << 20 + 1)}]}).encode()
+    assert post(url, huge)[0] == 413
+    for limits, msg in (
+        ({"cpu_seconds": 1e9}, "exceeds this executor's cap"),
+        ({"wall_seconds": -1}, "wall_seconds must be > 0"),
+        ({"uid": 0}, "unknown limits: ['uid']"),
+        ({"memory_mb": "lots"}, "memory_mb must be a number"),
+    ):
+        status, body, _ = post(
+            url, json.dumps({"programs": [{"code": "1"}], "limits": limits}).encode()
+        )
+        assert status == 422 and msg in body["error"], (limits, body)
+    assert b" 411 " in raw_request(port, b"POST /v1/run HTTP/1.1\r\nHost: x\r\n\r\n")
+    big = b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+    assert b" 413 " in raw_request(port, big)
+    assert b" 404 " in raw_request(port, b"GET /v1/other HTTP/1.1\r\nHost: x\r\n\r\n", 2)
+    assert b" 405 " in raw_request(port, b"GET /v1/run HTTP/1.1\r\nHost: x\r\n\r\n", 2)
+    assert post(url, ok)[0] == 200  # and it still serves
+
+
+@pytest.mark.parametrize("server", [{"read_timeout_s": 1.0}], indirect=True)
+def test_a_stalled_client_is_dropped(server):
+    t0 = time.monotonic()
+    got = raw_request(server.server_address[1], b"POST /v1/run HTTP/1.1\r\nContent-Le", 10)
+    assert got == b"" and time.monotonic() - t0 < 5  # closed after the read timeout
+    assert post(server.url, b'{"programs": [{"code": "pass"}]}')[0] == 200
+
+
+@pytest.mark.parametrize("server", [{"max_inflight": 1}], indirect=True)
+def test_busy_executor_answers_429_and_the_client_retries(server):
+    slow = json.dumps({"programs": [{"code": "import time; time.sleep(2)"}]}).encode()
+    first = threading.Thread(target=post, args=(server.url, slow))
+    first.start()
+    time.sleep(0.5)
+    status, body, headers = post(server.url, b'{"programs": [{"code": "pass"}]}')
+    assert (status, headers.get("Retry-After")) == (429, "1") and "busy" in body["error"]
+    client = ExecutorClient(server.url)
+    assert client.map(["print('after')"])[0].stdout == "after\n"  # retried past the 429
+    first.join()
+
+
+def test_nothing_private_in_logs_or_errors(server, caplog):
+    caplog.set_level(logging.DEBUG)
+    client = ExecutorClient(server.url)
+    v = client.map([f"print({MARK!r})", f"raise ValueError({MARK!r})"], [MARK, MARK])
+    assert MARK in v[0].stdout and MARK in v[1].stderr  # the caller gets its verdicts
+    bad = json.dumps({"programs": [{"code": MARK, "stdin": 1}]}).encode()
+    status, body, _ = post(server.url, bad)
+    assert status == 400 and MARK not in json.dumps(body)
+    assert MARK not in caplog.text
+    assert "POST /v1/run -> 200" in caplog.text
+
+
+class _FakeHealth(http.server.BaseHTTPRequestHandler):
+    level = "rlimits-only"
+
+    def do_GET(self):  # noqa: N802
+        data = json.dumps(
+            {"isolation": self.level, "workers": 1, "max_batch": 8, "max_limits": {}}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_client_refuses_a_weak_executor_unless_asked_by_name():
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHealth)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{fake.server_address[1]}"
+    try:
+        with pytest.raises(SandboxError, match="'full' but the executor .* runs 'rlimits-only'"):
+            ExecutorClient(url)
+        assert ExecutorClient(url, isolation="rlimits-only").level == "rlimits-only"
+    finally:
+        fake.shutdown()
+        fake.server_close()
+    with pytest.raises(SandboxError, match="unreachable"):
+        ExecutorClient(url, connect_timeout_s=0.5)
+    with pytest.raises(SandboxError, match="http"):
+        ExecutorClient("file:///etc/passwd")
+
+
+def test_open_sandbox_picks_the_executor_where_local_runs_are_forbidden(server, monkeypatch):
+    monkeypatch.setenv("PRIVCODE_SANDBOX_FORBID_LOCAL", "1")
+    with pytest.raises(SandboxError, match="FORBID_LOCAL"):
+        open_sandbox(1)
+    monkeypatch.setenv("PRIVCODE_SANDBOX_EXECUTOR", server.url)
+    with open_sandbox(1, executor="http://127.0.0.1:1") as box:  # the env wins
+        assert isinstance(box, ExecutorClient) and box.run("print(2)").stdout == "2\n"
+    monkeypatch.delenv("PRIVCODE_SANDBOX_FORBID_LOCAL")
+    monkeypatch.delenv("PRIVCODE_SANDBOX_EXECUTOR")
+    with open_sandbox(1) as box:
+        assert isinstance(box, SandboxPool)
+
+
+def test_cli_check_on_the_executor(server, tmp_path, capsys):
+    f = tmp_path / "a.py"
+    f.write_text("print(6 * 7)\n")
+    assert cli_main(["sandbox", "check", str(f), "--json", "--executor", server.url]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["status"], row["isolation"]) == ("ok", isolation_level())
+
+
+def test_parse_limits_defaults_and_types():
+    assert parse_limits(None) == SandboxLimits()
+    got = parse_limits({"memory_mb": 100.0, "wall_seconds": 2})
+    assert (got.memory_mb, type(got.memory_mb), got.wall_seconds) == (100, int, 2.0)
+    with pytest.raises(ValueError, match="object"):
+        parse_limits([1])
+    with pytest.raises(ValueError, match="number"):
+        parse_limits({"cpus": True})
