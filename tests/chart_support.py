@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ CRDS = Path(os.environ.get("PRIVCODE_KUBERAY_CRDS", ROOT.parent / "shared" / "ku
 RAY_KINDS = frozenset(k8s.CUSTOM_KINDS)
 CORE_KINDS = {
     "ConfigMap",
+    "Deployment",
     "PersistentVolumeClaim",
     "NetworkPolicy",
     "ServiceAccount",
@@ -166,6 +167,13 @@ def pod_templates(objects: list[dict]) -> Iterator[tuple[str, dict]]:
             yield f"RayJob/{job['metadata']['name']} submitter", job["spec"]["submitterPodTemplate"]
 
 
+def all_pod_templates(objects: list[dict]) -> Iterator[tuple[str, dict]]:
+    """(where, pod template) of every pod: :func:`pod_templates` and the Deployments' (executor)."""
+    yield from pod_templates(objects)
+    for deployment in by_kind(objects, "Deployment"):
+        yield f"Deployment/{deployment['metadata']['name']}", deployment["spec"]["template"]
+
+
 def ray_containers(objects: list[dict]) -> Iterator[tuple[str, dict]]:
     for where, template in pod_templates(objects):
         for container in template["spec"]["containers"]:
@@ -190,12 +198,12 @@ def crd_problems(obj: dict[str, Any]) -> list[str]:
     return k8s.custom_resource_problems(obj, k8s.crd_schema(obj["kind"], CRDS))
 
 
-def k8s_problems(obj: dict[str, Any]) -> list[str]:
-    """What ``kubernetes-validate`` (strict) rejects in ``obj``, on each of :data:`K8S_VERSIONS`."""
+def k8s_problems(obj: dict[str, Any], versions: Sequence[str] = K8S_VERSIONS) -> list[str]:
+    """What ``kubernetes-validate`` (strict) rejects in ``obj``, on each of ``versions``."""
     import kubernetes_validate
 
     problems = []
-    for version in K8S_VERSIONS:
+    for version in versions:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:

@@ -22,6 +22,7 @@ from chart_support import (
     DNS1035,
     JOB_ONLY,
     MAX_NAME,
+    all_pod_templates,
     by_kind,
     cluster_specs,
     env_of,
@@ -94,10 +95,12 @@ def test_autoscaling(ci_objects, default_objects):
         p for p in by_kind(ci_objects, "NetworkPolicy") if p["spec"]["policyTypes"] == ["Egress"]
     ]
     assert len(api_policy) == 1
-    assert (
-        api_policy[0]["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
-        == "ray-head"
-    )
+    selector = api_policy[0]["spec"]["podSelector"]
+    assert selector["matchLabels"]["app.kubernetes.io/component"] == "ray-head"
+    # the heads of the pipeline and serving clusters, never the executor
+    assert selector["matchExpressions"] == [
+        {"key": "privcode.io/role", "operator": "In", "values": ["pipeline", "serving"]}
+    ]
     assert {p["port"] for p in api_policy[0]["spec"]["egress"][0]["ports"]} == {443, 6443}
     for owner, spec in cluster_specs(default_objects):
         assert spec["enableInTreeAutoscaling"] is False, owner
@@ -117,53 +120,92 @@ def test_nothing_is_exposed_by_default(default_objects, ci_objects):
 
 
 def test_network_policy_denies_by_default(default_objects, ci_objects):
+    """Default deny for every pod, then one policy per role (tests/test_chart_executor.py
+    evaluates what they allow together)."""
+    selector = {"app.kubernetes.io/name": "privcode", "app.kubernetes.io/instance": "rel"}
     for objects in (default_objects, ci_objects):
-        policy = [
-            p for p in by_kind(objects, "NetworkPolicy") if p["metadata"]["name"] == "rel-privcode"
-        ][0]
-        spec = policy["spec"]
-        assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
-        selector = spec["podSelector"]["matchLabels"]
-        assert selector == {
-            "app.kubernetes.io/name": "privcode",
-            "app.kubernetes.io/instance": "rel",
-        }
-        # the policy selects every pod of the release, and only through its labels
-        for where, template in pod_templates(objects):
+        policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(objects, "NetworkPolicy")}
+        deny = policies["rel-privcode"]
+        assert sorted(deny["policyTypes"]) == ["Egress", "Ingress"]
+        assert deny["podSelector"] == {"matchLabels": selector}
+        assert "ingress" not in deny and "egress" not in deny  # allows nothing by itself
+        # it selects every pod of the release, and only through its labels; every pod has a
+        # role, and the policy of that role selects it
+        for where, template in all_pod_templates(objects):
             labels = template["metadata"]["labels"]
             assert selector.items() <= labels.items(), where
-        # release pods talk to each other; the operator reaches the dashboard; DNS egress
-        assert {"from": [{"podSelector": {"matchLabels": selector}}]} in spec["ingress"]
-        operator_ports = {
-            p["port"]
-            for rule in spec["ingress"]
-            for p in rule.get("ports", [])
-            if any(
-                "namespaceSelector" in peer
-                and peer["namespaceSelector"]["matchLabels"].get("kubernetes.io/metadata.name")
-                in ("ray-system", "kuberay")
-                for peer in rule["from"]
-            )
-        }
-        assert {8265, 52365} <= operator_ports
-        assert {"to": [{"podSelector": {"matchLabels": selector}}]} in spec["egress"]
-        dns = [r for r in spec["egress"] if any(p.get("port") == 53 for p in r.get("ports", []))]
-        assert {p["protocol"] for p in dns[0]["ports"]} == {"UDP", "TCP"}
-    default = [p for p in by_kind(default_objects, "NetworkPolicy")]
-    assert len(default) == 1  # no API egress without the autoscaler
-    assert all(
-        "ports" in r or r["from"][0].get("podSelector") for r in default[0]["spec"]["ingress"]
-    )  # nothing open to the world: every other rule names its ports
-    ci = [
-        p for p in by_kind(ci_objects, "NetworkPolicy") if p["metadata"]["name"] == "rel-privcode"
-    ][0]["spec"]
-    serve_rule = [r for r in ci["ingress"] if r.get("ports") == [{"protocol": "TCP", "port": 8000}]]
+            role = labels["privcode.io/role"]
+            assert policies[f"rel-privcode-{role}"]["podSelector"] == {
+                "matchLabels": {**selector, "privcode.io/role": role}
+            }, where
+
+        def peer(role):
+            return {"podSelector": {"matchLabels": {**selector, "privcode.io/role": role}}}
+
+        pipeline = policies["rel-privcode-pipeline"]
+        # Ray's pods talk to each other on any port, the submitter reaches the head
+        assert {"from": [peer("pipeline"), peer("submitter")]} in pipeline["ingress"]
+        assert {"to": [peer("pipeline")]} in pipeline["egress"]
+        # the operator reaches the dashboard of the pipeline and serving clusters
+        for name in ("rel-privcode-pipeline", "rel-privcode-serving"):
+            if name not in policies:
+                continue
+            operator_ports = {
+                p["port"]
+                for rule in policies[name]["ingress"]
+                for p in rule.get("ports", [])
+                if any(
+                    "namespaceSelector" in peer_
+                    and peer_["namespaceSelector"]["matchLabels"].get("kubernetes.io/metadata.name")
+                    in ("ray-system", "kuberay")
+                    for peer_ in rule["from"]
+                )
+            }
+            assert {8265, 52365} <= operator_ports, name
+        # DNS for the Ray pods and the submitter (not for the executor: tested elsewhere)
+        for name in ("rel-privcode-pipeline", "rel-privcode-submitter"):
+            dns = [
+                r
+                for r in policies[name]["egress"]
+                if any(p.get("port") == 53 for p in r.get("ports", []))
+            ]
+            assert {p["protocol"] for p in dns[0]["ports"]} == {"UDP", "TCP"}, name
+        # nothing open to the world: every ingress rule but the same-role ones names its ports
+        for name, spec in policies.items():
+            for rule in spec.get("ingress", []):
+                assert "ports" in rule or all("podSelector" in p for p in rule["from"]), name
+    default = {p["metadata"]["name"] for p in by_kind(default_objects, "NetworkPolicy")}
+    # no API egress without the autoscaler, no serving policy without the RayService
+    assert default == {
+        "rel-privcode",
+        "rel-privcode-pipeline",
+        "rel-privcode-submitter",
+        "rel-privcode-executor",
+    }
+    ci = {p["metadata"]["name"]: p["spec"] for p in by_kind(ci_objects, "NetworkPolicy")}
+    serve_rule = [
+        r
+        for r in ci["rel-privcode-serving"]["ingress"]
+        if r.get("ports") == [{"protocol": "TCP", "port": 8000}]
+    ]
     assert serve_rule and serve_rule[0]["from"][0]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "ingress-nginx"
     }
-    assert any(
-        r.get("to", [{}])[0].get("ipBlock", {}).get("cidr") == "52.216.0.0/15" for r in ci["egress"]
-    )
+    # servingIngress only on the serving pods; extraEgress on pipeline and serving, never the executor
+    assert not [
+        r
+        for r in ci["rel-privcode-pipeline"]["ingress"]
+        if r.get("ports") == serve_rule[0]["ports"]
+    ]
+    for name, has_it in (
+        ("rel-privcode-pipeline", True),
+        ("rel-privcode-serving", True),
+        ("rel-privcode-executor", False),
+    ):
+        assert has_it == any(
+            r.get("to", [{}])[0].get("ipBlock", {}).get("cidr") == "52.216.0.0/15"
+            for r in ci[name]["egress"]
+        ), name
 
 
 def test_every_ray_container_is_locked_down(rendering):
@@ -252,6 +294,8 @@ def test_rayjob_runs_the_pipeline(default_objects, ci_objects):
         "run.reports_dir=/mnt/artifacts/reports",
         "--set",
         "base.cache_dir=/mnt/artifacts/cache",
+        "--set",
+        "sandbox.isolation=full",
     ]
     assert job["shutdownAfterJobFinishes"] is True
     assert job["ttlSecondsAfterFinished"] == 3600
@@ -321,6 +365,8 @@ def test_set_file_replaces_the_pipeline_config(helm, tmp_path):
         "ConfigMap",
         "PersistentVolumeClaim",
         "NetworkPolicy",
+        "Service",
+        "Deployment",
         "RayJob",
     }
     assert len(by_kind(objects, "RayJob")) == 1

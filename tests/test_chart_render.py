@@ -22,7 +22,9 @@ from chart_support import (
     CHART,
     CI_VALUES,
     CORE_KINDS,
+    K8S_VERSIONS,
     RAY_KINDS,
+    VALUE_SETS,
     crd_problems,
     k8s_problems,
     one,
@@ -64,13 +66,16 @@ def test_ray_resources_validate_against_the_kuberay_crds(rendering, crds):
         assert not problems, f"{name}: {obj['kind']}/{obj['metadata']['name']}: {problems}"
 
 
-def test_core_objects_validate_strictly_against_kubernetes(rendering):
-    name, objects = rendering
-    for obj in objects:
-        if obj["kind"] in RAY_KINDS:
-            continue
-        problems = k8s_problems(obj)
-        assert not problems, f"{name}: {obj['kind']}/{obj['metadata']['name']}: {problems}"
+def test_core_objects_validate_strictly_against_kubernetes(rendering, helm):
+    """Each rendering made for each supported version (``--kube-version``: the chart adapts to
+    it, e.g. the executor's AppArmor field from 1.30, an annotation before) is valid there."""
+    name, _ = rendering
+    for version in K8S_VERSIONS:
+        for obj in render(helm, *VALUE_SETS[name], "--kube-version", version):
+            if obj["kind"] in RAY_KINDS:
+                continue
+            problems = k8s_problems(obj, (version,))
+            assert not problems, f"{name}: {obj['kind']}/{obj['metadata']['name']}: {problems}"
 
 
 def test_ray_pod_templates_validate_strictly_as_pods(rendering):

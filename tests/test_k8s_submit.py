@@ -43,6 +43,8 @@ def test_job_manifests_come_from_the_chart(objects):
     kinds = [o["kind"] for o in objects]
     assert kinds == sorted(kinds, key=k8s.APPLY_ORDER.index)  # apply order
     assert kinds.count("RayJob") == 1 and "ConfigMap" in kinds and "NetworkPolicy" in kinds
+    # the sandbox executor, where the job's generated code runs, is sent with the job
+    assert {"Service", "Deployment"} <= set(kinds)
     assert not {"RayCluster", "RayService"} & set(kinds)
     job = by_kind(objects, "RayJob")[0]
     entry = job["spec"]["entrypoint"]
@@ -230,6 +232,8 @@ def test_submit_dry_runs_everything_then_creates_and_waits(fake, objects, capsys
     paths = [p["path"] for p in posts[len(objects) :]]
     assert "/api/v1/namespaces/team-a/configmaps" in paths
     assert "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies" in paths
+    assert "/apis/apps/v1/namespaces/team-a/deployments" in paths
+    assert "/api/v1/namespaces/team-a/services" in paths
     assert paths[-1] == "/apis/ray.io/v1/namespaces/team-a/rayjobs"
     assert all(p["query"].get("fieldManager") == "privcode" for p in posts)
     # the CRD schema came from the cluster
@@ -259,6 +263,8 @@ def test_resubmit_keeps_the_volume_replaces_config_and_a_finished_job(fake, obje
     assert actions[f"RayJob/{job}"].startswith("replaced")
     assert all(v == "kept" for k, v in actions.items() if k.startswith("PersistentVolumeClaim/"))
     assert all(v == "replaced" for k, v in actions.items() if k.startswith("ConfigMap/"))
+    assert actions["Service/pc-privcode-executor"] == "replaced"
+    assert actions["Deployment/pc-privcode-executor"] == "replaced"
     later = fake.requests[before:]
     puts = [r for r in later if r["method"] == "PUT"]
     assert puts and all(r["body"]["metadata"]["resourceVersion"] for r in puts)

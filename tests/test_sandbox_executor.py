@@ -213,3 +213,36 @@ def test_parse_limits_defaults_and_types():
         parse_limits([1])
     with pytest.raises(ValueError, match="number"):
         parse_limits({"cpus": True})
+
+
+def test_the_charts_executor_capabilities_are_enough_for_the_full_sandbox():
+    """Root with only executor.securityContext's capabilities (as in the executor pod): full."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    if not is_full(isolation_level()) or not shutil.which("setpriv"):
+        pytest.skip("needs root with the full sandbox, and setpriv")
+    values = yaml.safe_load((Path(__file__).parents[1] / "charts/privcode/values.yaml").read_text())
+    caps = values["executor"]["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    bounding = "-all," + ",".join("+" + c.lower() for c in caps["add"])
+    code = (
+        "from privcode.sandbox import SandboxPool, isolation_level\n"
+        "print(isolation_level())\n"
+        "with SandboxPool(1) as p:\n"
+        "    v = p.map(['print(6 * 7)', 'import socket; socket.create_connection((\"1.1.1.1\", 53), 1)'])\n"
+        "print(v[0].stdout.strip(), v[1].status)\n"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--bounding-set", bounding, "--inh-caps", "-all", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    level, result = proc.stdout.split("\n")[:2]
+    assert is_full(level) and result == "42 error", proc.stdout

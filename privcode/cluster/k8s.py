@@ -20,10 +20,11 @@ Before anything is created:
    half-applied.
 
 Then the objects are created in order (ServiceAccount, ConfigMap, PVC,
-NetworkPolicy, RayJob). Existing ones: a PVC or ServiceAccount is kept (the
-artifacts volume outlives jobs), a ConfigMap or NetworkPolicy is replaced, a
-finished RayJob of the same name is deleted and created again, a running one
-is an error. :func:`wait_for_rayjob` then polls ``status.jobDeploymentStatus``
+NetworkPolicy, the sandbox executor's Service and Deployment, RayJob). Existing
+ones: a PVC or ServiceAccount is kept (the artifacts volume outlives jobs), a
+ConfigMap, NetworkPolicy, Service (keeping its cluster IP) or Deployment is
+replaced, a finished RayJob of the same name is deleted and created again, a
+running one is an error. :func:`wait_for_rayjob` then polls ``status.jobDeploymentStatus``
 and ``status.jobStatus`` until the job ends.
 
 Needs a cluster with the KubeRay operator (its CRDs installed), a kube
@@ -78,8 +79,19 @@ CORE_KINDS = {
     "ConfigMap": ("CoreV1Api", "config_map", "replace"),
     "PersistentVolumeClaim": ("CoreV1Api", "persistent_volume_claim", "keep"),
     "NetworkPolicy": ("NetworkingV1Api", "network_policy", "replace"),
+    # the sandbox executor (the chart's templates/executor.yaml): where generated code runs
+    "Service": ("CoreV1Api", "service", "replace"),
+    "Deployment": ("AppsV1Api", "deployment", "replace"),
 }
-APPLY_ORDER = ("ServiceAccount", "ConfigMap", "PersistentVolumeClaim", "NetworkPolicy", "RayJob")
+APPLY_ORDER = (
+    "ServiceAccount",
+    "ConfigMap",
+    "PersistentVolumeClaim",
+    "NetworkPolicy",
+    "Service",
+    "Deployment",
+    "RayJob",
+)
 #: RayJob jobStatus values after which the job does not change any more.
 TERMINAL_JOB = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 TERMINAL_DEPLOYMENT = frozenset({"Complete", "Failed"})
@@ -351,6 +363,12 @@ def _create(api_client: Any, obj: dict[str, Any], namespace: str, dry_run: bool)
         **obj,
         "metadata": {**obj["metadata"], "resourceVersion": current.metadata.resource_version},
     }
+    if kind == "Service" and current.spec is not None:  # a Service keeps its allocated IPs
+        spec = dict(obj.get("spec") or {})
+        for key, attr in (("clusterIP", "cluster_ip"), ("clusterIPs", "cluster_ips")):
+            if key not in spec and getattr(current.spec, attr, None):
+                spec[key] = getattr(current.spec, attr)
+        body["spec"] = spec
     getattr(api, f"replace_namespaced_{suffix}")(
         name, namespace, body, field_manager=FIELD_MANAGER, **extra
     )

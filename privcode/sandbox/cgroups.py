@@ -24,6 +24,7 @@ depend on this: it ends the run's pid namespace.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from dataclasses import dataclass
 
@@ -57,12 +58,17 @@ class SlotCgroup:
             _write(os.path.join(leaf, "pids.max"), str(tasks))
         else:
             mem = self.dirs["memory"]
-            files = ["memory.limit_in_bytes"]
+            files = [os.path.join(mem, "memory.limit_in_bytes")]
             if os.path.exists(os.path.join(mem, "memory.memsw.limit_in_bytes")):
-                files.append("memory.memsw.limit_in_bytes")  # memsw >= limit at every write:
-            grow = self.limits is not None and memory > self.limits[0]
-            for f in files[::-1] if grow else files:  # grow memsw first, shrink it last
-                _write(os.path.join(mem, f), str(memory))
+                files.append(os.path.join(mem, "memory.memsw.limit_in_bytes"))
+            try:  # the kernel keeps memsw >= limit at every write: shrinking, limit first;
+                for f in files:  # growing (EINVAL), memsw first.  Whatever a leaf left
+                    _write(f, str(memory))  # behind by an earlier owner held.
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                for f in files[::-1]:
+                    _write(f, str(memory))
             with open(os.path.join(mem, "memory.limit_in_bytes"), encoding="ascii") as fh:
                 if int(fh.read()) > memory:
                     raise OSError(f"the memory limit of {mem} did not take")

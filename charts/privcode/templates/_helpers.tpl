@@ -71,6 +71,54 @@ app.kubernetes.io/name: {{ include "privcode.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+The role label of every pod of the release; the NetworkPolicies select pods by it:
+pipeline (RayCluster and RayJob cluster pods), submitter (the RayJob's submitter), serving
+(RayService cluster pods), executor (the sandbox executor, the only pods running generated code).
+*/}}
+{{- define "privcode.roleKey" -}}
+privcode.io/role
+{{- end }}
+
+{{/* Selector labels of the pods of one role. Usage: include "privcode.roleSelector" (list . "executor") */}}
+{{- define "privcode.roleSelector" -}}
+{{ include "privcode.selectorLabels" (index . 0) }}
+{{ include "privcode.roleKey" (index . 0) }}: {{ index . 1 }}
+{{- end }}
+
+{{/* The sandbox executor's Deployment, Service and ServiceAccount. */}}
+{{- define "privcode.executorName" -}}
+{{- include "privcode.suffixedName" (list . "executor") }}
+{{- end }}
+
+{{/*
+Whether the executor is rendered: enabled, and some pipeline cluster (RayJob or RayCluster) may
+send it code; a serving-only release runs no generated code and gets no root pod.
+*/}}
+{{- define "privcode.executorRendered" -}}
+{{- if and .Values.executor.enabled (or .Values.job.enabled .Values.cluster.enabled) }}true{{ end }}
+{{- end }}
+
+{{/* The executor's URL as the Ray pods see it: http://<name>.<namespace>.svc:<port>. */}}
+{{- define "privcode.executorUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "privcode.executorName" .) .Release.Namespace (int .Values.executor.port) }}
+{{- end }}
+
+{{/*
+The environment that keeps generated code out of a pod holding private data (Ray pods, their
+autoscaler, the job submitter): the executor's URL, and PRIVCODE_SANDBOX_FORBID_LOCAL=1 (the
+application then refuses to run generated code in the pod). Nothing when executor.enabled=false
+(sandbox.runInRayPods: the Ray pods run the code themselves).
+*/}}
+{{- define "privcode.sandboxEnv" -}}
+{{- if .Values.executor.enabled }}
+- name: PRIVCODE_SANDBOX_EXECUTOR
+  value: {{ include "privcode.executorUrl" . | quote }}
+- name: PRIVCODE_SANDBOX_FORBID_LOCAL
+  value: "1"
+{{- end }}
+{{- end }}
+
 {{/* The ServiceAccount Ray pods run as. */}}
 {{- define "privcode.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
@@ -134,6 +182,8 @@ anything else is single-quoted with embedded single quotes escaped.
 {{- $args = concat $args (list "--set" (printf "run.out_dir=%s/runs" $m)) }}
 {{- $args = concat $args (list "--set" (printf "run.reports_dir=%s/reports" $m)) }}
 {{- $args = concat $args (list "--set" (printf "base.cache_dir=%s/cache" $m)) }}
+{{- /* the isolation the executor runs at (privcode.validate refuses it in pipeline.overrides) */}}
+{{- $args = concat $args (list "--set" (printf "sandbox.isolation=%s" .Values.executor.isolation)) }}
 {{- range .Values.pipeline.overrides }}
 {{- $args = concat $args (list "--set" .) }}
 {{- end }}
@@ -171,6 +221,34 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- end }}
 {{- if and .Values.job.enabled (not .Values.storage.pvc.enabled) (not .Values.storage.objectStore.uri) }}
 {{- fail "job.enabled: the RayJob has nowhere to keep its artifacts (storage.pvc.enabled=false and storage.objectStore.uri is empty): enable the PVC, set storage.pvc.existingClaim, or set storage.objectStore.uri" }}
+{{- end }}
+{{- /* where generated code runs: the executor, or (acknowledged by name) the Ray pods */}}
+{{- if not .Values.executor.enabled }}
+{{- if not .Values.sandbox.runInRayPods }}
+{{- fail "executor.enabled=false: the Ray pods would run model-generated code themselves, in the pods that hold the private corpus, the privacy store (budgets, ledger, fingerprint keys), the artifacts and the Ray auth token. Keep executor.enabled=true, or accept that risk by name with sandbox.runInRayPods=true (unsafe)" }}
+{{- end }}
+{{- $caps := default (list) (dig "capabilities" "add" (list) (default (dict) .Values.securityContext)) }}
+{{- if and (eq .Values.executor.isolation "full") (not (has "SYS_ADMIN" $caps)) }}
+{{- fail "sandbox.runInRayPods=true with executor.isolation=full: the Ray containers run without the capabilities the full sandbox needs (non-root, all capabilities dropped), so the pipeline would refuse to run any snippet. Set executor.isolation=rlimits-only (weak: verdicts only, no protection) or enable the executor" }}
+{{- end }}
+{{- end }}
+{{- $reserved := list "PRIVCODE_SANDBOX_EXECUTOR" "PRIVCODE_SANDBOX_FORBID_LOCAL" }}
+{{- range $where, $env := dict "extraEnv" .Values.extraEnv "head.env" .Values.head.env "autoscaling.autoscalerOptions.env" .Values.autoscaling.autoscalerOptions.env }}
+{{- range $env }}
+{{- if has .name $reserved }}
+{{- fail (printf "%s sets %s: the chart sets it from executor.* (it decides where generated code may run); remove it" $where .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $name, $_ := (dig "env_vars" (dict) (default (dict) .Values.job.runtimeEnv)) }}
+{{- if has $name $reserved }}
+{{- fail (printf "job.runtimeEnv.env_vars sets %s: the chart sets it from executor.* (it decides where generated code may run); remove it" $name) }}
+{{- end }}
+{{- end }}
+{{- range .Values.pipeline.overrides }}
+{{- if or (hasPrefix "sandbox.isolation=" .) (hasPrefix "sandbox.executor=" .) }}
+{{- fail (printf "pipeline.overrides: %q: the chart sets sandbox.isolation from executor.isolation and the executor's address from executor.*; set those instead" .) }}
+{{- end }}
 {{- end }}
 {{- if and .Values.serve.enabled (not .Values.serve.premium.enabled) (not .Values.serve.ensemble.enabled) }}
 {{- fail "serve.enabled: no Serve application is enabled: set serve.premium.enabled=true and/or serve.ensemble.enabled=true (or serve.enabled=false)" }}
@@ -238,6 +316,9 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
 {{- with $root.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- with include "privcode.sandboxEnv" $root }}
+{{ . | trim }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -260,6 +341,7 @@ metadata:
   labels:
     {{- include "privcode.labels" $root | nindent 4 }}
     app.kubernetes.io/component: {{ ternary "ray-head" "ray-worker" $isHead }}
+    {{ include "privcode.roleKey" $root }}: {{ if .serving }}serving{{ else }}pipeline{{ end }}
     {{- if not $isHead }}
     privcode/worker-group: {{ .groupName }}
     {{- end }}
@@ -393,6 +475,9 @@ autoscalerOptions:
       value: /tmp
     {{- with $ao.env }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- with include "privcode.sandboxEnv" $root }}
+    {{- . | trim | nindent 4 }}
     {{- end }}
   volumeMounts:
     - name: tmp
