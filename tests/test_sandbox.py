@@ -167,10 +167,13 @@ def test_hostile_corpus_verdicts(hostile):
     expected = {n for n in EXPECTED if n in hostile.v or n not in CGROUP_ONLY}
     assert set(hostile.v) == expected, "a hostile file without an expected verdict"
     got = {name: v.status for name, v in hostile.v.items()}
-    # Under memory pressure from outside the sandbox (the rest of the suite), reclaim at the
-    # cgroup's limit can use up memfd_memory's 1 s of CPU before the OOM kill: either way the
-    # pages are not held (test_memory_is_bounded_per_run_not_per_process).
-    got = {n: "memory" if (n, s) == ("memfd_memory", "cpu") else s for n, s in got.items()}
+    # On a loaded machine (the rest of the suite, a demo beside it), reclaim at the cgroup's
+    # limit can outlast memfd_memory's 1 s of CPU or 4 s of wall clock before the OOM kill:
+    # either way the pages are never held (test_memory_is_bounded_per_run_not_per_process).
+    got = {
+        n: "memory" if n == "memfd_memory" and s in ("cpu", "timeout") else s
+        for n, s in got.items()
+    }
     want = {n: EXPECTED[n] for n in hostile.v}
     assert got == want, {n: (v.status, v.stderr[-300:]) for n, v in hostile.v.items()}
     assert {v.isolation for v in hostile.v.values()} == {isolation_level()}
@@ -241,8 +244,8 @@ def test_memory_is_bounded_per_run_not_per_process(hostile):
         pytest.skip(f"no cgroup here: {isolation_level()}")
     fork = hostile.v["fork_memory"]
     assert fork.status == "memory" and "-9" in fork.stdout, fork  # children OOM-killed
-    memfd = hostile.v["memfd_memory"]  # "cpu": see test_hostile_corpus_verdicts
-    assert memfd.status in ("memory", "cpu") and "HELD" not in memfd.stdout, memfd
+    memfd = hostile.v["memfd_memory"]  # "cpu", "timeout": see test_hostile_corpus_verdicts
+    assert memfd.status in ("memory", "cpu", "timeout") and "HELD" not in memfd.stdout, memfd
 
 
 @pytest.mark.heavy
