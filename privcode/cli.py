@@ -295,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(c, default=None)
     c.set_defaults(func=cmd_config_show)
 
-    p = sub.add_parser("data", help="Private data: build the demo corpus, validate a dataset file.")
+    p = sub.add_parser(
+        "data", help="Private data: ingest your code, build the demo corpus, validate a file."
+    )
     dsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     d = dsub.add_parser(
         "demo", help="Build the private demo corpus (stdlib + HumanEval, PII, canaries)."
@@ -306,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="Print the manifest as JSON.")
     _add_config_args(d, default=None)
     d.set_defaults(func=cmd_data_demo)
+    from privcode.data.ingest.cli import add_ingest_parser
+
+    add_ingest_parser(dsub, _add_config_args)
     d = dsub.add_parser("validate", help="Validate a JSONL or Parquet dataset row by row.")
     d.add_argument("file", help="Dataset file (.jsonl or .parquet).")
     d.add_argument("--max-record-bytes", type=int, default=65_536, help="Size limit per record.")

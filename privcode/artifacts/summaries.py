@@ -115,6 +115,9 @@ class DataSummary(JsonRecord):
 
     counts: dict[str, Any]
     files: dict[str, Any]
+    #: An ingested corpus: where its inputs stood (re-ingest when it changes) and the spec.
+    inputs_state: str | None = None
+    ingest: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

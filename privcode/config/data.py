@@ -9,8 +9,36 @@ from privcode.config.fields import opt
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The private demo corpus: stdlib functions + HumanEval, with PII and canaries."""
+    """The private corpus: the demo one (stdlib + HumanEval, PII, canaries) or your own code."""
 
+    source: str = opt(
+        "demo",
+        "demo: build the demo corpus; ingest: your repositories and instruction files "
+        "(data.inputs), as `privcode data ingest` does.",
+        choices=("demo", "ingest"),
+    )
+    inputs: tuple[str, ...] = opt(
+        (),
+        "Ingest sources (source: ingest): directories or git repositories (one record per "
+        "function, method or class) and instruction files (.jsonl, .json, .parquet, .csv).",
+    )
+    rev: str = opt("", "Git revision of the repositories to ingest; '' = the working tree.")
+    include: tuple[str, ...] = opt((), "Ingest only paths matching these gitignore-style globs.")
+    exclude: tuple[str, ...] = opt((), "Skip paths matching these gitignore-style globs.")
+    prompt_column: str = opt("", "Instruction files: the prompt column ('' = detect the layout).")
+    code_column: str = opt("", "Instruction files: the code column ('' = detect the layout).")
+    canaries: bool = opt(
+        False,
+        "Ingest: plant CanaryLeaks canaries (data.canary_*) into copies of member records, "
+        "so that the leakage audits run on your corpus. Off for production corpora.",
+    )
+    dedup_threshold: float = opt(
+        0.85,
+        "Ingest: MinHash Jaccard above which two records are near duplicates.",
+        min=0.5,
+        max=1.0,
+    )
+    min_lines: int = opt(3, "Ingest: shortest function (lines) that becomes a record.", min=1)
     seed: int = opt(0, "Random seed: same seed, same bytes.")
     size: int = opt(
         1000,
@@ -59,6 +87,11 @@ class DataConfig:
         "rejected by the readers.",
         min=256,
     )
+
+    def cross_check(self) -> tuple[str, str] | None:
+        if self.source == "ingest" and not self.inputs:
+            return ("inputs", "data.source is ingest but data.inputs is empty: name your sources")
+        return None
 
 
 @dataclass(frozen=True)

@@ -201,11 +201,17 @@ def _owner_corpus_section(data: StageManifest | None) -> list[str]:
     if not data:
         return ["## Private corpus composition", "", "_The data stage did not run._", ""]
     counts = data.summary.get("counts", {})
+    what = (
+        "the ingested corpus (your repositories and instruction files, after deduplication "
+        "and the held-out split by file; `scan.json` beside it counts secrets and PII kinds "
+        "per source)"
+        if data.summary.get("inputs_state")
+        else "the private demo corpus (stdlib functions and HumanEval with Faker PII and canaries)"
+    )
     return [
         "## Private corpus composition",
         "",
-        "Exact counts of the private demo corpus (stdlib functions and HumanEval with "
-        "Faker PII and canaries). These are un-noised statistics of the private data, for "
+        f"Exact counts of {what}. These are un-noised statistics of the private data, for "
         "the data owner only; nothing below is a record.",
         "",
         table([(k, v) for k, v in sorted(counts.items())], ("kind", "count")),

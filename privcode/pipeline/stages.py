@@ -46,7 +46,8 @@ __all__ = ["NONDP_TRAIN_FIELDS", "STAGES", "PendingInput", "Stage", "wait_input"
 
 
 class DataStage(Stage):
-    """Build the private demo corpus (``privcode data demo``)."""
+    """The private corpus: the demo one (``privcode data demo``) or your own code and
+    instruction data (``data.source: ingest``, ``privcode data ingest``)."""
 
     name = "data"
     summary_type = DataSummary
@@ -54,10 +55,36 @@ class DataStage(Stage):
     private = True
 
     def run(self, cfg, out_dir, inputs):
+        if cfg.data.source == "ingest":
+            from privcode.data.ingest.cli import spec_from_config, split_key
+            from privcode.data.ingest.corpus import build_ingested_corpus, secret_rng
+
+            key = split_key(cfg.privacy, cfg.run.out_dir)
+            manifest = build_ingested_corpus(
+                spec_from_config(cfg.data), out_dir, split_key=key, rng=secret_rng(key)
+            )
+            return {
+                "counts": manifest["counts"],
+                "files": manifest["files"],
+                "inputs_state": manifest["inputs_state"],
+                "ingest": manifest["spec"],
+            }
         from privcode.data.demo import build_demo_corpus
 
         manifest = build_demo_corpus(out_dir, cfg.data, progress=False)
         return {"counts": manifest.get("counts", {}), "files": manifest.get("files", {})}
+
+    def still_valid(self, summary):
+        state = summary.get("inputs_state")
+        if state is None:  # the demo corpus: a function of the config alone
+            return True
+        from privcode.data.ingest.corpus import IngestSpec, inputs_state
+
+        try:
+            spec = IngestSpec.from_json(summary.get("ingest") or {})
+        except (TypeError, ValueError):
+            return False
+        return inputs_state(spec) == state
 
     def report_section(self, manifest, ctx):
         return report_stages.data_section(manifest, ctx)

@@ -172,7 +172,7 @@ class ExecutorServer(http.server.ThreadingHTTPServer):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    server: ExecutorServer
+    server: ExecutorServer  # pyright: ignore[reportIncompatibleVariableOverride]
     protocol_version = "HTTP/1.1"
     server_version = "privcode-executor"
     sys_version = ""
@@ -298,6 +298,7 @@ class ExecutorClient:
             }
         ).encode()
         waves = math.ceil(len(codes) / max(1, self.workers)) + 1
+        out: dict = {}
         timeout = waves * (limits.wall_seconds + 5) + 30
         for attempt in range(30):
             req = urllib.request.Request(

@@ -1,0 +1,1 @@
+"""Ingest a company's repositories and instruction data as the private corpus."""
