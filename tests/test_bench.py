@@ -22,6 +22,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 SCRIPTS = {
     "bench_admission.py",
     "bench_base.py",
+    "bench_ingest.py",
     "bench_pac.py",
     "bench_records.py",
     "bench_sampling.py",
@@ -205,3 +206,11 @@ def test_bench_synth_smallest(ray_cluster, ci_release):
     _line(out, rf"2 samples \(canned generator\): .* peak RSS {NUMBER} MiB")
     assert out.count("samples (canned generator)") == 1  # equal sizes: one run
     _line(out, rf"peak RSS 2 vs 2: {NUMBER}x")
+
+
+def test_bench_ingest_smallest():
+    out = _run("bench_ingest.py", "--limit-files", "8")
+    _line(out, r"tree: .* \(8 \.py file\(s\)\); CPUs: [0-9]+")
+    _line(out, r"records \(units\) +: +[0-9]+ found")
+    _line(out, rf"total +: +{NUMBER} s +\( *{NUMBER} records/s\)")
+    _line(out, rf"dedup +: +{NUMBER} s +\( *{NUMBER}% of the time\)")

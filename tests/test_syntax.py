@@ -396,3 +396,37 @@ def test_kl_rejects_shape_mismatch():
         kl_at_positions(junior, ref[:, :, :-1], mask)
     with pytest.raises(ValueError):
         kl_at_positions(junior, ref, mask[:, :-1])
+
+
+def test_structural_tokens_of_other_languages_come_from_their_grammar():
+    """Ingested Go / Rust / JavaScript records: keywords, operators, punctuation only."""
+    import re
+
+    from privcode.train.syntax import structural_flags
+
+    for lang, code, want in (
+        (
+            "go",
+            "func Add(a, b int) int {\n\treturn a + b\n}\n",
+            ["func", "(", ",", ")", "{", "return", "+", "}"],
+        ),
+        (
+            "rust",
+            "fn double(x: i32) -> i32 { x * 2 }\n",
+            ["fn", "(", ":", ")", "->", "{", "*", "}"],
+        ),
+        (
+            "javascript",
+            "function f(a) { return a.b ?? 0; }\n",
+            ["function", "(", ")", "{", "return", ".", "??", ";", "}"],
+        ),
+    ):
+        tokens = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]+", code)]
+        flags = structural_flags(code, tokens, lang)
+        assert flags is not None
+        assert [code[s:e] for (s, e), f in zip(tokens, flags, strict=True) if f] == want, lang
+    assert structural_flags("func (", [(0, 4)], "go") is None  # does not parse
+    assert structural_flags("x y", [(0, 1)], "cobol") is None  # no grammar: no structure
+    py = "def f(x):\n    return len(x)\n"
+    toks = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]+", py)]
+    assert structural_flags(py, toks) == structural_flags(py, toks, "python")

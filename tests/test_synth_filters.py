@@ -362,3 +362,28 @@ def test_dedup_scales_linearly():
     print(f"\ndedup: {len(codes) + len(copies)} snippets in {elapsed:.2f} s, kept {len(d)}")
     assert again == [f"r{i}" for i in range(0, 5000, 10)]
     assert sum(v is None for v in first) == len(d)
+
+
+def test_execution_filter_parse_checks_other_languages():
+    """synth.parse_check_languages: Go that parses passes as 'parsed:go' (not executed);
+    Python is still executed; text that parses nowhere is executed and fails."""
+    import numpy as np
+
+    from privcode.sandbox import is_full, isolation_level
+    from privcode.synth.operators import ExecutionFilter
+
+    if not is_full(isolation_level()):
+        pytest.skip("needs the full sandbox")
+    f = ExecutionFilter({"wall_seconds": 5.0}, 2, parse_check=("go", "rust"))
+    codes = [
+        "func Add(a, b int) int {\n\treturn a + b\n}\n",
+        "print(6 * 7)\n",
+        "fn f(x: i32) -> i32 { x }\n",
+        "this is { not code (\n",
+    ]
+    out = f({"code": np.array(codes, dtype=object)})
+    assert list(out["exec_status"]) == ["parsed:go", "ok", "parsed:rust", "syntax"]
+    assert list(out["exec_passed"]) == [True, True, True, False]
+    assert (
+        out["exec_isolation"][0] == "parse-check" and out["exec_isolation"][1] == isolation_level()
+    )

@@ -80,6 +80,13 @@ class SynthConfig:
     sandbox_wall_seconds: float = opt(10.0, "Wall-clock limit of one sandboxed execution.", min=0.1)
     sandbox_memory_mb: int = opt(512, "Address-space limit of one sandboxed execution.", min=32)
     sandbox_workers: int = opt(4, "Concurrent sandboxes per execution-filter actor.", min=1)
+    parse_check_languages: tuple[str, ...] = opt(
+        (),
+        "Generated code that is not Python passes the execution filter when it parses "
+        "cleanly in one of these languages (tree-sitter): a parse check, not an execution, "
+        "counted as 'parsed:<language>' in the funnel. () = Python only (executed).",
+        choices=("javascript", "typescript", "go", "java", "rust", "c", "cpp"),
+    )
     min_runnable_fraction: float = opt(
         0.0,
         "Stop early when the first finished shard holds "

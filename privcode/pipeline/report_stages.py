@@ -294,7 +294,7 @@ def _synth_section(info: SynthSummary) -> list[str]:
         ),
     ]
     lines = ["## Synthetic data (Stage II)", ""]
-    levels = list(info.sandbox.get("isolation") or {})
+    levels = [lv for lv in info.sandbox.get("isolation") or {} if lv != "parse-check"]
     weak = [lv for lv in levels if not lv.startswith("namespaces+uid+seccomp")]
     for note in info.sandbox.get("notes") or []:
         lines += [f"**WARNING: {note}** (sandbox: {', '.join(weak or levels)}).", ""]

@@ -148,11 +148,17 @@ class ExecutionFilter:
     """Runs every snippet in the sandbox; keeps the verdict (never the snippet's output)."""
 
     def __init__(
-        self, limits: dict[str, Any], workers: int, isolation: str = "full", executor: str = ""
+        self,
+        limits: dict[str, Any],
+        workers: int,
+        isolation: str = "full",
+        executor: str = "",
+        parse_check: tuple[str, ...] = (),
     ):
         from privcode.sandbox import SandboxLimits
         from privcode.sandbox.executor import open_sandbox
 
+        self.parse_check = tuple(parse_check)
         self.pool = open_sandbox(
             workers, SandboxLimits(**limits), isolation=isolation, executor=executor
         )
@@ -165,8 +171,29 @@ class ExecutionFilter:
             ("status",),
         )
 
+    def _parse_checked(self, code: str) -> str | None:
+        """The language ``code`` parses in, when it is not Python (None: execute it)."""
+        if not self.parse_check:
+            return None
+        from privcode.data.ingest.syntax import parses
+
+        if parses(code, "python"):
+            return None
+        return next((lang for lang in self.parse_check if parses(code, lang)), None)
+
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        verdicts = self.pool.map([str(c) for c in batch["code"]])
+        from privcode.sandbox import Verdict
+
+        codes = [str(c) for c in batch["code"]]
+        parsed = [self._parse_checked(c) for c in codes]
+        run = [c for c, lang in zip(codes, parsed, strict=True) if lang is None]
+        ran = iter(self.pool.map(run) if run else [])
+        verdicts = [
+            next(ran)
+            if lang is None
+            else Verdict(True, f"parsed:{lang}", 0.0, None, "", "", "parse-check", None)
+            for lang in parsed
+        ]
         passed = np.array([v.passed for v in verdicts], dtype=bool)
         _inc(self.removed, int((~passed).sum()))
         if self.verdicts is not None:

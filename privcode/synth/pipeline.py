@@ -70,6 +70,7 @@ _SHARD_FIELDS = (
     "sandbox_cpu_seconds",
     "sandbox_wall_seconds",
     "sandbox_memory_mb",
+    "parse_check_languages",
 )
 _PRIVATE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
 
@@ -267,7 +268,13 @@ def _dataset(
     }
     ds = ds.map_batches(
         ExecutionFilter,
-        fn_constructor_args=(limits, cfg.sandbox_workers, sb.isolation, sb.executor),
+        fn_constructor_args=(
+            limits,
+            cfg.sandbox_workers,
+            sb.isolation,
+            sb.executor,
+            cfg.parse_check_languages,
+        ),
         batch_size=fbatch,
         batch_format="numpy",
         compute=ActorPoolStrategy(min_size=1, max_size=1),
@@ -482,7 +489,9 @@ def _sandbox_stats(levels: dict[str, int]) -> dict[str, Any]:
     """The isolation levels the verdicts ran under (snippet counts) and what they mean."""
     from privcode.sandbox.pool import isolation_note
 
-    notes = sorted({n for lv in levels if (n := isolation_note(lv)) is not None})
+    notes = sorted(  # "parse-check": not executed (synth.parse_check_languages)
+        {n for lv in levels if lv != "parse-check" and (n := isolation_note(lv)) is not None}
+    )
     return {"isolation": dict(sorted(levels.items())), "notes": notes}
 
 

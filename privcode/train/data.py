@@ -10,9 +10,11 @@ left). Each token carries a segment id, ``PROMPT`` or ``CODE`` (EOS counts
 as code), so a method can put its loss on code tokens only (PrivCode) or on
 both (DPFT) without re-tokenising. Each code token also carries a
 *structural* flag (:func:`privcode.train.syntax.structural_flags`: the
-token is Python syntax such as a keyword, operator, delimiter or builtin
-name), which PrivCode's syntax-aware KL term uses; code that does not
-tokenize as Python gets no structural tokens and is counted in
+token is syntax of the record's language, ``metadata.language``: for
+Python a keyword, operator, delimiter or builtin name, for the others a
+keyword, operator or punctuation of its tree-sitter grammar), which
+PrivCode's syntax-aware KL term uses; code that does not tokenize (or
+parse) in its language gets no structural tokens and is counted in
 ``stats["untokenizable"]``.
 
 Batches are right-padded with the tokenizer's pad token (segment ``PAD``,
@@ -82,13 +84,14 @@ def encode_records(
     prompts = [r.prompt.rstrip() + "\n" if r.prompt.strip() else "" for r in records]
     prompt_ids = _ids(tokenizer, prompts)
     codes = [r.code for r in records]
+    languages = [(getattr(r, "metadata", None) or {}).get("language") for r in records]
     out = []
     bad = 0
-    for code, p, (c, offsets) in zip(
-        codes, prompt_ids, _ids_offsets(tokenizer, codes), strict=True
+    for code, lang, p, (c, offsets) in zip(
+        codes, languages, prompt_ids, _ids_offsets(tokenizer, codes), strict=True
     ):
         kept = max(0, max_length - len(p))  # code tokens that survive the cut
-        flags = structural_flags(code, offsets[:kept])
+        flags = structural_flags(code, offsets[:kept], lang)
         if flags is None:
             bad += 1
             flags = [False] * len(c)

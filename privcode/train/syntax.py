@@ -17,6 +17,11 @@ with Python's :mod:`tokenize`; a token is structural iff it is
 Everything else is not: other identifiers, strings, numbers, comments and the
 layout tokens (NEWLINE, NL, INDENT, DEDENT, ENDMARKER).
 
+Other languages (a record's ``metadata.language``, from ``privcode data ingest``): the
+leaves of anonymous kinds of the language's tree-sitter grammar (its keywords, operators
+and punctuation: :func:`privcode.data.ingest.syntax.structural_spans_ts`); a language
+without a grammar gets no structural tokens.
+
 **Model tokens** (:func:`structural_flags`). A model token with character span
 ``[s, e)`` is structural iff the span with whitespace stripped from both ends
 is non-empty and lies entirely inside the union of the structural source
@@ -71,7 +76,9 @@ def _is_bad_token(tok: tokenize.TokenInfo) -> bool:
     )
 
 
-def structural_spans(code: str, limit: int | None = None) -> list[tuple[int, int]] | None:
+def structural_spans(
+    code: str, limit: int | None = None, language: str | None = "python"
+) -> list[tuple[int, int]] | None:
     """Sorted, non-overlapping ``[start, end)`` character spans of the
     structural source tokens of ``code`` (rules in the module docstring).
 
@@ -81,6 +88,12 @@ def structural_spans(code: str, limit: int | None = None) -> list[tuple[int, int
     read (tokenize stops there: a training record cut to its first tokens
     costs its prefix, not its whole text), so only that part must tokenize.
     """
+    if language not in (None, "", "python"):
+        from privcode.data.ingest.syntax import GRAMMARS, structural_spans_ts
+
+        if language not in GRAMMARS:
+            return None
+        return structural_spans_ts(code, language)
     # Line starts must follow the same line splitting as the readline that
     # tokenize consumes (only "\n" ends a line here), not str.splitlines,
     # which also splits on "\r", "\x0c", "\x1c", ... and would shift offsets.
@@ -108,7 +121,9 @@ def structural_spans(code: str, limit: int | None = None) -> list[tuple[int, int
     return spans
 
 
-def structural_flags(code: str, offsets: Sequence[tuple[int, int]]) -> list[bool] | None:
+def structural_flags(
+    code: str, offsets: Sequence[tuple[int, int]], language: str | None = "python"
+) -> list[bool] | None:
     """One flag per model token: is the token structural?
 
     ``offsets[i]`` is token ``i``'s character span ``(start, end)`` in
@@ -121,7 +136,7 @@ def structural_flags(code: str, offsets: Sequence[tuple[int, int]]) -> list[bool
     Raises ``ValueError`` for a span outside ``code`` or with ``start > end``.
     """
     limit = max((int(end) for _, end in offsets), default=0)
-    spans = structural_spans(code, limit)
+    spans = structural_spans(code, limit, language)
     if spans is None:
         return None
     n = len(code)

@@ -21,6 +21,7 @@ validated, then renamed into place, ``manifest.json`` last.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -95,6 +96,50 @@ def _label(k: int, kind: str) -> str:
     return f"source-{k + 1}-{kind}"
 
 
+#: Below these sizes everything runs in this process (a pool's start-up costs ~1 s).
+PARALLEL_FILES, PARALLEL_RECORDS, CHUNK_FILES = 200, 4000, 32
+
+
+def _workers() -> int:
+    return min(len(os.sched_getaffinity(0)), 8)
+
+
+@contextlib.contextmanager
+def _pool(enabled: bool):
+    """A process pool (spawned: safe inside a Ray worker) when worth it, else None."""
+    if not enabled or _workers() < 2:
+        yield None
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(_workers(), mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield ex
+
+
+def _extract_files(batch: list[tuple[Any, int, int]]) -> list[list[Any]]:
+    """Units of each (file, min_lines, max_bytes): a pool worker's share."""
+    return [
+        extract_units(f.text, f.path, f.language, min_lines=m, max_bytes=b) for f, m, b in batch
+    ]
+
+
+def _scan_chunk(items: list[tuple[str, str]]):
+    return scan(items)
+
+
+def scan_parallel(items: list[tuple[str, str]]):
+    """:func:`~privcode.data.ingest.hygiene.scan` over chunks in a process pool, merged."""
+    from privcode.data.ingest.hygiene import ScanReport
+
+    with _pool(len(items) >= PARALLEL_RECORDS) as ex:
+        if ex is None:
+            return scan(items)
+        n = _workers() * 4
+        chunks = [items[i::n] for i in range(n)]
+        return ScanReport.merge(list(ex.map(_scan_chunk, chunks)))
+
+
 def _repo_candidates(
     k: int, root: Path, spec: IngestSpec, stats: dict[str, Any]
 ) -> list[_Candidate]:
@@ -103,13 +148,20 @@ def _repo_candidates(
     opts = RepoOptions(
         include=spec.include, exclude=spec.exclude, max_file_bytes=spec.max_file_bytes
     )
-    out, files, languages, licences, units_seen = [], 0, Counter(), Counter(), 0
-    for f in iter_source_files(root, rev=spec.rev, options=opts, skipped=skipped):
-        files += 1
+    out, languages, licences, units_seen = [], Counter(), Counter(), 0
+    source_files = list(iter_source_files(root, rev=spec.rev, options=opts, skipped=skipped))
+    files = len(source_files)
+    jobs = [(f, spec.min_lines, spec.max_record_bytes) for f in source_files]
+    batches = [jobs[i : i + CHUNK_FILES] for i in range(0, len(jobs), CHUNK_FILES)]
+    with _pool(files >= PARALLEL_FILES) as ex:
+        per_file = [
+            u
+            for b in (ex.map(_extract_files, batches) if ex else map(_extract_files, batches))
+            for u in b
+        ]
+    for f, units in zip(source_files, per_file, strict=True):
         licences[f.licence or "none"] += 1
-        for u in extract_units(
-            f.text, f.path, f.language, min_lines=spec.min_lines, max_bytes=spec.max_record_bytes
-        ):
+        for u in units:
             units_seen += 1
             languages[u.language] += 1
             rid = record_id(label, u.path, u.start_line, u.end_line, u.prompt + "\0" + u.code)
@@ -304,8 +356,8 @@ def build_ingested_corpus(
     train = members + planted
     rng.shuffle(train)
     t2 = time.monotonic()
-    report = scan(
-        (str((c.metadata or {}).get("source")), f"{c.prompt}\n{c.code}") for c in train + heldout
+    report = scan_parallel(
+        [(str((c.metadata or {}).get("source")), f"{c.prompt}\n{c.code}") for c in train + heldout]
     )
     for i, rec in enumerate(train + heldout):  # the schema, before anything is written
         validate_record(

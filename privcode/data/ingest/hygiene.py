@@ -263,6 +263,35 @@ class ScanReport:
     pii_detector: str
     seconds: float = 0.0
 
+    @staticmethod
+    def merge(reports: Sequence[ScanReport]) -> ScanReport:
+        """One report of several (the scans of disjoint chunks, in any order)."""
+
+        def add(a: SourceScan, b: SourceScan) -> SourceScan:
+            return SourceScan(
+                a.records + b.records,
+                a.records_with_secrets + b.records_with_secrets,
+                a.records_with_pii + b.records_with_pii,
+                dict(sorted((Counter(a.secrets) + Counter(b.secrets)).items())),
+                dict(sorted((Counter(a.pii) + Counter(b.pii)).items())),
+                a.long_lines_skipped + b.long_lines_skipped,
+            )
+
+        sources: dict[str, SourceScan] = {}
+        totals = SourceScan()
+        for r in reports:
+            for k, v in r.sources.items():
+                sources[k] = add(sources.get(k, SourceScan()), v)
+            totals = add(totals, r.totals)
+        first = reports[0]
+        return ScanReport(
+            dict(sorted(sources.items())),
+            totals,
+            first.secrets_detector,
+            first.pii_detector,
+            max(r.seconds for r in reports),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable and deterministic (no timings)."""
         return {

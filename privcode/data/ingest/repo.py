@@ -143,7 +143,12 @@ def is_git_tree(root: Path) -> bool:
         )
     except FileNotFoundError:
         return False
-    return out.returncode == 0 and out.stdout.strip() == b"true"
+    if out.returncode != 0 or out.stdout.strip() != b"true":
+        return False
+    # A directory that its repository ignores (a Python install under a git-managed pyenv):
+    # git lists nothing there, so walk it as a plain directory.
+    ignored = subprocess.run(["git", "-C", str(root), "check-ignore", "-q", "."], timeout=60)
+    return ignored.returncode != 0
 
 
 def _git_worktree_files(root: Path) -> Iterator[tuple[str, bytes | None]]:
@@ -194,8 +199,11 @@ def _ignored(specs: list[tuple[str, pathspec.PathSpec]], rel: str, is_dir: bool)
     return False
 
 
-def _walk_files(root: Path) -> Iterator[tuple[str, bytes | None]]:
-    """Every regular file under ``root`` that its .gitignore files do not exclude."""
+def _walk_files(
+    root: Path, prune: tuple[str, ...], skipped: SkipCounts
+) -> Iterator[tuple[str, bytes | None]]:
+    """Every regular file under ``root`` that its .gitignore files do not exclude; a
+    directory named in ``prune`` (vendored trees) is not entered (counted once)."""
     specs: list[tuple[str, pathspec.PathSpec]] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel_dir = Path(dirpath).relative_to(root).as_posix()
@@ -210,6 +218,9 @@ def _walk_files(root: Path) -> Iterator[tuple[str, bytes | None]]:
         for d in sorted(dirnames):
             rel = f"{rel_dir}/{d}" if rel_dir else d
             if d == ".git" or _ignored(specs, rel, True):
+                continue
+            if d in prune:
+                skipped.add("vendored_dirs")
                 continue
             keep.append(d)
         dirnames[:] = keep
@@ -285,7 +296,8 @@ def iter_source_files(
         def read(rel: str) -> bytes | None:
             return contents.get(rel)
     else:
-        listing = _git_worktree_files(root) if git else _walk_files(root)
+        prune = VENDORED_DIRS if options.skip_vendored else ()
+        listing = _git_worktree_files(root) if git else _walk_files(root, prune, skipped)
 
         def read(rel: str) -> bytes | None:
             path = root / rel

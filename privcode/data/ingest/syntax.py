@@ -21,7 +21,14 @@ from functools import cache
 
 from tree_sitter import Language, Parser
 
-__all__ = ["GRAMMARS", "parses", "structural_tokens", "ts_language", "ts_parser"]
+__all__ = [
+    "GRAMMARS",
+    "parses",
+    "structural_spans_ts",
+    "structural_tokens",
+    "ts_language",
+    "ts_parser",
+]
 
 
 def _js() -> object:
@@ -159,3 +166,45 @@ def parses(code: str, language: str) -> bool:
         return True
     data = code.encode("utf-8", "replace")
     return any(not ts_parser(g).parse(data).root_node.has_error for g in _grammars(language))
+
+
+def structural_spans_ts(code: str, language: str) -> list[tuple[int, int]] | None:
+    """Character spans ``[start, end)`` of the structural tokens of ``code`` in a tree-sitter
+    language: every leaf of an anonymous kind (keywords, operators, punctuation), the
+    counterpart of Python's keywords and OP tokens.  None when the code does not parse
+    (an error node), as for Python's tokenizer failing."""
+    _check(language)
+    if language == "python":
+        raise ValueError("Python's structural spans come from its tokenizer")
+    data = code.encode("utf-8", "surrogatepass")
+    tree = ts_parser(_grammars(language)[0]).parse(data)
+    if tree.root_node.has_error:
+        return None
+    # byte offset -> character offset (tree-sitter counts bytes)
+    char_at = [0] * (len(data) + 1)
+    pos = 0
+    for i, ch in enumerate(code):
+        n = len(ch.encode("utf-8", "surrogatepass"))
+        for k in range(n):
+            char_at[pos + k] = i
+        pos += n
+    char_at[pos] = len(code)
+    spans: list[tuple[int, int]] = []
+    cursor = tree.walk()
+    visited_children = False
+    while True:
+        node = cursor.node
+        if not visited_children:
+            if node is not None and node.child_count == 0 and not node.is_named:
+                if node.end_byte > node.start_byte:
+                    spans.append((char_at[node.start_byte], char_at[node.end_byte]))
+            if cursor.goto_first_child():
+                continue
+        if cursor.goto_next_sibling():
+            visited_children = False
+            continue
+        if not cursor.goto_parent():
+            break
+        visited_children = True
+    spans.sort()
+    return spans
