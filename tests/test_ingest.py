@@ -75,13 +75,11 @@ func Discount(price float64, pct float64) float64 {
 	return price * (1 - pct/100)
 }
 """
-SECRETS = f'''CONTACT = "{EMAIL}"
-
-
-def connect(region):
+SECRETS = f'''def connect(region):
     """Open a client for the region."""
     key = "{AWS}"
-    return (region, key, CONTACT)
+    contact = "{EMAIL}"
+    return (region, key, contact)
 '''
 
 
@@ -204,6 +202,9 @@ def test_ingest_builds_the_corpus_split_by_file(repo, tmp_path):
     # the scan: counts of secrets and PII kinds, never the values
     text = json.dumps(m["scan"]) + (out / "scan.json").read_text()
     assert AWS not in text and EMAIL not in text
+    totals = m["scan"]["totals"]
+    assert totals["records_with_secrets"] >= 1 and sum(totals["secrets"].values()) >= 1
+    assert totals["pii"].get("email", 0) >= 1 and totals["records"] == len(everything)
     assert m["counts"]["canaries"] == 0
     # same inputs, same key: the same bytes (re-running the data stage changes nothing)
     out2 = tmp_path / "corpus2"

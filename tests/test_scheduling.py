@@ -109,3 +109,19 @@ def test_wait_input_returns_the_upstream_manifest_or_its_error(ray_connected):
 
     with pytest.raises(PrivcodeError, match="too few kept samples"):
         wait_input({"premium": PendingInput("f", fails.remote())}, "premium")
+
+
+def test_a_whole_node_stage_asks_for_one_node_not_the_cluster():
+    """Head with 0 CPUs and two 1-CPU workers: 2 CPUs in the cluster, 1 on any node. A stage
+    that wants a whole node gets 1 (asking for 2 would never be placed)."""
+    from privcode.pipeline.runner import largest_node_cpus
+
+    nodes = [
+        {"Alive": True, "Resources": {"memory": 1e9}},  # the head: 0 CPUs
+        {"Alive": True, "Resources": {"CPU": 1.0}},
+        {"Alive": True, "Resources": {"CPU": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 16.0}},  # gone
+    ]
+    assert largest_node_cpus(nodes) == 1.0
+    assert largest_node_cpus([{"Alive": True, "Resources": {"CPU": 4.0}}, nodes[1]]) == 4.0
+    assert largest_node_cpus([]) == 0.0

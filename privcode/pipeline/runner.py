@@ -178,14 +178,24 @@ def execute_stage(
         raise
 
 
+def largest_node_cpus(nodes: list[dict[str, Any]]) -> float:
+    """The most CPUs one alive node of the cluster holds (``ray.nodes()``): a single task can
+    never use more, and asking for more (all the cluster's CPUs, spread over nodes) would
+    wait forever where no one node holds them."""
+    return max(
+        (float((n.get("Resources") or {}).get("CPU", 0.0)) for n in nodes if n.get("Alive")),
+        default=0.0,
+    )
+
+
 def _ray_resources(stage: type[Stage], cfg: PipelineConfig) -> dict[str, float]:
     import ray
 
     cpus = stage.cpus(cfg)
     if cpus is not None:
         return {"num_cpus": cpus}
-    total = ray.cluster_resources().get("CPU", 1.0)
-    return {"num_cpus": max(1.0, min(total, float(os.cpu_count() or 1)))}
+    one_node = largest_node_cpus(ray.nodes()) or 1.0
+    return {"num_cpus": max(1.0, min(one_node, float(os.cpu_count() or 1)))}
 
 
 def run_pipeline(
