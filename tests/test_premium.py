@@ -286,3 +286,38 @@ def test_premium_refuses_too_few_records_before_training_and_names_stage_two(no_
             storage_dir=tmp_path / "s",
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_every_rank_joins_the_heldout_forward_and_the_mean_is_the_one_rank_mean(monkeypatch):
+    """ZeRO-3 partitions the weights: every rank must make the same number of forward passes
+    over the held-out set (rank 0 alone would hang the others). The ranks' sums add up to the
+    single-rank mean of the batch losses."""
+    import torch
+
+    from privcode.premium import train as pt
+    from privcode.train.data import Encoded
+
+    calls: dict[int, int] = {}
+    current = {"rank": 0}
+
+    def fake_loss(net, batch):
+        calls[current["rank"]] = calls.get(current["rank"], 0) + 1
+        return batch["input_ids"].double().mean()
+
+    class Net:
+        def eval(self):
+            pass
+
+    monkeypatch.setattr(pt, "_code_loss", fake_loss)
+    held = [Encoded((i + 1,) * 3, (1,) * 3, ()) for i in range(7)]  # 7 rows, batches of 2
+    one = pt._heldout_loss(Net(), held, 2, 0, torch.device("cpu"), 0, 1)
+    assert one == pytest.approx((1.5 + 3.5 + 5.5 + 7) / 4)
+    sums = []
+    for rank in range(3):  # 3 ranks, no process group: each returns its own mean
+        current["rank"] = rank
+        real = [held[(r * 3 + rank) * 2 : (r * 3 + rank) * 2 + 2] for r in range(2)]
+        mean = pt._heldout_loss(Net(), held, 2, 0, torch.device("cpu"), rank, 3)
+        batches = [b for b in real if b]
+        sums.append((mean * len(batches), len(batches)))
+    assert calls == {0: 2 + 4, 1: 2, 2: 2}  # rank 0's first 4: the one-rank run; 2 each here
+    assert sum(s for s, _ in sums) / sum(n for _, n in sums) == pytest.approx(one)

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import random
 import shutil
 import time
@@ -122,6 +123,31 @@ def _code_loss(model: Any, batch: dict[str, Any]) -> Any:
     return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
 
+def _heldout_loss(
+    net: Any, held: list, batch_size: int, pad: int, device: Any, rank: int, world: int
+) -> float:
+    """Mean held-out batch loss, every rank taking every ``world``-th batch.
+
+    Every rank makes the same number of forward passes: under ZeRO-3 the parameters are
+    partitioned and each forward gathers them collectively, so a rank that skipped the
+    evaluation (as rank 0 alone once did) would hang the others.  A rank short of a batch
+    in the last round runs a stand-in batch with weight 0.  The sums are all-reduced.
+    """
+    rounds = math.ceil(len(held) / (batch_size * world))
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    net.eval()
+    with torch.no_grad():
+        for r in range(rounds):
+            start = (r * world + rank) * batch_size
+            rows = held[start : start + batch_size]
+            loss = _code_loss(net, collate(rows or held[:batch_size], pad, device=device))
+            if rows:
+                sums += torch.stack([loss.detach().double(), sums.new_tensor(1.0)])
+    if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(sums)
+    return float(sums[0] / sums[1])
+
+
 def premium_loop(config: dict[str, Any]) -> None:
     """Ray Train worker: data-parallel LoRA fine-tuning (DDP or DeepSpeed)."""
 
@@ -139,11 +165,7 @@ def premium_loop(config: dict[str, Any]) -> None:
     train_idx, eval_idx = _split(len(pairs), cfg.eval_fraction, cfg.seed)
     shard = train_idx[rank::world]
     encoded = encode_records([_Pair(*pairs[i]) for i in shard], tokenizer, cfg.max_length)
-    held = (
-        encode_records([_Pair(*pairs[i]) for i in eval_idx], tokenizer, cfg.max_length)
-        if rank == 0
-        else []
-    )
+    held = encode_records([_Pair(*pairs[i]) for i in eval_idx], tokenizer, cfg.max_length)
     # A small synthetic set (a weak junior keeps few samples) shrinks the batch rather
     # than fail; steps are equal on every rank (DDP synchronises each one).
     batch_size = min(cfg.batch_size, len(train_idx) // world)
@@ -180,14 +202,10 @@ def premium_loop(config: dict[str, Any]) -> None:
                 optimizer.step()
             total += float(loss.detach())
         point = {"epoch": epoch + 1, "train_loss": round(total / steps, 5), "eval_loss": None}
-        if rank == 0 and held:
-            net.eval()
-            with torch.no_grad():
-                losses = [
-                    float(_code_loss(net, collate(held[i : i + batch_size], pad, device=device)))
-                    for i in range(0, len(held), batch_size)
-                ]
-            point["eval_loss"] = round(sum(losses) / len(losses), 5)
+        if held:
+            point["eval_loss"] = round(
+                _heldout_loss(net, held, batch_size, pad, device, rank, world), 5
+            )
         curve.append(point)
         if epoch + 1 < cfg.epochs:
             ray.train.report(point, checkpoint=None)
