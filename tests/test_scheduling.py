@@ -125,3 +125,51 @@ def test_a_whole_node_stage_asks_for_one_node_not_the_cluster():
     assert largest_node_cpus(nodes) == 1.0
     assert largest_node_cpus([{"Alive": True, "Resources": {"CPU": 4.0}}, nodes[1]]) == 4.0
     assert largest_node_cpus([]) == 0.0
+
+
+MULTI_NODE = """
+import json, sys
+import ray
+from ray.cluster_utils import Cluster
+from privcode.config import load_config
+from privcode.pipeline.runner import run_pipeline
+
+root, cache = sys.argv[1], sys.argv[2]
+c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
+            "dashboard_host": "127.0.0.1"})
+for _ in range(2):
+    c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+try:
+    cfg = load_config("jobs/configs/demo.yaml", [
+        f"run.out_dir={root}/runs", f"run.reports_dir={root}/reports", "run.name=mn",
+        f"run.ray_address={c.address}", "run.stages=[data, base]", "data.size=60",
+        "data.canary_repetitions=[1]", "data.canary_kinds=[email]", "base.preset=ci",
+        f"base.cache_dir={cache}",
+    ])
+    result = run_pipeline(cfg)
+    print(json.dumps({n: r["status"] for n, r in result["stages"].items()}))
+finally:
+    ray.shutdown()
+    c.shutdown()
+"""
+
+
+@pytest.mark.heavy
+def test_whole_node_stages_are_placed_on_a_multi_node_cluster(tmp_path, ci_base_cache):
+    """A head with 0 CPUs and two 1-CPU workers (ray.cluster_utils.Cluster, 127.0.0.1): the
+    base stage, which wants a whole node, runs. Asking for the cluster's 2 CPUs in one task
+    (as before) was never placed: the run waited forever."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run(
+        [sys.executable, "-c", MULTI_NODE, str(tmp_path), ci_base_cache],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=Path(__file__).parents[1],
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"data": "ran", "base": "ran"}
