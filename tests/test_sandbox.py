@@ -42,8 +42,9 @@ from privcode.sandbox.executor import ExecutorClient, ExecutorServer
 
 HOSTILE = Path(__file__).parent / "hostile"
 SECRET = "privcode-test-secret-7f3a9c41"
-# Short limits keep the file fast on 2 busy cores; 4 s of wall leave 1 s of CPU room.
-LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=4, memory_mb=256)
+# Short limits keep the file fast; 8 s of wall leave room for 1 s of CPU even when the
+# machine runs four times more than its 2 cores (the suite's other worker, a demo beside it).
+LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=8, memory_mb=256)
 HOST_MARKERS = [
     "/root/privcode-hostile-x",
     "/work/main/privcode-hostile-x",
@@ -435,14 +436,18 @@ def test_parent_killed_mid_run_takes_the_sandbox_down():
         deadline = time.monotonic() + 20
         while len(uid_processes({uid})) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # the snippet and its daemon are up
-        assert len(uid_processes({uid})) == 2
+        running = uid_processes({uid})
+        assert len(running) == 2
     finally:
         proc.kill()
         proc.wait()
-    deadline = time.monotonic() + 5
-    while uid_processes({uid}) and time.monotonic() < deadline:
+    # Those two processes, not any of the uid: once the lock is free, another process's
+    # sandbox (the suite's other worker) may take the uid at once.
+    pids = {line.split(":")[0] for line in running}
+    deadline = time.monotonic() + 10
+    while pids & {p for p in pids if os.path.exists(f"/proc/{p}")} and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert uid_processes({uid}) == []
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
 
 
 def test_run_code_and_check_file(tmp_path):
