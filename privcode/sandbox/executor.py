@@ -52,6 +52,7 @@ from privcode.sandbox.pool import (
     SandboxPool,
     Verdict,
     is_full,
+    stdins_for,
 )
 
 EXECUTOR_ENV = "PRIVCODE_SANDBOX_EXECUTOR"
@@ -327,9 +328,7 @@ class ExecutorClient:
         stdins: Sequence[str] | None = None,
         limits: SandboxLimits | None = None,
     ) -> list[Verdict]:
-        stdins = [""] * len(codes) if stdins is None else list(stdins)
-        if len(stdins) != len(codes):
-            raise ValueError("stdins must have one entry per code")
+        stdins = stdins_for(codes, stdins)
         out: list[Verdict] = []
         for i in range(0, len(codes), self.max_batch):
             out += self._post(

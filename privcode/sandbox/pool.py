@@ -466,6 +466,14 @@ def file_result(path: str | os.PathLike, v: Verdict) -> dict:
     }
 
 
+def stdins_for(codes: Sequence[str], stdins: Sequence[str] | None) -> list[str]:
+    """One stdin text per code (empty when none are given); ValueError if they differ."""
+    out = [""] * len(codes) if stdins is None else list(stdins)
+    if len(out) != len(codes):
+        raise ValueError("stdins must have one entry per code")
+    return out
+
+
 class SandboxPool:
     """Runs many snippets concurrently: ``workers`` slots, each its own uid and zygote.
 
@@ -508,9 +516,7 @@ class SandboxPool:
     ) -> list[Verdict]:
         """Verdicts in the order of ``codes`` (``stdins``: one stdin text per code;
         ``limits``: these instead of the pool's)."""
-        stdins = [""] * len(codes) if stdins is None else list(stdins)
-        if len(stdins) != len(codes):
-            raise ValueError("stdins must have one entry per code")
+        stdins = stdins_for(codes, stdins)
         return list(self._executor.map(self.run, codes, stdins, [limits] * len(codes)))
 
     def close(self) -> None:

@@ -279,6 +279,15 @@ def secret_rng(key: bytes) -> random.Random:
     return random.Random(hmac.new(key, b"ingest-rng", hashlib.sha256).digest())
 
 
+def _stat_key(path: str | os.PathLike) -> str:
+    """``size:mtime_ns`` of a file (not following a link), ``gone`` if there is none."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "gone"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
 def inputs_state(spec: IngestSpec) -> str:
     """A cheap digest of where the inputs stand (git HEAD and status, else paths, sizes and
     mtimes): the data stage re-ingests when it changes.  Private metadata (the manifest)."""
@@ -298,21 +307,15 @@ def inputs_state(spec: IngestSpec) -> str:
                     capture_output=True,
                 ).stdout
                 for rel in sorted(filter(None, out.split(b"\0"))):
-                    st = (
-                        (path / os.fsdecode(rel)).stat()
-                        if (path / os.fsdecode(rel)).exists()
-                        else None
-                    )
-                    h.update(rel + f"{st and st.st_size}:{st and st.st_mtime_ns}".encode())
+                    h.update(rel + _stat_key(path / os.fsdecode(rel)).encode() + b"\0")
         elif path.is_dir():
             for dirpath, dirnames, filenames in os.walk(path):
                 dirnames.sort()
                 for name in sorted(filenames):
-                    st = os.lstat(os.path.join(dirpath, name))
-                    h.update(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns}\0".encode())
+                    file = os.path.join(dirpath, name)
+                    h.update(f"{file}:{_stat_key(file)}\0".encode())
         elif path.exists():
-            st = path.stat()
-            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(_stat_key(path).encode())
     return h.hexdigest()
 
 
