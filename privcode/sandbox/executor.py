@@ -193,8 +193,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if retry_after is not None:
             self.send_header("Retry-After", str(retry_after))
         self.end_headers()
-        self.wfile.write(data)
+        # Logged before the body goes out: once a client holds its answer, the line exists.
         _log.info("%s %s -> %d", self.command, self.path.split("?")[0][:64], status)
+        self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         if self.path == "/healthz":
