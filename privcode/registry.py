@@ -116,6 +116,10 @@ METHODS: dict[str, Method] = {
 ACCOUNTANTS = ("rdp", "prv")
 #: Opacus per-sample gradient modes supported here (``ew`` fails on keyword inputs such as HF's).
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
+#: Weight/compute dtypes of a model-running stage. ``auto``: bfloat16 where the stage's
+#: device supports it (a CUDA GPU with bf16), float32 otherwise (CPU kernels of half types
+#: are slow). :func:`privcode.models.loading.resolve_dtype` turns one into a torch dtype.
+DTYPES = ("auto", "float32", "bfloat16")
 #: Benchmarks of the eval stage (local JSONL files; HumanEval also bundled).
 BENCHMARKS = ("humaneval", "mbpp", "bigcodebench")
 #: Leak-probing scenarios (:mod:`privcode.audit.probe.taxonomy`): id -> the description

@@ -88,3 +88,12 @@ class AuditConfig:
         choices=("premium", "junior", "nondpft"),
     )
     seed: int = opt(0, "Seed of the audits' sampling.")
+    use_gpu: bool = opt(
+        False,
+        "Reserve one GPU for the audit stage (each audited model's task, with cpus_per_model).",
+    )
+    dtype: str = opt(
+        "auto",
+        "Dtype of the model weights and of the forward passes: auto (bfloat16 on a CUDA GPU with bf16, float32 on CPU), float32 or bfloat16.",
+        choices=registry.DTYPES,
+    )

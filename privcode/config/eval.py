@@ -35,6 +35,12 @@ class EvalConfig:
     max_new_tokens: int = opt(256, "Tokens generated per completion.", min=1)
     sandbox_workers: int = opt(2, "Sandbox processes running the tests.", min=1, max=256)
     seed: int = opt(0, "Sampling seed.")
+    use_gpu: bool = opt(False, "Reserve one GPU for the eval stage and generate on it.")
+    dtype: str = opt(
+        "auto",
+        "Dtype of the model weights and of the forward passes: auto (bfloat16 on a CUDA GPU with bf16, float32 on CPU), float32 or bfloat16.",
+        choices=registry.DTYPES,
+    )
 
     def cross_check(self) -> tuple[str, str] | None:
         if max(self.ks) > self.n:

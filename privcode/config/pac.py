@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from privcode import registry
 from privcode.config.fields import opt
 
 
@@ -40,6 +41,13 @@ class PacConfig:
         max=4096,
     )
     use_gpu: bool = opt(False, "Train each group of worlds on one GPU.")
+    dtype: str = opt(
+        "auto",
+        "Dtype of the frozen base under the worlds and of their passes: auto (bfloat16 on a "
+        "CUDA GPU with bf16, float32 on CPU), float32 or bfloat16. The worlds' LoRA weights "
+        "stay float32.",
+        choices=registry.DTYPES,
+    )
     top_k: int = opt(
         50, "Candidate set V_t: the public base's top-k tokens (seed: 50-1000).", min=2
     )

@@ -70,6 +70,27 @@ class TrainConfig:
         max=4096,
     )
     use_gpu: bool = opt(False, "One GPU per worker (NCCL); CPU workers use gloo.")
+    micro_batch_size: int = opt(
+        0,
+        "Virtual batches: records per forward/backward pass. The Poisson sample of a step is "
+        "cut into micro-batches of this size whose clipped per-record gradients are summed "
+        "before the one noise draw (the privacy maths is unchanged; memory is that of one "
+        "micro-batch). 0 = the whole sample in one pass.",
+        min=0,
+    )
+    dtype: str = opt(
+        "float32",
+        "Dtype of the frozen base weights and of the forward pass (autocast): float32, "
+        "bfloat16, or auto (bfloat16 on a CUDA GPU with bf16, float32 on CPU). The trainable "
+        "weights (LoRA, PrivLC), per-record gradients' norms and their clipped sum, the noise "
+        "and the optimiser stay float32.",
+        choices=registry.DTYPES,
+    )
+    gradient_checkpointing: bool = opt(
+        False,
+        "Recompute the base model's activations in the backward pass (HF gradient "
+        "checkpointing): less memory per micro-batch for about a third more compute.",
+    )
     accountant: str = opt("rdp", "Accountant of the budget ledger.", choices=registry.ACCOUNTANTS)
     grad_sample_mode: str = opt(
         "hooks", "Opacus per-sample-gradient mode.", choices=registry.GRAD_SAMPLE_MODES

@@ -29,6 +29,7 @@ __all__ = [
     "load_causal_lm",
     "load_tokenizer",
     "lora_target_modules",
+    "resolve_dtype",
     "resolve_model_path",
 ]
 
@@ -125,6 +126,27 @@ def _torch_dtype(dtype: Any) -> Any:
     if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
         return getattr(torch, dtype)
     raise ValueError(f"unknown dtype {dtype!r} (use a torch.dtype, its name, or 'auto')")
+
+
+def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """The torch dtype of a config's ``dtype`` (:data:`privcode.registry.DTYPES`) on ``device``.
+
+    ``auto`` is bfloat16 on a CUDA device that supports it and float32
+    otherwise (CPU kernels of half types are slow). An explicit ``bfloat16``
+    on a CUDA device without bf16 support is an error naming the device.
+    """
+    dev = torch.device(device)
+    if name == "auto":
+        if dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        if dev.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise ValueError(f"dtype bfloat16: the CUDA device {dev} does not support bf16")
+        return torch.bfloat16
+    raise ValueError(f"unknown dtype {name!r} (one of auto, float32, bfloat16)")
 
 
 #: ``tokenizer_class`` values meaning "tokenizer.json is the whole tokenizer".
