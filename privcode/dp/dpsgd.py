@@ -43,6 +43,16 @@ Assumptions the guarantee rests on (checked where possible):
   at every step in secure mode, where the noise is the sum of 4 draws / 2 as
   in Opacus' ``secure_mode``).
 
+Mixed precision and memory. ``autocast_dtype`` (bfloat16) runs the
+forward under ``torch.autocast``; the trainable weights stay fp32, and the
+per-record norms, clip factors and the clipped sum are computed in fp32
+whatever the dtype of ``grad_sample``. ``gradient_checkpointing`` turns on
+the HF model's activation checkpointing with a checkpoint function that
+keeps Opacus' bookkeeping exact (:func:`dp_checkpoint`): the layer's first
+forward runs with the hooks off, its recomputation in the backward captures
+the activations, so every per-record gradient is computed once, from
+activations that exist only while their layer is back-propagated.
+
 Non-finite per-record gradients. A record whose loss or gradient is NaN or
 inf would turn the whole noisy sum into NaN. Its clipped gradient is
 replaced by zero (still within the bound ``C``: the sensitivity argument is
@@ -69,6 +79,9 @@ __all__ = [
     "check_private_trainable",
     "clip_and_sum",
     "clip_and_sum_finite",
+    "dp_checkpoint",
+    "forward_context",
+    "enable_gradient_checkpointing",
     "gaussian_noise",
     "privatize",
     "trainable_parameters",
@@ -146,8 +159,19 @@ def clip_and_sum_finite(
         if bad:
             keep = finite.view(batch, *([1] * (g.dim() - 1)))
             g = torch.where(keep, g, torch.zeros((), dtype=g.dtype, device=g.device))
-        parts.append(torch.einsum("b,b...->...", factor.to(g.dtype), g).reshape(-1))
+        # Summed in (at least) fp32: per-record gradients of a bf16 pass are bf16.
+        acc = torch.promote_types(g.dtype, torch.float32)
+        parts.append(torch.einsum("b,b...->...", factor.to(acc), g.to(acc)).reshape(-1))
     return torch.cat(parts), bad
+
+
+def forward_context(device: torch.device, dtype: torch.dtype | None) -> Any:
+    """``torch.autocast`` in ``dtype`` on ``device``'s type; a no-op context for None / fp32."""
+    import contextlib
+
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -234,6 +258,64 @@ def apply_flat_gradient(params: Sequence[torch.nn.Parameter], flat: torch.Tensor
         raise ValueError(f"flat gradient has {flat.numel()} entries, parameters {offset}")
 
 
+def dp_checkpoint(gsm: Any) -> Callable[..., Any]:
+    """A checkpoint function for HF layers (``_gradient_checkpointing_func``) that Opacus can use.
+
+    Non-reentrant checkpointing runs a layer's forward twice: once in the
+    forward pass (its autograd graph is the one the backward walks, so the
+    modules' backward hooks fire once) and again in the backward to rebuild
+    the saved tensors. Opacus' forward hook would capture activations both
+    times (counting two uses of each parameter, so no ``grad_sample`` would be
+    produced, and holding the first copy). Here the first run has the hooks
+    of ``gsm`` (the ``GradSampleModule``) off, so the activations come from
+    the recomputation only, just before that layer's backward hooks consume
+    them; early stopping of the recomputation is off, so every module's
+    forward hook runs. ``gsm=None``: plain non-reentrant checkpointing.
+    """
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    def checkpointed(function: Callable[..., Any], *args: Any) -> Any:
+        calls = 0
+
+        def run(*inner: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > 1 or gsm is None:
+                return function(*inner)
+            before = gsm.hooks_enabled
+            gsm.hooks_enabled = False
+            try:
+                return function(*inner)
+            finally:
+                gsm.hooks_enabled = before
+
+        with set_checkpoint_early_stop(False):
+            return checkpoint(run, *args, use_reentrant=False)
+
+    return checkpointed
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module, gsm: Any = None) -> int:
+    """Turn on activation checkpointing in every HF model inside ``model``; returns how many.
+
+    Uses :func:`dp_checkpoint` (with ``gsm``, Opacus' wrapper, when per-record
+    gradients are computed). Raises ``ValueError`` when nothing in ``model``
+    supports checkpointing.
+    """
+    from transformers import PreTrainedModel
+
+    func = dp_checkpoint(gsm)
+    found = 0
+    for m in model.modules():
+        if isinstance(m, PreTrainedModel) and m.supports_gradient_checkpointing:
+            m._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
+            found += 1
+            break  # the outermost HF model sets every layer below it
+    if not found:
+        raise ValueError("gradient checkpointing: no Hugging Face model in this module supports it")
+    return found
+
+
 def _rows(batch: Mapping[str, Any], keep: torch.Tensor, batch_size: int) -> dict[str, Any]:
     """The rows ``keep`` of a batch: tensors with a leading batch dimension are indexed."""
     out: dict[str, Any] = {}
@@ -255,7 +337,15 @@ class PerSampleClipper:
     gradients; frozen ones get none.
     """
 
-    def __init__(self, model: torch.nn.Module, mode: str = "hooks", max_grad_norm: float = 1.0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        mode: str = "hooks",
+        max_grad_norm: float = 1.0,
+        *,
+        autocast_dtype: torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
+    ):
         from opacus.grad_sample.utils import prepare_module
 
         if mode not in GRAD_SAMPLE_MODES:
@@ -269,6 +359,9 @@ class PerSampleClipper:
         if mode == "ghost":
             kwargs["max_grad_norm"] = self.max_grad_norm
         self.module = prepare_module(model, mode, wrap_model=True, **kwargs)
+        self.autocast_dtype = autocast_dtype if autocast_dtype != torch.float32 else None
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model, self.module)
         self.numel = sum(p.numel() for p in self.params)
         #: Records of the last :meth:`clipped_sum` whose loss or gradient was not
         #: finite (they contributed zero). PRIVATE: never log or report it.
@@ -276,7 +369,9 @@ class PerSampleClipper:
 
     def zeros(self) -> torch.Tensor:
         p = self.params[0]
-        return torch.zeros(self.numel, dtype=p.dtype, device=p.device)
+        return torch.zeros(
+            self.numel, dtype=torch.promote_types(p.dtype, torch.float32), device=p.device
+        )
 
     def _clear(self) -> None:
         for p in self.params:
@@ -299,7 +394,8 @@ class PerSampleClipper:
         self._clear()
         self.module.train()
         try:
-            losses = loss_fn(self.module, batch)
+            with forward_context(self.params[0].device, self.autocast_dtype):
+                losses = loss_fn(self.module, batch)
             if losses.dim() != 1 or losses.shape[0] != batch_size:
                 raise ValueError(
                     f"loss_fn must return one loss per record, shape [{batch_size}], "

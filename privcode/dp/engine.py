@@ -13,7 +13,13 @@ does, for step ``t`` on rank ``r`` of ``W`` data-parallel ranks:
    rank 0 at every engine start, broadcast, never stored; secure mode draws
    each mask from ``os.urandom``);
 3. clip: ``s_r = sum_{i in S_t ∩ shard_r} clip_C(g_i)`` from per-record
-   losses (:class:`privcode.dp.dpsgd.PerSampleClipper`);
+   losses (:class:`privcode.dp.dpsgd.PerSampleClipper`). With
+   ``micro_batch_size`` k (virtual batches, as Opacus' BatchMemoryManager)
+   the shard sample is cut into consecutive micro-batches of at most k
+   records, each one forward/backward, and their clipped sums are added:
+   since every record's clipped gradient depends on that record alone, the
+   sum (the one thing noised and released) is the same whatever the cut,
+   and only the memory of one micro-batch is held at a time;
 4. noise: ``g = (sum_r s_r + N(0, sigma^2 C^2 I)) / (q N)``, the noise drawn
    once, on rank 0, from the secret generator (:func:`privcode.dp.dpsgd.privatize`);
 5. apply: ``p.grad = g`` for the trainable parameters, then the optimizer.
@@ -46,6 +52,8 @@ from privcode.dp.dpsgd import (
     LossFn,
     PerSampleClipper,
     apply_flat_gradient,
+    enable_gradient_checkpointing,
+    forward_context,
     privatize,
     trainable_parameters,
 )
@@ -168,11 +176,21 @@ class NonPrivateSum:
     (peft's mixed-adapter batches need eval mode).
     """
 
-    def __init__(self, module: torch.nn.Module, train_mode: bool = True):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        train_mode: bool = True,
+        *,
+        autocast_dtype: torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
+    ):
         self.module = module
         self.params = trainable_parameters(module)
         self.numel = sum(p.numel() for p in self.params)
         self.train_mode = train_mode
+        self.autocast_dtype = autocast_dtype
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(module)
         self.last_nonfinite = 0
 
     def clipped_sum(
@@ -185,10 +203,12 @@ class NonPrivateSum:
             p.grad = None
         if self.train_mode:
             self.module.train()
-        loss_fn(self.module, batch).sum().backward()
+        with forward_context(p0.device, self.autocast_dtype):
+            losses = loss_fn(self.module, batch)
+        losses.sum().backward()
         flat = torch.cat(
             [
-                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                (p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1)
                 for p in self.params
             ]
         )
@@ -243,6 +263,9 @@ class PrivateEngine:
         sampler: Callable[[int], list[int]] | None = None,
         expected_batch_size: float | None = None,
         train_mode: bool = True,
+        micro_batch_size: int = 0,
+        autocast_dtype: torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
     ):
         if privacy.private:
             if rank == 0 and reserve is None:
@@ -254,12 +277,24 @@ class PrivateEngine:
         self.privacy = privacy
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self.optimizer = optimizer
+        if micro_batch_size < 0:
+            raise ValueError(f"micro_batch_size must be >= 0, got {micro_batch_size}")
+        self.micro_batch_size = int(micro_batch_size)
         if privacy.max_grad_norm is not None:
             self.clipper: PerSampleClipper | NonPrivateSum = PerSampleClipper(
-                module, mode=privacy.grad_sample_mode, max_grad_norm=privacy.max_grad_norm
+                module,
+                mode=privacy.grad_sample_mode,
+                max_grad_norm=privacy.max_grad_norm,
+                autocast_dtype=autocast_dtype,
+                gradient_checkpointing=gradient_checkpointing,
             )
         else:
-            self.clipper = NonPrivateSum(module, train_mode=train_mode)
+            self.clipper = NonPrivateSum(
+                module,
+                train_mode=train_mode,
+                autocast_dtype=autocast_dtype,
+                gradient_checkpointing=gradient_checkpointing,
+            )
         self.params = self.clipper.params  # the flat gradient's order
         self.num_records, self.sample_rate = int(num_records), float(sample_rate)
         self.expected_batch_size = (
@@ -309,6 +344,27 @@ class PrivateEngine:
         shard = shard_of(n, self.rank, self.world)
         return [int(i) for i in shard[mask[shard]]]
 
+    def _clipped_sum(
+        self, local: list[int], step: int, batch_fn: BatchFn, loss_fn: LossFn
+    ) -> tuple[torch.Tensor, int]:
+        """``s_r`` over this shard's sample, one micro-batch at a time; and its non-finite count.
+
+        No collective runs in here: ranks may make different numbers of passes.
+        """
+        if not local:
+            return self.clipper.clipped_sum(loss_fn, None, 0), 0
+        size = self.micro_batch_size or len(local)
+        total: torch.Tensor | None = None
+        nonfinite = 0
+        for start in range(0, len(local), size):
+            chunk = local[start : start + size]
+            part = self.clipper.clipped_sum(loss_fn, batch_fn(chunk, step), len(chunk))
+            nonfinite += self.clipper.last_nonfinite
+            total = part if total is None else total.add_(part)
+            del part
+        assert total is not None
+        return total, nonfinite
+
     def step(
         self, step: int, batch_fn: BatchFn, loss_fn: LossFn, request_id: str = ""
     ) -> StepOutcome:
@@ -318,10 +374,9 @@ class PrivateEngine:
             return StepOutcome(False, position, reason)
         chosen = self.sample(step)
         local = [(i - self.rank) // self.world for i in chosen] if self._sampler is None else chosen
-        batch = batch_fn(local, step) if local else None
         self.randomness.seed_step(step)
-        local_sum = self.clipper.clipped_sum(loss_fn, batch, len(local))
-        nonfinite = _all_reduce_count(self.clipper.last_nonfinite, self.world, self.device)
+        local_sum, own_nonfinite = self._clipped_sum(local, step, batch_fn, loss_fn)
+        nonfinite = _all_reduce_count(own_nonfinite, self.world, self.device)
         grad = privatize(
             local_sum,
             noise_multiplier=self.privacy.noise_multiplier,

@@ -57,7 +57,11 @@ def _pretrain(objective: Objective, tokenizer: Any, cfg: Any, device: Any) -> li
     def batch(i: int) -> dict[str, Any]:
         return collate(rng.sample(encoded, size), pad, device=device, step=i)
 
-    return pretrain_public(objective, batch, cfg.preemb_steps, cfg.preemb_lr)
+    from privcode.dp.dpsgd import forward_context
+    from privcode.models.loading import resolve_dtype
+
+    with forward_context(torch.device(device), resolve_dtype(cfg.dtype, device)):
+        return pretrain_public(objective, batch, cfg.preemb_steps, cfg.preemb_lr)
 
 
 def build_objective(
@@ -68,11 +72,13 @@ def build_objective(
     ``lora=False`` (the non-DP comparison's full fine-tune only) leaves the
     base model bare: every weight is then the caller's to train.
     """
-    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer, resolve_dtype
 
     tokenizer = load_tokenizer(base_path)
     torch.manual_seed(cfg.seed)  # same LoRA and PrivLC init on every rank (then broadcast)
-    lm = load_causal_lm(base_path)
+    # Frozen base weights in the configured dtype; peft keeps the adapter in fp32
+    # (autocast_adapter_dtype), and the PrivLC modules are built in fp32.
+    lm = load_causal_lm(base_path, dtype=resolve_dtype(getattr(cfg, "dtype", "float32"), device))
     if lora:
         lm = attach_lora(lm, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0

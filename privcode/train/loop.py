@@ -26,7 +26,9 @@ step ``t``:
    and broadcast, never stored; in secure mode rank 0 draws the mask from
    ``os.urandom`` and broadcasts it) and computes the clipped sum of
    per-record gradients of the method's per-record loss
-   (:mod:`privcode.dp.dpsgd`), with dropout masks and per-record latent
+   (:mod:`privcode.dp.dpsgd`; ``train.micro_batch_size`` records per pass,
+   the passes' sums added before the noise; the forward in ``train.dtype``
+   under autocast, the sum in fp32; optionally gradient-checkpointed), with dropout masks and per-record latent
    noise from the same secret (:mod:`privcode.dp.randomness`), never from
    ``train.seed`` or a record's position. A record whose gradient is not
    finite contributes zero (counted in the private audit log);
@@ -93,6 +95,7 @@ from privcode.dp.store import PrivacyStore, resolve_store
 from privcode.errors import BudgetRefused, PrivcodeError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
+from privcode.models.loading import resolve_dtype
 from privcode.train.admission import admit_job, noise_for, release_spent
 from privcode.train.artifact import privacy_record, write_junior_release
 from privcode.train.build import build_objective, load_checkpoint, save_checkpoint_files
@@ -318,6 +321,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         device=device,
         secure_rng=cfg.secure_rng,
         reserve=_ledger_reserve(job, ledger) if ledger is not None else None,
+        micro_batch_size=cfg.micro_batch_size,
+        autocast_dtype=resolve_dtype(cfg.dtype, device),
+        gradient_checkpointing=cfg.gradient_checkpointing,
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
