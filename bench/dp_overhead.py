@@ -4,6 +4,21 @@
                                            [--steps 8] [--rounds 3] [--threads 2]
                                            [--records 100000]
 
+    # memory per worker at real size: virtual batches of a Qwen2.5-Coder-1.5B shape
+    .venv/bin/python bench/dp_overhead.py --shape qwen2.5-coder-1.5b --micro 1 4 16 \
+                                           --batch 16 --length 32 [--checkpointing]
+
+With ``--shape`` (a :data:`privcode.models.shapes.SHAPES` name: random
+weights, the real config's shapes, nothing downloaded) the script prints
+the memory table of virtual batches instead: for each ``--micro`` size one
+process takes one real DP-SGD step (:func:`privcode.dp.engine.make_private`
+with ``train.micro_batch_size`` = that size, ``q = 1`` over ``--batch``
+records so the step's sample is the whole batch, noise drawn once) of the
+LoRA junior (r=8, the dpft objective) and prints its peak RSS growth over
+the loaded model: the activations, logits and per-record gradients of one
+micro-batch, which is what virtual batches bound. ``--checkpointing`` adds
+the same rows with gradient checkpointing on.
+
 Each configuration (``nondp``, then DP with ``hooks``, ``functorch``,
 ``ghost``, and ``secure``: hooks with ``train.secure_rng``) runs in its own subprocess so that its peak memory is its own:
 peak RSS growth over the loaded model on CPU (``ru_maxrss``), or
@@ -150,6 +165,122 @@ def worker(args: argparse.Namespace) -> dict:
     }
 
 
+def micro_worker(args: argparse.Namespace) -> dict:
+    """One real DP-SGD step of the ``--shape`` junior at micro-batch ``--micro-one``."""
+    import torch
+
+    from privcode.config import TrainConfig
+    from privcode.dp.engine import Privacy, make_private
+    from privcode.models.loading import attach_lora
+    from privcode.models.shapes import random_causal_lm
+    from privcode.train.data import CODE, PAD
+    from privcode.train.methods import MethodContext, Objective, get_method
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    lm = attach_lora(
+        random_causal_lm(args.shape, num_layers=args.layers, dtype=dtype), r=8, alpha=16
+    )
+    objective = Objective(
+        get_method("dpft"), lm, MethodContext(cfg=TrainConfig(), eos_id=0, pad_id=0)
+    )
+    params = [p for p in objective.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    engine = make_private(
+        objective,
+        optimizer,
+        Privacy.dp_sgd(1.0, 1.0),
+        num_records=args.batch,
+        sample_rate=1.0,
+        reserve=lambda request_id: (True, 0, None),
+        micro_batch_size=args.micro_one,
+        autocast_dtype=dtype,
+        gradient_checkpointing=args.checkpointing_one,
+    )
+    vocab = lm.config.vocab_size
+    ids = torch.randint(2, vocab, (args.batch, args.length))
+
+    def batch_fn(local: list[int], step: int) -> dict:
+        rows = ids[torch.tensor(local)]
+        segments = torch.full_like(rows, CODE)
+        return {
+            "input_ids": rows,
+            "attention_mask": (segments != PAD).long(),
+            "segments": segments,
+            "structural": torch.zeros_like(rows),
+        }
+
+    base = _peak_rss_mb()
+    t0 = time.perf_counter()
+    outcome = engine.step(0, batch_fn, lambda module, b: module(b))
+    seconds = time.perf_counter() - t0
+    assert outcome.taken
+    return {
+        "micro": args.micro_one,
+        "checkpointing": args.checkpointing_one,
+        "peak_mb": _peak_rss_mb() - base,
+        "model_mb": base,
+        "seconds": seconds,
+        "params": sum(p.numel() for p in lm.parameters()),
+        "trainable": sum(p.numel() for p in params),
+    }
+
+
+def micro_table(args: argparse.Namespace) -> int:
+    rows = []
+    settings = [(m, False) for m in args.micro]
+    if args.checkpointing:
+        settings += [(m, True) for m in args.micro]
+    for micro, ckpt in settings:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--shape",
+            args.shape,
+            "--micro-one",
+            str(micro),
+            "--batch",
+            str(args.batch),
+            "--length",
+            str(args.length),
+            "--threads",
+            str(args.threads),
+            "--dtype",
+            args.dtype,
+        ]
+        if args.layers:
+            cmd += ["--layers", str(args.layers)]
+        if ckpt:
+            cmd.append("--checkpointing-one")
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.stderr.write(out.stderr[-4000:])
+            raise SystemExit(f"dp_overhead: the micro-batch {micro} worker failed")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(
+            f"  micro-batch {micro:3d}{' +ckpt' if ckpt else ''}: peak +{r['peak_mb']:.0f} MB, "
+            f"step {r['seconds']:.1f} s",
+            flush=True,
+        )
+    first = rows[0]
+    print(
+        f"shape {args.shape}{f' ({args.layers} layers)' if args.layers else ''}: "
+        f"{first['params']:,} params ({args.dtype}), {first['trainable']:,} trainable (LoRA r=8); "
+        f"one DP-SGD step over {args.batch} records x {args.length} tokens; loaded model "
+        f"{first['model_mb']:.0f} MB RSS; {args.threads} threads"
+    )
+    ref = rows[0]["peak_mb"]
+    print(f"{'micro-batch':>11} {'ckpt':>5} {'peak MB':>9} {'x first':>8} {'step s':>8}")
+    for r in rows:
+        ratio = f"{r['peak_mb'] / ref:.2f}" if ref > 0 else "-"
+        print(
+            f"{r['micro']:>11} {'on' if r['checkpointing'] else 'off':>5} "
+            f"{r['peak_mb']:9.0f} {ratio:>8} {r['seconds']:8.2f}"
+        )
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="demo", help="HF model dir or preset (ci, demo, small)")
@@ -166,7 +297,22 @@ def main() -> int:
     )
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--shape", help="memory table of virtual batches for this SHAPES name (see the docstring)"
+    )
+    p.add_argument("--micro", type=int, nargs="+", default=[1, 4, 16], help="micro-batch sizes")
+    p.add_argument("--layers", type=int, default=0, help="cut the shape to this many layers")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--checkpointing", action="store_true", help="also with checkpointing on")
+    p.add_argument("--micro-one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--checkpointing-one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.shape:
+        args.layers = args.layers or None
+        if args.micro_one is not None:
+            print(json.dumps(micro_worker(args)))
+            return 0
+        return micro_table(args)
     if args.mode:
         print(json.dumps(worker(args)))
         return 0

@@ -237,3 +237,47 @@ def test_micro_batch_size_must_not_be_negative():
             sample_rate=0.5,
             micro_batch_size=-1,
         )
+
+
+def test_dp_overhead_memory_table_smallest():
+    """bench/dp_overhead.py --shape (the virtual-batch memory table) at its smallest setting."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(root / "bench" / "dp_overhead.py"),
+            "--shape",
+            "tiny",
+            "--micro",
+            "1",
+            "2",
+            "--batch",
+            "2",
+            "--length",
+            "8",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        line.split()
+        for line in proc.stdout.splitlines()
+        if re.match(r"^\s*[12]\s+(on|off)\s+[0-9]+\s+[0-9.]+\s+[0-9.]+$", line)
+    ]
+    assert sorted((r[0], r[1]) for r in rows) == [
+        ("1", "off"),
+        ("1", "on"),
+        ("2", "off"),
+        ("2", "on"),
+    ]
+    assert "one DP-SGD step over 2 records x 8 tokens" in proc.stdout
