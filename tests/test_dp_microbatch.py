@@ -281,3 +281,59 @@ def test_dp_overhead_memory_table_smallest():
         ("2", "on"),
     ]
     assert "one DP-SGD step over 2 records x 8 tokens" in proc.stdout
+
+
+@pytest.mark.model
+def test_a_bf16_junior_trains_fp32_adapters_over_bf16_base_weights(ci_model):
+    """train.dtype bfloat16: the frozen base in bf16, LoRA and PrivLC in fp32, a micro-batched
+    autocast step updates them (finite), and the update is close to the fp32 junior's."""
+    from privcode.models.loading import resolve_dtype
+    from privcode.train.build import build_objective
+    from privcode.train.data import encode_records
+
+    class Rec:
+        def __init__(self, prompt, code):
+            self.prompt, self.code = prompt, code
+
+    records = [Rec(f"add {i}", f"def f(x):\n    return x + {i}\n") for i in range(6)]
+    updates = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = TrainConfig(
+            method="privcode++", dtype=dtype, latent_dim=8, align_negatives="none", max_length=32
+        )
+        objective, tokenizer, _ = build_objective(
+            get_method("privcode++"), cfg, ci_model, "cpu", will_restore=False
+        )
+        frozen = {p.dtype for p in objective.lm.parameters() if not p.requires_grad}
+        trainable = [p for p in objective.parameters() if p.requires_grad]
+        assert frozen == {resolve_dtype(dtype)}
+        assert {p.dtype for p in trainable} == {torch.float32}
+        encoded = encode_records(records, tokenizer, cfg.max_length)
+        before = torch.cat([p.detach().reshape(-1).clone() for p in trainable])
+        engine = make_private(
+            objective,
+            torch.optim.SGD(trainable, lr=1.0),
+            Privacy.non_private("bf16 test", seed=5, max_grad_norm=1.0),
+            num_records=len(encoded),
+            sample_rate=1.0,
+            micro_batch_size=4,
+            autocast_dtype=resolve_dtype(dtype),
+        )
+        pad = tokenizer.pad_token_id or 0
+
+        def batch_fn(local, step, encoded=encoded, pad=pad, engine=engine):
+            return collate(
+                [encoded[j] for j in local],
+                pad,
+                step=step,
+                record_keys=torch.tensor(local, dtype=torch.long),
+                record_secret=engine.randomness.record_secret(step),
+            )
+
+        assert engine.step(0, batch_fn, loss_fn).taken
+        after = torch.cat([p.detach().reshape(-1) for p in trainable])
+        assert torch.isfinite(after).all()
+        updates[dtype] = after - before
+    full, half = updates["float32"], updates["bfloat16"]
+    cos = float(torch.nn.functional.cosine_similarity(full, half, dim=0))
+    assert cos > 0.9, cos
