@@ -18,6 +18,14 @@ leak probing by test generation. Outputs:
 * ``private/<model>/canaries_private.json`` and ``probe/<model>/probe_leaks.json``:
   the only files holding private values (mode 0600, marked PRIVATE);
 * ``mia_roc.png`` and ``fidelity/fidelity_tsne.png`` for the report.
+
+Placement: every audited model, the MIA reference (the public base) and the
+leak probe's models load on the device of the process that audits them, in
+``audit.dtype`` (:func:`privcode.models.placement.placement`): the stage's
+task, or with ``audit.cpus_per_model`` each model's own Ray task, which
+asks Ray for one GPU with ``audit.use_gpu`` (:func:`model_task_options`;
+the fidelity task runs no LLM and asks for none). ``audit.use_gpu`` where
+no CUDA device is visible is an error naming the key, never a CPU run.
 """
 
 from __future__ import annotations
@@ -40,11 +48,21 @@ from privcode.audit.scoring import load_scored_model
 from privcode.config import PipelineConfig
 from privcode.data.records import read_records
 from privcode.errors import PrivcodeError
+from privcode.models.placement import Placement, gpu_options, placement
 from privcode.utils import atomic_write_json, torch_threads
 
 log = logging.getLogger("privcode.audit")
 
-__all__ = ["run_audits"]
+__all__ = ["model_task_options", "run_audits"]
+
+
+def _placement(cfg: PipelineConfig) -> Placement:
+    """Where this process runs the audited models (see the module docstring)."""
+    return placement(cfg.audit.use_gpu, cfg.audit.dtype, "audit.use_gpu")
+
+
+def _load(path: Any, where: Placement) -> Any:
+    return load_scored_model(str(path), device=where.device, dtype=where.dtype)
 
 
 def _model_audits(
@@ -56,9 +74,10 @@ def _model_audits(
     reference: Any,
     dp: dict[str, Any] | None,
     reference_cache: dict[Any, Any],
+    where: Placement,
 ) -> dict[str, Any]:
     a = cfg.audit
-    model = load_scored_model(str(path))
+    model = _load(path, where)
     result: dict[str, Any] = {"path": str(path), "non_private": name == "nondpft"}
     private = out_dir / "private" / name  # not inside a model dir: releases list their files
     private.mkdir(parents=True, exist_ok=True)
@@ -165,18 +184,19 @@ def run_audits(
         if FIDELITY in summary["models"]:  # computed in a task of its own, first
             summary["fidelity"] = summary["models"].pop(FIDELITY)["fidelity"]
     else:
-        reference = load_scored_model(str(run["base"])) if "mia" in a.audits else None
+        where = _placement(cfg)
+        reference = _load(run["base"], where) if "mia" in a.audits else None
         reference_cache: dict[Any, Any] = {}  # the base's MIA losses, scored once per format
         for name, path in sorted(models.items(), key=lambda kv: kv[0] in pending):
             if name in pending:
                 pending[name](None)
             log.info("auditing %s", name)
             summary["models"][name] = _model_audits(
-                name, path, cfg, run, out_dir, reference, dp, reference_cache
+                name, path, cfg, run, out_dir, reference, dp, reference_cache, where
             )
         for name in probed:
             summary["models"][name]["probe"] = _probe(
-                models[name], run, out_dir / "probe" / name, cfg
+                models[name], run, out_dir / "probe" / name, cfg, where
             )
     mia = {n: m["mia"] for n, m in summary["models"].items() if "mia" in m}
     if mia:
@@ -240,10 +260,25 @@ def _audit_one(
     with torch_threads(int(cfg.audit.cpus_per_model)):
         if part == "fidelity":
             return {"fidelity": _fidelity(cfg, run, out_dir)}
+        where = _placement(cfg)  # this task's GPU (model_task_options) or the CPU
         if part == "probe":
-            return {"probe": _probe(path, run, out_dir / "probe" / name, cfg)}
-        reference = load_scored_model(str(run["base"])) if "mia" in cfg.audit.audits else None
-        return _model_audits(name, path, cfg, run, out_dir, reference, dp, {})
+            return {"probe": _probe(path, run, out_dir / "probe" / name, cfg, where)}
+        reference = _load(run["base"], where) if "mia" in cfg.audit.audits else None
+        return _model_audits(name, path, cfg, run, out_dir, reference, dp, {}, where)
+
+
+def model_task_options(cfg: PipelineConfig, name: str, part: str) -> dict[str, Any]:
+    """Ray options of the task auditing ``name`` (``part``: audits, probe or fidelity).
+
+    ``audit.cpus_per_model`` CPUs; one GPU with ``audit.use_gpu`` for the tasks
+    that run a model (not the fidelity task: its small embedder runs anywhere).
+    """
+    gpus = 1.0 if cfg.audit.use_gpu and part != "fidelity" else 0.0
+    return {
+        "name": f"privcode:audit:{name}:{part}",
+        "num_cpus": cfg.audit.cpus_per_model,
+        **gpu_options(gpus),
+    }
 
 
 def _audit_in_tasks(
@@ -292,11 +327,7 @@ def _audit_in_tasks(
             while queue and not (waiting and in_flight):  # one at a time while one is pending
                 name, part = job = queue.pop(0)
                 log.info("auditing %s (Ray task%s)", name, "" if part == "audits" else f": {part}")
-                options = {
-                    "name": f"privcode:audit:{name}:{part}",
-                    "num_cpus": cfg.audit.cpus_per_model,
-                }
-                refs[job] = task.options(**options).remote(
+                refs[job] = task.options(**model_task_options(cfg, name, part)).remote(
                     name, models.get(name), cfg, run, out_dir, dp, part
                 )
                 in_flight.append(refs[job])
@@ -331,8 +362,10 @@ def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig) -> dict:
-    backend = HFBackend(str(path))
+def _probe(
+    path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig, where: Placement
+) -> dict:
+    backend = HFBackend(str(path), device=str(where.device), dtype=where.dtype)
     try:
         summary = run_probe(
             backend,
@@ -345,6 +378,8 @@ def _probe(path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig)
             public_model=str(run["base"]),
             code_max_tokens=cfg.audit.probe_max_tokens,
             test_max_tokens=cfg.audit.probe_max_tokens * 3 // 2,
+            device=str(where.device),
+            dtype=where.dtype,
         )
     finally:
         backend.close()

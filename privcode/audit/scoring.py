@@ -152,7 +152,8 @@ def load_scored_model(
     path: str | Path,
     *,
     base_model: str | None = None,
-    device: str = "cpu",
+    device: Any = "cpu",
+    dtype: Any = None,
     latent_samples: int = 0,
     latent_seed: int = 0,
 ) -> ScoredModel:
@@ -160,6 +161,8 @@ def load_scored_model(
     or premium release, a peft adapter, the non-DP comparison, a base stage directory, a HF
     model or a preset name) and wrap it for scoring. A junior's privacy record goes into
     ``info``; ``base_model`` overrides the recorded base path of a release or adapter.
+    ``device``/``dtype`` as in ``load_model`` (None: float32); log-probabilities are
+    computed from float32 logits whatever the weights' dtype.
     """
     from privcode.models.artifacts import load_model
     from privcode.models.loading import ModelLoadError
@@ -168,7 +171,7 @@ def load_scored_model(
     root = Path(path).expanduser()
     info: dict[str, Any] = {"path": str(root)}
     try:
-        loaded = load_model(path, base_model=base_model, device=device)
+        loaded = load_model(path, base_model=base_model, device=device, dtype=dtype)
     except ModelLoadError as exc:
         raise AuditError(f"cannot load a model to audit from {root}: {exc}") from exc
     if loaded.kind == "junior":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from privcode import registry
 from privcode.config.fields import opt
 
 
@@ -53,6 +54,26 @@ class SynthConfig:
         min=0.05,
     )
     gpus_per_generator: float = opt(0.0, "GPUs per generator actor (0 = CPU).", min=0.0)
+    dtype: str = opt(
+        "auto",
+        "Dtype of the weights and forward passes of Stage II's models (the junior in the "
+        "generator actors, the hf extractor/summariser and the bertscore encoder): auto "
+        "(bfloat16 on a CUDA GPU with bf16, float32 on CPU), float32 or bfloat16.",
+        choices=registry.DTYPES,
+    )
+    filter_gpus: float = opt(
+        0.0,
+        "GPUs of each LLM-filter actor: the extractor's when extractor=hf, the round trip's "
+        "when summarizer=hf or scorer=bertscore; their models run on it in synth.dtype "
+        "(0 = CPU).",
+        min=0.0,
+    )
+    filter_cpus: float = opt(
+        0.0,
+        "CPUs of each LLM-filter actor (as synth.filter_gpus); 0 = the built-in shares "
+        "(0.1 for the extractor, 0.2 for the round trip).",
+        min=0.0,
+    )
     extractor: str = opt(
         "offline",
         "Prompt extractor (privcode.synth.extract registry): "

@@ -151,7 +151,12 @@ def load_generator(
     device: str = "cpu",
     dtype: Any = None,
 ) -> Generator:
-    """Load a model (and adapter) for completion; see the module doc for what is accepted."""
+    """Load a model (and adapter) for completion; see the module doc for what is accepted.
+
+    ``device``: cpu, cuda[:i] or auto; ``dtype``: the weights' torch dtype (or its name;
+    None = float32), e.g. the eval stage's ``eval.dtype`` resolved on its device
+    (:func:`privcode.models.placement.placement`).
+    """
     from privcode.models.artifacts import load_model
     from privcode.models.loading import ModelLoadError
 
@@ -193,6 +198,7 @@ def load_generator(
     except ModelLoadError as exc:
         raise EvalError(str(exc)) from None
     info["base"] = str(model if adapter is None else loaded.base_model)
+    info["dtype"] = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     notes: list[str] = []
     if loaded.kind == "junior":
         rel = loaded.release

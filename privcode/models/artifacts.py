@@ -152,8 +152,8 @@ def load_model(
 
     ``base_model`` overrides the base path a release or adapter records (for a
     release moved from the machine it was trained on); ``dtype`` as in
-    :func:`~privcode.models.loading.load_causal_lm` (a junior release loads in
-    float32, the precision its DP update was made in). Raises
+    :func:`~privcode.models.loading.load_causal_lm` (a junior release merges its
+    adapter in float32, the precision its DP update was made in, then casts). Raises
     :class:`ModelLoadError` naming the file at fault; a junior release that
     fails verification raises :class:`~privcode.release.ReleaseError`.
     """
@@ -162,7 +162,7 @@ def load_model(
     if kind == "junior":
         from privcode.release.junior import load_release
 
-        rel = load_release(root, device=str(device), base_model=base_model)
+        rel = load_release(root, device=str(device), base_model=base_model, dtype=dtype)
         return LoadedModel(
             kind,
             root,

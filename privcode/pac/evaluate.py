@@ -268,16 +268,60 @@ def canary_emission(
     }
 
 
+def eval_task_options(cfg: Any) -> dict[str, Any]:
+    """Ray options of the evaluation's own task (see :func:`evaluate_pac`): 1 CPU, 1 GPU."""
+    return {"name": "privcode:pac:evaluate", "num_cpus": 1, "num_gpus": 1.0 if cfg.use_gpu else 0.0}
+
+
+def _own_gpu_task(cfg: Any) -> bool:
+    """With ``pac.world_groups > 1`` the stage's task reserves no GPU (its groups' tasks do):
+    where this process sees none, the evaluation runs in a task of its own with one."""
+    if not (cfg.use_gpu and cfg.world_groups > 1):
+        return False
+    import ray
+    import torch
+
+    return ray.is_initialized() and not torch.cuda.is_available()
+
+
 def evaluate_pac(
     cfg: Any, worlds: str, *, heldout: str, canaries: str | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    """Both measurements for the ``pac`` stage; aggregates only (``cfg``: a PacConfig)."""
+    """Both measurements for the ``pac`` stage; aggregates only (``cfg``: a PacConfig).
+
+    The ensemble runs on the GPU this process reserved with ``pac.use_gpu``
+    (an error naming the key when none is visible), in ``pac.dtype``; with
+    ``pac.world_groups > 1`` and no GPU here, in a Ray task that reserves one
+    (:func:`eval_task_options`).
+    """
+    if _own_gpu_task(cfg):
+        import ray
+
+        from privcode.errors import PrivcodeError
+
+        task = ray.remote(_evaluate).options(**eval_task_options(cfg))
+        try:
+            return ray.get(task.remote(cfg, worlds, heldout, canaries, progress))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, PrivcodeError):
+                raise exc.cause from None  # a user-facing error reads as itself
+            raise
+    return _evaluate(cfg, worlds, heldout, canaries, progress)
+
+
+def _evaluate(
+    cfg: Any, worlds: str, heldout: str, canaries: str | None, progress: bool
+) -> dict[str, Any]:
     from privcode.data.public import public_prompts
     from privcode.data.records import read_records
+    from privcode.models.placement import placement
     from privcode.pac.ensemble import PacEnsemble
 
     started = time.time()
-    ens = PacEnsemble(worlds, top_k=cfg.top_k, device="cuda" if cfg.use_gpu else "cpu")
+    where = placement(cfg.use_gpu, cfg.dtype, "pac.use_gpu")
+    ens = PacEnsemble(
+        worlds, top_k=cfg.top_k, device="cuda" if where.cuda else "cpu", dtype=where.dtype
+    )
     texts = [r.code for r in read_records(heldout)]
     utility = teacher_forced_accuracy(
         ens, texts, b=cfg.b, positions=cfg.eval_positions, seed=cfg.seed, max_length=cfg.max_length

@@ -21,8 +21,18 @@ independent trainings, at the cost of one batched pass instead of ``m``.
 and the base is frozen, so eval mode changes nothing but the base's own
 dropout, which is off as at serving time.) With ``pac.world_groups > 1`` the
 worlds are split into groups trained by parallel Ray tasks (one GPU each with
-``pac.use_gpu``). A world's initialisation and batches are seeded by
-``(pac.seed, s)`` alone, so the grouping does not change what a world learns.
+``pac.use_gpu``: :func:`group_task_options`). A world's initialisation and
+batches are seeded by ``(pac.seed, s)`` alone, so the grouping does not
+change what a world learns.
+
+Device and precision: a group trains on the GPU its process reserved with
+``pac.use_gpu`` (the stage's task for one group, each group's task
+otherwise; no visible CUDA device is an error naming the key), the frozen
+base in ``pac.dtype`` (:func:`privcode.models.placement.placement`). The
+worlds' LoRA weights, their gradients and AdamW's state stay float32 (peft
+casts adapters of a half-precision base up to float32, and this is
+checked); on CUDA a bf16 base's passes run under ``torch.autocast``, so the
+adapters' matmuls run in bf16 too while their gradients land in float32.
 
 Artifact (``out_dir``)::
 
@@ -53,13 +63,22 @@ from privcode.data.records import read_records
 from privcode.dp.engine import Privacy, make_private
 from privcode.errors import PrivcodeError
 from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
+from privcode.models.placement import gpu_options, placement
 from privcode.pac.mechanism import assign_worlds
 from privcode.train.data import collate, encode_records
 from privcode.train.methods import token_ce
 
 log = logging.getLogger("privcode.pac")
 
-__all__ = ["FORMAT", "MANIFEST", "NOT_PRIVATE_NOTE", "WorldsError", "train_worlds", "world_names"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "NOT_PRIVATE_NOTE",
+    "WorldsError",
+    "group_task_options",
+    "train_worlds",
+    "world_names",
+]
 
 FORMAT = WORLDS_FORMAT
 MANIFEST = PacWorldsRecord.FILE
@@ -120,8 +139,9 @@ def _train_group(
 ) -> dict[str, Any]:
     """Train the adapters of ``worlds`` (world indices) and save them under ``out_dir``."""
     started = time.time()
-    device = torch.device("cuda" if cfg.use_gpu and torch.cuda.is_available() else "cpu")
-    lm = load_causal_lm(base).to(device)
+    where = placement(cfg.use_gpu, cfg.dtype, "pac.use_gpu")
+    device = where.device
+    lm = load_causal_lm(base, dtype=where.dtype, device=device)
     names = world_names(cfg.worlds)
     lora = lora_config(lm, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=0.0)
     torch.manual_seed(_torch_seed(cfg.seed, worlds[0]))
@@ -133,6 +153,11 @@ def _train_group(
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
     params = [p for p in model.parameters() if p.requires_grad]
+    if any(p.dtype != torch.float32 for p in params):  # peft's autocast_adapter_dtype
+        raise WorldsError(
+            f"the worlds' LoRA weights are {sorted({str(p.dtype) for p in params})} over a "
+            f"{where.dtype} base: they must train in float32"
+        )
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     members = [np.flatnonzero(assignment[:, s]) for s in worlds]
     if min(len(x) for x in members) == 0:
@@ -171,6 +196,8 @@ def _train_group(
         expected_batch_size=1.0,
         train_mode=False,
         device=device,
+        # bf16 matmuls on CUDA; on the CPU peft runs the fp32 adapters on upcast inputs.
+        autocast_dtype=where.dtype if where.cuda else None,
     )
     for step in tqdm(
         range(cfg.steps),
@@ -193,6 +220,11 @@ def _train_group(
         "seconds": round(time.time() - started, 1),
         "device": str(device),
     }
+
+
+def group_task_options(cfg: PacConfig) -> dict[str, Any]:
+    """Ray options of one world-group task: 1 CPU, and 1 GPU with ``pac.use_gpu``."""
+    return {"num_cpus": 1, **gpu_options(1.0 if cfg.use_gpu else 0.0)}
 
 
 def train_worlds(
@@ -238,7 +270,7 @@ def train_worlds(
             _train_group(cfg, str(base), encoded, pad, assignment, groups[0], str(out), progress)
         ]
     else:
-        task = ray.remote(_train_group).options(num_cpus=1, num_gpus=1 if cfg.use_gpu else 0)
+        task = ray.remote(_train_group).options(**group_task_options(cfg))
         enc_ref, asg_ref = ray.put(encoded), ray.put(assignment)
         results = ray.get(
             [

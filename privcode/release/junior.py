@@ -596,14 +596,38 @@ class JuniorRelease:
             return self.model.generate(**kwargs, **options)
 
 
+def _weights_dtype(dtype: torch.dtype | str | None, config: Any) -> torch.dtype:
+    """None: float32; ``"auto"``: the base checkpoint's dtype (as ``load_causal_lm``)."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = str(saved or "float32").removeprefix("torch.")
+    resolved = getattr(torch, str(dtype), None)
+    _need(
+        isinstance(resolved, torch.dtype) and resolved.is_floating_point,
+        f"dtype must be a floating torch dtype or its name (float32, bfloat16), got {dtype!r}",
+    )
+    return resolved  # type: ignore[return-value]
+
+
 def load_release(
     path: str | os.PathLike,
     *,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     base_model: str | None = None,
     merge: bool = True,
+    dtype: torch.dtype | str | None = None,
 ) -> JuniorRelease:
     """Verify and load a release; ``base_model`` overrides the recorded base path.
+
+    ``dtype`` (a torch dtype or its name; None = float32; ``"auto"`` = the
+    base checkpoint's) is the dtype of the junior's weights on ``device``. The adapter is applied (and merged) in
+    float32, the precision its DP update was made in, and only the result is
+    cast, so a bf16 junior is one rounding of the float32 one. The prefix
+    decoder D stays float32 (its output is cast to the embeddings' dtype).
 
     ``merge`` folds the LoRA update into the base weights (``W + (alpha/r) B A``,
     peft's ``merge_and_unload``): the same function, one matmul per layer
@@ -632,7 +656,8 @@ def load_release(
         warnings.warn(message, RuntimeWarning, stacklevel=2)
     base_path = base_model or meta["base_model"]
     tokenizer = load_tokenizer(base_path)
-    base = load_causal_lm(base_path)
+    # Loaded in float32 onto the device (the merge is fast there), cast after the merge.
+    base = load_causal_lm(base_path, device=device)
     prefix = meta.get("prefix")
     _need(
         not prefix or base.config.hidden_size == prefix["hidden_size"],
@@ -649,7 +674,7 @@ def load_release(
     model = PeftModel.from_pretrained(base, str(root / ADAPTER), is_trainable=False)
     if merge:
         model = model.merge_and_unload()
-    model.to(device).eval()
+    model.to(device=device, dtype=_weights_dtype(dtype, base.config)).eval()
     decoder = None
     if prefix:
         tensors = load_file(str(root / PREFIX_FILE))

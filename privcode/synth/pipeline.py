@@ -205,9 +205,49 @@ def _public_prompts(n: int, seed: int) -> list[str]:
     return public_prompts(max(1, min(n, 2000)), seed=seed)
 
 
-#: CPUs Ray reserves for the filter actors (extract, execution, round trip), one each.
+#: CPUs Ray reserves for the filter actors (extract, execution, round trip), one each,
+#: when none of them runs an LLM (then ``synth.filter_cpus``/``filter_gpus``: see
+#: :func:`filter_actor_options`).
 EXTRACT_CPUS, EXECUTION_CPUS, ROUNDTRIP_CPUS = 0.1, 0.2, 0.2
 FILTER_CPUS = EXTRACT_CPUS + EXECUTION_CPUS + ROUNDTRIP_CPUS
+
+
+def llm_filters(cfg: SynthConfig) -> dict[str, bool]:
+    """Which filter actors run a model worth a GPU: the extractor with ``extractor=hf``,
+    the round trip with ``summarizer=hf`` or ``scorer=bertscore``."""
+    return {
+        "extract": cfg.extractor == "hf",
+        "execution": False,
+        "roundtrip": cfg.summarizer == "hf" or cfg.scorer == "bertscore",
+    }
+
+
+def filter_actor_options(cfg: SynthConfig) -> dict[str, dict[str, float]]:
+    """Ray resources of each filter actor (``extract``, ``execution``, ``roundtrip``).
+
+    An LLM-filter actor (:func:`llm_filters`) gets ``synth.filter_cpus`` CPUs
+    (0: its built-in share) and ``synth.filter_gpus`` GPUs; the others keep
+    their small CPU shares and no GPU.
+    """
+    shares = {"extract": EXTRACT_CPUS, "execution": EXECUTION_CPUS, "roundtrip": ROUNDTRIP_CPUS}
+    gpus = {"num_gpus": float(cfg.filter_gpus)} if cfg.filter_gpus > 0 else {}
+    return {
+        name: {"num_cpus": cfg.filter_cpus or shares[name], **gpus}
+        if llm
+        else {"num_cpus": shares[name]}
+        for name, llm in llm_filters(cfg).items()
+    }
+
+
+def filter_footprint(cfg: SynthConfig) -> tuple[float, float]:
+    """(CPUs, GPUs) the filter actors hold together (one actor each)."""
+    opts = filter_actor_options(cfg).values()
+    return sum(o["num_cpus"] for o in opts), sum(o.get("num_gpus", 0.0) for o in opts)
+
+
+def _llm_placement(cfg: SynthConfig) -> dict[str, Any]:
+    """What an LLM-filter actor resolves its device and dtype from (in the actor)."""
+    return {"gpu": cfg.filter_gpus > 0, "dtype": cfg.dtype, "key": "synth.filter_gpus"}
 
 
 def _dataset(
@@ -229,6 +269,7 @@ def _dataset(
         "start_text": cfg.start_text,
         "trim": cfg.trim,
         "gpu": cfg.gpus_per_generator > 0,
+        "dtype": cfg.dtype,
     }
     prompts = _public_prompts(len(indices), cfg.seed) if conditioning == "prompt" else []
     from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
@@ -249,16 +290,17 @@ def _dataset(
         num_gpus=cfg.gpus_per_generator or None,
     )
     ext_opts = {"model": cfg.extractor_model} if cfg.extractor_model else {}
+    resources = filter_actor_options(cfg)
     # Filter batches as small as generation's (but >= 16 for the sandbox pool's
     # parallelism): rows reach the driver, and shards complete, at that granularity.
     fbatch = max(cfg.batch_size, 16)
     ds = ds.map_batches(
         Extract,
-        fn_constructor_args=(cfg.extractor, ext_opts),
+        fn_constructor_args=(cfg.extractor, ext_opts, _llm_placement(cfg)),
         batch_size=fbatch,
         batch_format="numpy",
         compute=ActorPoolStrategy(min_size=1, max_size=1),
-        num_cpus=EXTRACT_CPUS,
+        **resources["extract"],
     )
     sb = sandbox or SandboxConfig()
     limits = {
@@ -278,7 +320,7 @@ def _dataset(
         batch_size=fbatch,
         batch_format="numpy",
         compute=ActorPoolStrategy(min_size=1, max_size=1),
-        num_cpus=EXECUTION_CPUS,
+        **resources["execution"],
     )
     rt_opts: dict[str, Any] = {}
     if cfg.summarizer_model:
@@ -287,11 +329,17 @@ def _dataset(
         rt_opts["scorer_model"] = cfg.scorer_model
     ds = ds.map_batches(
         RoundTripScore,
-        fn_constructor_args=(cfg.summarizer, cfg.scorer, cfg.roundtrip_threshold, rt_opts),
+        fn_constructor_args=(
+            cfg.summarizer,
+            cfg.scorer,
+            cfg.roundtrip_threshold,
+            rt_opts,
+            _llm_placement(cfg),
+        ),
         batch_size=fbatch,
         batch_format="numpy",
         compute=ActorPoolStrategy(min_size=1, max_size=1),
-        num_cpus=ROUNDTRIP_CPUS,
+        **resources["roundtrip"],
     )
     return ds
 

@@ -308,7 +308,9 @@ class BERTScoreScorer:
     the last layer), token vectors are L2-normalised, and for candidate x and
     reference y: P = mean over x tokens of the max cosine to a y token,
     R = the same from y to x, F1 = 2PR / (P + R). Texts are truncated to
-    ``max_length`` tokens. A text with no tokens scores 0.
+    ``max_length`` tokens. A text with no tokens scores 0. ``dtype`` (None =
+    the checkpoint's float32) is the encoder's weights' dtype on ``device``;
+    the cosines are computed in float32 whatever it is.
     """
 
     name = "bertscore"
@@ -320,11 +322,13 @@ class BERTScoreScorer:
         batch_size: int = 32,
         max_length: int = 512,
         device: str | None = None,
+        dtype: Any = None,
     ) -> None:
         if not model:
             raise ValueError("the bertscore scorer needs model=<local HF encoder directory>")
         self.model_path, self.layer = str(model), layer
         self.batch_size, self.max_length, self.device = int(batch_size), int(max_length), device
+        self.dtype = dtype
         self._model: Any = None
         self._tokenizer: Any = None
 
@@ -337,7 +341,8 @@ class BERTScoreScorer:
             if tok.pad_token is None:  # decoder tokenizers: padded positions are masked anyway
                 tok.pad_token = tok.eos_token or tok.unk_token
             self._tokenizer = tok
-            model = AutoModel.from_pretrained(self.model_path, local_files_only=True)
+            extra = {} if self.dtype is None else {"dtype": self.dtype}
+            model = AutoModel.from_pretrained(self.model_path, local_files_only=True, **extra)
             self._model = model.to(self.device).eval() if self.device else model.eval()
 
     def token_embeddings(self, texts: Sequence[str]) -> list[Any]:

@@ -113,6 +113,7 @@ def run_probe(
     eps: float = 0.5,
     min_samples: int = 3,
     device: str = "cpu",
+    dtype: Any = None,
 ) -> dict[str, Any]:
     """Probe ``backend`` for leaks of ``reference_records``; return the counts-only summary.
 
@@ -274,7 +275,7 @@ def run_probe(
                 scorer = (
                     public_model
                     if hasattr(public_model, "score")
-                    else load_scorer(public_model, device=device)
+                    else load_scorer(public_model, device=device, dtype=dtype)
                 )
             upd = update_library(library, round_leaks, scorer, eps=eps, min_samples=min_samples)
             updates.append({"round": rnd, **upd})

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,13 @@ class SpanScorer:
 
 
 class _HFScorer:
-    def __init__(self, path: str | Path, device: str = "cpu", cache_dir: str | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "cpu",
+        cache_dir: str | None = None,
+        dtype: Any = None,
+    ):
         from privcode.models.loading import ModelLoadError, load_tokenizer, resolve_model_path
 
         try:
@@ -104,7 +111,7 @@ class _HFScorer:
             raise ScorerError(f"public scoring model {path}: {exc}") from exc
         if not getattr(self.tokenizer, "is_fast", False):
             raise ScorerError(f"public scoring model {path}: needs a fast tokenizer (offsets)")
-        self.device = device
+        self.device, self.dtype = device, dtype  # dtype None: float32 weights
         self.name = str(path)
 
     def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -115,11 +122,17 @@ class _HFScorer:
 class CausalLMScorer(_HFScorer):
     """l_i = -log p(t_i | t_<i) under a public causal LM (see the module docstring)."""
 
-    def __init__(self, path: str | Path, device: str = "cpu", cache_dir: str | None = None):
-        super().__init__(path, device, cache_dir)
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "cpu",
+        cache_dir: str | None = None,
+        dtype: Any = None,
+    ):
+        super().__init__(path, device, cache_dir, dtype)
         from privcode.models.loading import load_causal_lm
 
-        self.model = load_causal_lm(self.dir, device=device)
+        self.model = load_causal_lm(self.dir, dtype=dtype, device=device)
         tok = self.tokenizer
         self.start = next(
             i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, 0) if i is not None
@@ -143,11 +156,18 @@ class CausalLMScorer(_HFScorer):
 class MaskedLMScorer(_HFScorer):
     """The seed's pseudo-NLL: l_i = -log p(t_i | x with t_i masked) under a masked LM."""
 
-    def __init__(self, path: str | Path, device: str = "cpu", cache_dir: str | None = None):
-        super().__init__(path, device, cache_dir)
+    def __init__(
+        self,
+        path: str | Path,
+        device: str = "cpu",
+        cache_dir: str | None = None,
+        dtype: Any = None,
+    ):
+        super().__init__(path, device, cache_dir, dtype)
         from transformers import AutoModelForMaskedLM
 
-        self.model = AutoModelForMaskedLM.from_pretrained(self.dir, local_files_only=True)
+        extra = {} if dtype is None else {"dtype": dtype}
+        self.model = AutoModelForMaskedLM.from_pretrained(self.dir, local_files_only=True, **extra)
         self.model.to(device).eval()
         if self.tokenizer.mask_token_id is None:
             raise ScorerError(f"public scoring model {path}: the tokenizer has no mask token")
@@ -181,8 +201,16 @@ class MaskedLMScorer(_HFScorer):
         return [(a, b, float(v)) for (a, b), v in zip(offsets, nll.tolist(), strict=True)]
 
 
-def load_scorer(path: str | Path | None, device: str = "cpu", cache_dir: str | None = None):
-    """A masked-LM scorer when ``path`` is a masked LM, a causal-LM scorer otherwise; None -> span."""
+def load_scorer(
+    path: str | Path | None,
+    device: str = "cpu",
+    cache_dir: str | None = None,
+    dtype: Any = None,
+):
+    """A masked-LM scorer when ``path`` is a masked LM, a causal-LM scorer otherwise; None -> span.
+
+    ``dtype``: the model's weights (None: float32); the NLLs come from float32 logits.
+    """
     if path is None:
         return SpanScorer()
     from transformers import AutoConfig
@@ -200,9 +228,9 @@ def load_scorer(path: str | Path | None, device: str = "cpu", cache_dir: str | N
         raise ScorerError(f"public scoring model {path}: {exc}") from exc
     # Masked first: encoders such as BERT / RoBERTa (CodeBERT) also have a causal-LM class.
     if type(config) in MODEL_FOR_MASKED_LM_MAPPING:
-        return MaskedLMScorer(directory, device, cache_dir)
+        return MaskedLMScorer(directory, device, cache_dir, dtype)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-        return CausalLMScorer(directory, device, cache_dir)
+        return CausalLMScorer(directory, device, cache_dir, dtype)
     raise ScorerError(
         f"public scoring model {path}: a {config.model_type!r} model is neither a "
         "causal nor a masked LM"
