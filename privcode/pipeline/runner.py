@@ -39,6 +39,7 @@ from privcode.artifacts.manifest import hash_outputs
 from privcode.config import PipelineConfig
 from privcode.errors import PrivcodeError
 from privcode.layout import RunLayout
+from privcode.pipeline.placement import cluster_nodes, stage_resources
 from privcode.pipeline.stages import STAGES, PendingInput, Stage
 from privcode.pipeline.summary import run_summary
 from privcode.utils import stable_hash, torch_threads
@@ -178,24 +179,10 @@ def execute_stage(
         raise
 
 
-def largest_node_cpus(nodes: list[dict[str, Any]]) -> float:
-    """The most CPUs one alive node of the cluster holds (``ray.nodes()``): a single task can
-    never use more, and asking for more (all the cluster's CPUs, spread over nodes) would
-    wait forever where no one node holds them."""
-    return max(
-        (float((n.get("Resources") or {}).get("CPU", 0.0)) for n in nodes if n.get("Alive")),
-        default=0.0,
-    )
-
-
 def _ray_resources(stage: type[Stage], cfg: PipelineConfig) -> dict[str, float]:
-    import ray
-
-    cpus = stage.cpus(cfg)
-    if cpus is not None:
-        return {"num_cpus": cpus}
-    one_node = largest_node_cpus(ray.nodes()) or 1.0
-    return {"num_cpus": max(1.0, min(one_node, float(os.cpu_count() or 1)))}
+    """The stage task's ``num_cpus`` / ``num_gpus`` on the connected cluster: what one node
+    gives (:func:`~privcode.pipeline.placement.stage_resources`; PlacementError if none can)."""
+    return stage_resources(stage, cfg, cluster_nodes())
 
 
 def run_pipeline(
@@ -216,11 +203,14 @@ def run_pipeline(
         if name not in STAGES:
             raise PrivcodeError(f"unknown stage '{name}' (known: {', '.join(STAGES)})")
     order = _with_dependencies(selected)
+    resources: dict[str, dict[str, float]] = {}
     if use_ray:
         from privcode.cluster.local import connect
 
         cluster = connect(cfg.run.ray_address or None)
         log.info("running on Ray cluster %s", cluster.get("address"))
+        nodes = cluster_nodes()  # every stage's placement checked before any stage starts
+        resources = {n: stage_resources(STAGES[n], cfg, nodes) for n in order}
         from privcode.pipeline.admission import preflight
 
         verdict = preflight(cfg, order)  # BudgetRefused before any stage starts
@@ -269,9 +259,7 @@ def run_pipeline(
                     continue
                 import ray
 
-                task = ray.remote(execute_stage).options(
-                    name=f"privcode:{name}", **_ray_resources(stage, cfg)
-                )
+                task = ray.remote(execute_stage).options(name=f"privcode:{name}", **resources[name])
                 ref = task.remote(name, cfg, str(directory), fp, inputs)
                 running[ref] = (name, fp, time.time())
                 progressed = True
@@ -336,20 +324,30 @@ def _late_inputs(
 def _fits(
     stage: type[Stage], cfg: PipelineConfig, running: dict[Any, tuple[str, str, float]]
 ) -> bool:
-    """Whether ``stage``'s CPU footprint fits beside the running stages' on this cluster.
+    """Whether ``stage``'s CPU and GPU footprints fit beside the running stages' on this cluster.
 
     Footprints count the workers a stage starts later (Ray Train's), so a
-    stage launched beside others never waits on CPUs they took first.
+    stage launched beside others never waits on CPUs or GPUs they took first.
+    A footprint larger than the cluster counts as the whole cluster (the stage
+    starts once nothing else holds that resource).
     """
     import ray
 
-    total = ray.cluster_resources().get("CPU", 1.0)
+    cluster = ray.cluster_resources()
+    total = cluster.get("CPU", 1.0)
     used = 0.0
     for other, _, _ in running.values():
         fp = STAGES[other].footprint(cfg)
         used += total if fp is None else fp
     own = stage.footprint(cfg)
-    return used + (total if own is None else own) <= total + 1e-9
+    if used + (total if own is None else own) > total + 1e-9:
+        return False
+    own_gpus = stage.gpu_footprint(cfg)
+    if not own_gpus:
+        return True
+    gpus = cluster.get("GPU", 0.0)
+    used_gpus = sum(min(gpus, STAGES[o].gpu_footprint(cfg)) for o, _, _ in running.values())
+    return used_gpus + min(gpus, own_gpus) <= gpus + 1e-9
 
 
 def _get(ref: Any) -> StageManifest:

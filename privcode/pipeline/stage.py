@@ -24,7 +24,9 @@ __all__ = [
     "Inputs",
     "PendingInput",
     "Stage",
+    "Workers",
     "base_path",
+    "ray_train_workers",
     "summary_of",
     "wait_input",
 ]
@@ -59,6 +61,34 @@ class PendingInput:
 Inputs = dict[str, "StageManifest | PendingInput"]
 
 
+@dataclass(frozen=True)
+class Workers:
+    """Ray workers a stage starts besides its own task (Ray Train, actor pools, sub-tasks).
+
+    ``count`` workers of ``cpus`` CPUs and ``gpus`` GPUs each at most; ``required``
+    of them must be placeable at once for the stage to progress (a Ray Train
+    worker group needs all of its workers; an actor pool its minimum size; queued
+    tasks one). ``key`` is the config key that sizes them (named in a plan).
+    """
+
+    kind: str
+    count: int
+    cpus: float
+    gpus: float
+    required: int
+    key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "count": self.count,
+            "cpus": self.cpus,
+            "gpus": self.gpus,
+            "required": self.required,
+            "key": self.key,
+        }
+
+
 def wait_input(inputs: Inputs, name: str, timeout: float | None = None) -> StageManifest | None:
     """The manifest of upstream stage ``name`` (None if not an input or, after ``timeout``
     seconds, still running), waiting while it runs (``timeout`` None: until it is done).
@@ -75,6 +105,17 @@ def wait_input(inputs: Inputs, name: str, timeout: float | None = None) -> Stage
             return None
         inputs[name] = entry = _get(entry.ref)  # a user-facing error reads as itself
     return entry
+
+
+def ray_train_workers(section: Any, key: str) -> tuple[Workers, ...]:
+    """The Ray Train worker group of ``section`` (train, premium): all start together, one
+    GPU each with ``use_gpu`` (its ScalingConfig); none in local mode (``num_workers`` 0)."""
+    n, gpus = section.num_workers, 1.0 if section.use_gpu else 0.0
+    return (
+        (Workers("Ray Train workers", n, float(section.cpus_per_worker), gpus, n, key),)
+        if n
+        else ()
+    )
 
 
 def summary_of(inputs: Inputs, name: str) -> dict[str, Any]:
@@ -110,8 +151,13 @@ class Stage:
     #: ``inputs[name]`` = its fingerprint and a pending result, which ``run``
     #: waits on where it needs the artifact (:func:`wait_input`).
     late: ClassVar[tuple[str, ...]] = ()
-    #: CPUs requested for the Ray task; None means every CPU of the cluster.
+    #: CPUs requested for the Ray task; None means every CPU of one node (the
+    #: largest that can also give the task's GPUs: a task never spans nodes).
     num_cpus: ClassVar[float | None] = 1
+    #: The config key that sets the task's CPUs (named when no node can give them).
+    cpu_key: ClassVar[str | None] = None
+    #: The bool config key that reserves one GPU for the task (``eval.use_gpu``).
+    gpu_flag: ClassVar[str | None] = None
     #: Bump when the stage's code changes what it writes: forces a re-run.
     version: ClassVar[int] = 1
     #: Whether the stage's artifacts hold private data (inside the boundary).
@@ -161,6 +207,30 @@ class Stage:
     def cpus(cls, cfg: PipelineConfig) -> float | None:
         """CPUs for this run's Ray task (and its torch threads); default ``num_cpus``."""
         return cls.num_cpus
+
+    @classmethod
+    def gpu_key(cls, cfg: PipelineConfig) -> str | None:
+        """The config key that gives this run's task one GPU (named when no node has one):
+        :attr:`gpu_flag` when it is true; None: a CPU task."""
+        if cls.gpu_flag is None:
+            return None
+        section, _, field = cls.gpu_flag.partition(".")
+        return cls.gpu_flag if getattr(cfg.section(section), field) else None
+
+    @classmethod
+    def gpus(cls, cfg: PipelineConfig) -> float:
+        """GPUs reserved for this run's Ray task: one when :meth:`gpu_key` names a key."""
+        return 1.0 if cls.gpu_key(cfg) else 0.0
+
+    @classmethod
+    def workers(cls, cfg: PipelineConfig) -> tuple[Workers, ...]:
+        """The Ray workers the stage starts besides its task (none by default)."""
+        return ()
+
+    @classmethod
+    def gpu_footprint(cls, cfg: PipelineConfig) -> float:
+        """GPUs the stage keeps busy: its task's plus every worker's it may start."""
+        return cls.gpus(cfg) + sum(w.count * w.gpus for w in cls.workers(cfg))
 
     @classmethod
     def footprint(cls, cfg: PipelineConfig) -> float | None:

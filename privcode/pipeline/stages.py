@@ -1,8 +1,9 @@
 """Pipeline stages: a registry table of small classes, one per stage.
 
 Each class fills in the :class:`~privcode.pipeline.stage.Stage` protocol: the
-config it reads, its inputs, its CPUs, ``run`` and its report section. The
-runner (``runner.py``) does the rest:
+config it reads, its inputs, its task's CPUs and GPUs, the Ray workers it
+starts, ``run`` and its report section (the audit, nondp and pac stages are in
+:mod:`privcode.pipeline.stages_audit`). The runner (``runner.py``) does the rest:
 fingerprinting, skipping unchanged stages, running each stage as a Ray task,
 and writing ``manifest.json`` atomically.
 
@@ -19,30 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts.base import BaseRecord
-from privcode.artifacts.nondp import NondpSummary
 from privcode.artifacts.premium import PremiumSummary
-from privcode.artifacts.summaries import (
-    AuditSummary,
-    DataSummary,
-    EvalSummary,
-    PacSummary,
-    SynthSummary,
-    TrainSummary,
-)
+from privcode.artifacts.summaries import DataSummary, EvalSummary, SynthSummary, TrainSummary
 from privcode.layout import RunLayout
 from privcode.pipeline import report_stages
-from privcode.pipeline.report_audit import audit_report, eval_report
-from privcode.pipeline.report_pac import pac_report
+from privcode.pipeline.report_audit import eval_report
 from privcode.pipeline.stage import (
     NONDP_TRAIN_FIELDS,
     PendingInput,
     Stage,
+    Workers,
     base_path,
-    summary_of,
+    ray_train_workers,
     wait_input,
 )
+from privcode.pipeline.stages_audit import AuditStage, NondpStage, PacStage
 
-__all__ = ["NONDP_TRAIN_FIELDS", "STAGES", "PendingInput", "Stage", "wait_input"]
+__all__ = ["NONDP_TRAIN_FIELDS", "STAGES", "PendingInput", "Stage", "Workers", "wait_input"]
 
 
 class DataStage(Stage):
@@ -148,10 +142,15 @@ class TrainStage(Stage):
     # The stage task only orchestrates; the Ray Train workers hold the CPUs (in Ray
     # Train's local mode, num_workers 0, the task itself trains on cpus_per_worker).
     num_cpus = 0
+    cpu_key = "train.cpus_per_worker"
 
     @classmethod
     def cpus(cls, cfg):
         return cfg.train.cpus_per_worker if cfg.train.num_workers == 0 else 0
+
+    @classmethod
+    def workers(cls, cfg):
+        return ray_train_workers(cfg.train, "train.num_workers")
 
     @classmethod
     def footprint(cls, cfg):
@@ -219,6 +218,17 @@ class SynthStage(Stage):
     num_cpus = 0
 
     @classmethod
+    def workers(cls, cfg):
+        from privcode.synth.pipeline import FILTER_CPUS
+
+        s, kind = cfg.synth, "Ray Data generator actors"
+        most, fewest = max(s.generators_min, s.generators_max), max(1, s.generators_min)
+        gen = Workers(
+            kind, most, s.cpus_per_generator, s.gpus_per_generator, fewest, "synth.generators_max"
+        )
+        return (gen, Workers("Ray Data filter actors", 1, FILTER_CPUS, 0.0, 1, "synth"))
+
+    @classmethod
     def footprint(cls, cfg):
         from privcode.synth.pipeline import FILTER_CPUS
 
@@ -272,10 +282,15 @@ class PremiumStage(Stage):
     needs = ("base",)
     after = ("synth",)
     num_cpus = 0  # the Ray Train workers hold the CPUs (local mode: the task itself)
+    cpu_key = "premium.cpus_per_worker"
 
     @classmethod
     def cpus(cls, cfg):
         return cfg.premium.cpus_per_worker if cfg.premium.num_workers == 0 else 0
+
+    @classmethod
+    def workers(cls, cfg):
+        return ray_train_workers(cfg.premium, "premium.num_workers")
 
     @classmethod
     def footprint(cls, cfg):
@@ -320,6 +335,7 @@ class EvalStage(Stage):
     sections = ("eval", "sandbox")
     needs = ("base",)
     after = ("train", "premium")
+    gpu_flag = "eval.use_gpu"
 
     def run(self, cfg, out_dir, inputs):
         from privcode.eval.score import evaluate
@@ -375,176 +391,6 @@ class EvalStage(Stage):
 
     def report_section(self, manifest, ctx):
         return eval_report(manifest, ctx)
-
-
-class AuditStage(Stage):
-    """Privacy audits of the run (:mod:`privcode.audit.run`), inside the private boundary.
-
-    Canary leakage, exposure and membership inference on the DP junior (and
-    the premium model, and the ``nondpft`` comparison when
-    ``audit.compare_nondp``), fidelity of the synthetic data, leak probing.
-    The summary holds aggregates only; the detail files with private values
-    stay in this stage's directory.
-    """
-
-    name = "audit"
-    summary_type = AuditSummary
-    version = 1
-    # train: the data path, and what the comparison reads when it trains inline.
-    sections = ("audit", "train.data", *NONDP_TRAIN_FIELDS)
-    needs = ("data", "base", "train")
-    after = ("synth", "premium", "nondp")
-    late = ("premium",)  # the junior and nondpft are audited while the premium model trains
-    private = True
-    num_cpus = None  # scoring and generation on every CPU
-
-    @classmethod
-    def cpus(cls, cfg):
-        # With audit.cpus_per_model the models are audited in their own Ray tasks; the
-        # stage's task only drives them (unless it trains the non-DP comparison itself).
-        inline_nondp = cfg.audit.compare_nondp and "nondp" not in cfg.run.stages
-        return 0 if cfg.audit.cpus_per_model > 0 and not inline_nondp else None
-
-    @classmethod
-    def footprint(cls, cfg):
-        # Its model tasks queue in Ray for CPUs as they free up, and every Ray Train or
-        # Ray Data stage it could starve (train, synth, premium, nondp) finishes before it
-        # starts: it may start beside other stages once one model's task fits.
-        return cfg.audit.cpus_per_model if cls.cpus(cfg) == 0 else None
-
-    def run(self, cfg, out_dir, inputs):
-        from privcode.audit.nondp import train_nondp_comparison
-        from privcode.audit.run import run_audits
-
-        layout = RunLayout.of(cfg)
-        train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
-        run = {
-            "canaries": layout.canaries,
-            "train": train_data,
-            "heldout": layout.heldout_data,
-            "base": Path(base_path(inputs)),
-            "release": layout.release,
-        }
-        if "synth" in inputs:
-            run["synthetic"] = layout.synthetic
-        models = {"junior": run["release"]}
-        if "premium" in inputs:
-            models["premium"] = layout.premium
-        comparison = None
-        if "nondp" in inputs:  # trained beside Stage I and II by the nondp stage
-            comparison = summary_of(inputs, "nondp")
-            models["nondpft"] = layout.nondp_model
-        elif cfg.audit.compare_nondp:
-            comparison = train_nondp_comparison(
-                cfg, data=train_data, base=str(run["base"]), out_dir=layout.nondp_model_in(out_dir)
-            )
-            models["nondpft"] = layout.nondp_model_in(out_dir)
-        pending = (
-            {"premium": lambda timeout: wait_input(inputs, "premium", timeout) is not None}
-            if "premium" in models
-            else {}
-        )
-        summary = run_audits(cfg, Path(out_dir), run, models, pending)
-        if comparison:
-            summary["nondpft_training"] = comparison
-        return summary
-
-    def report_section(self, manifest, ctx):
-        return audit_report(manifest, ctx)
-
-
-class PacStage(Stage):
-    """PAC-private generation: train the m worlds, then measure utility and leakage.
-
-    Reads the private training records (``train.data`` or the data stage's
-    ``train.parquet``) and the base model; writes ``worlds/`` (the m
-    adapters, NOT private on their own: only the PAC server may read them,
-    :mod:`privcode.pac.worlds`) and ``pac_eval.json``. The summary holds
-    settings and aggregates only (:mod:`privcode.pac.evaluate`).
-    """
-
-    name = "pac"
-    summary_type = PacSummary
-    sections = ("pac", "train.data")  # its worlds train with pac.* settings only
-    needs = ("data", "base")
-    private = True
-    num_cpus = None  # all worlds train in one process's batched passes
-
-    @classmethod
-    def cpus(cls, cfg):
-        return cfg.pac.num_cpus or None
-
-    def run(self, cfg, out_dir, inputs):
-        from privcode.pac.evaluate import evaluate_pac
-        from privcode.pac.worlds import train_worlds
-        from privcode.utils import atomic_write_json
-
-        layout = RunLayout.of(cfg)
-        train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
-        worlds = layout.pac_worlds_in(out_dir)
-        from privcode.dp.store import PrivacyStore, resolve_store
-
-        store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
-        trained = train_worlds(
-            cfg.pac,
-            data=train_data,
-            base=base_path(inputs),
-            out_dir=worlds,
-            progress=False,
-            dataset_id=store.dataset_id(train_data),
-        )
-        canaries = layout.canaries
-        result = evaluate_pac(
-            cfg.pac,
-            str(worlds),
-            heldout=str(layout.heldout_data),
-            canaries=str(canaries) if canaries.is_file() else None,
-        )
-        atomic_write_json(Path(out_dir) / "pac_eval.json", result)
-        # The runner renames this stage's temporary directory to its own: name the final one.
-        return {**result, "worlds": trained, "worlds_dir": str(layout.pac_worlds)}
-
-    def report_section(self, manifest, ctx):
-        return pac_report(manifest, ctx)
-
-
-class NondpStage(Stage):
-    """The audits' non-DP comparison, trained as soon as the data and base exist.
-
-    NOT PRIVATE: the base fine-tuned WITHOUT differential privacy on the same
-    private records (:mod:`privcode.audit.nondp`), for the audit stage to show
-    what its attacks find when nothing protects the data; never released.
-    Its own stage so that it trains beside Stage I and II rather than after
-    them; without it in ``run.stages`` the audit stage trains it itself.
-    """
-
-    name = "nondp"
-    summary_type = NondpSummary
-    sections = (
-        "audit.nondp_finetune",
-        "audit.nondp_steps",
-        "audit.nondp_lr",
-        "audit.nondp_batch_size",
-        "audit.seed",
-        "train.data",
-        *NONDP_TRAIN_FIELDS,
-    )
-    needs = ("data", "base")
-    private = True
-    num_cpus = None
-
-    @classmethod
-    def cpus(cls, cfg):
-        return cfg.audit.nondp_cpus or None
-
-    def run(self, cfg, out_dir, inputs):
-        from privcode.audit.nondp import train_nondp_comparison
-
-        layout = RunLayout.of(cfg)
-        data = Path(cfg.train.data) if cfg.train.data else layout.train_data
-        return train_nondp_comparison(
-            cfg, data=data, base=base_path(inputs), out_dir=layout.nondp_model_in(out_dir)
-        )
 
 
 class ReportStage(Stage):
