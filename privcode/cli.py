@@ -72,6 +72,24 @@ def _print_reports(result: dict) -> None:
         )
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print (or --json) what the config asks of a cluster; nothing runs (privcode.pipeline.plan)."""
+    from privcode.pipeline.plan import parse_node, plan_pipeline
+
+    cfg = load_config(args.config, args.overrides)
+    nodes = [n for spec in args.node for n in parse_node(spec)] or None
+    if nodes is None and args.address:
+        from privcode.cluster.local import connect
+
+        connect(args.address)  # plan_pipeline then reads ray.nodes() and the autoscaler's groups
+    plan = plan_pipeline(cfg, nodes=nodes, records=args.records, stages=args.stages or None)
+    if args.json:
+        _print_json(plan.to_json())
+    else:
+        print(plan.format())
+    return 0 if plan.placeable is not False else 1
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     if args.config:
         cfg = load_config(args.config, args.overrides)
@@ -286,6 +304,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "plan",
+        help="Without running any model: each stage's Ray resources and workers, whether the "
+        "cluster can place them, the train stage's q, sigma and epsilon, and an estimate of "
+        "its memory per worker. Exit code 1 when a stage cannot be placed.",
+    )
+    _add_config_args(p)
+    p.add_argument("--stages", nargs="+", help="Plan only these stages (default: run.stages).")
+    p.add_argument(
+        "--records",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Training records N for q = B / N (default: the data stage's manifest count).",
+    )
+    p.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="A node of the cluster to plan for, e.g. CPU=8,GPU=1,count=8 (repeatable).",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Plan for this running Ray cluster (GCS host:port or 'auto'; no --node).",
+    )
+    p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser(
         "config", help="Show config sections, their fields and help, or a resolved config."
