@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 
 from privcode.audit.canaries import canary_leakage
 from privcode.audit.exposure import canary_exposure
@@ -363,9 +364,17 @@ def _mia_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _probe(
-    path: Path, run: dict[str, Path], out_dir: Path, cfg: PipelineConfig, where: Placement
+    path: Path,
+    run: dict[str, Path],
+    out_dir: Path,
+    cfg: PipelineConfig,
+    where: Placement | None = None,
 ) -> dict:
-    backend = HFBackend(str(path), device=str(where.device), dtype=where.dtype)
+    where = where or _placement(cfg)
+    # HFBackend's defaults are the CPU in float32: only another placement is passed.
+    default = where == Placement(torch.device("cpu"), torch.float32)
+    options = {} if default else {"device": str(where.device), "dtype": where.dtype}
+    backend = HFBackend(str(path), **options)
     try:
         summary = run_probe(
             backend,
