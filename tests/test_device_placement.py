@@ -152,6 +152,15 @@ def test_audit_with_use_gpu_and_no_cuda_fails_before_any_model(no_cuda, ci_relea
         run_audits(cfg, tmp_path, run, {"junior": ci_release})
 
 
+def test_nondp_comparison_with_use_gpu_and_no_cuda_names_the_key(no_cuda, tmp_path):
+    from privcode.audit.nondp import train_nondp_comparison
+
+    cfg = load_config(None, overrides=["train.use_gpu=true", "audit.compare_nondp=true"])
+    with pytest.warns(RuntimeWarning, match="WITHOUT differential privacy"):
+        with pytest.raises(DevicePlacementError, match="train.use_gpu"):
+            train_nondp_comparison(cfg, data=tmp_path, base="ci", out_dir=tmp_path / "out")
+
+
 def test_pac_eval_and_worlds_with_use_gpu_and_no_cuda_name_the_key(no_cuda, tmp_path):
     from privcode.pac.evaluate import evaluate_pac
     from privcode.pac.worlds import _train_group

@@ -50,6 +50,8 @@ from privcode.config import PipelineConfig
 from privcode.data.records import read_records
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import Privacy, make_private
+from privcode.models.loading import resolve_dtype
+from privcode.models.placement import task_device
 from privcode.train.build import build_objective
 from privcode.train.data import collate, encode_records
 from privcode.train.methods import get_method
@@ -85,8 +87,9 @@ def train_nondp_comparison(
     tcfg = dataclasses.replace(
         cfg.train, method="nondpft", allow_non_private=True, lr=lr, seed=a.seed
     )
-    use_gpu = cfg.train.use_gpu and torch.cuda.is_available()
-    device = torch.device("cuda" if use_gpu else "cpu")
+    # The GPU of this stage's task with train.use_gpu (an error naming the key when none is
+    # visible, never a silent CPU run); the forward in train.dtype as the junior's.
+    device = task_device(cfg.train.use_gpu, "train.use_gpu")
     started = time.time()
     full = a.nondp_finetune == "full"
     objective, tokenizer, _ = build_objective(
@@ -105,7 +108,13 @@ def train_nondp_comparison(
     # The DP engine's one off switch: Poisson batches of rate B/N, sum / (qN), no clip, no noise.
     mode = Privacy.non_private(REASON, seed=a.seed)
     engine = make_private(
-        objective, optimizer, mode, num_records=n, sample_rate=min(1.0, batch / n), device=device
+        objective,
+        optimizer,
+        mode,
+        num_records=n,
+        sample_rate=min(1.0, batch / n),
+        device=device,
+        autocast_dtype=resolve_dtype(tcfg.dtype, device),
     )
 
     def rows(local: list[int], step: int) -> Any:
