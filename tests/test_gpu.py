@@ -76,7 +76,7 @@ def _dp_step(base: str, records_path, device: str, dtype: str) -> torch.Tensor:
     from privcode.train.data import collate, encode_records
     from privcode.train.methods import get_method
 
-    cfg = TrainConfig(method="dpft", lora_r=4, lora_alpha=8, dtype=dtype, seed=0)
+    cfg = TrainConfig(method="dpft", lora_r=4, lora_alpha=8, lora_dropout=0.0, dtype=dtype, seed=0)
     dev = torch.device(device)
     objective, tokenizer, _ = build_objective(
         get_method("dpft"), cfg, base, dev, will_restore=False
