@@ -92,7 +92,7 @@ def test_paper_places_on_the_charts_cluster_with_gpu_nodes(plan):
     assert (plan.stage("audit").num_cpus, plan.stage("audit").num_gpus) == (8.0, 1.0)
     pac = plan.stage("pac")
     assert pac.num_gpus == 0.0 and [(w.count, w.gpus) for w in pac.workers] == [(16, 1.0)]
-    assert plan.stage("base").num_cpus == 8.0  # a whole node: the largest one
+    assert plan.stage("base").num_cpus == 4.0  # a whole node: the largest without a GPU
 
 
 def test_paper_does_not_place_without_enough_gpus(paper):

@@ -140,6 +140,9 @@ def test_a_whole_node_stage_asks_for_one_node_not_the_cluster():
         "num_cpus": 16.0,
         "num_gpus": 0.0,
     }
+    # A CPU-only whole-node stage is sized to leave the GPU nodes to the GPU stages.
+    assert stage_resources(STAGES["base"], cfg, [CPU1, GPU_NODE])["num_cpus"] == 1.0
+    assert stage_resources(STAGES["base"], cfg, [HEAD, GPU_NODE])["num_cpus"] == 8.0
     for name in STAGES:  # the demo's every stage is placeable on the simulated cluster
         assert stage_resources(STAGES[name], cfg, MULTI)["num_cpus"] <= 1.0
 
@@ -259,7 +262,21 @@ def test_side_by_side_counts_gpus(monkeypatch):
     assert not runner._fits(STAGES["pac"], groups, _running("eval"))
 
 
-MULTI_NODE = """
+#: Token auth for the simulated cluster's every node, as on a real head (set before the nodes
+#: start: the driver turns it on when it connects, and a worker without it could not reach
+#: the driver's objects, e.g. the audit's late premium input: OwnerDiedError).
+CLUSTER_AUTH = """
+import os
+from privcode.cluster import local
+if not os.environ.get(local.TOKEN_ENV):
+    os.environ[local.TOKEN_PATH_ENV] = os.path.join(sys.argv[1], "auth_token")
+os.environ[local.AUTH_MODE_ENV] = "token"
+local.ensure_token()
+local.prepare_driver_env(loopback=True)
+"""
+
+MULTI_NODE = (
+    """
 import json, sys
 import ray
 from ray.cluster_utils import Cluster
@@ -267,6 +284,9 @@ from privcode.config import load_config
 from privcode.pipeline.runner import run_pipeline
 
 root, cache, *overrides = sys.argv[1:]
+"""
+    + CLUSTER_AUTH
+    + """
 c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
             "dashboard_host": "127.0.0.1"})
 for _ in range(2):
@@ -282,6 +302,7 @@ finally:
     ray.shutdown()
     c.shutdown()
 """
+)
 
 
 def _multi_node(script, *args, timeout=400):
@@ -344,7 +365,8 @@ def test_the_demo_stages_all_run_on_a_multi_node_cluster(tmp_path, ci_base_cache
     }
 
 
-GPU_NODE_SCRIPT = """
+GPU_NODE_SCRIPT = (
+    """
 import json, sys, time
 import ray
 from ray.cluster_utils import Cluster
@@ -355,6 +377,9 @@ from privcode.pipeline.plan import plan_pipeline
 from privcode.pipeline.stages import STAGES
 
 root = sys.argv[1]
+"""
+    + CLUSTER_AUTH
+    + """
 c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": "127.0.0.1",
             "dashboard_host": "127.0.0.1"})
 for _ in range(2):
@@ -386,6 +411,7 @@ finally:
     ray.shutdown()
     c.shutdown()
 """
+)
 
 
 @pytest.mark.heavy

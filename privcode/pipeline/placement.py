@@ -8,7 +8,9 @@ task on a given cluster:
 
 * ``num_cpus``: the stage's own number, or for a stage that wants a whole node
   (``cpus`` None) the most CPUs one node holds, among the nodes that can also
-  give the task's GPUs;
+  give the task's GPUs; a CPU-only stage is sized to the largest node without
+  a GPU where there is one with CPUs, so that it leaves the GPU nodes to the
+  GPU stages (Ray's scheduler, too, keeps CPU tasks off GPU nodes when it can);
 * ``num_gpus``: 1 for a stage whose ``use_gpu`` key is true (eval, an inline
   audit, one PAC world group, the non-DP comparison), else 0.
 
@@ -114,6 +116,9 @@ def stage_resources(
             f"chart's workerGroups.gpu) or set {key}=false"
         )
     most = largest_node_cpus(nodes, gpus)
+    if want is None and not gpus:
+        cpu_only = [_has(r, "CPU") for r in _alive(nodes) if _has(r, "GPU") <= 0]
+        most = max(cpu_only, default=0.0) or most
     if want is None:
         if most <= 0:
             raise PlacementError(
