@@ -92,6 +92,11 @@ def test_paper_places_on_the_charts_cluster_with_gpu_nodes(plan):
     assert (plan.stage("audit").num_cpus, plan.stage("audit").num_gpus) == (8.0, 1.0)
     pac = plan.stage("pac")
     assert pac.num_gpus == 0.0 and [(w.count, w.gpus) for w in pac.workers] == [(16, 1.0)]
+    # Stage II: 2..8 one-GPU generators; the hf extractor and the round trip on a GPU each.
+    synth = {w.kind: (w.count, w.cpus, w.gpus, w.required) for w in plan.stage("synth").workers}
+    assert synth["Ray Data generator actors"] == (8, 1.0, 1.0, 2)
+    assert synth["Ray Data extract filter actor"] == synth["Ray Data roundtrip filter actor"]
+    assert synth["Ray Data extract filter actor"] == (1, 2.0, 1.0, 1)
     assert plan.stage("base").num_cpus == 4.0  # a whole node: the largest without a GPU
 
 
@@ -105,6 +110,7 @@ def test_paper_does_not_place_without_enough_gpus(paper):
     two = plan_pipeline(paper, nodes=chart_nodes(gpu_nodes=2), records=N)
     assert two.stage("eval").placeable and two.stage("pac").placeable  # groups queue
     assert not two.stage("train").placeable and not two.stage("premium").placeable
+    assert not two.stage("synth").placeable  # 2 generators + 2 LLM filters: 4 GPUs at once
     assert "8 x (4 CPU, 1 GPU) (train.num_workers)" in two.stage("train").problem
 
 

@@ -219,23 +219,35 @@ class SynthStage(Stage):
 
     @classmethod
     def workers(cls, cfg):
-        from privcode.synth.pipeline import FILTER_CPUS
+        from privcode.synth.resources import filter_actor_options, llm_filters
 
         s, kind = cfg.synth, "Ray Data generator actors"
         most, fewest = max(s.generators_min, s.generators_max), max(1, s.generators_min)
         gen = Workers(
             kind, most, s.cpus_per_generator, s.gpus_per_generator, fewest, "synth.generators_max"
         )
-        return (gen, Workers("Ray Data filter actors", 1, FILTER_CPUS, 0.0, 1, "synth"))
+        llm = llm_filters(s)  # one actor per filter; an LLM filter's sized by synth.filter_*
+        filters = tuple(
+            Workers(
+                f"Ray Data {name} filter actor",
+                1,
+                o["num_cpus"],
+                o.get("num_gpus", 0.0),
+                1,
+                "synth.filter_gpus" if llm[name] else "synth",
+            )
+            for name, o in filter_actor_options(s).items()
+        )
+        return (gen, *filters)
 
     @classmethod
     def footprint(cls, cfg):
-        from privcode.synth.pipeline import FILTER_CPUS
+        from privcode.synth.resources import filter_footprint
 
         # Ray Data's autoscaler grows the generator pool into any CPU that frees up: a
         # stage admitted beside on generators_min waited 88 s for the CPU it was counted on.
         generators = max(cfg.synth.generators_min, cfg.synth.generators_max)
-        return generators * cfg.synth.cpus_per_generator + FILTER_CPUS
+        return generators * cfg.synth.cpus_per_generator + filter_footprint(cfg.synth)[0]
 
     def run(self, cfg, out_dir, inputs):
         from privcode.synth.pipeline import run_synthesis
