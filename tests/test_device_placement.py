@@ -319,3 +319,16 @@ def test_pac_worlds_train_fp32_adapters_over_a_bf16_base(ci_model, tmp_path, mon
     assert seen == {"device": torch.device("cpu"), "dtype": torch.bfloat16}
     assert result["m"] == 2 and result["utility"]["positions"] == 4
     assert "Return" not in json.dumps(result)
+
+
+def test_a_requested_synth_dtype_names_its_own_shards():
+    """Shards of a bf16 run are never resumed into an fp32 one (and resources never matter)."""
+    from privcode.synth.pipeline import work_key
+
+    meta = {"files": {"adapter/adapter_model.safetensors": "ab" * 32}}
+    default = work_key(SynthConfig(), meta)
+    assert work_key(SynthConfig(dtype="bfloat16"), meta) != default
+    assert work_key(SynthConfig(dtype="float32"), meta) != work_key(
+        SynthConfig(dtype="bfloat16"), meta
+    )
+    assert work_key(SynthConfig(filter_gpus=1, filter_cpus=2), meta) == default

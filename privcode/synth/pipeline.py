@@ -184,6 +184,8 @@ def _provenance(release_sha: str, meta: dict[str, Any], privacy: dict[str, Any])
 def work_key(cfg: SynthConfig, release_meta: dict[str, Any]) -> str:
     """Names the shard directory: the release's file hashes plus the shard-defining settings."""
     settings = {k: getattr(cfg, k) for k in _SHARD_FIELDS}
+    if cfg.dtype != "auto":  # a requested dtype changes the samples (auto: keys as before)
+        settings["dtype"] = cfg.dtype
     blob = json.dumps(
         {"release": release_meta.get("files"), "settings": settings}, sort_keys=True
     ).encode()
