@@ -91,7 +91,8 @@ def test_paper_places_on_the_charts_cluster_with_gpu_nodes(plan):
     # The inline audit takes a whole GPU node: its 8 CPUs and its GPU.
     assert (plan.stage("audit").num_cpus, plan.stage("audit").num_gpus) == (8.0, 1.0)
     pac = plan.stage("pac")
-    assert pac.num_gpus == 0.0 and [(w.count, w.gpus) for w in pac.workers] == [(16, 1.0)]
+    assert pac.num_gpus == 0.0  # 16 one-GPU group tasks, then a one-GPU evaluation task
+    assert [(w.count, w.gpus) for w in pac.workers] == [(16, 1.0), (1, 1.0)]
     # Stage II: 2..8 one-GPU generators; the hf extractor and the round trip on a GPU each.
     synth = {w.kind: (w.count, w.cpus, w.gpus, w.required) for w in plan.stage("synth").workers}
     assert synth["Ray Data generator actors"] == (8, 1.0, 1.0, 2)

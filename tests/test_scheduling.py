@@ -157,11 +157,12 @@ def test_gpu_stages_reserve_a_gpu_on_a_node_that_has_one():
     # A whole-node GPU stage takes the CPUs of a node with a GPU (8), not the largest (16).
     one_group = _demo("pac.use_gpu=true", "pac.num_cpus=0")
     assert stage_resources(STAGES["pac"], one_group, nodes) == {"num_cpus": 8.0, "num_gpus": 1.0}
-    # 16 world groups train in their own tasks, a GPU each: the stage's task holds none.
+    # 4 world groups train in their own tasks, a GPU each: the stage's task holds none ...
     groups = _demo("pac.use_gpu=true", "pac.world_groups=4")
     assert stage_resources(STAGES["pac"], groups, nodes)["num_gpus"] == 0.0
-    assert [(w.count, w.gpus) for w in STAGES["pac"].workers(groups)] == [(4, 1.0)]
-    assert STAGES["pac"].gpu_footprint(groups) == 4.0
+    # ... then the evaluation runs in a one-GPU task of its own.
+    assert [(w.count, w.gpus) for w in STAGES["pac"].workers(groups)] == [(4, 1.0), (1, 1.0)]
+    assert STAGES["pac"].gpu_footprint(groups) == 5.0
     # Inline audits hold the GPU; audits in per-model tasks (cpus_per_model) do not.
     inline = _demo("audit.use_gpu=true", "audit.cpus_per_model=0")
     assert stage_resources(STAGES["audit"], inline, nodes) == {"num_cpus": 8.0, "num_gpus": 1.0}

@@ -156,11 +156,13 @@ class PacStage(Stage):
     @classmethod
     def workers(cls, cfg):
         n, gpus = cfg.pac.world_groups, 1.0 if cfg.pac.use_gpu else 0.0
-        return (
-            (Workers("PAC world-group tasks", n, 1.0, gpus, 1, "pac.world_groups"),)
-            if n > 1
-            else ()
-        )
+        if n == 1:
+            return ()
+        groups = Workers("PAC world-group tasks", n, 1.0, gpus, 1, "pac.world_groups")
+        # With GPUs the evaluation then runs in a one-GPU task of its own (the stage's task
+        # holds none): privcode.pac.evaluate.eval_task_options.
+        evaluation = Workers("PAC evaluation task", 1, 1.0, 1.0, 1, "pac.use_gpu")
+        return (groups, evaluation) if gpus else (groups,)
 
     def run(self, cfg, out_dir, inputs):
         from privcode.pac.evaluate import evaluate_pac
