@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from privcode import registry
 from privcode.config.fields import opt
 from privcode.config.train import _local_mode_check
 
@@ -47,6 +48,19 @@ class PremiumConfig:
         "DeepSpeed ZeRO stage for GPU clusters: '' (plain DDP), zero1, "
         "zero2, zero3 (configs in jobs/configs/deepspeed/).",
         choices=("", "zero1", "zero2", "zero3"),
+    )
+    dtype: str = opt(
+        "auto",
+        "Dtype of the premium base's weights and forward: float32, bfloat16, or auto "
+        "(bfloat16 on a CUDA GPU with bf16, float32 on CPU). Under DeepSpeed it sets the bf16 "
+        "section (enabled only for bfloat16: bf16 weights and compute, fp32 master weights "
+        "and optimizer state); the LoRA weights are trained and saved in float32.",
+        choices=registry.DTYPES,
+    )
+    gradient_checkpointing: bool = opt(
+        False,
+        "Recompute the base model's activations in the backward pass (HF gradient "
+        "checkpointing, non-reentrant): less activation memory for about a third more compute.",
     )
     seed: int = opt(0, "Seed of the LoRA init, the eval split and the data order.")
     min_records: int = opt(

@@ -29,7 +29,6 @@ Stage II provenance) and ``statement``; for a non-DP source ``dp`` false,
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -51,7 +50,7 @@ from privcode.artifacts.premium import PremiumPrivacy, PremiumRecord
 from privcode.cluster.local import connect
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError, import_extra
-from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer
+from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer, resolve_dtype
 from privcode.train.data import CODE, collate, encode_records
 from privcode.train.methods import token_ce
 from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
@@ -80,7 +79,11 @@ class PremiumJob:
 
 
 def deepspeed_config(cfg: PremiumConfig, use_bf16: bool) -> dict[str, Any]:
-    """The ZeRO config of ``cfg.deepspeed`` with its "auto" values filled in."""
+    """The ZeRO config of ``cfg.deepspeed`` with its "auto" values filled in.
+
+    ``use_bf16``: whether the resolved ``premium.dtype`` is bfloat16 (DeepSpeed then casts
+    the module's parameters to bf16 and keeps fp32 master weights in the optimizer).
+    """
     path = DEEPSPEED_DIR / f"{cfg.deepspeed}.json"
     ds = json.loads(path.read_text(encoding="utf-8"))
     ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
@@ -148,6 +151,50 @@ def _heldout_loss(
     return float(sums[0] / sums[1])
 
 
+def _premium_model(model_path: str, cfg: PremiumConfig, dtype: torch.dtype) -> Any:
+    """The premium base in ``dtype`` (frozen) with fp32 LoRA adapters (peft keeps adapter
+    weights in fp32 over a half-precision base); HF gradient checkpointing if configured
+    (non-reentrant; the input embeddings' output requires grad so every checkpointed
+    segment has a grad-carrying input, as peft's own recipe does)."""
+    base = load_causal_lm(model_path, dtype=dtype)
+    if cfg.gradient_checkpointing:
+        enable = getattr(base, "activation_checkpointing_enable", None)  # transformers >= 5.x
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        base.enable_input_require_grads()
+        base.config.use_cache = False
+    model = attach_lora(base, r=cfg.lora_r, alpha=cfg.lora_alpha)
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            raise PremiumError(f"premium: LoRA weight {name} is {p.dtype}, expected float32")
+    return model
+
+
+def _adapter_state(model: Any, *, deepspeed: bool) -> dict[str, torch.Tensor]:
+    """The trainable (LoRA) weights by name, full and in fp32, on the CPU.
+
+    Under DeepSpeed, every rank must call this, in the same parameter order:
+    ``safe_get_full_fp32_param`` assembles each weight from the optimizer's fp32 master
+    partitions with a collective (ZeRO-1/2: an all-reduce of the fragments; ZeRO-3: the
+    partitions, the module's own copy being an empty placeholder and, with bf16, only a
+    bf16 copy besides). A rank skipping it, as a rank-0-only save would, hangs the others.
+    """
+    state: dict[str, torch.Tensor] = {}
+    get_full = None
+    if deepspeed:
+        from deepspeed.utils import safe_get_full_fp32_param as get_full
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        full = get_full(p) if get_full is not None else None
+        state[name] = (p.detach() if full is None else full).float().cpu().clone()
+    return state
+
+
 def premium_loop(config: dict[str, Any]) -> None:
     """Ray Train worker: data-parallel LoRA fine-tuning (DDP or DeepSpeed)."""
 
@@ -160,7 +207,8 @@ def premium_loop(config: dict[str, Any]) -> None:
     tokenizer = load_tokenizer(job.model_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     torch.manual_seed(cfg.seed)
-    model = attach_lora(load_causal_lm(job.model_path), r=cfg.lora_r, alpha=cfg.lora_alpha)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model = _premium_model(job.model_path, cfg, dtype)
     pairs = _read_synthetic(Path(job.data_path))
     train_idx, eval_idx = _split(len(pairs), cfg.eval_fraction, cfg.seed)
     shard = train_idx[rank::world]
@@ -175,10 +223,8 @@ def premium_loop(config: dict[str, Any]) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.deepspeed:
         deepspeed = import_extra("deepspeed", "train", f"premium.deepspeed: {cfg.deepspeed}")
-        engine, optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=params, config=deepspeed_config(cfg, use_bf16=cfg.use_gpu)
-        )
-        net = engine
+        ds = deepspeed_config(cfg, use_bf16=dtype == torch.bfloat16)
+        net, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds)
     else:
         model = model.to(device)
         net = ray.train.torch.prepare_model(model, move_to_device=False)
@@ -210,18 +256,16 @@ def premium_loop(config: dict[str, Any]) -> None:
         if epoch + 1 < cfg.epochs:
             ray.train.report(point, checkpoint=None)
             continue
-        gather = contextlib.nullcontext()
-        if cfg.deepspeed == "zero3":  # partitioned weights: every rank joins the gather
-            gather = deepspeed.zero.GatheredParameters(params)
+        # Every rank assembles the fp32 adapter (collective under DeepSpeed); rank 0 writes it.
+        state = _adapter_state(model, deepspeed=bool(cfg.deepspeed))
 
-        def write(d: Path) -> None:
-            model.save_pretrained(str(d / "adapter"))
+        def write(d: Path, state: dict[str, torch.Tensor] = state) -> None:
+            model.save_pretrained(str(d / "adapter"), state_dict=state)
             atomic_write_json(d / "curve.json", curve)
 
-        with gather:
-            report_checkpoint(
-                point, write if rank == 0 else None, job.local_checkpoints or None, epoch + 1
-            )
+        report_checkpoint(
+            point, write if rank == 0 else None, job.local_checkpoints or None, epoch + 1
+        )
 
 
 def run_premium(
