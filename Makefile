@@ -20,7 +20,7 @@ SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo serve sweep test test-fast test-all test-gpu lint typecheck format helm-lint helm-template ray-up ray-down submit-job clean
+.PHONY: help install tools demo serve sweep test test-fast test-all test-gpu gpu-check lint typecheck format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -83,6 +83,10 @@ test-gpu: ## Run GPU tests when a CUDA device is present (none collected is fine
 		$(VENV)/bin/pytest -m gpu $(PYTEST_ARGS); rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no GPU tests collected"; exit 0; fi; exit $$rc; \
 	else echo "test-gpu: no CUDA device, GPU tests not run"; fi
+
+# Random-init models of the real shapes (nothing downloaded); docs/benchmarks.md, "GPU check".
+gpu-check: ## On one H100/H200-class GPU, at most 8 min: DP vs non-DP (LoRA, full), generation tokens/s, PAC latency (m = 8, 32, 128), a ZeRO-3 premium step
+	$(PY) bench/gpu_check.py $(ARGS)
 
 lint: ## Ruff lint and format check of the package, tests, jobs, bench; the layering contracts (import-linter, pyproject.toml)
 	$(VENV)/bin/ruff check privcode tests jobs bench

@@ -29,6 +29,7 @@ SCRIPTS = {
     "bench_sandbox.py",
     "bench_synth.py",
     "dp_overhead.py",
+    "gpu_check.py",
     "train_scaling.py",
 }
 NUMBER = r"[0-9]+(?:\.[0-9]+)?"
@@ -155,6 +156,40 @@ def test_dp_overhead_smallest(ci_model):
     rows = {line.split()[0] for line in out.splitlines() if line.strip()}
     assert {"hooks", "secure"} <= rows
     assert "secure mode" in out and "/ standard hooks: step time" in out
+
+
+@pytest.mark.heavy  # four subprocesses (one per part) on the tiny shape: about a minute
+def test_gpu_check_smallest():
+    # Without CUDA and without --device cpu it refuses, naming the CPU run (exit 2).
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = subprocess.run(
+            [sys.executable, str(BENCH / "gpu_check.py")], capture_output=True, text=True
+        )
+        assert proc.returncode == 2 and "no CUDA device is visible" in proc.stderr
+        assert "--device cpu --tiny" in proc.stderr and not proc.stdout
+    # The default budget (480 s) leaves the tiny run's parts ample room even on a loaded machine.
+    out = _run("gpu_check.py", "--device", "cpu", "--tiny", "--threads", "1", timeout=540)
+    _line(out, r"gpu_check .*: CPU .*; shapes tiny; budget 480 s$")
+    _line(out, r"fine-tune +mode +batch +first s +step s +model GiB +peak GiB +x nondp step")
+    summary = out[out.index("\nsummary (") :]
+    for config in ("LoRA r=8 nondp", "LoRA r=8 dp", "full nondp", "full dp"):
+        row = _line(summary, rf"dp +{config} 2x16 +({NUMBER}) s/step, peak - GiB")
+        assert float(row.group(1)) > 0
+    _line(summary, rf"dp +full dp 2x16 .* {NUMBER}x time, - peak$")
+    _line(summary, rf"generate +batch 2 x 4 new tokens +{NUMBER} tokens/s +{NUMBER}x vs batch 1$")
+    _line(summary, rf"pac +one world \(1 row\) +{NUMBER} ms/token +-$")
+    for m in (2, 4):
+        _line(summary, rf"pac +m={m} worlds \({m + 1} rows\) +{NUMBER} ms/token +{NUMBER}x vs")
+    # ZeRO-3 runs on CPU once DeepSpeed's CPU ops are built (else a row says why it did not).
+    zero3 = _line(summary, r"zero3 +(ZeRO-3 .*)$").group(1)
+    assert re.search(rf"tiny shape, all layers .* {NUMBER} s/step, peak - GiB, init", zero3) or (
+        "skipped on CPU: DeepSpeed would JIT-compile its CPU ops" in zero3
+    )
+    assert "failed" not in summary and "killed" not in summary and "skipped: time" not in summary
+    done = re.findall(r"^\[(\w+)\] done in [0-9]+ s$", out, re.M)
+    assert done == ["dp", "generate", "pac", "zero3"]  # each part in its subprocess, in time
 
 
 def test_train_scaling_smallest(ray_cluster, ci_model):

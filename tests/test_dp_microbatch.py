@@ -262,6 +262,7 @@ def test_dp_overhead_memory_table_smallest():
             "8",
             "--threads",
             "1",
+            "--checkpointing",
         ],
         capture_output=True,
         text=True,
