@@ -407,6 +407,19 @@ try:
 
     ids, node = ray.get(ray.remote(where).options(**out["options"]).remote())
     out["gpu_ids"], out["on_gpu_node"] = ids, node == gpu.node_id
+    # The seeds' paper.yaml planned on this live cluster (ray.nodes()), no model loaded.
+    paper = load_config("jobs/configs/paper.yaml", [
+        f"base.model={sys.argv[2]}", f"run.out_dir={root}/paper", f"run.reports_dir={root}/pr",
+    ])
+    plan = plan_pipeline(paper, records=int(sys.argv[3]))
+    out["paper"] = {
+        "cluster": plan.cluster,
+        "placeable": plan.placeable,
+        "stages": {s.stage: [s.placeable, s.problem] for s in plan.stages},
+        "sigma": plan.privacy.noise_multiplier,
+        "epsilon": plan.privacy.epsilon,
+        "memory_bytes": plan.memory.total_bytes,
+    }
     print(json.dumps(out))
 finally:
     ray.shutdown()
@@ -418,9 +431,26 @@ finally:
 @pytest.mark.heavy
 def test_a_use_gpu_stage_is_placed_on_the_gpu_node(tmp_path):
     """The simulated cluster without a GPU refuses eval.use_gpu at once, naming the key; with
-    a (fake) GPU node added, the eval stage's task options put it there, holding GPU 0."""
-    out = _multi_node(GPU_NODE_SCRIPT, tmp_path)
+    a (fake) GPU node added, the eval stage's task options put it there, holding GPU 0; and
+    the seeds' paper.yaml plans on that live cluster (placement, sigma, memory; no model)."""
+    import json
+
+    from test_plan import N, QWEN_1_5B
+
+    model = tmp_path / "qwen-1.5b-shape"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN_1_5B))
+    out = _multi_node(GPU_NODE_SCRIPT, tmp_path, model, N)
     assert "eval.use_gpu is true" in out["refused"] and out["refused_s"] < 30
     assert out["plan_before"] is False and out["plan_after"] is True
     assert out["options"] == {"num_cpus": 1.0, "num_gpus": 1.0}
     assert out["gpu_ids"] == [0] and out["on_gpu_node"] is True
+    # paper.yaml plans on the same live cluster: the seeds' sigma and the memory estimate; one
+    # fake GPU node places the one-GPU stages, not 8 one-GPU Ray Train workers.
+    paper = out["paper"]
+    assert paper["cluster"] == "1 x {CPU 0}, 2 x {CPU 1}, 1 x {CPU 1, GPU 1}"
+    assert abs(paper["sigma"] - 0.758) < 0.002 and 3.99 < paper["epsilon"] <= 4.0
+    assert 20e9 < paper["memory_bytes"] < 60e9
+    assert paper["placeable"] is False
+    assert paper["stages"]["eval"] == [True, None] and paper["stages"]["data"][0] is True
+    assert paper["stages"]["train"][0] is False and "train.num_workers" in paper["stages"]["train"][1]
