@@ -338,10 +338,12 @@ def test_whole_node_stages_are_placed_on_a_multi_node_cluster(tmp_path, ci_base_
 
 #: Stage II and the premium model at CI size, on top of conftest's TINY_PIPELINE.
 TINY_SYNTH_PREMIUM = [
-    "synth.num_samples=16",
-    "synth.shard_size=16",
-    "synth.batch_size=8",
-    "synth.max_new_tokens=24",
+    # Enough tokens for a CI junior's "def ..." to close (24 left every sample a syntax
+    # error: nothing for the premium stage), and samples enough that some run.
+    "synth.num_samples=32",
+    "synth.shard_size=32",
+    "synth.batch_size=16",
+    "synth.max_new_tokens=64",
     "synth.min_runnable_fraction=0",
     "premium.min_records=1",
     "premium.max_length=64",
