@@ -437,7 +437,7 @@ def test_a_use_gpu_stage_is_placed_on_the_gpu_node(tmp_path):
     the seeds' paper.yaml plans on that live cluster (placement, sigma, memory; no model)."""
     import json
 
-    from test_plan import N, QWEN_1_5B
+    from test_plan import QWEN_1_5B, N
 
     model = tmp_path / "qwen-1.5b-shape"
     model.mkdir()
@@ -455,4 +455,6 @@ def test_a_use_gpu_stage_is_placed_on_the_gpu_node(tmp_path):
     assert 20e9 < paper["memory_bytes"] < 60e9
     assert paper["placeable"] is False
     assert paper["stages"]["eval"] == [True, None] and paper["stages"]["data"][0] is True
-    assert paper["stages"]["train"][0] is False and "train.num_workers" in paper["stages"]["train"][1]
+    assert (
+        paper["stages"]["train"][0] is False and "train.num_workers" in paper["stages"]["train"][1]
+    )
