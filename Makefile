@@ -45,13 +45,21 @@ demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster
 
 # The run's artifacts dir from CONFIG; the PAC ensemble joins (at /ensemble) when the pac stage
 # wrote its worlds, and serves alone when there is no premium release to serve.
-serve: ray-up ## After make demo: serve the premium model (and the PAC ensemble at /ensemble when the pac stage ran) on the local head until Ctrl-C
+# A local API key for `make serve` (made once, mode 0600) unless PRIVCODE_API_KEY is set.
+API_KEY_FILE ?= .privcode-api-key
+
+serve: ray-up ## After make demo: serve the premium model at /premium (and the PAC ensemble at /ensemble when the pac stage ran) on the local head until Ctrl-C; API key in .privcode-api-key
 	@set -e; paths=$$($(PY) -c "from privcode.config import load_config; from privcode.layout import RunLayout; l = RunLayout.of(load_config('$(CONFIG)')); print(l.pac_worlds); print(l.premium)"); \
 	worlds=$$(sed -n 1p <<<"$$paths"); premium=$$(sed -n 2p <<<"$$paths"); \
 	flags=(); \
 	if [ -f "$$worlds/pac.json" ]; then \
 		flags=(--pac "$$worlds"); \
 		if [ ! -f "$$premium/premium.json" ]; then flags+=(--pac-only); fi; \
+	fi; \
+	if [ -z "$${PRIVCODE_API_KEY:-}" ]; then \
+		if [ ! -s $(API_KEY_FILE) ]; then (umask 077; $(PY) -c "import secrets; print(secrets.token_hex(32))" > $(API_KEY_FILE)); fi; \
+		export PRIVCODE_API_KEY=$$(cat $(API_KEY_FILE)); \
+		echo "serve: API key in $(API_KEY_FILE) (send 'Authorization: Bearer <key>')"; \
 	fi; \
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) serve --config $(CONFIG) "$${flags[@]}"
 

@@ -183,53 +183,58 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING", "SUBMITTED") else 1
 
 
-#: Route of the PAC ensemble under `privcode serve --pac`: the chart's serve.ensemble.routePrefix.
-PAC_ROUTE = "/ensemble"
+#: Hosts ``privcode serve --insecure-no-auth`` may bind: loopback only.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import time
 
-    import_extra("starlette", "serve", "privcode serve")  # ray[serve] brings it too
+    import_extra("fastapi", "serve", "privcode serve")  # ray[serve] brings it too
     from ray import serve
 
     from privcode.cluster.local import connect
+    from privcode.serve.args import ensemble_args, guard_args, premium_args
 
     if args.pac_only and not args.pac:
         raise PrivcodeError("serve: --pac-only needs --pac WORLDS_DIR")
+    if args.insecure_no_auth and args.host not in LOOPBACK:
+        raise PrivcodeError(
+            f"serve: --insecure-no-auth serves without API keys, so only on 127.0.0.1 "
+            f"(not --host {args.host}); set PRIVCODE_API_KEY (or serve.api_keys_dir) instead"
+        )
     apps = []  # (name, route prefix, application, what): all validated before anything starts
     cfg = load_config(args.config, args.overrides)
+    guard = guard_args(cfg.serve, insecure_no_auth=args.insecure_no_auth)
     if not args.pac_only:
         from privcode.layout import RunLayout
         from privcode.serve.premium import app
 
         release = args.premium or str(RunLayout.of(cfg).premium)
-        options = {
-            "premium": release,
-            "device": args.device,
-            **({"model": args.model} if args.model else {}),
-        }
-        apps.append(("premium", "/", app(options), f"premium model {release}"))
+        options = premium_args(cfg.serve, release, device=args.device, **guard)
+        if args.model:
+            options["model"] = args.model
+        apps.append(("premium", cfg.serve.premium_route, app(options), f"premium model {release}"))
     if args.pac:
         from privcode.dp.store import resolve_store
         from privcode.pac.ensemble import read_manifest
         from privcode.serve.ensemble import app as pac_app
 
         read_manifest(args.pac)  # a wrong dir fails here, not later inside the replica
-        # The mechanism and budgets come from the config's pac section; the curator's state
-        # lives in the config's privacy store. The chart sets them on Kubernetes.
-        pac = cfg.pac
-        options = {
-            "worlds": args.pac,
-            "device": args.device,
-            "top_k": pac.top_k,
-            "b": pac.b,
-            "decoder": args.pac_decoder,
-            "session_budget": pac.session_budget,
-            "deployment_budget": pac.deployment_budget,
-            "privacy_store": str(resolve_store(cfg.privacy.store, cfg.run.out_dir)),
-        }
-        apps.append(("pac", PAC_ROUTE, pac_app(options), f"PAC ensemble {args.pac}"))
+        # The mechanism and budgets come from the config's pac section, the serving policy
+        # from its serve section; the curator's state lives in the config's privacy store.
+        # The chart renders the same sections (tests/test_serve_config.py).
+        store = str(resolve_store(cfg.privacy.store, cfg.run.out_dir))
+        options = ensemble_args(
+            cfg.serve, cfg.pac, args.pac, device=args.device, privacy_store=store, **guard
+        )
+        if args.pac_decoder:
+            options["decoder"] = args.pac_decoder
+        apps.append(("pac", cfg.serve.pac_route, pac_app(options), f"PAC ensemble {args.pac}"))
+    # No key, no app: refused here, before anything starts (the replicas check it again).
+    from privcode.serve.args import GuardArgs, guard_limits
+
+    guard_limits(GuardArgs(**guard), PrivcodeError)
     connect(args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     for name, prefix, application, what in apps:
@@ -237,10 +242,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         base = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"
         extra = " (sessions: /v1/sessions, budget: /v1/privacy)" if name == "pac" else ""
         print(
-            f"{what} at {base}/v1/completions (OpenAI completions API){extra}",
+            f"{what} at {base}/v1/completions (OpenAI completions API; schema: "
+            f"{base}/openapi.json){extra}",
             file=sys.stderr,
             flush=True,
         )
+    if args.insecure_no_auth:
+        print("WARNING: no API key: any local process may query these apps", file=sys.stderr)
     print("Ctrl-C stops serving", file=sys.stderr, flush=True)
     try:
         while True:
@@ -449,18 +457,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="WORLDS_DIR",
         help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
-        "stage's <run.out_dir>/<run.name>/pac/worlds) at /ensemble (the "
-        "chart's route), with the config's pac.b, top_k and budgets; its "
-        "curator state (secret and charges) persists in the privacy store.",
+        "stage's <run.out_dir>/<run.name>/pac/worlds) at serve.pac_route (/ensemble, the "
+        "chart's route), with the config's pac.b, top_k and budgets and serve.pac_* "
+        "policy; its curator state (secret and charges) persists in the privacy store.",
     )
     p.add_argument(
         "--pac-decoder",
         choices=("gumbel", "greedy"),
-        default="gumbel",
-        help="How the served worlds vote (the chart's default too): gumbel samples "
-        "requests with temperature > 0 by coupled Gumbel votes and serves "
-        "temperature 0 greedily; greedy serves every request greedily. "
-        "(pac.decoder is the pac stage's evaluation decoder.)",
+        default=None,
+        help="Override serve.pac_decoder (gumbel: requests with temperature > 0 by coupled "
+        "Gumbel votes, temperature 0 greedily; greedy: every request greedily).",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="Serve WITHOUT an API key (every answer says so), on 127.0.0.1 only. Without "
+        "it the apps refuse to start unless PRIVCODE_API_KEY or serve.api_keys_dir gives "
+        "a key.",
     )
     p.add_argument(
         "--pac-only",

@@ -73,6 +73,8 @@ VALUE_SETS = {
         "--set",
         "serve.enabled=true",
         "--set",
+        "apiKey.existingSecret=privcode-api-keys",
+        "--set",
         "auth.mode=disabled",
         "--set",
         "storage.pvc.enabled=false",

@@ -27,6 +27,7 @@ SCRIPTS = {
     "bench_records.py",
     "bench_sampling.py",
     "bench_sandbox.py",
+    "bench_serve.py",
     "bench_synth.py",
     "dp_overhead.py",
     "gpu_check.py",
@@ -190,6 +191,36 @@ def test_gpu_check_smallest():
     assert "failed" not in summary and "killed" not in summary and "skipped: time" not in summary
     done = re.findall(r"^\[(\w+)\] done in [0-9]+ s$", out, re.M)
     assert done == ["dp", "generate", "pac", "zero3"]  # each part in its subprocess, in time
+
+
+@pytest.mark.heavy  # a Ray cluster, Ray Serve and both apps in a subprocess: about a minute
+def test_bench_serve_smallest(ci_base_cache):
+    out = _run(
+        "bench_serve.py",
+        "--preset",
+        "ci",
+        "--cache-dir",
+        ci_base_cache,
+        "--requests",
+        "3",
+        "--clients",
+        "1",
+        "2",
+        "--pac-clients",
+        "1",
+        "--worlds",
+        "2",
+        "--max-tokens",
+        "2",
+        "--burst",
+        "8",
+    )
+    _line(out, r"^app +setting +p50 ms +p99 ms +req/s +tokens/s +errors$")
+    for setting in ("premium +1 clients", "premium +2 clients", "pac +m=2, 1 clients"):
+        row = _line(out, rf"^{setting} +({NUMBER}) +({NUMBER}) +({NUMBER}) +({NUMBER}) +0$")
+        assert float(row.group(3)) > 0  # requests/s
+    burst = _line(out, r"^rate limit 2/s burst 5: 8 requests at once -> (\d+) x 200, (\d+) x 429")
+    assert int(burst.group(1)) >= 5 and int(burst.group(1)) + int(burst.group(2)) == 8
 
 
 def test_train_scaling_smallest(ray_cluster, ci_model):

@@ -496,9 +496,19 @@ def test_rayservice_serve_config(ci_objects, helm):
     apps = {a["name"]: a for a in config["applications"]}
     assert apps["premium"]["import_path"] == "privcode.serve.premium:app"
     assert apps["premium"]["route_prefix"] == "/premium"
+    limits = {  # serve.limits, merged into both apps' args
+        "rate_limit_rps": 5,
+        "rate_limit_burst": 20,
+        "max_body_bytes": 1 << 20,
+        "max_prompt_chars": 65_536,
+        "fallback_context": 4096,
+    }
     assert apps["premium"]["args"] == {
         "model": "/mnt/artifacts/cache/base",
         "premium": "/mnt/artifacts/runs/demo/premium",
+        "max_tokens_limit": 512,
+        "max_batch_size": 8,
+        **limits,
     }
     # the app builder accepts exactly these args, and the deployment name is the app's own
     from privcode.serve import premium
@@ -514,23 +524,39 @@ def test_rayservice_serve_config(ci_objects, helm):
     ]
     assert apps["ensemble"]["import_path"] == "privcode.serve.ensemble:app"
     assert apps["ensemble"]["route_prefix"] == "/ensemble"
-    # the API key comes from the Secret, only on the serving cluster's pods
+    assert {k: apps["ensemble"]["args"][k] for k in limits} == limits
+    # the API keys Secret (one key per client) is mounted only on the serving cluster's pods
     serving = service["spec"]["rayClusterConfig"]
     for template in [serving["headGroupSpec"]["template"]] + [
         g["template"] for g in serving["workerGroupSpecs"]
     ]:
-        env = env_of(template["spec"]["containers"][0])
-        assert env["PRIVCODE_API_KEY"] == {
-            "secretKeyRef": {"name": "privcode-api-key", "key": "api-key"}
+        container = template["spec"]["containers"][0]
+        env = env_of(container)
+        assert env["PRIVCODE_API_KEYS_DIR"] == "/etc/privcode/api-keys"
+        assert "PRIVCODE_API_KEY" not in env
+        mount = {m["name"]: m for m in container["volumeMounts"]}["api-keys"]
+        assert mount == {
+            "name": "api-keys",
+            "mountPath": "/etc/privcode/api-keys",
+            "readOnly": True,
         }
+        volume = {v["name"]: v for v in template["spec"]["volumes"]}["api-keys"]
+        assert volume["secret"]["secretName"] == "privcode-api-key"
     job_head = one(ci_objects, "RayJob")["spec"]["rayClusterSpec"]["headGroupSpec"]
-    assert "PRIVCODE_API_KEY" not in env_of(job_head["template"]["spec"]["containers"][0])
+    job_container = job_head["template"]["spec"]["containers"][0]
+    assert "PRIVCODE_API_KEYS_DIR" not in env_of(job_container)
+    assert "api-keys" not in {v["name"] for v in job_head["template"]["spec"]["volumes"]}
     # defaults: premium only, empty args left out
-    objects = render(helm, "--set", "serve.enabled=true")
+    objects = render(helm, "--set", "serve.enabled=true", "--set", "apiKey.existingSecret=keys")
     config = yaml.safe_load(one(objects, "RayService")["spec"]["serveConfigV2"])
     assert [a["name"] for a in config["applications"]] == ["premium"]
     # the default release path on the artifacts volume; the empty model override is left out
-    assert config["applications"][0]["args"] == {"premium": "/mnt/artifacts/runs/demo/premium"}
+    assert config["applications"][0]["args"] == {
+        "premium": "/mnt/artifacts/runs/demo/premium",
+        "max_tokens_limit": 512,
+        "max_batch_size": 8,
+        **limits,
+    }
     assert not by_kind(objects, "Secret")  # the chart never creates the API key
 
 
@@ -558,6 +584,15 @@ def test_grafana_dashboard(helm, ci_objects, default_objects):
         assert metric in text, f"the dashboard has no panel for {metric}"
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+    # The alert rules: the PAC public fallback (counted per token kind) and the budgets.
+    alerts = [
+        c for c in by_kind(ci_objects, "ConfigMap") if "grafana-alerts" in c["metadata"]["name"]
+    ]
+    assert alerts and alerts[0]["metadata"]["labels"]["grafana_alert"] == "1"
+    rules = yaml.safe_load(alerts[0]["data"]["privcode-alerts.yaml"])["groups"][0]["rules"]
+    exprs = {r["uid"]: r["data"][0]["model"]["expr"] for r in rules}
+    assert 'kind="fallback"' in exprs["privcode-pac-public-fallback"]
+    assert all(r["data"][0]["datasourceUid"] == "prometheus" for r in rules)
 
 
 def test_notes_explain_how_to_follow_the_job(helm):
@@ -580,6 +615,8 @@ def test_notes_explain_how_to_follow_the_job(helm):
         "svc/$CLUSTER-head-svc 8265:8265",
         "svc/rel-privcode-head-svc 8265:8265",
         "svc/rel-privcode-serve-serve-svc 8000:8000",
+        'API keys: Secret "privcode-api-key", one key per client',
+        "mounted at /etc/privcode/api-keys",
         "helm install kuberay-operator kuberay/kuberay-operator",
         "auth_token",
     ):

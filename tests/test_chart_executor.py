@@ -43,7 +43,14 @@ HOLDING_VOLUMES = ("persistentVolumeClaim", "secret", "configMap", "hostPath", "
 PORTS = (22, 53, 443, 6379, 8000, 8080, 8265, 8700, 10001, 44217, 52365)
 DISABLED_ACK = ("--set", "executor.enabled=false", "--set", "sandbox.runInRayPods=true")
 WEAK = ("--set", "executor.isolation=rlimits-only")
-EVERY_ROLE = ("--set", "cluster.enabled=true", "--set", "serve.enabled=true")
+EVERY_ROLE = (
+    "--set",
+    "cluster.enabled=true",
+    "--set",
+    "serve.enabled=true",
+    "--set",
+    "apiKey.existingSecret=privcode-api-keys",
+)
 
 
 # --------------------------------------------------------------------------- the pods
@@ -629,6 +636,8 @@ def test_a_serving_only_release_gets_no_executor(helm):
         "job.enabled=false",
         "--set",
         "serve.enabled=true",
+        "--set",
+        "apiKey.existingSecret=privcode-api-keys",
         "--set",
         "cluster.enabled=false",
     )

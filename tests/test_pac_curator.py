@@ -17,6 +17,7 @@ from privcode.pac.curator import (
     Curator,
     CuratorError,
     CuratorStateError,
+    SessionLimitError,
     SessionScopeWarning,
     UnknownSessionError,
 )
@@ -57,6 +58,8 @@ def test_each_noisy_step_charges_b_to_session_and_deployment():
     assert all(o.kind == "private" and o.charged == B and o.index in (0, 1, 2) for o in outs)
     assert cur.session_info(a)["charged"] == 3 * B
     assert cur.session_info(b) == {
+        "owner_charged": 4 * B,  # both sessions are the default owner's
+        "owner_remaining": 100.0 - 4 * B,
         "session": b,
         "budget": 1.0,
         "charged": B,
@@ -301,3 +304,57 @@ def test_concurrent_sessions_lose_no_charge(tmp_path):
         assert sum(pool.map(run, sids)) == 40
     assert cur.deployment_info()["private_tokens"] == 40
     assert make(b=2.0**-10, state_dir=tmp_path).deployment_info()["private_tokens"] == 40
+
+
+def test_owners_have_budget_shares_session_caps_and_idle_expiry(tmp_path):
+    now = [0.0]
+    kw = {"owner_budget": 2 * B, "max_sessions_per_owner": 2, "session_ttl_s": 10.0}
+    cur = make(state_dir=tmp_path, clock=lambda: now[0], **kw)
+    a1, a2 = cur.open_session(owner="a"), cur.open_session(owner="a")
+    with pytest.raises(SessionLimitError, match="at most 2"):
+        cur.open_session(owner="a")
+    b1 = cur.open_session(owner="b")
+    with pytest.raises(UnknownSessionError):
+        cur.session_info(a1, "b")  # another owner's session is unknown to it
+    # Owner a's share (2 steps) spans its sessions; then a falls back, b still pays.
+    kinds = [cur.step(a1, SPLIT).kind, cur.step(a2, SPLIT).kind, cur.step(a2, SPLIT).kind]
+    assert kinds == ["private", "private", "fallback"]
+    assert cur.can_pay(a1, "a") == "key" and cur.owner_can_pay("a") == "key"
+    assert cur.can_pay(b1, "b") is None and cur.step(b1, SPLIT).kind == "private"
+    info = cur.session_info(a2, "a")
+    assert info["owner_charged"] == 2 * B and info["owner_remaining"] == 0
+    # Idle past the TTL: the sessions go, their slots are free, the charges stay.
+    now[0] = 5.0
+    cur.step(b1, SAME)  # b1 is used at t=5
+    now[0] = 12.0
+    with pytest.raises(UnknownSessionError):
+        cur.session_info(a1)
+    assert cur.session_info(b1)["private_tokens"] == 1
+    assert cur.deployment_info()["sessions_open"] == 1
+    a3 = cur.open_session(owner="a")
+    assert cur.can_pay(a3, "a") == "key"  # the share is spent for good
+    # A restart keeps owners' charges and sessions' idle clocks.
+    again = make(state_dir=tmp_path, clock=lambda: now[0], **kw)
+    assert again.can_pay(a3, "a") == "key" and again.can_pay(b1, "b") is None
+    now[0] = 30.0
+    with pytest.raises(UnknownSessionError):
+        again.session_info(a3)
+
+
+def test_a_format_1_state_is_read_and_rewritten_as_format_2(tmp_path):
+    cur = make(state_dir=tmp_path)
+    sid = cur.open_session()
+    cur.step(sid, SPLIT)
+    path = tmp_path / STATE_FILE
+    old = json.loads(path.read_text())
+    old["format"] = "privcode-pac-curator/1"
+    del old["owners"]
+    for entry in old["sessions"].values():
+        del entry["owner"], entry["last_used"]
+    path.write_text(json.dumps(old))
+    again = make(state_dir=tmp_path)
+    assert again.session_info(sid)["private_tokens"] == 1  # the default owner's session
+    again.step(sid, SPLIT)
+    new = json.loads(path.read_text())
+    assert new["format"] == "privcode-pac-curator/2" and new["owners"] == {"default": 1}
+    assert new["deployment_steps"] == 2

@@ -82,11 +82,13 @@ def test_every_import_of_the_package_is_declared_and_every_runtime_dependency_us
     assert not unused, f"declared but never imported by privcode: {sorted(unused)}"
     # The extras hold what only their role imports.
     assert {"deepspeed"} == _declared("train")
-    assert {"ray", "starlette"} == _declared("serve")  # ray[serve]: Ray Serve's dependencies
-    assert all(
-        f.startswith("privcode/serve/") or f == "privcode/cli.py"  # its extra check
-        for f in used["starlette"]
-    )
+    # ray[serve] and the ingresses' FastAPI stack (Ray Serve's own dependencies)
+    assert {"ray", "fastapi", "pydantic", "starlette"} == _declared("serve")
+    for web in ("fastapi", "pydantic", "starlette"):
+        assert all(
+            f.startswith("privcode/serve/") or f == "privcode/cli.py"  # its extra check
+            for f in used[web]
+        ), web
     assert {"kubernetes", "jsonschema"} == _declared("k8s")
     assert {
         d for d, files in used.items() if all(f == "privcode/cluster/k8s.py" for f in files)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -11,27 +10,30 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from conftest import premium_json
-from serve_support import http_json, http_status_of_refused_body
+from serve_support import (
+    TEST_KEY,
+    asgi_call,
+    fuzz_openapi,
+    http_json,
+    http_status_of_refused_body,
+    limits,
+)
 
 from privcode.config import BaseConfig
-from privcode.serve.http import (
-    MAX_BODY_BYTES,
-    CompletionRequest,
-    CompletionsAPI,
-    RequestError,
-    bearer_ok,
-    parse_completion,
-    route_path,
-)
+from privcode.serve.api import CompletionRequest, RequestError, parse_completion
+from privcode.serve.args import guard_limits
+from privcode.serve.guard import GuardError, KeyRing
 from privcode.serve.premium import (
     Completion,
     PremiumModel,
     ServeError,
-    api_key_from_env,
     app,
+    build_api,
     build_app,
     parse_args,
 )
+
+MAX_BODY_BYTES = 1 << 20
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -91,6 +93,9 @@ def _req(prompt: str, **kw) -> CompletionRequest:
         ({"prompt": SECRET, "max_tokens": True}, "max_tokens"),
         ({"prompt": SECRET, "max_tokens": 2.5}, "max_tokens"),
         ({"prompt": SECRET, "temperature": -0.1}, "temperature"),
+        ({"prompt": SECRET, "temperature": 1e-300}, "temperature"),  # overflows the softmax
+        ({"prompt": SECRET, "temperature": 2.5}, "temperature"),
+        ({"prompt": SECRET, "n": True}, "n"),
         ({"prompt": SECRET, "temperature": "hot"}, "temperature"),
         ({"prompt": SECRET, "top_p": 0}, "top_p"),
         ({"prompt": SECRET, "top_p": 1.5}, "top_p"),
@@ -119,7 +124,7 @@ def test_each_bad_field_is_named_and_the_prompt_is_not_echoed(body, param):
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{", b"[1]", b"\xff\xfe", b'{"prompt": NaN}', b"[" * 100_000, b" " * (MAX_BODY_BYTES + 1)],
+    [b"{", b"[1]", b"\xff\xfe", b'{"prompt": NaN}', b"[" * 100_000],
 )
 def test_bodies_that_are_not_a_json_object_are_refused(raw):
     with pytest.raises(RequestError) as err:
@@ -164,14 +169,25 @@ def test_defaults_and_the_neutral_values_standard_clients_send():
     assert parse_completion({"prompt": "x"}, 16).max_tokens == 16  # default within the limit
 
 
-def test_bearer_tokens_and_route_paths():
-    assert bearer_ok("Bearer k3y", "k3y") and bearer_ok("bearer  k3y ", "k3y")
-    for header in (None, "", "k3y", "Bearer", "Bearer k3", "Basic k3y", "Bearer k3yy"):
-        assert not bearer_ok(header, "k3y")
-    assert route_path({"path": "/premium/v1/models/", "root_path": "/premium"}) == "/v1/models"
-    assert route_path({"path": "/v1/models", "root_path": "/premium"}) == "/v1/models"
-    assert route_path({"path": "/premium", "root_path": "/premium"}) == "/"
-    assert route_path({"path": "/healthz", "root_path": ""}) == "/healthz"
+def test_key_ring_principals_and_refusals(tmp_path):
+    other = "other-key-0123456789abcdef01234567"
+    ring = KeyRing({"alice": TEST_KEY, "bob": other})
+    assert ring.principal(f"Bearer {TEST_KEY}") == "alice"
+    assert ring.principal(f"bearer  {other} ") == "bob"
+    for header in (None, "", TEST_KEY, "Bearer", f"Bearer {TEST_KEY}x", f"Basic {TEST_KEY}"):
+        assert ring.principal(header) is None
+    with pytest.raises(GuardError, match="at least 32 characters"):
+        KeyRing({"alice": "short"})
+    with pytest.raises(GuardError, match="same key"):
+        KeyRing({"alice": TEST_KEY, "bob": TEST_KEY})
+    # A mounted Secret: one file per client; dot entries (..data) are skipped.
+    (tmp_path / "alice").write_text(TEST_KEY + "\n")
+    (tmp_path / "..data").mkdir()
+    loaded = KeyRing.load(str(tmp_path), env={"PRIVCODE_API_KEY": other})
+    assert loaded.principals == ("alice", "default")
+    with pytest.raises(GuardError, match="--insecure-no-auth"):
+        KeyRing.load(None, env={})  # no key: refuse to start
+    assert KeyRing.load(None, insecure=True, env={}).principal(None) == "anonymous"
 
 
 # --------------------------------------------------------------------------- args
@@ -200,7 +216,7 @@ def test_bad_app_args_name_the_key(args, key):
         app(args)
 
 
-def test_app_args_defaults_and_builder():
+def test_app_args_defaults_and_builder(monkeypatch):
     from ray import serve
 
     cfg = parse_args({"premium": "/r", "max_batch_size": 32})
@@ -210,9 +226,17 @@ def test_app_args_defaults_and_builder():
         cfg.max_tokens_limit,
         cfg.batch_wait_timeout_s,
         cfg.api_key_env,
-    ) == (None, "auto", 512, 0.02, "PRIVCODE_API_KEY")
+        cfg.insecure_no_auth,
+    ) == (None, "auto", 512, 0.02, "PRIVCODE_API_KEY", False)
     with pytest.raises(ServeError, match="mapping"):
         parse_args(["premium"])
+    monkeypatch.delenv("PRIVCODE_API_KEY", raising=False)
+    monkeypatch.delenv("PRIVCODE_API_KEYS_DIR", raising=False)
+    with pytest.raises(ServeError, match="no API key"):  # a default-open replica does not start
+        guard_limits(parse_args({"premium": "/r"}), ServeError)
+    assert guard_limits(parse_args({"premium": "/r", "insecure_no_auth": True}), ServeError)
+    monkeypatch.setenv("PRIVCODE_API_KEY", TEST_KEY)
+    assert guard_limits(parse_args({"premium": "/r"}), ServeError).keys.principals == ("default",)
     assert isinstance(app({"premium": "/r"}), serve.Application)  # no Ray needed to build
     assert isinstance(build_app({"premium": "/r"}, num_replicas=2), serve.Application)
 
@@ -353,24 +377,18 @@ def test_prompts_beyond_the_context_are_refused_without_echo(premium):
 # --------------------------------------------------------------------------- API (no Ray)
 
 
-def _call(api, method, path, body=None, key=None):
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    raw = body if isinstance(body, bytes) else json.dumps(body or {}).encode()
-
-    async def read():
-        return raw
-
-    return asyncio.run(api.handle(method, path, headers, read))
+def _call(api, method, path, body=None, key=TEST_KEY):
+    return asgi_call(api, method, path, body, key=key)
 
 
-def _api(premium, key=None):
+def _api(premium, **kw):
     async def generate(item):
         result = premium.generate_batch([item])[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    return CompletionsAPI(premium, generate, key)
+    return build_api(premium, generate, limits(**kw))
 
 
 def test_api_routes_errors_and_response_format(premium, caplog):
@@ -415,21 +433,60 @@ def test_api_routes_errors_and_response_format(premium, caplog):
     assert status == 400 and "not valid JSON" in body["error"]["message"]
 
 
-def test_api_key_is_required_except_on_healthz(premium, caplog, monkeypatch):
-    api = _api(premium, key="s3cret")
+def test_api_key_is_required_except_on_healthz(premium):
+    api = _api(premium)
     for key in (None, "wrong"):
         status, body, headers = _call(api, "GET", "/v1/models", key=key)
         assert status == 401 and body["error"]["code"] == "invalid_api_key"
         assert headers["WWW-Authenticate"] == "Bearer"
         assert _call(api, "POST", "/v1/completions", {"prompt": "x"}, key=key)[0] == 401
-    assert _call(api, "GET", "/v1/models", key="s3cret")[0] == 200
-    assert _call(api, "GET", "/healthz")[0] == 200
-    monkeypatch.setenv("PC_TEST_KEY", "")
-    with caplog.at_level(logging.WARNING, logger="privcode.serve"):
-        assert api_key_from_env("PC_TEST_KEY") is None
-    assert "UNAUTHENTICATED" in caplog.text and "$PC_TEST_KEY" in caplog.text
-    monkeypatch.setenv("PC_TEST_KEY", "k")
-    assert api_key_from_env("PC_TEST_KEY") == "k"
+        assert _call(api, "GET", "/openapi.json", key=key)[0] == 401
+    assert _call(api, "GET", "/v1/models")[0] == 200
+    assert _call(api, "GET", "/healthz", key=None)[0] == 200
+    # Served without keys only when asked for by name, and every answer says so.
+    open_api = _api(premium, key=None)
+    status, _, headers = _call(open_api, "GET", "/v1/models", key=None)
+    assert status == 200 and "unauthenticated" in headers["x-privcode-warning"]
+
+
+def test_openapi_schema_states_the_limits(premium):
+    status, schema, _ = _call(_api(premium), "GET", "/openapi.json")
+    assert status == 200 and "/v1/completions" in schema["paths"]
+    body = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    bounds = [b for b in body["max_tokens"]["anyOf"] if b.get("type") == "integer"][0]
+    assert (bounds["minimum"], bounds["maximum"]) == (1, premium.max_tokens_limit)
+    assert body["temperature"]["anyOf"][:2] == [
+        {"type": "number", "minimum": 0, "maximum": 0},
+        {"type": "number", "minimum": 0.01, "maximum": 2.0},
+    ]
+
+
+def test_input_limits_over_http(premium, caplog):
+    """The review's inputs: a 1e-300 temperature (was a 500 for its whole batch), a 1 MB
+    prompt (refused before tokenisation), an oversized body (413, not 400)."""
+    api = _api(premium, max_body_bytes=64 * 1024)
+    caplog.set_level(logging.INFO)
+    status, body, _ = _call(api, "POST", "/v1/completions", {"prompt": "x", "temperature": 1e-300})
+    assert status == 400 and body["error"]["param"] == "temperature"
+    big = _api(premium, max_body_bytes=4 << 20)
+    huge = SECRET + "x" * (1 << 20)
+    status, body, _ = _call(big, "POST", "/v1/completions", {"prompt": huge, "max_tokens": 4})
+    assert status == 400 and body["error"]["param"] == "prompt"
+    assert "characters" in body["error"]["message"] and SECRET not in json.dumps(body)
+    status, body, _ = _call(api, "POST", "/v1/completions", b"x" * (64 * 1024 + 1))
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert SECRET not in caplog.text
+
+
+def test_rate_limit_per_key_with_retry_after(premium):
+    api = _api(premium, rps=0.5, burst=2, other="other-key-0123456789abcdef01234567")
+    assert [_call(api, "GET", "/v1/models")[0] for _ in range(2)] == [200, 200]
+    status, body, headers = _call(api, "GET", "/v1/models")
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(headers["Retry-After"]) <= 2
+    # Another key has its own bucket; /healthz is never limited.
+    assert _call(api, "GET", "/v1/models", key="other-key-0123456789abcdef01234567")[0] == 200
+    assert _call(api, "GET", "/healthz", key=None)[0] == 200
 
 
 # --------------------------------------------------------------------------- Ray Serve
@@ -438,7 +495,7 @@ def test_api_key_is_required_except_on_healthz(premium, caplog, monkeypatch):
 def test_serve_app_overhttp_json(serve_http, release, premium):
     from ray import serve
 
-    key = "test-key-0123"
+    key = TEST_KEY
     expected = [premium.complete(_req(p, max_tokens=12)).text for p in PROMPTS]
     try:
         application = build_app(
@@ -487,8 +544,17 @@ def test_serve_app_overhttp_json(serve_http, release, premium):
             http_status_of_refused_body(
                 f"{url}/v1/completions", b"x" * (MAX_BODY_BYTES + 10), key=key
             )
-            == 400
+            == 413
         )
     finally:
         serve.delete("premium-test")
     assert os.environ.get("PRIVCODE_TEST_SERVE_KEY") is None  # the key stayed on the replica
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+@pytest.mark.heavy
+def test_openapi_fuzz_premium(premium):
+    ops = fuzz_openapi(_api(premium))
+    assert "POST /v1/completions" in ops and "GET /v1/models/{model_id}" in ops

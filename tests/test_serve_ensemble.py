@@ -3,7 +3,6 @@ auth, accounting), the state lock and restarts, and one real Ray Serve app over 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from serve_support import http_json, scrape_metrics
+from serve_support import TEST_KEY, asgi_call, fuzz_openapi, http_json, limits, scrape_metrics
 
 from privcode.config import BaseConfig
 from privcode.errors import LedgerConflictError
@@ -23,7 +22,9 @@ from privcode.serve.ensemble import (
     EnsembleError,
     PacService,
     app,
+    build_api,
     build_app,
+    new_curator,
     parse_args,
 )
 
@@ -33,7 +34,7 @@ M = 4
 B = 2.0**-16
 PROMPT = "def add(a, b):\n"
 SECRET = "SECRET-PROMPT-9c2e"
-KEY = "pac-key-0123"
+KEY = "pac-key-0123456789abcdef0123456789"
 #: Names that must never appear in anything the server returns.
 HIDDEN = {"secret", "posterior", "posteriors", "realised_world", "votes", "noise"}
 
@@ -82,20 +83,19 @@ def ensemble(worlds):
     return PacEnsemble(worlds, device="cpu")
 
 
-def _service(ensemble, tmp_path, key=None, **args):
-    from privcode.pac.curator import Curator
-
+def _service(ensemble, tmp_path, key=TEST_KEY, keys=None, clock=None, **args):
+    """A service over ``ensemble`` with a curator in ``tmp_path``, and ``.api``: its FastAPI
+    app, ``key`` the client ``default``'s key plus ``keys`` (principal -> key)."""
     cfg = parse_args({"worlds": "/unused", "max_tokens_limit": 32, **args})
-    curator = Curator(
-        M,
-        cfg.b,
-        deployment_budget=cfg.deployment_budget,
-        session_budget=cfg.session_budget,
-        scope=cfg.scope,
-        state_dir=tmp_path,
-        rng_seed=0,
-    )
-    return PacService(ensemble, curator, cfg, api_key=key)
+    curator = new_curator(cfg, M, state_dir=tmp_path, rng_seed=0)
+    if clock is not None:
+        curator._clock = clock
+    return _with_api(PacService(ensemble, curator, cfg), key, **(keys or {}))
+
+
+def _with_api(svc, key=TEST_KEY, **keys):
+    svc.api = build_api(svc, limits(key, **keys))
+    return svc
 
 
 @pytest.fixture()
@@ -105,14 +105,8 @@ def service(ensemble, tmp_path):
     svc.close()
 
 
-def _call(api, method, path, body=None, key=None):
-    headers = {"authorization": f"Bearer {key}"} if key else {}
-    raw = body if isinstance(body, bytes) else (b"" if body is None else json.dumps(body).encode())
-
-    async def read():
-        return raw
-
-    return asyncio.run(api.handle(method, path, headers, read))
+def _call(svc, method, path, body=None, key=TEST_KEY):
+    return asgi_call(svc.api, method, path, body, key=key)
 
 
 def _keys(obj):
@@ -193,35 +187,13 @@ def test_app_args_defaults_one_replica_and_builder():
     with pytest.raises(EnsembleError, match="mapping"):
         parse_args(["worlds"])
     assert isinstance(app({"worlds": "/w"}), serve.Application)  # no Ray needed to build
+    with pytest.raises(EnsembleError, match="acknowledge_session_scope"):
+        parse_args({"worlds": "/w", "scope": "session"})
+    assert parse_args({"worlds": "/w", "scope": "session", "acknowledge_session_scope": True})
     assert Ensemble.name == "Ensemble" and Ensemble.num_replicas == 1
     for bad in ({"num_replicas": 2}, {"autoscaling_config": {"max_replicas": 3}}):
         with pytest.raises(EnsembleError, match="one replica"):
             build_app({"worlds": "/w"}, **bad)
-
-
-def test_the_charts_ensemble_args_are_accepted(helm):
-    import yaml
-    from chart_support import one, render
-
-    objects = render(helm, "--set", "serve.enabled=true", "--set", "serve.ensemble.enabled=true")
-    config = yaml.safe_load(one(objects, "RayService")["spec"]["serveConfigV2"])
-    ens = {a["name"]: a for a in config["applications"]}["ensemble"]
-    cfg = parse_args(ens["args"])
-    assert (cfg.b, cfg.session_budget, cfg.deployment_budget, cfg.scope) == (
-        2.0**-16,
-        2.0**-10,
-        2.0**-4,
-        "deployment",
-    )
-    assert str(cfg.store_path) == "/mnt/artifacts/privacy-store"  # the pipeline's store, on the PVC
-    assert ens["deployments"][0]["name"] == Ensemble.name
-    assert ens["deployments"][0]["num_replicas"] == 1
-    # `privcode serve --pac` serves what the chart serves: the same route and decoder.
-    from privcode.cli import PAC_ROUTE, build_parser
-
-    cli = build_parser().parse_args(["serve", "--pac", "/w"])
-    assert ens["route_prefix"] == PAC_ROUTE == "/ensemble"
-    assert cli.pac_decoder == cfg.decoder == "gumbel"
 
 
 # --------------------------------------------------------------------------- API (no Ray)
@@ -259,7 +231,7 @@ def test_sessions_lifecycle_and_budgets(service):
         status, body, _ = _call(api, "POST", "/v1/sessions", bad)
         assert status == 400 and body["error"]["param"] == param, bad
     status, _, headers = _call(api, "PUT", "/v1/sessions/x")
-    assert status == 405 and headers["Allow"] == "DELETE, GET"
+    assert status == 405 and "GET" in headers["Allow"]
 
 
 def test_completions_in_a_session_add_up(service, caplog):
@@ -326,18 +298,115 @@ def test_one_shot_sessions_and_budgets_that_fail_closed(service):
     privacy = _call(api, "GET", "/v1/privacy")[1]
     assert privacy["sessions_open"] == 0  # the one-shot session was closed
     assert privacy["deployment_charged_nats"] == body["privacy"]["charged_nats"]
-    # A session that affords 2 private tokens: then the public model's tokens, free.
+    # A session that affords 2 private tokens (on_exhausted: error, the default): the
+    # completion ends where the budget does, and the next request is refused with a 429.
     sid = _call(api, "POST", "/v1/sessions", {"budget_nats": 2 * B})[1]["id"]
     body = _call(
         api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "session": sid}
     )[1]
     _assert_accounting(body)
-    assert body["privacy"]["private_tokens"] == 2 and body["privacy"]["fallback_tokens"] > 0
+    assert body["privacy"]["private_tokens"] == 2 and body["privacy"]["fallback_tokens"] == 0
+    assert body["privacy"]["budget_exhausted"] and not body["privacy"]["public_fallback"]
     assert body["privacy"]["remaining_nats"] == 0
-    again = _call(
+    status, again, headers = _call(
         api, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "session": sid}
-    )[1]
-    assert again["privacy"]["private_tokens"] == 0 and again["privacy"]["charged_nats"] == 0
+    )
+    assert status == 429 and again["error"]["code"] == "privacy_budget_exhausted"
+    assert "session" in again["error"]["message"]
+
+
+def test_the_public_fallback_when_configured_is_flagged(ensemble, tmp_path):
+    svc = _service(ensemble, tmp_path, on_exhausted="fallback")
+    try:
+        sid = _call(svc, "POST", "/v1/sessions", {"budget_nats": 2 * B})[1]["id"]
+        body = _call(
+            svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "session": sid}
+        )[1]
+        _assert_accounting(body)
+        assert body["privacy"]["private_tokens"] == 2 and body["privacy"]["fallback_tokens"] > 0
+        assert body["privacy"]["public_fallback"] and body["privacy"]["budget_exhausted"]
+        again = _call(
+            svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "session": sid}
+        )[1]
+        assert again["privacy"]["private_tokens"] == 0 and again["privacy"]["public_fallback"]
+    finally:
+        svc.close()
+
+
+OTHER = "other-client-key-0123456789abcdef012"
+
+
+def test_one_key_cannot_exhaust_the_sessions_and_idle_ones_expire(ensemble, tmp_path):
+    """The review's session exhaustion: sessions never expired and one client could hold the
+    deployment's every slot (then every new session and one-shot request got 429 forever)."""
+    now = [1000.0]
+    svc = _service(
+        ensemble,
+        tmp_path,
+        keys={"other": OTHER},
+        clock=lambda: now[0],
+        max_sessions=4,
+        max_sessions_per_key=2,
+        session_ttl_s=60.0,
+    )
+    try:
+        mine = [_call(svc, "POST", "/v1/sessions")[1]["id"] for _ in range(2)]
+        status, body, _ = _call(svc, "POST", "/v1/sessions")
+        assert status == 429 and body["error"]["code"] == "too_many_sessions"
+        # Another client is not locked out, and cannot see (or close) this key's sessions.
+        theirs = _call(svc, "POST", "/v1/sessions", key=OTHER)[1]["id"]
+        assert _call(svc, "GET", f"/v1/sessions/{mine[0]}", key=OTHER)[0] == 404
+        assert _call(svc, "DELETE", f"/v1/sessions/{mine[0]}", key=OTHER)[0] == 404
+        one_shot = {"prompt": PROMPT, "max_tokens": 4}
+        assert _call(svc, "POST", "/v1/completions", one_shot, key=OTHER)[0] == 200
+        # Spend a little in one session, then let both idle past the TTL.
+        done = {**one_shot, "session": mine[0]}
+        charged = _call(svc, "POST", "/v1/completions", done)[1]["privacy"]["charged_nats"]
+        now[0] += 61.0
+        assert _call(svc, "GET", f"/v1/sessions/{mine[0]}")[0] == 404  # expired
+        status, body, _ = _call(svc, "POST", "/v1/completions", done)
+        assert status == 404 and body["error"]["code"] == "session_not_found"
+        assert _call(svc, "POST", "/v1/sessions")[0] == 200  # their slots are free again
+        privacy = _call(svc, "GET", "/v1/privacy")[1]
+        assert privacy["sessions_open"] == 1  # the other key's expired too
+        assert privacy["deployment_charged_nats"] >= charged > 0  # charges stay spent
+        assert theirs not in json.dumps(privacy)
+    finally:
+        svc.close()
+
+
+def test_one_key_cannot_spend_everyones_budget(ensemble, tmp_path):
+    """The review's budget exhaustion: one client's one-shot requests spent the whole deployment
+    budget, after which every client silently got public tokens. Now a key spends its share,
+    then gets 429 privacy_budget_exhausted; other keys keep theirs."""
+    args = {"deployment_budget": 8 * B, "session_budget": 8 * B, "key_budget_share": 0.25}
+    svc = _service(ensemble, tmp_path, keys={"other": OTHER}, **args)
+    try:
+        one_shot = {"prompt": PROMPT, "max_tokens": 16}
+        spent, statuses = 0, []
+        for _ in range(6):
+            status, body, _ = _call(svc, "POST", "/v1/completions", one_shot)
+            statuses.append(status)
+            if status == 200:
+                spent += body["privacy"]["private_tokens"]
+                assert body["privacy"]["key_remaining_nats"] == pytest.approx((2 - spent) * B)
+            else:
+                assert status == 429 and body["error"]["code"] == "privacy_budget_exhausted"
+                assert "API key" in body["error"]["message"]
+        assert spent == 2 and statuses[-1] == 429  # 0.25 x 8 tokens' worth, then refused
+        status, body, _ = _call(svc, "POST", "/v1/completions", one_shot, key=OTHER)
+        assert status == 200 and body["privacy"]["private_tokens"] > 0
+        privacy = _call(svc, "GET", "/v1/privacy")[1]
+        assert privacy["deployment_remaining_nats"] > 0
+    finally:
+        svc.close()
+    # A restart keeps each key's charges (the curator's state holds them).
+    again = _service(ensemble, tmp_path, keys={"other": OTHER}, **args)
+    try:
+        status, body, _ = _call(again, "POST", "/v1/completions", {"prompt": PROMPT})
+        assert status == 429 and body["error"]["code"] == "privacy_budget_exhausted"
+    finally:
+        again.close()
 
 
 def test_the_server_can_force_greedy(ensemble, tmp_path):
@@ -406,7 +475,7 @@ def test_state_is_locked_and_survives_a_restart(worlds, tmp_path, monkeypatch):
     monkeypatch.delenv("PRIVCODE_PRIVACY_STORE", raising=False)
     store = tmp_path / "store"
     cfg = parse_args({"worlds": str(worlds), "device": "cpu", "privacy_store": str(store)})
-    svc = PacService.load(cfg, lock_wait_s=0)
+    svc = _with_api(PacService.load(cfg, lock_wait_s=0))
     try:
         with pytest.raises(EnsembleError, match="ONE replica"):
             PacService.load(cfg, lock_wait_s=0)  # a second curator on the same state
@@ -424,7 +493,7 @@ def test_state_is_locked_and_survives_a_restart(worlds, tmp_path, monkeypatch):
     copy = tmp_path / "rerun" / "pac" / "worlds"
     shutil.copytree(worlds, copy)
     again = parse_args({"worlds": str(copy), "device": "cpu", "privacy_store": str(store)})
-    svc = PacService.load(again, lock_wait_s=0)
+    svc = _with_api(PacService.load(again, lock_wait_s=0))
     try:
         assert _call(svc, "GET", f"/v1/sessions/{sid}")[1] == before
         assert _call(svc, "GET", "/v1/privacy")[1]["deployment_charged_nats"] == charged
@@ -483,6 +552,16 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
     assert len(shown) == 1 and shown[0]["dataset_budget_nats"] == 2.0**-3
 
 
+@pytest.mark.heavy
+def test_openapi_fuzz_pac(ensemble, tmp_path):
+    svc = _service(ensemble, tmp_path)
+    try:
+        ops = fuzz_openapi(svc.api, examples=8)
+        assert {"POST /v1/sessions", "DELETE /v1/sessions/{sid}", "GET /v1/privacy"} <= set(ops)
+    finally:
+        svc.close()
+
+
 # --------------------------------------------------------------------------- Ray Serve
 
 
@@ -498,6 +577,7 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
                 "max_tokens_limit": 32,
                 "privacy_store": str(tmp_path / "store"),
                 "api_key_env": "PRIVCODE_TEST_PAC_KEY",
+                "insecure_no_auth": False,
             },
             ray_actor_options={
                 "num_cpus": 1,

@@ -17,7 +17,7 @@ New stages register their section in :data:`SECTIONS` (:mod:`~privcode.config.pi
 else changes.
 
 One module per section (``run``, ``data`` with ``base``, ``train``, ``synth``,
-``premium``, ``eval``, ``audit``, ``pac``, ``sandbox``, ``privacy`` with ``report``),
+``premium``, ``eval``, ``audit``, ``pac``, ``sandbox``, ``serve``, ``privacy`` with ``report``),
 :mod:`~privcode.config.fields` (``opt`` and the constraint check),
 :mod:`~privcode.config.pipeline` (``SECTIONS``, ``PipelineConfig``) and
 :mod:`~privcode.config.loader`; every name is imported from here.
@@ -34,6 +34,7 @@ from privcode.config.premium import PremiumConfig
 from privcode.config.privacy import PrivacyConfig, ReportConfig
 from privcode.config.run import RunConfig
 from privcode.config.sandbox import SandboxConfig
+from privcode.config.serve import ServeConfig
 from privcode.config.synth import SynthConfig
 from privcode.config.train import TrainConfig
 from privcode.errors import ConfigError
@@ -55,6 +56,7 @@ __all__ = [
     "PacConfig",
     "PrivacyConfig",
     "SandboxConfig",
+    "ServeConfig",
     "ReportConfig",
     "build_section",
     "opt",

@@ -14,6 +14,7 @@ from privcode.config.premium import PremiumConfig
 from privcode.config.privacy import PrivacyConfig, ReportConfig
 from privcode.config.run import RunConfig
 from privcode.config.sandbox import SandboxConfig
+from privcode.config.serve import ServeConfig
 from privcode.config.synth import SynthConfig
 from privcode.config.train import TrainConfig
 
@@ -29,6 +30,7 @@ SECTIONS: dict[str, type] = {
     "audit": AuditConfig,
     "pac": PacConfig,
     "sandbox": SandboxConfig,
+    "serve": ServeConfig,
     "privacy": PrivacyConfig,
     "report": ReportConfig,
 }
@@ -48,6 +50,7 @@ class PipelineConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
     pac: PacConfig = field(default_factory=PacConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     source: str = field(

@@ -38,10 +38,18 @@ prior (the wrong prior for this attacker), so ``I(S; R | first session)``
 is not bounded by ``b`` per step and the per-session bounds do not add up
 to a bound on the total. The curator warns loudly when this scope is used.
 
+Owners (API keys). Every session belongs to an owner; an owner may be charged at most
+``owner_budget`` nats in all (its sessions, closed ones and restarts included), holds at most
+``max_sessions_per_owner`` open sessions, and cannot see another owner's. A session idle for
+``session_ttl_s`` (wall clock, so a restart keeps the idle time) is closed on the next lookup:
+its slot is freed, its charges stay in its owner's and the deployment's totals. These bound
+what one client can take from the others; the privacy bound itself is the deployment's.
+
 Persistence (``state_dir``): ``curator.json`` (mode 0600, written atomically)
 holds the secret, ``m``, ``b``, the scope, the deployment's charged steps and
-posterior, and the open sessions' budgets, charges and (scope ``"session"``)
-posteriors. A restart reloads it: same secret, same charges; a budget is
+posterior, each owner's charged steps, and the open sessions' owners, last use, budgets,
+charges and (scope ``"session"``) posteriors (format 2; format 1 is still read).
+A restart reloads it: same secret, same charges; a budget is
 never reset by a restart. An unreadable or inconsistent file, or one made
 with another ``m``/``b``/scope, is an error (fail closed: the secret is
 never silently redrawn). Free and fallback counters are statistics: they
@@ -66,6 +74,7 @@ import math
 import os
 import secrets
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +95,19 @@ __all__ = [
     "Curator",
     "CuratorError",
     "CuratorStateError",
+    "DEFAULT_OWNER",
+    "SessionLimitError",
     "SessionScopeWarning",
     "StepOutcome",
     "UnknownSessionError",
 ]
 
 STATE_FILE = "curator.json"
-STATE_FORMAT = "privcode-pac-curator/1"
+STATE_FORMAT = "privcode-pac-curator/2"
+#: Earlier formats still read (format 1: no owners, sessions without owner or last use).
+_READ_FORMATS = ("privcode-pac-curator/1", STATE_FORMAT)
+#: The owner of sessions opened without one (and of format-1 sessions).
+DEFAULT_OWNER = "default"
 _SCOPES = ("deployment", "session")
 #: Relative slack on budget comparisons: ``T * b`` rounded must still allow T steps.
 _BUDGET_RTOL = 1e-9
@@ -107,6 +122,10 @@ class UnknownSessionError(CuratorError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class SessionLimitError(CuratorError):
+    """Too many open sessions: the deployment's cap or the owner's."""
 
 
 class CuratorStateError(PrivcodeError):
@@ -133,6 +152,8 @@ class _Session:
     free: int = 0
     fallback: int = 0
     posterior: np.ndarray | None = None  # scope "session" only
+    owner: str = DEFAULT_OWNER
+    last_used: float = 0.0  # wall clock (s): a restart keeps the idle time
 
 
 def _check_positive(name: str, value: Any) -> float:
@@ -171,6 +192,10 @@ class Curator:
         state_dir: str | os.PathLike | None = None,
         rng_seed: int | None = None,
         max_sessions: int = 4096,
+        max_sessions_per_owner: int | None = None,
+        owner_budget: float | None = None,
+        session_ttl_s: float | None = None,
+        clock: Any = time.time,
     ):
         if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 2:
             raise CuratorError(f"m (number of worlds) must be an integer >= 2, got {m!r}")
@@ -183,6 +208,16 @@ class Curator:
         self.deployment_budget = _check_positive("deployment_budget", deployment_budget)
         self.session_budget = _check_positive("session_budget", session_budget)
         self.max_sessions = max_sessions
+        self.max_sessions_per_owner = max_sessions_per_owner or max_sessions
+        #: Nats one owner (API key) may be charged, all its sessions and restarts together.
+        self.owner_budget = (
+            self.deployment_budget
+            if owner_budget is None
+            else _check_positive("owner_budget", owner_budget)
+        )
+        self.session_ttl_s = session_ttl_s
+        self._clock = clock
+        self._owners: dict[str, int] = {}  # owner -> charged steps (closed sessions included)
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(secrets.randbits(128) if rng_seed is None else rng_seed)
         self._sessions: dict[str, _Session] = {}
@@ -226,21 +261,32 @@ class Curator:
 
     # -- public API
 
-    def open_session(self, budget: float | None = None) -> str:
-        """A new session id (random); its budget is ``min(budget, session_budget)`` nats."""
+    def open_session(self, budget: float | None = None, owner: str = DEFAULT_OWNER) -> str:
+        """A new session id (random) of ``owner``; its budget is ``min(budget, session_budget)``.
+
+        Idle sessions past ``session_ttl_s`` are closed first (their charges stay spent);
+        :class:`SessionLimitError` past ``max_sessions`` or the owner's
+        ``max_sessions_per_owner``."""
         budget = (
             self.session_budget
             if budget is None
             else min(_check_positive("session budget", budget), self.session_budget)
         )
         with self._lock:
+            self._expire()
             if len(self._sessions) >= self.max_sessions:
-                raise CuratorError(
+                raise SessionLimitError(
                     f"too many open sessions ({len(self._sessions)}; "
                     f"max_sessions={self.max_sessions}): close some first"
                 )
+            mine = sum(1 for s in self._sessions.values() if s.owner == owner)
+            if mine >= self.max_sessions_per_owner:
+                raise SessionLimitError(
+                    f"this API key holds {mine} open sessions (at most "
+                    f"{self.max_sessions_per_owner}): close some first, or let them expire"
+                )
             sid = secrets.token_hex(16)
-            session = _Session(budget=budget)
+            session = _Session(budget=budget, owner=owner, last_used=self._clock())
             if self.scope == "session":
                 session.posterior = np.full(self.m, 1.0 / self.m)
             sessions = {**self._sessions, sid: session}
@@ -249,21 +295,26 @@ class Curator:
             self._sessions = sessions
         return sid
 
-    def close_session(self, sid: str) -> None:
-        """Forget a session (its charges stay in the deployment total)."""
+    def close_session(self, sid: str, owner: str | None = None) -> None:
+        """Forget a session (its charges stay in the deployment's and its owner's totals)."""
         with self._lock:
-            self._get(sid)
+            self._get(sid, owner)
             sessions = {k: v for k, v in self._sessions.items() if k != sid}
             if self._path is not None:
                 self._write(self._snapshot(sessions=sessions))
             self._sessions = sessions
 
-    def session_info(self, sid: str) -> dict[str, Any]:
-        """Budget and token counts of a session (never the posterior or the secret)."""
+    def session_info(self, sid: str, owner: str | None = None) -> dict[str, Any]:
+        """Budget and token counts of a session (never the posterior or the secret).
+
+        ``owner``: the caller; another owner's session is unknown to it."""
         with self._lock:
-            s = self._get(sid)
+            s = self._get(sid, owner)
             charged = self.b * s.private
+            spent = self.b * self._owners.get(s.owner, 0)
             return {
+                "owner_charged": spent,
+                "owner_remaining": max(self.owner_budget - spent, 0.0),
                 "session": sid,
                 "budget": s.budget,
                 "charged": charged,
@@ -272,6 +323,18 @@ class Curator:
                 "free_tokens": s.free,
                 "fallback_tokens": s.fallback,
             }
+
+    def can_pay(self, sid: str, owner: str | None = None) -> str | None:
+        """None when a private token of ``sid`` could be paid now, else which budget cannot:
+        ``"session"``, ``"key"`` or ``"deployment"``."""
+        with self._lock:
+            s = self._get(sid, owner)
+            return self._unpaid(s)
+
+    def owner_can_pay(self, owner: str) -> str | None:
+        """Like :meth:`can_pay` for a new one-shot session of ``owner``."""
+        with self._lock:
+            return self._unpaid(_Session(self.session_budget, owner=owner))
 
     def deployment_info(self) -> dict[str, Any]:
         """Deployment-wide parameters and budget (never the posterior or the secret)."""
@@ -303,15 +366,13 @@ class Curator:
             )
         with self._lock:
             session = self._get(sid)
+            session.last_used = self._clock()
             prior = self._posterior if self.scope == "deployment" else session.posterior
             active = np.unique(votes[prior > 0])
             if active.size == 1:
                 session.free += 1
                 return StepOutcome(int(active[0]), 0.0, "free")
-            if not (
-                _fits(session.private + 1, self.b, session.budget)
-                and _fits(self._steps + 1, self.b, self.deployment_budget)
-            ):
+            if self._unpaid(session) is not None:
                 session.fallback += 1
                 return StepOutcome(None, 0.0, "fallback")
             out = pac_step(votes, prior, self._secret, self.b, self._rng)
@@ -327,6 +388,7 @@ class Curator:
                 self._write(snap)
             self._steps += 1
             session.private += 1
+            self._owners[session.owner] = self._owners.get(session.owner, 0) + 1
             if self.scope == "deployment":
                 self._posterior = out.posterior
             else:
@@ -375,8 +437,38 @@ class Curator:
     def _charged(self) -> float:
         return self.b * self._steps
 
-    def _get(self, sid: str) -> _Session:
+    def _unpaid(self, session: _Session) -> str | None:
+        if not _fits(session.private + 1, self.b, session.budget):
+            return "session"
+        if not _fits(self._owners.get(session.owner, 0) + 1, self.b, self.owner_budget):
+            return "key"
+        if not _fits(self._steps + 1, self.b, self.deployment_budget):
+            return "deployment"
+        return None
+
+    def _expire(self) -> None:
+        """Close every session idle past ``session_ttl_s`` (under the lock)."""
+        if self.session_ttl_s is None:
+            return
+        cutoff = self._clock() - self.session_ttl_s
+        live = {k: v for k, v in self._sessions.items() if v.last_used >= cutoff}
+        if len(live) != len(self._sessions):
+            if self._path is not None:
+                self._write(self._snapshot(sessions=live))
+            self._sessions = live
+
+    def _get(self, sid: str, owner: str | None = None) -> _Session:
         session = self._sessions.get(sid) if isinstance(sid, str) else None
+        if session is not None and (
+            (owner is not None and session.owner != owner)
+            or (
+                self.session_ttl_s is not None
+                and session.last_used < self._clock() - self.session_ttl_s
+            )
+        ):
+            if owner is None or session.owner == owner:
+                self._expire()
+            session = None
         if session is None:
             raise UnknownSessionError(
                 "unknown or closed PAC session id (open one with open_session)"
@@ -400,6 +492,8 @@ class Curator:
                 private += 1
                 spost = bump[1] if bump[1] is not None else spost
             entry: dict[str, Any] = {
+                "owner": s.owner,
+                "last_used": s.last_used,
                 "budget": s.budget,
                 "private_tokens": private,
                 "free_tokens": s.free,
@@ -419,9 +513,17 @@ class Curator:
             "deployment_steps": steps,
             "deployment_charged": self.b * steps,
             "posterior": None if post is None else [float(x) for x in post],
+            "owners": self._owners_after(bump),
             "sessions": out_sessions,
             "NOT_PUBLIC": "holds the realised world: readable by the PAC server only",
         }
+
+    def _owners_after(self, bump: tuple[str, np.ndarray | None] | None) -> dict[str, int]:
+        owners = dict(self._owners)
+        if bump is not None:
+            owner = self._sessions[bump[0]].owner
+            owners[owner] = owners.get(owner, 0) + 1
+        return owners
 
     def _write(self, state: dict[str, Any]) -> None:
         with atomic_path(self._path) as tmp:
@@ -440,7 +542,7 @@ class Curator:
             state = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise bad(f"unreadable curator state ({type(exc).__name__})") from None
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in _READ_FORMATS:
             raise bad(f"not a curator state file (format must be {STATE_FORMAT!r})")
         for key, mine in (("m", self.m), ("b", self.b), ("scope", self.scope)):
             if state.get(key) != mine:
@@ -455,6 +557,15 @@ class Curator:
             self._posterior = self._read_posterior(state.get("posterior"), "posterior", bad)
         else:
             self._posterior = None
+        owners = state.get("owners", {})
+        if not isinstance(owners, dict) or any(
+            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0
+            for k, v in owners.items()
+        ):
+            raise bad("'owners' must map owners to charged steps")
+        if sum(owners.values()) > steps:
+            raise bad("'owners' hold more private steps than the deployment")
+        self._owners = dict(owners)
         sessions = state.get("sessions")
         if not isinstance(sessions, dict):
             raise bad("'sessions' must be an object")
@@ -474,7 +585,16 @@ class Curator:
                 raise bad(f"a {where} has invalid token counts")
             if counts[0] > steps:
                 raise bad(f"a {where} has more private tokens than the deployment")
-            session = _Session(float(budget), *counts)
+            owner, last = entry.get("owner", DEFAULT_OWNER), entry.get("last_used", self._clock())
+            if not isinstance(owner, str) or not owner:
+                raise bad(f"a {where} has no valid 'owner'")
+            if (
+                isinstance(last, bool)
+                or not isinstance(last, int | float)
+                or not math.isfinite(last)
+            ):
+                raise bad(f"a {where} has no valid 'last_used'")
+            session = _Session(float(budget), *counts, owner=owner, last_used=float(last))
             if self.scope == "session":
                 session.posterior = self._read_posterior(
                     entry.get("posterior"), f"{where} posterior", bad

@@ -105,6 +105,8 @@ class PacCompletion:
     free_tokens: int  #: unanimous tokens (no charge)
     fallback_tokens: int  #: public-model tokens emitted because a budget was spent
     charged_nats: float  #: b * private_tokens
+    #: A budget could not pay for a token and ``on_exhausted="stop"`` ended the text there.
+    exhausted: bool = False
 
 
 def worlds_digest(worlds_dir: str | Path) -> bytes:
@@ -327,13 +329,19 @@ class PacEnsemble:
         temperature: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        on_exhausted: str = "fallback",
     ) -> PacCompletion:
         """A PAC-private completion of ``prompt`` in session ``session_id`` of ``curator``.
 
         ``decoder``: ``"greedy"`` or ``"gumbel"`` (coupled Gumbel at
         ``temperature``; ``seed`` seeds the public Gumbel draws, None = fresh).
         ``stop``: strings that end the completion (cut before the first one).
+        ``on_exhausted``: when no budget can pay for a private token, ``"fallback"`` emits
+        the public model's token (free) and goes on; ``"stop"`` ends the completion there
+        (``exhausted`` set, finish ``"length"``), releasing nothing more.
         """
+        if on_exhausted not in ("fallback", "stop"):
+            raise PacEnsembleError(f"on_exhausted must be fallback or stop, got {on_exhausted!r}")
         if getattr(curator, "m", None) != self.m:
             raise PacEnsembleError(
                 f"the curator has m={getattr(curator, 'm', None)!r} worlds, this ensemble {self.m}"
@@ -366,7 +374,7 @@ class PacEnsemble:
         window = 4 * max((len(s) for s in stop), default=0) + 8
         tokens: list[int] = []
         counts = {"free": 0, "private": 0, "fallback": 0}
-        charged, finish = 0.0, "length"
+        charged, finish, exhausted = 0.0, "length", False
         started = time.perf_counter()
         past, feed = None, ids
         for _ in range(max_tokens):
@@ -374,6 +382,9 @@ class PacEnsemble:
             g = public_rng.gumbel(size=lp.candidates.size) if gumbel else None
             scores = lp.worlds / temperature if gumbel else lp.worlds
             outcome = curator.step(session_id, world_votes(scores, gumbel=g))
+            if outcome.kind == "fallback" and on_exhausted == "stop":
+                exhausted = True
+                break
             counts[outcome.kind] += 1
             charged += outcome.charged
             index = outcome.index
@@ -416,4 +427,5 @@ class PacEnsemble:
             free_tokens=counts["free"],
             fallback_tokens=counts["fallback"],
             charged_nats=charged,
+            exhausted=exhausted,
         )

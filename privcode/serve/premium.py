@@ -5,10 +5,12 @@
 ``adapter/`` + ``premium.json``), ``model`` (base-model override: on
 Kubernetes the base lives elsewhere than at training time), ``device``
 (``auto``|``cpu``|``cuda``), ``max_tokens_limit``, ``max_batch_size``,
-``batch_wait_timeout_s``, ``api_key_env``, ``served_model_name``.
+``batch_wait_timeout_s``, ``served_model_name``, and the keys and client limits of
+:class:`privcode.serve.args.GuardArgs` (defaults: the ``serve`` config section). Without an
+API key the app refuses to start unless ``insecure_no_auth`` is set.
 
-Routes (see :mod:`privcode.serve.http`): ``POST /v1/completions``,
-``GET /v1/models``, ``GET /v1/models/<id>``, ``GET /healthz``.
+Routes (a FastAPI ingress, :mod:`privcode.serve.api`; the schema at ``/openapi.json``):
+``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/<id>``, ``GET /healthz``.
 
 :class:`PremiumModel` is the model-running core, usable without Ray: load,
 validate a request against the model (:meth:`PremiumModel.prepare`), and
@@ -27,24 +29,27 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ray import serve
 
 from privcode.errors import PrivcodeError
-from privcode.serve.http import (
+from privcode.serve.api import (
+    ERRORS,
     CompletionRequest,
-    CompletionsAPI,
+    CompletionResponse,
+    Limits,
     RequestError,
-    api_key_from_env,
-    app_args,
-    check_common_args,
-    read_body_capped,
-    route_path,
+    check_model,
+    completion_model,
+    completion_response,
+    new_api,
+    to_request,
 )
+from privcode.serve.args import SERVE_DEFAULTS, GuardArgs, as_args, guard_limits, parse_app_args
 
 log = logging.getLogger("privcode.serve")
 
@@ -55,7 +60,7 @@ __all__ = [
     "ServeArgs",
     "ServeError",
     "app",
-    "api_key_from_env",
+    "build_api",
     "build_app",
     "parse_args",
 ]
@@ -64,57 +69,36 @@ DEFAULT_MODEL_NAME = "privcode-premium"
 
 
 class ServeError(PrivcodeError, ValueError):
-    """The serving app cannot start: bad args or a release/model that cannot be loaded."""
+    """The serving app cannot start: bad args, no API key, or a release that cannot be loaded."""
 
 
 # --------------------------------------------------------------------------- args
 
 
-@dataclass(frozen=True)
-class ServeArgs:
-    """The app's ``args`` (serveConfigV2 ``applications[].args``)."""
+@dataclass(frozen=True, kw_only=True)
+class ServeArgs(GuardArgs):
+    """The app's ``args`` (serveConfigV2 ``applications[].args``); defaults: the serve section."""
 
     premium: str
-    model: str | None = None
-    device: str = "auto"
-    max_tokens_limit: int = 512
-    max_batch_size: int = 8
+    max_tokens_limit: int = SERVE_DEFAULTS["max_tokens_limit"]
+    max_batch_size: int = SERVE_DEFAULTS["max_batch_size"]
     batch_wait_timeout_s: float = 0.02
-    api_key_env: str = "PRIVCODE_API_KEY"
     served_model_name: str = DEFAULT_MODEL_NAME
 
 
 _DEVICES = ("auto", "cpu", "cuda")
 
 
-def _bad(key: str, why: str, value: Any) -> ServeError:
-    return ServeError(f"serve args: {key!r} {why}, got {value!r}")
-
-
 def parse_args(args: Mapping[str, Any] | None) -> ServeArgs:
     """Validate the app args; :class:`ServeError` names the bad (or unknown) key."""
-    out = app_args(args, ServeArgs, "serve args", ServeError)
-    for key in ("premium", "api_key_env", "served_model_name"):
-        if key in out and (not isinstance(out[key], str) or not out[key].strip()):
-            raise _bad(key, "must be a non-empty string", out[key])
-    if "premium" not in out:
+    cfg = parse_app_args(args, ServeArgs, "serve args", ServeError, required=("premium",))
+    if cfg.device not in _DEVICES:
+        raise ServeError(f"serve args: 'device' must be one of {', '.join(_DEVICES)}")
+    if not 0 <= cfg.batch_wait_timeout_s <= 60:
         raise ServeError(
-            "serve args: 'premium' is required (the premium release dir, with "
-            "adapter/ and premium.json)"
+            "serve args: 'batch_wait_timeout_s' must be a number of seconds in [0, 60]"
         )
-    if out.get("model") is not None and (
-        not isinstance(out["model"], str) or not out["model"].strip()
-    ):
-        raise _bad("model", "must be a non-empty string (a base-model dir) or null", out["model"])
-    if "device" in out and out["device"] not in _DEVICES:
-        raise _bad("device", f"must be one of {', '.join(_DEVICES)}", out["device"])
-    check_common_args(out, (("max_tokens_limit", 1, 1 << 20), ("max_batch_size", 1, 1024)), _bad)
-    value = out.get("batch_wait_timeout_s")
-    if "batch_wait_timeout_s" in out and (
-        isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 60
-    ):
-        raise _bad("batch_wait_timeout_s", "must be a number of seconds in [0, 60]", value)
-    return ServeArgs(**out)
+    return cfg
 
 
 # --------------------------------------------------------------------------- model
@@ -168,8 +152,10 @@ class PremiumModel:
         *,
         model: str | None = None,
         device: str = "auto",
-        max_tokens_limit: int = 512,
+        max_tokens_limit: int = SERVE_DEFAULTS["max_tokens_limit"],
         name: str = DEFAULT_MODEL_NAME,
+        max_prompt_chars: int = SERVE_DEFAULTS["max_prompt_chars"],
+        fallback_context: int = SERVE_DEFAULTS["fallback_context"],
     ):
         import torch
         from transformers import GenerationConfig
@@ -211,8 +197,9 @@ class PremiumModel:
         )
         ctx = getattr(self.model.config, "max_position_embeddings", None)
         tmax = getattr(tok, "model_max_length", None)
-        self.context = ctx or (tmax if tmax and tmax < 1_000_000 else None)
-        self.max_tokens_limit = max_tokens_limit
+        # A model that states no context gets the configured one: never an unbounded prompt.
+        self.context = ctx or (tmax if tmax and tmax < 1_000_000 else None) or fallback_context
+        self.max_tokens_limit, self.max_prompt_chars = max_tokens_limit, max_prompt_chars
         self.name, self.release, self.base = name, str(release), str(base)
         self.created = (
             int(info.get("created", time.time()))
@@ -239,22 +226,27 @@ class PremiumModel:
                 f"'max_tokens' must be at most {self.max_tokens_limit}, got {request.max_tokens}",
                 "max_tokens",
             )
+        if len(request.prompt) > self.max_prompt_chars:  # before tokenisation: bounded work
+            raise RequestError(
+                f"'prompt' is {len(request.prompt)} characters, over the limit of "
+                f"{self.max_prompt_chars}",
+                "prompt",
+            )
         ids = self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
         ids = tuple(ids) if ids else (self.start_id,)
-        if self.context is not None:
-            if len(ids) >= self.context:
-                raise RequestError(
-                    f"'prompt' is {len(ids)} tokens; this model's context is {self.context} tokens",
-                    "prompt",
-                )
-            if len(ids) + request.max_tokens > self.context:
-                raise RequestError(
-                    f"this model's context is {self.context} tokens, but "
-                    f"{len(ids) + request.max_tokens} were requested "
-                    f"({len(ids)} in the prompt, {request.max_tokens} for the "
-                    "completion): lower 'max_tokens'",
-                    "max_tokens",
-                )
+        if len(ids) >= self.context:
+            raise RequestError(
+                f"'prompt' is {len(ids)} tokens; this model's context is {self.context} tokens",
+                "prompt",
+            )
+        if len(ids) + request.max_tokens > self.context:
+            raise RequestError(
+                f"this model's context is {self.context} tokens, but "
+                f"{len(ids) + request.max_tokens} were requested "
+                f"({len(ids)} in the prompt, {request.max_tokens} for the "
+                "completion): lower 'max_tokens'",
+                "max_tokens",
+            )
         return Prepared(request, ids)
 
     def complete(self, request: CompletionRequest) -> Completion:
@@ -371,6 +363,61 @@ class _RowStop:
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
+# --------------------------------------------------------------------------- HTTP
+
+
+def build_api(
+    model: Any,
+    generate: Callable[[Prepared], Awaitable[Completion]],
+    limits: Limits,
+    logger: logging.Logger | None = None,
+) -> Any:
+    """The premium app's FastAPI object over ``model`` (a :class:`PremiumModel` or alike:
+    ``name``, ``created``, ``max_tokens_limit``, ``max_prompt_chars``, ``prepare``) and
+    ``generate`` (the deployment's batched call). No Ray needed: tests drive it directly."""
+    logger = logger or log
+    body_model = completion_model(model.max_tokens_limit, model.max_prompt_chars)
+    card = {"id": model.name, "object": "model", "created": model.created, "owned_by": "privcode"}
+    api = new_api(
+        "privcode premium model",
+        "OpenAI-compatible completions from the premium model (trained on DP synthetic data).",
+        limits,
+        lambda: card,
+        logger,
+    )
+
+    async def completions(body: body_model) -> dict[str, Any]:  # type: ignore[valid-type]
+        start = time.perf_counter()
+        request = to_request(body, model.max_tokens_limit)
+        check_model(request, model.name)
+        result = await generate(model.prepare(request))
+        # Sizes and latency only: prompts and completions can be private.
+        logger.info(
+            "completion: prompt_tokens=%d completion_tokens=%d finish=%s sampled=%s "
+            "latency_ms=%.1f",
+            result.prompt_tokens,
+            result.completion_tokens,
+            result.finish_reason,
+            not request.greedy,
+            1000 * (time.perf_counter() - start),
+        )
+        return completion_response(
+            model.name,
+            result.text,
+            result.finish_reason,
+            result.prompt_tokens,
+            result.completion_tokens,
+        )
+
+    # The body's model is built here, so its annotation cannot be a string (PEP 563).
+    completions.__annotations__["body"] = body_model
+    api.post(
+        "/v1/completions", response_model=CompletionResponse, responses=ERRORS, tags=["completions"]
+    )(completions)
+
+    return api
+
+
 # --------------------------------------------------------------------------- Ray Serve
 
 _serve_log = logging.getLogger("ray.serve")
@@ -385,30 +432,30 @@ _serve_log = logging.getLogger("ray.serve")
     health_check_timeout_s=30,
     graceful_shutdown_timeout_s=20,
 )
+@serve.ingress()
 class PremiumServer:
-    """Ray Serve deployment: the HTTP API of :class:`PremiumModel`, with request batching."""
+    """Ray Serve deployment: :func:`build_api` over :class:`PremiumModel`, requests batched."""
 
     def __init__(self, args: dict[str, Any]):
         cfg = parse_args(args)
+        self.limits = guard_limits(cfg, ServeError)  # no key, no app (before loading weights)
         self.model = PremiumModel(
             cfg.premium,
             model=cfg.model,
             device=cfg.device,
             max_tokens_limit=cfg.max_tokens_limit,
             name=cfg.served_model_name,
+            max_prompt_chars=cfg.max_prompt_chars,
+            fallback_context=cfg.fallback_context,
         )
         self._generate.set_max_batch_size(cfg.max_batch_size)
         self._generate.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
-        self.api = CompletionsAPI(
-            self.model,
-            self._generate_one,
-            api_key_from_env(cfg.api_key_env, _serve_log),
-            _serve_log,
-        )
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return build_api(self.model, self._generate_one, self.limits, _serve_log)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.02)
     async def _generate(self, items: list[Prepared]) -> list[Completion | Exception]:
-        _serve_log.info("generating a batch of %d", len(items))
         return await asyncio.to_thread(self.model.generate_batch, items)
 
     async def _generate_one(self, item: Prepared) -> Completion:
@@ -417,35 +464,12 @@ class PremiumServer:
             raise result
         return result
 
-    async def __call__(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse
-
-        try:
-            status, body, headers = await self.api.handle(
-                request.method,
-                route_path(request.scope),
-                request.headers,
-                lambda: read_body_capped(request),
-            )
-        except Exception as exc:  # noqa: BLE001 - the message may hold request data: not echoed
-            _serve_log.error("request failed: %s", type(exc).__name__)
-            status, headers = 500, {}
-            body = {
-                "error": {
-                    "message": "internal error while generating",
-                    "type": "server_error",
-                    "param": None,
-                    "code": None,
-                }
-            }
-        return JSONResponse(body, status_code=status, headers=headers)
-
 
 def build_app(args: Mapping[str, Any], **deployment_options: Any) -> serve.Application:
     """The app for ``args``; ``deployment_options`` go to ``PremiumServer.options``."""
     cfg = parse_args(args)
     options = {"max_ongoing_requests": max(64, 2 * cfg.max_batch_size), **deployment_options}
-    return PremiumServer.options(**options).bind(asdict(cfg))
+    return PremiumServer.options(**options).bind(as_args(cfg))
 
 
 def app(args: dict[str, Any]) -> serve.Application:

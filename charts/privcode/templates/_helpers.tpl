@@ -256,6 +256,19 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- if and .Values.serve.enabled .Values.serve.premium.enabled .Values.serve.ensemble.enabled (eq .Values.serve.premium.routePrefix .Values.serve.ensemble.routePrefix) }}
 {{- fail (printf "serve: premium and ensemble have the same routePrefix %q; give each application its own" .Values.serve.premium.routePrefix) }}
 {{- end }}
+{{- if and .Values.serve.enabled (not .Values.apiKey.existingSecret) }}
+{{- fail "serve.enabled: apiKey.existingSecret is empty, and the serving applications refuse to start without an API key. Create a Secret with one key per client (the key's name is the client, its value that client's API key), e.g.\n  kubectl create secret generic privcode-api-keys --from-literal=<client>=$(openssl rand -hex 32)\nand set apiKey.existingSecret=privcode-api-keys" }}
+{{- end }}
+{{- if and .Values.serve.enabled .Values.serve.ensemble.enabled }}
+{{- $e := default (dict) .Values.serve.ensemble.args }}
+{{- $perKey := get $e "max_sessions_per_key" }}
+{{- $all := get $e "max_sessions" }}
+{{- if and (not (kindIs "string" $perKey)) (not (kindIs "string" $all)) (not (kindIs "invalid" $perKey)) (not (kindIs "invalid" $all)) }}
+{{- if gt (float64 $perKey) (float64 $all) }}
+{{- fail (printf "serve.ensemble.args: max_sessions_per_key (%v) is larger than max_sessions (%v)" $perKey $all) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Checksum of the pipeline config: a new config gives new pod templates. */}}
@@ -271,6 +284,14 @@ includes it, so a bad combination fails the whole rendering with a clear message
     sizeLimit: {{ .Values.storage.tmp.sizeLimit | quote }}
     {{- else }} {}
     {{- end }}
+{{- end }}
+
+{{/*
+Where the RayService's Ray containers mount apiKey.existingSecret (PRIVCODE_API_KEYS_DIR): one
+file per Secret key, the file name being the client, its content that client's key.
+*/}}
+{{- define "privcode.apiKeysDir" -}}
+/etc/privcode/api-keys
 {{- end }}
 
 {{/*
@@ -304,11 +325,8 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
   value: {{ $root.Values.storage.objectStore.uri | quote }}
 {{- end }}
 {{- if and .serving $root.Values.apiKey.existingSecret }}
-- name: PRIVCODE_API_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ $root.Values.apiKey.existingSecret | quote }}
-      key: {{ $root.Values.apiKey.key | quote }}
+- name: PRIVCODE_API_KEYS_DIR
+  value: {{ include "privcode.apiKeysDir" $root | quote }}
 {{- end }}
 {{- if and (eq .kind "head") $root.Values.head.env }}
 {{ toYaml $root.Values.head.env }}
@@ -423,6 +441,11 @@ spec:
         - name: privacy-store
           mountPath: {{ $root.Values.storage.privacyStore.mountPath | trimSuffix "/" }}
         {{- end }}
+        {{- if and .serving $root.Values.apiKey.existingSecret }}
+        - name: api-keys
+          mountPath: {{ include "privcode.apiKeysDir" $root }}
+          readOnly: true
+        {{- end }}
   volumes:
     {{- include "privcode.tmpVolume" $root | trim | nindent 4 }}
     - name: pipeline-config
@@ -439,6 +462,13 @@ spec:
     - name: privacy-store
       persistentVolumeClaim:
         claimName: {{ include "privcode.storePvcName" $root }}
+    {{- end }}
+    {{- if and .serving $root.Values.apiKey.existingSecret }}
+    - name: api-keys
+      secret:
+        secretName: {{ $root.Values.apiKey.existingSecret | quote }}
+        {{- /* 0440 with the pod's fsGroup (group-readable by the Ray user), else 0444 */}}
+        defaultMode: {{ ternary 288 292 (hasKey (default (dict) $root.Values.podSecurityContext) "fsGroup") }}
     {{- end }}
 {{- end }}
 

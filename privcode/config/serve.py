@@ -1,0 +1,122 @@
+"""The ``serve`` section: routes, client limits and PAC serving defaults of both serving apps.
+
+One source for ``privcode serve`` and the Helm chart's RayService (tests/test_serve_config.py
+renders the chart and compares its applications with these defaults). The PAC mechanism's
+own numbers (``b``, ``top_k``, the session and deployment budgets) stay in the ``pac`` section,
+which trains and evaluates the same worlds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from privcode.config.fields import opt
+
+ROUTE = r"/[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*|/"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Both serving apps (premium model, PAC ensemble): routes, keys, limits, PAC policy."""
+
+    premium_route: str = opt(
+        "/premium", "HTTP route prefix of the premium model's app.", pattern=ROUTE
+    )
+    pac_route: str = opt("/ensemble", "HTTP route prefix of the PAC ensemble's app.", pattern=ROUTE)
+    api_keys_dir: str = opt(
+        "",
+        "Directory of API keys, one file per client (a mounted Kubernetes Secret: the file "
+        "name is the client, its content the key). PRIVCODE_API_KEYS_DIR overrides; "
+        "PRIVCODE_API_KEY adds one key for the client 'default'. Without any key the apps "
+        "refuse to start (privcode serve --insecure-no-auth: loopback only).",
+    )
+    rate_limit_rps: float = opt(
+        5.0,
+        "Requests per second each API key may send (a token bucket per key); past it: 429 "
+        "with Retry-After. Per replica.",
+        min=0.001,
+        max=1e6,
+    )
+    rate_limit_burst: int = opt(
+        20, "Requests a key may send at once before its rate applies.", min=1, max=1_000_000
+    )
+    max_body_bytes: int = opt(
+        1 << 20, "Largest request body (bytes); larger ones get 413.", min=1024, max=64 << 20
+    )
+    max_prompt_chars: int = opt(
+        65_536,
+        "Longest prompt (characters), refused before tokenisation; the model's context "
+        "then bounds its tokens.",
+        min=1,
+        max=16 << 20,
+    )
+    fallback_context: int = opt(
+        4096,
+        "Context (prompt + completion tokens) assumed when the model's config states none.",
+        min=16,
+    )
+    max_tokens_limit: int = opt(
+        512, "Largest max_tokens of a premium completion.", min=1, max=1 << 16
+    )
+    max_batch_size: int = opt(
+        8, "Premium requests batched into one generate call.", min=1, max=1024
+    )
+    pac_max_tokens_limit: int = opt(
+        256, "Largest max_tokens of a PAC completion.", min=1, max=1 << 16
+    )
+    pac_decoder: str = opt(
+        "gumbel",
+        "How the served worlds vote: gumbel (requests with temperature > 0 by coupled Gumbel "
+        "votes, temperature 0 greedily) or greedy (every request greedily).",
+        choices=("gumbel", "greedy"),
+    )
+    pac_scope: str = opt(
+        "deployment",
+        "deployment: one posterior shared by every session (the bound covers everything "
+        "released). session: one per session; the bound holds per session only and NOT "
+        "against a client opening several sessions: needs pac_acknowledge_session_scope.",
+        choices=("deployment", "session"),
+    )
+    pac_acknowledge_session_scope: bool = opt(
+        False, "Required for pac_scope: session (its bound does not hold across sessions)."
+    )
+    pac_session_ttl_s: float = opt(
+        900.0,
+        "A PAC session idle this long expires: its slot is freed, its charges stay spent.",
+        min=1.0,
+        max=30 * 86400.0,
+    )
+    pac_max_sessions: int = opt(
+        4096, "Open PAC sessions of the deployment, all keys together.", min=1, max=1 << 20
+    )
+    pac_max_sessions_per_key: int = opt(
+        16, "Open PAC sessions one API key may hold.", min=1, max=1 << 20
+    )
+    pac_key_budget_share: float = opt(
+        0.25,
+        "Share of the PAC deployment budget one API key may spend (all its sessions, one-shot "
+        "requests and restarts together), so one client cannot spend everyone's.",
+        min=1e-9,
+        max=1.0,
+    )
+    pac_on_exhausted: str = opt(
+        "error",
+        "When a budget (session, key or deployment) cannot pay for a private token: error "
+        "(429 privacy_budget_exhausted; a completion already under way ends there) or "
+        "fallback (the public base model's tokens, flagged in every response and counted in "
+        "privcode_pac_fallback_tokens).",
+        choices=("error", "fallback"),
+    )
+
+    def cross_check(self) -> tuple[str, str] | None:
+        if self.pac_scope == "session" and not self.pac_acknowledge_session_scope:
+            return (
+                "pac_scope",
+                "'session' bounds each session alone, not a client opening several: set "
+                "serve.pac_acknowledge_session_scope: true to accept that",
+            )
+        if self.pac_max_sessions_per_key > self.pac_max_sessions:
+            return ("pac_max_sessions_per_key", "is larger than serve.pac_max_sessions")
+        if self.premium_route == self.pac_route:
+            return ("pac_route", "must differ from serve.premium_route")
+        return None

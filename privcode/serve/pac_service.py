@@ -1,0 +1,458 @@
+"""The PAC ensemble's API core: sessions, budgets per key and completions, without HTTP or Ray.
+
+:class:`PacService` holds one :class:`~privcode.pac.ensemble.PacEnsemble` and its
+:class:`~privcode.pac.curator.Curator`; every call names the calling key's principal
+(:mod:`privcode.serve.guard`), whose sessions and budget share are its own. :meth:`PacService.load`
+locks the worlds' curator state in the privacy store (one curator per state: one replica).
+:func:`privcode.serve.ensemble.build_api` puts HTTP in front. Nothing here logs or returns a
+prompt, a completion, a session id, the secret or a posterior.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from privcode.serve.api import CompletionRequest, RequestError, check_model, completion_response
+from privcode.serve.pac_args import EnsembleArgs, EnsembleError, new_curator
+
+log = logging.getLogger("privcode.serve")
+
+__all__ = ["STATE_LOCK", "STATE_LOCK_WAIT_S", "PacService"]
+
+STATE_LOCK = "serve.lock"
+#: How long a starting replica waits for a previous one to let go of ``state_dir``
+#: (a redeploy can overlap the old replica's graceful shutdown).
+STATE_LOCK_WAIT_S = 120.0
+
+
+class _StateLock:
+    """An exclusive ``flock`` on ``<state_dir>/serve.lock``: one curator per state at a time."""
+
+    def __init__(self, state_dir: Path, wait_s: float):
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = state_dir / STATE_LOCK
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self.release()
+                    raise EnsembleError(
+                        f"{path}: another process holds this PAC curator state (waited "
+                        f"{wait_s:g} s); the PAC ensemble must run as ONE replica per set of worlds "
+                        "(a second one would spend the budget twice)"
+                    ) from None
+                time.sleep(0.5)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the lock
+            self._fd = None
+
+
+def _not_found_session() -> RequestError:
+    # The id is never echoed: it is a capability, and the message might be logged.
+    return RequestError(
+        "unknown, expired or closed PAC session (open one with POST /v1/sessions)",
+        "session",
+        status=404,
+        code="session_not_found",
+    )
+
+
+_EXHAUSTED = {
+    "session": "this session's privacy budget is spent (open a new session)",
+    "key": "this API key's share of the deployment's privacy budget is spent",
+    "deployment": "the deployment's privacy budget is spent",
+}
+
+
+def _exhausted(why: str) -> RequestError:
+    return RequestError(
+        f"{_EXHAUSTED[why]}: no private token can be released",
+        status=429,
+        type="privacy_budget_exhausted",
+        code="privacy_budget_exhausted",
+    )
+
+
+class PacService:
+    """The PAC ensemble's API over an ensemble and a curator, independent of HTTP and Ray.
+
+    ``ensemble``: a :class:`privcode.pac.ensemble.PacEnsemble` (or anything with ``m``,
+    ``context``, ``encode(prompt)`` and ``generate(...)``); ``curator``: a
+    :class:`privcode.pac.curator.Curator` of the same ``m``. Every method takes the calling
+    key's principal: sessions and budget shares are per key. :meth:`load` builds both from
+    :class:`EnsembleArgs`; :func:`build_api` puts HTTP in front.
+    """
+
+    def __init__(
+        self,
+        ensemble: Any,
+        curator: Any,
+        cfg: EnsembleArgs,
+        *,
+        logger: logging.Logger | None = None,
+        created: int | None = None,
+        state_lock: _StateLock | None = None,
+    ):
+        if getattr(ensemble, "m", None) != getattr(curator, "m", None):
+            raise EnsembleError(
+                f"the ensemble has m={getattr(ensemble, 'm', None)!r} worlds, "
+                f"the curator m={getattr(curator, 'm', None)!r}"
+            )
+        self.ensemble, self.curator, self.cfg = ensemble, curator, cfg
+        self.log = logger or log
+        self.name = cfg.served_model_name
+        self.created = int(time.time()) if created is None else int(created)
+        self._state_lock = state_lock
+        # One worker: completions (and session deletes) reach the curator in arrival order,
+        # and a request cancelled by its client cannot let the next one overlap it.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pac-generate")
+        self._lock = threading.Lock()
+        #: A :class:`PacMetrics` (set by the Serve deployment), or None.
+        self.metrics: Any = None
+
+    @classmethod
+    def load(
+        cls,
+        cfg: EnsembleArgs,
+        *,
+        logger: logging.Logger | None = None,
+        rng_seed: int | None = None,
+        lock_wait_s: float = STATE_LOCK_WAIT_S,
+    ) -> PacService:
+        """Lock the worlds' curator state in the privacy store, load the worlds, restore the curator.
+
+        The state is ``<store>/pac/<worlds id>/`` (the id: a keyed digest of
+        the worlds' files). Worlds the store's ledger knows were served but
+        whose state is gone are refused (fail closed: a fresh secret with a
+        full budget is never drawn for them); the curator is held to the
+        allowance the ledger grants (:mod:`privcode.dp.pac_budgets`), logged
+        after its state exists, so a crash in between cannot lock the worlds out.
+        ``rng_seed`` seeds the curator's NOISE only (tests); the secret is
+        always drawn with ``secrets``.
+        """
+        from privcode.dp.budget import call as store_call
+        from privcode.dp.store import PrivacyStore
+        from privcode.pac.curator import STATE_FILE
+        from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
+
+        worlds = Path(cfg.worlds).expanduser()
+        info = read_manifest(worlds, model=cfg.model)
+        store = PrivacyStore(cfg.store_path)
+        worlds_id = "pw-" + store.opaque("pac-worlds", worlds_digest(worlds), 16)
+        state = store.pac_state_dir(worlds_id)
+        lock = _StateLock(state, lock_wait_s)
+        try:
+            if (
+                store_call(store.root, "pac_served", worlds_id)
+                and not (state / STATE_FILE).exists()
+            ):
+                raise EnsembleError(
+                    f"the privacy store knows these PAC worlds ({worlds_id}) were served, but "
+                    f"their curator state in {state} is gone; refusing to start (a new secret "
+                    "with a full budget would reset what was spent). Restore the state"
+                )
+            ensemble = PacEnsemble(worlds, model=cfg.model, device=cfg.device, top_k=cfg.top_k)
+            curator = new_curator(cfg, ensemble.m, state_dir=state, rng_seed=rng_seed)
+            grant = store_call(
+                store.root,
+                "pac_open",
+                worlds_id,
+                info.dataset_id or worlds_id,  # worlds of unknown data: a budget of their own
+                ensemble.m,
+                cfg.b,
+                cfg.scope,
+                cfg.deployment_budget,
+            )
+            curator.deployment_budget = float(grant["allowance"])
+            curator.owner_budget = cfg.key_budget_share * curator.deployment_budget
+            created = int((worlds / MANIFEST).stat().st_mtime)
+            return cls(
+                ensemble,
+                curator,
+                cfg,
+                logger=logger,
+                created=created,
+                state_lock=lock,
+            )
+        except BaseException:
+            lock.release()
+            raise
+
+    def close(self) -> None:
+        """Stop the worker (after the running request) and release the curator's state."""
+        self._worker.shutdown(wait=True)
+        if self._state_lock is not None:
+            self._state_lock.release()
+
+    # -- sessions
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "privcode"}
+
+    async def _in_order(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the worker thread, after every request queued before it."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def _session_body(self, info: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "id": info["session"],
+            "object": "pac.session",
+            "scope": self.curator.scope,
+            "budget_nats": info["budget"],
+            "charged_nats": info["charged"],
+            "remaining_nats": info["remaining"],
+            "private_tokens": info["private_tokens"],
+            "free_tokens": info["free_tokens"],
+            "fallback_tokens": info["fallback_tokens"],
+            "per_token_budget_nats": self.curator.b,
+            "key_charged_nats": info["owner_charged"],
+            "key_remaining_nats": info["owner_remaining"],
+            "idle_ttl_s": self.cfg.session_ttl_s,
+        }
+
+    def _info(self, sid: str, principal: str) -> dict[str, Any]:
+        from privcode.pac.curator import UnknownSessionError
+
+        try:
+            return self.curator.session_info(sid, principal)
+        except UnknownSessionError:
+            raise _not_found_session() from None
+
+    async def open_session(self, principal: str, budget: float | None) -> dict[str, Any]:
+        from privcode.pac.curator import SessionLimitError
+
+        try:
+            sid = await asyncio.to_thread(self.curator.open_session, budget, principal)
+        except SessionLimitError as exc:
+            raise RequestError(
+                str(exc), status=429, type="rate_limit_error", code="too_many_sessions"
+            ) from None
+        info = await asyncio.to_thread(self._info, sid, principal)
+        self.log.info("pac session opened: budget_nats=%.6g", info["budget"])
+        return self._session_body(info)
+
+    async def session(self, principal: str, sid: str) -> dict[str, Any]:
+        return self._session_body(await asyncio.to_thread(self._info, sid, principal))
+
+    async def close_session(self, principal: str, sid: str) -> dict[str, Any]:
+        return await self._in_order(self._close, sid, principal)
+
+    def _close(self, sid: str, principal: str) -> dict[str, Any]:
+        info = self._info(sid, principal)
+        self.curator.close_session(sid, principal)
+        self.log.info(
+            "pac session closed: charged_nats=%.6g private=%d free=%d fallback=%d",
+            info["charged"],
+            info["private_tokens"],
+            info["free_tokens"],
+            info["fallback_tokens"],
+        )
+        return {**self._session_body(info), "deleted": True}
+
+    # -- privacy
+
+    def privacy(self) -> dict[str, Any]:
+        """Deployment-wide public accounting and attacker bounds (never the secret or posterior)."""
+        from privcode.pac.bounds import mia_success_bound, world_identification_bound
+
+        info = self.curator.deployment_info()
+        m = info["m"]
+
+        def bounds(mi: float) -> dict[str, float]:
+            return {
+                "mutual_information_nats": mi,
+                "membership_inference_success": mia_success_bound(mi),
+                "world_identification_success": world_identification_bound(mi, m),
+            }
+
+        if info["scope"] == "deployment":
+            guarantee = (
+                "I(S; every release of every session) <= deployment_charged_nats: "
+                "one posterior over the worlds is shared by all sessions, so the "
+                "bound holds against an attacker who sees all of them"
+            )
+            current, at_budget = (
+                bounds(info["deployment_charged"]),
+                bounds(info["deployment_budget"]),
+            )
+        else:
+            guarantee = (
+                "PER SESSION ONLY: each session has its own posterior, so "
+                "I(S; one session) <= its charged nats <= session_budget_nats; "
+                "NOTHING bounds an attacker who sees several sessions"
+            )
+            current, at_budget = None, bounds(info["session_budget"])
+        return {
+            "object": "pac.privacy",
+            "model": self.name,
+            "mechanism": "pac",
+            "m": m,
+            "top_k": self.cfg.top_k,
+            "decoder": self.cfg.decoder,
+            "scope": info["scope"],
+            "per_token_budget_nats": info["b"],
+            "session_budget_nats": info["session_budget"],
+            "deployment_budget_nats": info["deployment_budget"],
+            "deployment_charged_nats": info["deployment_charged"],
+            "deployment_remaining_nats": info["deployment_remaining"],
+            "private_tokens": info["private_tokens"],
+            "sessions_open": info["sessions_open"],
+            "guarantee": guarantee,
+            "bounds": {
+                "current": current,
+                (
+                    "at_deployment_budget"
+                    if info["scope"] == "deployment"
+                    else "per_session_at_budget"
+                ): at_budget,
+                "membership_prior": 0.5,
+                "world_prior": 1.0 / m,
+            },
+        }
+
+    # -- completions
+
+    def _decoder(self, request: CompletionRequest) -> tuple[str, float]:
+        if request.greedy or self.cfg.decoder == "greedy":
+            return "greedy", 1.0  # the temperature only scales Gumbel votes
+        return "gumbel", request.temperature
+
+    async def complete(
+        self, principal: str, request: CompletionRequest, sid: str | None
+    ) -> dict[str, Any]:
+        """A PAC completion for ``principal`` (in its session ``sid``, or one-shot)."""
+        start = time.perf_counter()
+        check_model(request, self.name)
+        if request.top_p != 1.0:
+            raise RequestError(
+                "'top_p' is not supported by the PAC ensemble (its candidates "
+                "are the public model's top_k tokens); only 1 is accepted",
+                "top_p",
+            )
+        decoder, temperature = self._decoder(request)
+        if sid is not None:
+            await asyncio.to_thread(self._info, sid, principal)  # 404 before queueing
+        out, info = await self._in_order(
+            self._generate, principal, sid, request, decoder, temperature
+        )
+        tokens = len(out.token_ids)
+        if self.metrics is not None:
+            with contextlib.suppress(Exception):  # metrics never fail a completion
+                self.metrics.update(out, self.curator.deployment_info())
+        self.log.info(
+            "pac completion: prompt_tokens=%d completion_tokens=%d private=%d free=%d "
+            "fallback=%d charged_nats=%.6g decoder=%s one_shot=%s exhausted=%s latency_ms=%.1f",
+            out.prompt_tokens,
+            tokens,
+            out.private_tokens,
+            out.free_tokens,
+            out.fallback_tokens,
+            out.charged_nats,
+            decoder,
+            sid is None,
+            out.exhausted,
+            1000 * (time.perf_counter() - start),
+        )
+        body = completion_response(
+            self.name, out.text, out.finish_reason, out.prompt_tokens, tokens
+        )
+        body["privacy"] = {
+            "session": sid,
+            "one_shot": sid is None,
+            "decoder": decoder,
+            "charged_nats": out.charged_nats,
+            "private_tokens": out.private_tokens,
+            "free_tokens": out.free_tokens,
+            "fallback_tokens": out.fallback_tokens,
+            "public_fallback": out.fallback_tokens > 0,
+            "budget_exhausted": bool(out.exhausted or out.fallback_tokens),
+            "session_charged_nats": info["charged"],
+            "remaining_nats": info["remaining"],
+            "key_remaining_nats": info["owner_remaining"],
+            "per_token_budget_nats": self.curator.b,
+        }
+        return body
+
+    def _generate(
+        self,
+        principal: str,
+        sid: str | None,
+        request: CompletionRequest,
+        decoder: str,
+        temperature: float,
+    ) -> tuple[Any, dict[str, Any]]:
+        """One completion on the worker thread; a one-shot session lives only around it."""
+        from privcode.pac.curator import SessionLimitError
+
+        with self._lock:
+            if len(request.prompt) > self.cfg.max_prompt_chars:  # before tokenisation
+                raise RequestError(
+                    f"'prompt' is {len(request.prompt)} characters, over the limit of "
+                    f"{self.cfg.max_prompt_chars}",
+                    "prompt",
+                )
+            context = getattr(self.ensemble, "context", None) or self.cfg.fallback_context
+            n = len(self.ensemble.encode(request.prompt))
+            if n >= context:
+                raise RequestError(
+                    f"'prompt' is {n} tokens; this model's context is {context} tokens", "prompt"
+                )
+            if n + request.max_tokens > context:
+                raise RequestError(
+                    f"this model's context is {context} tokens, but {n + request.max_tokens} "
+                    f"were requested ({n} in the prompt, {request.max_tokens} for the "
+                    "completion): lower 'max_tokens'",
+                    "max_tokens",
+                )
+            stop_when_spent = self.cfg.on_exhausted == "error"
+            if stop_when_spent:
+                why = (
+                    self.curator.owner_can_pay(principal)
+                    if sid is None
+                    else self.curator.can_pay(sid, principal)
+                )
+                if why is not None:
+                    raise _exhausted(why)
+            one_shot = sid is None
+            if one_shot:
+                try:
+                    sid = self.curator.open_session(None, principal)
+                except SessionLimitError as exc:
+                    raise RequestError(
+                        str(exc), status=429, type="rate_limit_error", code="too_many_sessions"
+                    ) from None
+            try:
+                # numpy's generators take seeds >= 0; OpenAI seeds may be negative.
+                seed = None if request.seed is None else request.seed % (1 << 64)
+                out = self.ensemble.generate(
+                    self.curator,
+                    sid,
+                    request.prompt,
+                    request.max_tokens,
+                    decoder=decoder,
+                    temperature=temperature,
+                    seed=seed,
+                    stop=request.stop,
+                    on_exhausted="stop" if stop_when_spent else "fallback",
+                )
+                info = self.curator.session_info(sid)
+            finally:
+                if one_shot:
+                    self.curator.close_session(sid)
+            return out, info
