@@ -180,7 +180,9 @@ def main() -> int:
             if args.pac_worlds
             else make_worlds(base, args.worlds, work / "runs" / "b" / "pac" / "worlds")
         )
-        connect(None, **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 3}))
+        # A cluster of its own on 127.0.0.1 (a joined one may already run Serve elsewhere).
+        os.environ.pop("RAY_ADDRESS", None)
+        connect(None, num_cpus=3)
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"

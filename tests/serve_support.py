@@ -139,11 +139,14 @@ def fuzz_openapi(api, examples=10, key=TEST_KEY):
     schema = schemathesis.openapi.from_asgi("/openapi.json", api, headers=auth)
     operations = [result.ok() for result in schema.get_all_operations()]
     for op in operations:
-
+        # Derandomized: the same examples on every run, so CI does not flake on a schema-valid
+        # request the app rightly refuses for a reason no schema states (a prompt over the
+        # model's context in tokens). More examples or random ones: a local run.
         @settings(
             max_examples=examples,
             deadline=None,
             database=None,
+            derandomize=True,
             suppress_health_check=list(HealthCheck),
         )
         @given(case=op.as_strategy())

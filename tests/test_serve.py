@@ -360,6 +360,51 @@ def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(premium):
     assert others - {first.text}  # the seed matters
 
 
+def test_a_mixed_batch_is_one_generate_call(premium, monkeypatch):
+    """Greedy, sampled and seeded requests share one generate (a seeded request used to run
+    alone, serialising its batch); greedy rows answer as they do alone."""
+    reqs = [
+        _req(PROMPTS[0], max_tokens=8),
+        _req(PROMPTS[1], temperature=0.7, top_p=0.9, max_tokens=8),
+        _req(PROMPTS[2], temperature=1.0, seed=7, max_tokens=8),
+        _req(PROMPTS[0], temperature=1.3, seed=8, max_tokens=8),
+    ]
+    alone = premium.complete(reqs[0])
+    calls = []
+    generate = premium.model.generate
+    monkeypatch.setattr(premium.model, "generate", lambda **kw: calls.append(1) or generate(**kw))
+    out = premium.generate_batch([premium.prepare(r) for r in reqs])
+    assert len(calls) == 1 and not [o for o in out if isinstance(o, Exception)]
+    assert out[0] == alone
+
+
+def test_row_sampler_draws_from_the_tempered_nucleus():
+    """RowSampler's draws against an independent NumPy reference of softmax(s / t) cut to the
+    top-p nucleus (HF's rule: drop tokens whose ascending cumulative mass is <= 1 - p)."""
+    import numpy as np
+
+    from privcode.models.sampling import RowSampler
+
+    scores = torch.tensor([[2.0, 1.5, 0.3, -1.0, 0.9, -3.0]])
+    t, p = 0.7, 0.9
+    z = np.exp(scores[0].numpy() / t - (scores[0].numpy() / t).max())
+    probs = z / z.sum()
+    order = np.argsort(probs)
+    drop = order[np.cumsum(probs[order]) <= 1 - p]
+    ref = probs.copy()
+    ref[drop] = 0
+    ref /= ref.sum()
+    gen = torch.Generator().manual_seed(0)
+    sampler = RowSampler([(t, p, gen)])
+    n = 20_000
+    draws = [int(sampler(None, scores).argmax()) for _ in range(n)]
+    freq = np.bincount(draws, minlength=6) / n
+    assert np.all(freq[ref == 0] == 0)
+    assert np.abs(freq - ref).max() < 4 * np.sqrt(0.25 / n)  # 4 sigma
+    greedy = RowSampler([(0.0, 1.0, None)])(None, scores)
+    assert torch.equal(greedy, scores)
+
+
 def test_prompts_beyond_the_context_are_refused_without_echo(premium):
     long_prompt = SECRET + " ".join(str(i) for i in range(2 * premium.context))
     with pytest.raises(RequestError) as err:
@@ -558,3 +603,23 @@ def test_serve_app_overhttp_json(serve_http, release, premium):
 def test_openapi_fuzz_premium(premium):
     ops = fuzz_openapi(_api(premium))
     assert "POST /v1/completions" in ops and "GET /v1/models/{model_id}" in ops
+
+
+def test_privcode_serve_refuses_an_open_app_before_starting_anything(
+    release, monkeypatch, tmp_path, capsys
+):
+    """No key: `privcode serve` stops before connecting to Ray, naming how to add one; and
+    --insecure-no-auth binds loopback only."""
+    from privcode.cli import main
+
+    monkeypatch.delenv("PRIVCODE_API_KEY", raising=False)
+    monkeypatch.delenv("PRIVCODE_API_KEYS_DIR", raising=False)
+    monkeypatch.setattr(
+        "privcode.cluster.local.connect", lambda *a, **k: pytest.fail("connected to Ray")
+    )
+    args = ["serve", "--premium", str(release), "--set", f"run.out_dir={tmp_path}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "no API key" in err and "--insecure-no-auth" in err
+    assert main([*args, "--insecure-no-auth", "--host", "0.0.0.0"]) == 2
+    assert "127.0.0.1" in capsys.readouterr().err

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-__all__ = ["NucleusFilter", "sampling_kwargs"]
+__all__ = ["NucleusFilter", "RowSampler", "sampling_kwargs"]
 
 
 class NucleusFilter(LogitsProcessor):
@@ -84,3 +84,34 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0) -> dict[str, Any]:
     if float(top_p) < 1.0:
         kwargs["logits_processor"] = LogitsProcessorList([NucleusFilter(top_p, temperature)])
     return kwargs
+
+
+class RowSampler(LogitsProcessor):
+    """Each row of one greedy ``generate`` sampled at its own settings, from its own generator.
+
+    ``rows[i] = (temperature, top_p, generator)``: a row with temperature 0 keeps its scores
+    (greedy); any other draws its next token from ``softmax(scores / temperature)`` restricted
+    to the nucleus (:meth:`NucleusFilter.keep_threshold`, as ``sampling_kwargs`` does) with
+    ``torch.multinomial(generator=...)``, and leaves only that token finite, so greedy decoding
+    picks it. One ``generate`` then serves any mix of greedy, sampled and seeded requests, and
+    a seeded row draws from its own stream whatever else shares its batch (reproducible up to
+    float noise in the logits that a different batch can bring). The generators must live on
+    the scores' device.
+    """
+
+    def __init__(self, rows: list[tuple[float, float, torch.Generator | None]]):
+        self.rows = rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        out = scores.clone()
+        for r, (temperature, top_p, generator) in enumerate(self.rows):
+            if temperature == 0.0:
+                continue
+            row = scores[r : r + 1].float() / temperature
+            if top_p < 1.0:
+                keep = NucleusFilter(top_p).keep_threshold(row)
+                row = row.masked_fill(row < keep, -float("inf"))
+            token = torch.multinomial(row.softmax(dim=-1), 1, generator=generator)
+            out[r] = -float("inf")
+            out[r, token[0, 0]] = 0.0
+        return out  # type: ignore[return-value]

@@ -107,6 +107,8 @@ NeutralZero = Annotated[Literal[0] | None, BeforeValidator(_not_bool)]
 
 
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+#: One stop string: non-empty, at most MAX_STOP_CHARS characters.
+_Stop = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class CompletionBody(BaseModel):
@@ -132,8 +134,10 @@ class CompletionBody(BaseModel):
         ),
     ] = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus mass, (0, 1].")
-    stop: str | list[str] | None = Field(
-        None, description=f"Up to {MAX_STOP} strings that end the completion."
+    stop: _Stop | list[_Stop] | None = Field(
+        None,
+        max_length=MAX_STOP,
+        description=f"Up to {MAX_STOP} strings that end the completion.",
     )
     seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX, description="Sampling seed.")
     user: str | None = Field(None, max_length=256, description="Accepted, not used.")
@@ -356,6 +360,10 @@ def _param(loc: tuple[Any, ...]) -> str | None:
 def _validation_error(errors: Sequence[Mapping[str, Any]]) -> RequestError:
     """A pydantic/FastAPI validation failure as a 400 naming the field (never its value)."""
     first = errors[0] if errors else {"loc": (), "type": "", "msg": "invalid"}
+    # A union (a string, or a list of them) reports one error per member: the deepest one
+    # says what is wrong (an empty string in the list, not "not a string").
+    same = [e for e in errors if _param(tuple(e.get("loc", ()))) == _param(tuple(first["loc"]))]
+    first = max(same or [first], key=lambda e: len(tuple(e.get("loc", ()))))
     kind, param = first.get("type", ""), _param(tuple(first.get("loc", ())))
     if kind == "json_invalid":
         return RequestError("request body is not valid JSON")

@@ -100,6 +100,12 @@ class PacCompletionBody(CompletionBody):
     session: str | None = Field(
         None, min_length=1, max_length=128, description="A session id (POST /v1/sessions)."
     )
+    top_p: float | None = Field(
+        None,
+        ge=1.0,
+        le=1.0,
+        description="Only 1: the candidates are the public model's top_k tokens.",
+    )
 
 
 class SessionCreate(BaseModel):

@@ -16,10 +16,10 @@ Routes (a FastAPI ingress, :mod:`privcode.serve.api`; the schema at ``/openapi.j
 validate a request against the model (:meth:`PremiumModel.prepare`), and
 generate a batch (:meth:`PremiumModel.generate_batch`). :class:`PremiumServer`
 is the thin Serve deployment around it, batching requests with
-``@serve.batch``. Greedy requests share one left-padded ``generate`` call;
-sampled requests share one per (temperature, top_p); a seeded request runs
-alone after ``torch.manual_seed(seed)`` (under the generation lock), so it
-is reproducible. Prompts and completions are never logged, only sizes and
+``@serve.batch``: every request of a batch, greedy, sampled or seeded, shares one
+left-padded ``generate`` call; each sampled row draws from its own generator (its
+request's seed, or a fresh one), so a seeded request is reproducible without
+running alone. Prompts and completions are never logged, only sizes and
 latency.
 """
 
@@ -259,33 +259,23 @@ class PremiumModel:
     # -- generation
 
     def generate_batch(self, items: Sequence[Prepared]) -> list[Completion | Exception]:
-        """Results in the order of ``items``; a failing group yields its exception per item."""
-        groups: dict[Any, list[int]] = {}
-        for i, item in enumerate(items):
-            r = item.request
-            key = (
-                ("greedy",)
-                if r.greedy
-                else (("seeded", i) if r.seed is not None else ("sample", r.temperature, r.top_p))
-            )
-            groups.setdefault(key, []).append(i)
-        results: list[Completion | Exception | None] = [None] * len(items)
-        for index in groups.values():
-            try:
-                outs = self._generate_group([items[i] for i in index])
-            except Exception as exc:  # noqa: BLE001 - reported per request by the caller
-                outs = [exc] * len(index)
-            for i, out in zip(index, outs, strict=True):
-                results[i] = out
-        return results  # type: ignore[return-value]
+        """Results in the order of ``items``, all from ONE ``generate`` call: greedy, sampled
+        and seeded requests together (:class:`~privcode.models.sampling.RowSampler`: each
+        sampled row draws from its own generator, seeded by its request or afresh). A failure
+        is every item's exception."""
+        try:
+            return list(self._generate_rows(items))
+        except Exception as exc:  # noqa: BLE001 - reported per request by the caller
+            return [exc] * len(items)
 
-    def _generate_group(self, items: Sequence[Prepared]) -> list[Completion]:
+    def _generate_rows(self, items: Sequence[Prepared]) -> list[Completion]:
+        import secrets
+
         import torch
-        from transformers import StoppingCriteriaList
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
-        from privcode.models.sampling import sampling_kwargs
+        from privcode.models.sampling import RowSampler
 
-        first = items[0].request
         width = max(len(it.ids) for it in items)
         input_ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(items), width), dtype=torch.long)
@@ -293,13 +283,18 @@ class PremiumModel:
             input_ids[row, width - len(it.ids) :] = torch.tensor(it.ids, dtype=torch.long)
             mask[row, width - len(it.ids) :] = 1
         stopper = _RowStop(self.tokenizer, [it.request for it in items], width)
-        kwargs = sampling_kwargs(0.0 if first.greedy else first.temperature, first.top_p)
+        rows = []
+        for it in items:
+            r = it.request
+            gen = None
+            if not r.greedy:
+                seed = r.seed % (1 << 63) if r.seed is not None else secrets.randbits(63)
+                gen = torch.Generator(device=self.device).manual_seed(seed)
+            rows.append((r.temperature, r.top_p, gen))
+        kwargs: dict[str, Any] = {"do_sample": False}
+        if any(gen is not None for *_, gen in rows):
+            kwargs["logits_processor"] = LogitsProcessorList([RowSampler(rows)])
         with self._lock, torch.inference_mode():
-            if not first.greedy:
-                if first.seed is not None:
-                    torch.manual_seed(first.seed)
-                else:
-                    torch.seed()  # a fresh seed: an earlier seeded request must not leak in
             out = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
