@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -437,9 +438,11 @@ class _Server:
             def log_message(self, *args):  # keep the test output clean
                 pass
 
-            def _reply(self, code, obj):
+            def _reply(self, code, obj, headers=None):
                 data = json.dumps(obj).encode()
                 self.send_response(code)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -454,6 +457,14 @@ class _Server:
                     {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
                 )
                 code = server.statuses.pop(0) if len(server.statuses) > 1 else server.statuses[0]
+                if code == "spent":  # the PAC ensemble's budget: a 429 no wait can mend
+                    err = {"message": "spent", "type": "x", "code": "privacy_budget_exhausted"}
+                    return self._reply(429, {"error": err})
+                if code == 429:
+                    server.retry_after_at = time.monotonic()
+                    return self._reply(
+                        429, {"error": {"message": "slow down"}}, {"Retry-After": "1"}
+                    )
                 if code != 200:
                     return self._reply(code, {"error": {"message": "nope", "type": "x"}})
                 text = f"echo:{body.get('seed')}"
@@ -513,6 +524,15 @@ def test_openai_backend_retries_and_errors(monkeypatch):
         with pytest.raises(BackendError, match=r"HTTP 401.*PROBE_TEST_KEY"):
             b.complete(["x"], max_tokens=2, temperature=0.0)
         assert len(srv.requests) == 1  # 4xx is not retried
+    with _Server(status=(429, 200)) as srv:  # a rate limit: waits Retry-After, not the backoff
+        b = OpenAIBackend(srv.url, model="m", api_key_env=None, backoff_s=0.01)
+        assert b.complete(["x"], max_tokens=2, temperature=0.0) == [["echo:0"]]
+        assert time.monotonic() - srv.retry_after_at >= 0.9 and len(srv.requests) == 2
+    with _Server(status=("spent",)) as srv:
+        b = OpenAIBackend(srv.url, model="m", api_key_env=None, backoff_s=0.01, skip_invalid=False)
+        with pytest.raises(BackendError, match="HTTP 429: spent"):
+            b.complete(["x"], max_tokens=2, temperature=0.0)
+        assert len(srv.requests) == 1  # not retried
 
 
 def test_cli_probe_against_endpoint(tmp_path, capsys):

@@ -321,6 +321,14 @@ class OpenAIBackend(Backend):
                 status = resp.status_code
                 problem = f"{url} answered HTTP {status}: {_error_message(resp)}"
             retry = status is None or status == 429 or status >= 500
+            wait = self.backoff_s * (2**attempt)
+            if status == 429:
+                if _error_code(resp) == "privacy_budget_exhausted":
+                    retry = False  # a spent budget stays spent: waiting does not help
+                # The server's rate limit says when the next request may go (capped).
+                after = resp.headers.get("Retry-After", "")
+                if after.isdigit():
+                    wait = max(wait, min(float(after), 60.0))
             if not retry or attempt == self.max_retries:
                 if status in (401, 403):
                     problem += (
@@ -331,7 +339,7 @@ class OpenAIBackend(Backend):
                 if status in (400, 413, 422):
                     raise InvalidRequestError(problem)
                 raise BackendError(problem)
-            time.sleep(self.backoff_s * (2**attempt))
+            time.sleep(wait)
         raise BackendError(f"{url}: no answer")  # pragma: no cover - loop always returns/raises
 
     def _first_model(self) -> str:
@@ -395,6 +403,15 @@ class OpenAIBackend(Backend):
 
     def close(self) -> None:
         self._session.close()
+
+
+def _error_code(resp: Any) -> str | None:
+    """The OpenAI error body's ``code`` (e.g. ``privacy_budget_exhausted``), if any."""
+    try:
+        err = resp.json().get("error")
+        return err.get("code") if isinstance(err, dict) else None
+    except (ValueError, AttributeError):
+        return None
 
 
 def _error_message(resp: Any) -> str:
