@@ -45,7 +45,8 @@ demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster
 
 # The run's artifacts dir from CONFIG; the PAC ensemble joins (at /ensemble) when the pac stage
 # wrote its worlds, and serves alone when there is no premium release to serve.
-# A local API key for `make serve` (made once, mode 0600) unless PRIVCODE_API_KEY is set.
+# A local API key for `make serve` (made once, mode 0600) unless PRIVCODE_API_KEY is set;
+# `privcode serve` hands it to the replicas in a private key directory while it runs.
 API_KEY_FILE ?= .privcode-api-key
 
 serve: ray-up ## After make demo: serve the premium model at /premium (and the PAC ensemble at /ensemble when the pac stage ran) on the local head until Ctrl-C; API key in .privcode-api-key

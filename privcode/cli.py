@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from privcode.config import SECTIONS, describe, load_config
+from privcode.config import SECTIONS, PipelineConfig, describe, load_config
 from privcode.errors import PrivcodeError, import_extra
 
 
@@ -188,13 +188,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import time
-
     import_extra("fastapi", "serve", "privcode serve")  # ray[serve] brings it too
-    from ray import serve
-
-    from privcode.cluster.local import connect
-    from privcode.serve.args import ensemble_args, guard_args, premium_args
+    from privcode.serve.args import guard_args
 
     if args.pac_only and not args.pac:
         raise PrivcodeError("serve: --pac-only needs --pac WORLDS_DIR")
@@ -203,9 +198,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"serve: --insecure-no-auth serves without API keys, so only on 127.0.0.1 "
             f"(not --host {args.host}); set PRIVCODE_API_KEY (or serve.api_keys_dir) instead"
         )
-    apps = []  # (name, route prefix, application, what): all validated before anything starts
     cfg = load_config(args.config, args.overrides)
     guard = guard_args(cfg.serve, insecure_no_auth=args.insecure_no_auth)
+    keys_dir = _keys_dir_for_replicas(guard)
+    if keys_dir is not None:
+        guard["api_keys_dir"] = keys_dir
+    try:
+        return _serve_apps(args, cfg, guard)
+    finally:
+        if keys_dir is not None:
+            import shutil
+
+            shutil.rmtree(keys_dir, ignore_errors=True)
+
+
+def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> int:
+    import time
+
+    from ray import serve
+
+    from privcode.cluster.local import connect
+    from privcode.serve.args import ensemble_args, premium_args
+
+    apps = []  # (name, route prefix, application, what): all validated before anything starts
     if not args.pac_only:
         from privcode.layout import RunLayout
         from privcode.serve.premium import app
@@ -257,6 +272,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for name, *_ in apps:
             serve.delete(name)
     return 0
+
+
+def _keys_dir_for_replicas(guard: dict) -> str | None:
+    """$PRIVCODE_API_KEY as a key directory the replicas can read, when it is the only key.
+
+    The replicas run in the Ray cluster's processes (under `make serve`, the head that
+    `make ray-up` started), which do not inherit this shell's environment. The key goes to a
+    private directory (0700, the file 0600) for as long as `privcode serve` runs, never into
+    the Serve config (which the dashboard shows). None when a keys directory is configured."""
+    import os
+    import tempfile
+
+    from privcode.serve.guard import KEY_ENV, KEYS_DIR_ENV
+
+    key = os.environ.get(KEY_ENV, "").strip()
+    if not key or guard.get("api_keys_dir") or os.environ.get(KEYS_DIR_ENV):
+        return None
+    folder = tempfile.mkdtemp(prefix="privcode-serve-keys-")
+    path = Path(folder) / "default"
+    path.touch(mode=0o600)
+    path.write_text(key, encoding="utf-8")
+    return folder
 
 
 def _stage_command(stage: str, section: str, flags: tuple[str, ...]):

@@ -623,3 +623,27 @@ def test_privcode_serve_refuses_an_open_app_before_starting_anything(
     assert "no API key" in err and "--insecure-no-auth" in err
     assert main([*args, "--insecure-no-auth", "--host", "0.0.0.0"]) == 2
     assert "127.0.0.1" in capsys.readouterr().err
+
+
+def test_the_cli_hands_its_key_to_the_replicas_in_a_private_directory(monkeypatch):
+    """`make serve`'s replicas run in the head's processes, not under this shell: the CLI
+    writes $PRIVCODE_API_KEY to a 0700 directory for them (never into the Serve config)."""
+    import stat
+    from pathlib import Path
+
+    from privcode.cli import _keys_dir_for_replicas
+
+    monkeypatch.setenv("PRIVCODE_API_KEY", TEST_KEY)
+    monkeypatch.delenv("PRIVCODE_API_KEYS_DIR", raising=False)
+    folder = Path(_keys_dir_for_replicas({"api_keys_dir": None}))
+    try:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE((folder / "default").stat().st_mode) == 0o600
+        # The replica reads the directory; the same key in its env too is one client.
+        ring = KeyRing.load(str(folder), env={"PRIVCODE_API_KEY": TEST_KEY})
+        assert ring.principals == ("default",) and ring.principal(f"Bearer {TEST_KEY}")
+    finally:
+        for p in folder.iterdir():
+            p.unlink()
+        folder.rmdir()
+    assert _keys_dir_for_replicas({"api_keys_dir": "/keys"}) is None  # configured: left alone

@@ -134,7 +134,7 @@ class KeyRing:
                 keys[path.name] = path.read_text(encoding="utf-8").strip()
         single = env.get(key_env, "").strip()
         if single:
-            if "default" in keys:
+            if keys.get("default", single) != single:
                 raise GuardError(f"${key_env} and the keys directory both name 'default'")
             keys["default"] = single
         if not keys and not insecure:
