@@ -202,7 +202,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     guard = guard_args(cfg.serve, insecure_no_auth=args.insecure_no_auth)
     keys_dir = _keys_dir_for_replicas(guard)
     if keys_dir is not None:
+        import signal
+
         guard["api_keys_dir"] = keys_dir
+        # A TERM (a supervisor, `kill`) unwinds too, so the key directory goes with us.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return _serve_apps(args, cfg, guard)
     finally:
