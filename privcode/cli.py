@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from privcode.config import SECTIONS, PipelineConfig, describe, load_config
-from privcode.errors import PrivcodeError, import_extra
+from privcode.config import SECTIONS, describe, load_config
+from privcode.errors import PrivcodeError
 
 
 def _add_config_args(
@@ -181,123 +181,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json:  # otherwise the job id, URL and final status are already on stderr
         _print_json(result)
     return 0 if result["status"] in ("SUCCEEDED", "PENDING", "RUNNING", "SUBMITTED") else 1
-
-
-#: Hosts ``privcode serve --insecure-no-auth`` may bind: loopback only.
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    import_extra("fastapi", "serve", "privcode serve")  # ray[serve] brings it too
-    from privcode.serve.args import guard_args
-
-    if args.pac_only and not args.pac:
-        raise PrivcodeError("serve: --pac-only needs --pac WORLDS_DIR")
-    if args.insecure_no_auth and args.host not in LOOPBACK:
-        raise PrivcodeError(
-            f"serve: --insecure-no-auth serves without API keys, so only on 127.0.0.1 "
-            f"(not --host {args.host}); set PRIVCODE_API_KEY (or serve.api_keys_dir) instead"
-        )
-    cfg = load_config(args.config, args.overrides)
-    guard = guard_args(cfg.serve, insecure_no_auth=args.insecure_no_auth)
-    keys_dir = _keys_dir_for_replicas(guard)
-    if keys_dir is not None:
-        import signal
-
-        guard["api_keys_dir"] = keys_dir
-        # A TERM (a supervisor, `kill`) unwinds too, so the key directory goes with us.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        return _serve_apps(args, cfg, guard)
-    finally:
-        if keys_dir is not None:
-            import shutil
-
-            shutil.rmtree(keys_dir, ignore_errors=True)
-
-
-def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> int:
-    import time
-
-    from ray import serve
-
-    from privcode.cluster.local import connect
-    from privcode.serve.args import ensemble_args, premium_args
-
-    apps = []  # (name, route prefix, application, what): all validated before anything starts
-    if not args.pac_only:
-        from privcode.layout import RunLayout
-        from privcode.serve.premium import app
-
-        release = args.premium or str(RunLayout.of(cfg).premium)
-        options = premium_args(cfg.serve, release, device=args.device, **guard)
-        if args.model:
-            options["model"] = args.model
-        apps.append(("premium", cfg.serve.premium_route, app(options), f"premium model {release}"))
-    if args.pac:
-        from privcode.dp.store import resolve_store
-        from privcode.pac.ensemble import read_manifest
-        from privcode.serve.ensemble import app as pac_app
-
-        read_manifest(args.pac)  # a wrong dir fails here, not later inside the replica
-        # The mechanism and budgets come from the config's pac section, the serving policy
-        # from its serve section; the curator's state lives in the config's privacy store.
-        # The chart renders the same sections (tests/test_serve_config.py).
-        store = str(resolve_store(cfg.privacy.store, cfg.run.out_dir))
-        options = ensemble_args(
-            cfg.serve, cfg.pac, args.pac, device=args.device, privacy_store=store, **guard
-        )
-        if args.pac_decoder:
-            options["decoder"] = args.pac_decoder
-        apps.append(("pac", cfg.serve.pac_route, pac_app(options), f"PAC ensemble {args.pac}"))
-    # No key, no app: refused here, before anything starts (the replicas check it again).
-    from privcode.serve.args import GuardArgs, guard_limits
-
-    guard_limits(GuardArgs(**guard), PrivcodeError)
-    connect(args.address)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    for name, prefix, application, what in apps:
-        serve.run(application, name=name, route_prefix=prefix)
-        base = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"
-        extra = " (sessions: /v1/sessions, budget: /v1/privacy)" if name == "pac" else ""
-        print(
-            f"{what} at {base}/v1/completions (OpenAI completions API; schema: "
-            f"{base}/openapi.json){extra}",
-            file=sys.stderr,
-            flush=True,
-        )
-    if args.insecure_no_auth:
-        print("WARNING: no API key: any local process may query these apps", file=sys.stderr)
-    print("Ctrl-C stops serving", file=sys.stderr, flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        for name, *_ in apps:
-            serve.delete(name)
-    return 0
-
-
-def _keys_dir_for_replicas(guard: dict) -> str | None:
-    """$PRIVCODE_API_KEY as a key directory the replicas can read, when it is the only key.
-
-    The replicas run in the Ray cluster's processes (under `make serve`, the head that
-    `make ray-up` started), which do not inherit this shell's environment. The key goes to a
-    private directory (0700, the file 0600) for as long as `privcode serve` runs, never into
-    the Serve config (which the dashboard shows). None when a keys directory is configured."""
-    import os
-    import tempfile
-
-    from privcode.serve.guard import KEY_ENV, KEYS_DIR_ENV
-
-    key = os.environ.get(KEY_ENV, "").strip()
-    if not key or guard.get("api_keys_dir") or os.environ.get(KEYS_DIR_ENV):
-        return None
-    folder = tempfile.mkdtemp(prefix="privcode-serve-keys-")
-    path = Path(folder) / "default"
-    path.touch(mode=0o600)
-    path.write_text(key, encoding="utf-8")
-    return folder
 
 
 def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
@@ -469,59 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_premium)
 
-    p = sub.add_parser(
-        "serve",
-        help="Serve the premium model (and with --pac the PAC-private "
-        "ensemble) on Ray Serve (OpenAI-compatible completions API) "
-        "until Ctrl-C.",
-    )
-    _add_config_args(p)
-    p.add_argument(
-        "--premium",
-        default=None,
-        help="Premium release directory (default: <run.out_dir>/<run.name>/premium).",
-    )
-    p.add_argument("--model", default=None, help="Base model override (default: premium.json's).")
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=("auto", "cpu", "cuda"),
-        help="Device (default %(default)s).",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="HTTP host (default %(default)s).")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default %(default)s).")
-    p.add_argument(
-        "--address", default=None, help="Ray cluster (default: RAY_ADDRESS, else a local one)."
-    )
-    p.add_argument(
-        "--pac",
-        default=None,
-        metavar="WORLDS_DIR",
-        help="Also serve the PAC-private ensemble of this worlds artifact (the pac "
-        "stage's <run.out_dir>/<run.name>/pac/worlds) at serve.pac_route (/ensemble, the "
-        "chart's route), with the config's pac.b, top_k and budgets and serve.pac_* "
-        "policy; its curator state (secret and charges) persists in the privacy store.",
-    )
-    p.add_argument(
-        "--pac-decoder",
-        choices=("gumbel", "greedy"),
-        default=None,
-        help="Override serve.pac_decoder (gumbel: requests with temperature > 0 by coupled "
-        "Gumbel votes, temperature 0 greedily; greedy: every request greedily).",
-    )
-    p.add_argument(
-        "--insecure-no-auth",
-        action="store_true",
-        help="Serve WITHOUT an API key (every answer says so), on 127.0.0.1 only. Without "
-        "it the apps refuse to start unless PRIVCODE_API_KEY or serve.api_keys_dir gives "
-        "a key.",
-    )
-    p.add_argument(
-        "--pac-only",
-        action="store_true",
-        help="Serve only the PAC ensemble (with --pac), not the premium model.",
-    )
-    p.set_defaults(func=cmd_serve)
+    from privcode.serve.cli import add_serve_parser
+
+    add_serve_parser(sub, _add_config_args)
 
     p = sub.add_parser(
         "audit",

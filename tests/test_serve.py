@@ -631,7 +631,7 @@ def test_the_cli_hands_its_key_to_the_replicas_in_a_private_directory(monkeypatc
     import stat
     from pathlib import Path
 
-    from privcode.cli import _keys_dir_for_replicas
+    from privcode.serve.cli import _keys_dir_for_replicas
 
     monkeypatch.setenv("PRIVCODE_API_KEY", TEST_KEY)
     monkeypatch.delenv("PRIVCODE_API_KEYS_DIR", raising=False)
