@@ -647,3 +647,31 @@ def test_the_cli_hands_its_key_to_the_replicas_in_a_private_directory(monkeypatc
             p.unlink()
         folder.rmdir()
     assert _keys_dir_for_replicas({"api_keys_dir": "/keys"}) is None  # configured: left alone
+
+
+def test_an_unexpected_error_is_a_500_that_names_nothing(caplog):
+    """A failure inside generation: 500, logged by its type only (the message could hold the
+    prompt); refusals the app raises on purpose keep their own status."""
+
+    class Boom(Exception):
+        pass
+
+    class Model:
+        name, created, max_tokens_limit, max_prompt_chars = "m", 1, 8, 100
+
+        def prepare(self, request):
+            if request.prompt == "refuse":
+                raise RequestError("'prompt' is refused", "prompt")
+            return request
+
+    async def generate(item):
+        raise Boom(f"failed on {item.prompt}")
+
+    api = build_api(Model(), generate, limits())
+    caplog.set_level(logging.INFO)
+    status, body, _ = _call(api, "POST", "/v1/completions", {"prompt": SECRET})
+    assert status == 500 and body["error"]["type"] == "server_error"
+    assert SECRET not in json.dumps(body) and SECRET not in caplog.text
+    assert "request failed: Boom" in caplog.text
+    status, body, _ = _call(api, "POST", "/v1/completions", {"prompt": "refuse"})
+    assert status == 400 and body["error"]["param"] == "prompt"

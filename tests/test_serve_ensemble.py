@@ -552,6 +552,25 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
     assert len(shown) == 1 and shown[0]["dataset_budget_nats"] == 2.0**-3
 
 
+def test_a_session_that_expires_in_the_queue_is_a_404(ensemble, tmp_path, monkeypatch):
+    from privcode.pac.curator import UnknownSessionError
+
+    svc = _service(ensemble, tmp_path)
+    try:
+        sid = _call(svc, "POST", "/v1/sessions")[1]["id"]
+
+        def gone(*args, **kwargs):
+            raise UnknownSessionError("expired")
+
+        monkeypatch.setattr(svc.ensemble, "generate", gone)
+        status, body, _ = _call(
+            svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "session": sid}
+        )
+        assert status == 404 and body["error"]["code"] == "session_not_found"
+    finally:
+        svc.close()
+
+
 @pytest.mark.heavy
 def test_openapi_fuzz_pac(ensemble, tmp_path):
     svc = _service(ensemble, tmp_path)

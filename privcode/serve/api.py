@@ -404,9 +404,11 @@ def new_api(
             async def safe(request: Request) -> Any:
                 try:
                     return await handler(request)
-                except (HTTPException, RequestValidationError, RequestError):
-                    raise
                 except Exception as exc:  # noqa: BLE001 - its message may hold request data
+                    handled = [c for c in request.app.exception_handlers if isinstance(c, type)]
+                    if any(isinstance(exc, c) for c in handled if c is not Exception):
+                        raise  # an app's own refusal (RequestError, a 404, ...): its handler
+
                     logger.error("request failed: %s", type(exc).__name__)
                     return JSONResponse(
                         error_body("internal error while generating", type="server_error"),

@@ -73,7 +73,7 @@ from privcode.serve.pac_args import (
     new_curator,
     parse_args,
 )
-from privcode.serve.pac_service import PacService
+from privcode.serve.pac_service import PacService, _not_found_session
 
 log = logging.getLogger("privcode.serve")
 
@@ -155,6 +155,7 @@ class PacCompletionResponse(CompletionResponse):
 
 def build_api(service: PacService, limits: Limits, logger: logging.Logger | None = None) -> Any:
     """The PAC app's FastAPI object over ``service`` (no Ray needed: tests drive it)."""
+    from privcode.pac.curator import UnknownSessionError
     from privcode.pac.ensemble import PacEnsembleError
 
     logger = logger or log
@@ -179,6 +180,14 @@ def build_api(service: PacService, limits: Limits, logger: logging.Logger | None
         from fastapi.responses import JSONResponse
 
         err = RequestError(str(exc))  # request-shaped values only: no prompt text
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @api.exception_handler(UnknownSessionError)
+    async def _unknown_session(request: Request, exc: UnknownSessionError) -> Any:
+        from fastapi.responses import JSONResponse
+
+        # A session that expired (or was closed) while its request waited in the queue.
+        err = _not_found_session()
         return JSONResponse(err.body(), status_code=err.status)
 
     def principal(request: Request) -> str:
