@@ -58,6 +58,7 @@ __all__ = [
     "Usage",
     "completion_model",
     "completion_response",
+    "fit_context",
     "new_api",
     "to_request",
 ]
@@ -475,6 +476,35 @@ def new_api(
         max_body_bytes=limits.max_body_bytes,
     )
     return api
+
+
+def fit_context(
+    request: CompletionRequest,
+    max_prompt_chars: int,
+    encode: Callable[[str], Sequence[int]],
+    context: int,
+) -> tuple[int, ...]:
+    """The prompt's token ids, once it is known to fit: at most ``max_prompt_chars`` characters
+    (checked before tokenising: bounded work), then prompt + ``max_tokens`` within ``context``
+    tokens. :class:`RequestError` names the field to change."""
+    if len(request.prompt) > max_prompt_chars:
+        raise RequestError(
+            f"'prompt' is {len(request.prompt)} characters, over the limit of {max_prompt_chars}",
+            "prompt",
+        )
+    ids = tuple(encode(request.prompt))
+    if len(ids) >= context:
+        raise RequestError(
+            f"'prompt' is {len(ids)} tokens; this model's context is {context} tokens", "prompt"
+        )
+    if len(ids) + request.max_tokens > context:
+        raise RequestError(
+            f"this model's context is {context} tokens, but {len(ids) + request.max_tokens} "
+            f"were requested ({len(ids)} in the prompt, {request.max_tokens} for the "
+            "completion): lower 'max_tokens'",
+            "max_tokens",
+        )
+    return ids
 
 
 def check_model(request: CompletionRequest, name: str) -> None:

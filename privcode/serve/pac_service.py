@@ -22,7 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from privcode.serve.api import CompletionRequest, RequestError, check_model, completion_response
+from privcode.serve.api import (
+    CompletionRequest,
+    RequestError,
+    check_model,
+    completion_response,
+    fit_context,
+)
 from privcode.serve.pac_args import EnsembleArgs, EnsembleError, new_curator
 
 log = logging.getLogger("privcode.serve")
@@ -401,25 +407,8 @@ class PacService:
         from privcode.pac.curator import SessionLimitError
 
         with self._lock:
-            if len(request.prompt) > self.cfg.max_prompt_chars:  # before tokenisation
-                raise RequestError(
-                    f"'prompt' is {len(request.prompt)} characters, over the limit of "
-                    f"{self.cfg.max_prompt_chars}",
-                    "prompt",
-                )
             context = getattr(self.ensemble, "context", None) or self.cfg.fallback_context
-            n = len(self.ensemble.encode(request.prompt))
-            if n >= context:
-                raise RequestError(
-                    f"'prompt' is {n} tokens; this model's context is {context} tokens", "prompt"
-                )
-            if n + request.max_tokens > context:
-                raise RequestError(
-                    f"this model's context is {context} tokens, but {n + request.max_tokens} "
-                    f"were requested ({n} in the prompt, {request.max_tokens} for the "
-                    "completion): lower 'max_tokens'",
-                    "max_tokens",
-                )
+            fit_context(request, self.cfg.max_prompt_chars, self.ensemble.encode, context)
             stop_when_spent = self.cfg.on_exhausted == "error"
             if stop_when_spent:
                 why = (

@@ -46,6 +46,7 @@ from privcode.serve.api import (
     check_model,
     completion_model,
     completion_response,
+    fit_context,
     new_api,
     to_request,
 )
@@ -226,27 +227,11 @@ class PremiumModel:
                 f"'max_tokens' must be at most {self.max_tokens_limit}, got {request.max_tokens}",
                 "max_tokens",
             )
-        if len(request.prompt) > self.max_prompt_chars:  # before tokenisation: bounded work
-            raise RequestError(
-                f"'prompt' is {len(request.prompt)} characters, over the limit of "
-                f"{self.max_prompt_chars}",
-                "prompt",
-            )
-        ids = self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
-        ids = tuple(ids) if ids else (self.start_id,)
-        if len(ids) >= self.context:
-            raise RequestError(
-                f"'prompt' is {len(ids)} tokens; this model's context is {self.context} tokens",
-                "prompt",
-            )
-        if len(ids) + request.max_tokens > self.context:
-            raise RequestError(
-                f"this model's context is {self.context} tokens, but "
-                f"{len(ids) + request.max_tokens} were requested "
-                f"({len(ids)} in the prompt, {request.max_tokens} for the "
-                "completion): lower 'max_tokens'",
-                "max_tokens",
-            )
+
+        def encode(prompt: str) -> list[int]:
+            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"] or [self.start_id]
+
+        ids = fit_context(request, self.max_prompt_chars, encode, self.context)
         return Prepared(request, ids)
 
     def complete(self, request: CompletionRequest) -> Completion:
