@@ -57,6 +57,32 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Rename the finished directory ``tmp`` to ``final``, replacing an older one there whole.
+
+    The old directory is moved aside first (and moved back if the rename fails), so ``final``
+    is never a mix of both; a reader racing the swap may briefly find none. The old one is
+    removed afterwards.
+    """
+    import shutil
+    import uuid
+
+    tmp, final = Path(tmp), Path(final)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        if old is not None:
+            os.rename(old, final)
+        raise
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)

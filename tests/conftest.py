@@ -550,3 +550,32 @@ def base_summary(path, heldout_loss=4.2, untrained_heldout_loss=9.0, **overrides
     )
     values.update(overrides)
     return BaseRecord.from_json(values).to_json()
+
+
+@pytest.fixture(scope="session")
+def premium_release(ci_base_cache, tmp_path_factory):
+    """A premium-style release: a LoRA adapter + premium.json.
+
+    The adapter's B matrices are large random values, so the adapter dominates
+    the tiny base model: completions are varied, non-blank token soup whatever
+    the base model learnt (a busy machine can stop its training early).
+    """
+    import torch
+
+    from privcode.config import BaseConfig
+    from privcode.models.base import build_base
+    from privcode.models.loading import attach_lora, load_causal_lm
+
+    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+    root = tmp_path_factory.mktemp("premium")
+    with torch.random.fork_rng():  # LoRA's A matrices: not from what earlier tests drew
+        torch.manual_seed(0)
+        model = attach_lora(load_causal_lm(base), r=4, alpha=8)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    model.save_pretrained(str(root / "adapter"))
+    (root / "premium.json").write_text(premium_json(base), encoding="utf-8")
+    return root

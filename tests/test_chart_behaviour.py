@@ -508,6 +508,7 @@ def test_rayservice_serve_config(ci_objects, helm):
         "premium": "/mnt/artifacts/runs/demo/premium",
         "max_tokens_limit": 512,
         "max_batch_size": 8,
+        "engine": "transformers",
         **limits,
     }
     # the app builder accepts exactly these args, and the deployment name is the app's own
@@ -555,6 +556,7 @@ def test_rayservice_serve_config(ci_objects, helm):
         "premium": "/mnt/artifacts/runs/demo/premium",
         "max_tokens_limit": 512,
         "max_batch_size": 8,
+        "engine": "transformers",
         **limits,
     }
     assert not by_kind(objects, "Secret")  # the chart never creates the API key

@@ -321,3 +321,31 @@ def test_every_rank_joins_the_heldout_forward_and_the_mean_is_the_one_rank_mean(
         sums.append((mean * len(batches), len(batches)))
     assert calls == {0: 2 + 4, 1: 2, 2: 2}  # rank 0's first 4: the one-rank run; 2 each here
     assert sum(s for s, _ in sums) / sum(n for _, n in sums) == pytest.approx(one)
+
+
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_the_premium_stage_writes_merged_weights_for_the_vllm_engine(
+    engine, premium_release, tmp_path, monkeypatch
+):
+    import shutil
+
+    import privcode.premium.train as premium_train
+    from privcode.config import load_config
+    from privcode.models.artifacts import MERGED_DIR, MERGED_MARKER
+    from privcode.pipeline.stages import PremiumStage
+
+    def trained(cfg, *, data_path, model_path, out_dir, storage_dir):
+        shutil.copytree(premium_release, out_dir, dirs_exist_ok=True)
+        return {"stand-in": True}
+
+    monkeypatch.setattr(premium_train, "run_premium", trained)
+    base = json.loads((premium_release / "premium.json").read_text())["model"]
+    cfg = load_config(
+        overrides=[f"serve.engine={engine}", f"premium.model={base}", f"run.out_dir={tmp_path}"]
+    )
+    out = tmp_path / "premium"
+    assert PremiumStage().run(cfg, out, {}) == {"stand-in": True}
+    merged = out / MERGED_DIR
+    assert (merged / "model.safetensors").is_file() == (engine == "vllm")
+    if engine == "vllm":
+        assert json.loads((merged / MERGED_MARKER).read_text())["privacy"]["dp"] is True

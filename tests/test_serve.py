@@ -19,7 +19,6 @@ from serve_support import (
     limits,
 )
 
-from privcode.config import BaseConfig
 from privcode.serve.api import CompletionRequest, RequestError, parse_completion
 from privcode.serve.args import guard_limits
 from privcode.serve.guard import GuardError, KeyRing
@@ -42,29 +41,8 @@ SECRET = "SECRET-PROMPT-7f3a"
 
 
 @pytest.fixture(scope="module")
-def release(ci_base_cache, tmp_path_factory):
-    """A premium-style release: a LoRA adapter + premium.json.
-
-    The adapter's B matrices are large random values, so the adapter dominates
-    the tiny base model: completions are varied, non-blank token soup whatever
-    the base model learnt (a busy machine can stop its training early).
-    """
-    from privcode.models.base import build_base
-    from privcode.models.loading import attach_lora, load_causal_lm
-
-    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
-    root = tmp_path_factory.mktemp("premium")
-    with torch.random.fork_rng():  # LoRA's A matrices: not from what earlier tests drew
-        torch.manual_seed(0)
-        model = attach_lora(load_causal_lm(base), r=4, alpha=8)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-    model.save_pretrained(str(root / "adapter"))
-    (root / "premium.json").write_text(premium_json(base), encoding="utf-8")
-    return root
+def release(premium_release):
+    return premium_release
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from privcode.config.fields import opt
 
 ROUTE = r"/[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*|/"
+#: Where Ray Serve LLM can load LoRA adapters from at run time (its LoraConfig accepts no
+#: local path): an object store.
+LORA_STORE = r"((s3|gs|abfss|azure)://\S+)?"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,51 @@ class ServeConfig:
     )
     max_batch_size: int = opt(
         8, "Premium requests batched into one generate call.", min=1, max=1024
+    )
+    engine: str = opt(
+        "transformers",
+        "What runs the premium model: transformers (one replica batching generate calls; "
+        "CPU or GPU) or vllm (Ray Serve LLM: vLLM replicas on GPUs behind the same guarded "
+        "routes; needs vLLM on every node, pip install 'ray[llm]'). With vllm the premium "
+        "stage also writes merged/ (base + adapter, safetensors) for vLLM to load.",
+        choices=("transformers", "vllm"),
+    )
+    vllm_tensor_parallel_size: int = opt(
+        1, "engine vllm: GPUs each vLLM replica shards the model over.", min=1, max=64
+    )
+    vllm_gpu_memory_utilization: float = opt(
+        0.9,
+        "engine vllm: share of each GPU's memory vLLM may take (weights + KV cache).",
+        min=0.05,
+        max=0.99,
+    )
+    vllm_max_model_len: int = opt(
+        0,
+        "engine vllm: context (prompt + completion tokens) of a vLLM replica; 0: the model's.",
+        min=0,
+        max=1 << 20,
+    )
+    vllm_dtype: str = opt(
+        "auto",
+        "engine vllm: weight dtype (auto: the checkpoint's, bfloat16 for a merged premium model).",
+        choices=("auto", "bfloat16", "float16"),
+    )
+    vllm_min_replicas: int = opt(
+        1, "engine vllm: fewest vLLM replicas (autoscaled on ongoing requests).", min=0, max=1024
+    )
+    vllm_max_replicas: int = opt(1, "engine vllm: most vLLM replicas.", min=1, max=1024)
+    vllm_accelerator_type: str = opt(
+        "",
+        "engine vllm: the GPU type each vLLM replica needs (Ray's accelerator_type, e.g. H100, "
+        "A10G); empty: any GPU.",
+    )
+    vllm_lora_store: str = opt(
+        "",
+        "engine vllm: an object store (s3://, gs://, abfss://, azure://) holding the premium "
+        "adapter as <store>/<served_model_name>/: vLLM then serves the base model with the "
+        "adapter loaded per request (multi-LoRA, several premium models on one base). Empty: "
+        "vLLM loads the release's merged/ checkpoint (a PVC works).",
+        pattern=LORA_STORE,
     )
     pac_max_tokens_limit: int = opt(
         256, "Largest max_tokens of a PAC completion.", min=1, max=1 << 16
@@ -117,6 +165,8 @@ class ServeConfig:
             )
         if self.pac_max_sessions_per_key > self.pac_max_sessions:
             return ("pac_max_sessions_per_key", "is larger than serve.pac_max_sessions")
+        if self.vllm_min_replicas > self.vllm_max_replicas:
+            return ("vllm_min_replicas", "is larger than serve.vllm_max_replicas")
         if self.premium_route == self.pac_route:
             return ("pac_route", "must differ from serve.premium_route")
         return None

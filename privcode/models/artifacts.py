@@ -35,9 +35,17 @@ from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.nondp import NondpRecord
 from privcode.artifacts.premium import PremiumRecord
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
-from privcode.utils import read_json_object
+from privcode.utils import read_json_object, replace_dir
 
-__all__ = ["MODEL_KINDS", "LoadedModel", "load_model", "model_kind"]
+__all__ = [
+    "MERGED_DIR",
+    "MERGED_MARKER",
+    "MODEL_KINDS",
+    "LoadedModel",
+    "export_merged",
+    "load_model",
+    "model_kind",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,10 @@ _MARKERS = (
     ("adapter", "adapter_config.json"),
     ("nondpft", "nondp.json"),
 )
+#: A premium release's merged checkpoint (for engines that load a plain HF model: vLLM).
+MERGED_DIR = "merged"
+#: Its provenance: the release it was merged from and that release's privacy block.
+MERGED_MARKER = "privcode-merged.json"
 
 
 @dataclass
@@ -223,3 +235,59 @@ def load_model(
         meta=meta,
         eos_ids=eos_ids,
     )
+
+
+def export_merged(
+    release: str | Path,
+    *,
+    base_model: str | None = None,
+    dtype: str = "bfloat16",
+    out: str | Path | None = None,
+) -> Path:
+    """Write a premium release's model as one Hugging Face checkpoint: ``<release>/merged/``.
+
+    Base + adapter merged (``W + (alpha/r) B A``, as :func:`load_model` does), saved as
+    safetensors in ``dtype`` with the tokenizer and the checkpoint's end-of-sequence ids, so
+    an engine that takes a plain model directory (vLLM) serves exactly the premium model.
+    :data:`MERGED_MARKER` records the base model and the release's ``privacy`` block (the merged
+    weights inherit the release's guarantee, by post-processing). Written to a temporary
+    directory, then renamed: a crash leaves no half checkpoint, and an existing ``merged/``
+    is replaced only by a complete one. Returns the checkpoint's directory.
+    """
+    import json
+    import shutil
+    import tempfile
+
+    import torch
+
+    root = Path(str(release)).expanduser().resolve()
+    if model_kind(root) != "premium":
+        raise ModelLoadError(f"{root}: not a premium release (no premium.json)")
+    target = Path(str(out)).expanduser().resolve() if out else root / MERGED_DIR
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ModelLoadError(f"export_merged: {dtype!r} is not a torch dtype")
+    # Merge in float32 (the adapter's precision), then cast once.
+    loaded = load_model(root, base_model=base_model, device="cpu", dtype=torch.float32)
+    model = loaded.model.to(torch_dtype)
+    model.generation_config.eos_token_id = list(loaded.eos_ids) or None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from a replica running as another user
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        loaded.tokenizer.save_pretrained(str(tmp))
+        marker = {
+            "format": 1,
+            "adapter": "../adapter",
+            "base_model": loaded.base_model,
+            "dtype": dtype,
+            "privacy": loaded.meta.get("privacy"),
+        }
+        (tmp / MERGED_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("premium release %s merged into %s (%s)", root, target, dtype)
+    return target

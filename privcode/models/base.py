@@ -39,7 +39,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +53,7 @@ from privcode.config import BaseConfig
 from privcode.models import corpus as C
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
 from privcode.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
-from privcode.utils import ThreadTuner, atomic_write_json, stable_hash
+from privcode.utils import ThreadTuner, atomic_write_json, replace_dir, stable_hash
 from privcode.utils import torch_threads as _torch_threads
 
 __all__ = [
@@ -319,13 +318,7 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
     The old build is first moved aside, so ``final`` is never a half-written
     mix; a reader racing the swap may briefly find no build and rebuild/wait.
     """
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(final, old)
-    os.rename(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, final)
 
 
 def _make_readable(directory: Path) -> None:

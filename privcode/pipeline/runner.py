@@ -42,7 +42,7 @@ from privcode.layout import RunLayout
 from privcode.pipeline.placement import cluster_nodes, stage_resources
 from privcode.pipeline.stages import STAGES, PendingInput, Stage
 from privcode.pipeline.summary import run_summary
-from privcode.utils import stable_hash, torch_threads
+from privcode.utils import replace_dir, stable_hash, torch_threads
 
 log = logging.getLogger("privcode.pipeline")
 
@@ -166,13 +166,7 @@ def execute_stage(
             config_source=cfg.source,
         )
         manifest.write(work / MANIFEST)
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            final.rename(old)
-            work.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            work.rename(final)
+        replace_dir(work, final)
         return manifest
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

@@ -285,7 +285,10 @@ class PremiumStage(Stage):
 
     Reads the synth stage's ``synthetic.parquet`` (or ``premium.data``, which
     must be a Stage II dataset) and the premium base (``premium.model``, or
-    the base stage's model); writes ``adapter/`` and ``premium.json``.
+    the base stage's model); writes ``adapter/`` and ``premium.json``, and with
+    ``serve.engine: vllm`` also ``merged/`` (base + adapter, what vLLM loads). ``serve.engine``
+    is not in the fingerprint: switching it retrains nothing, and the serving app writes a
+    missing ``merged/`` itself.
     """
 
     name = "premium"
@@ -319,13 +322,18 @@ class PremiumStage(Stage):
             if cfg.premium.model
             else Path(base_path(inputs))
         )
-        return run_premium(
+        summary = run_premium(
             cfg.premium,
             data_path=data,
             model_path=model,
             out_dir=out_dir,
             storage_dir=layout.work("premium"),
         )
+        if cfg.serve.engine == "vllm":  # vLLM loads one plain checkpoint: base + adapter merged
+            from privcode.models.artifacts import export_merged
+
+            export_merged(out_dir)
+        return summary
 
     def report_section(self, manifest, ctx):
         return report_stages.premium_section(manifest, ctx)

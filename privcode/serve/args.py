@@ -145,11 +145,21 @@ def guard_args(serve: ServeConfig, *, insecure_no_auth: bool = False) -> dict[st
 
 
 def premium_args(serve: ServeConfig, premium: str, **more: Any) -> dict[str, Any]:
-    """The premium app's args for ``privcode serve`` (the chart renders the same values)."""
+    """The premium app's args for ``privcode serve`` (the chart renders the same values):
+    ``engine``, and with ``vllm`` its ``vllm_*`` settings (empty strings left out)."""
+    vllm = {}
+    if serve.engine == "vllm":
+        vllm = {
+            f.name: getattr(serve, f.name)
+            for f in fields(ServeConfig)
+            if f.name.startswith("vllm_") and getattr(serve, f.name) != ""
+        }
     return {
         "premium": premium,
         "max_tokens_limit": serve.max_tokens_limit,
         "max_batch_size": serve.max_batch_size,
+        "engine": serve.engine,
+        **vllm,
         **more,
     }
 

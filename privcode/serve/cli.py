@@ -53,6 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> int:
     import time
+    from functools import partial
 
     from ray import serve
 
@@ -62,13 +63,25 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
     apps = []  # (name, route prefix, application, what): all validated before anything starts
     if not args.pac_only:
         from privcode.layout import RunLayout
-        from privcode.serve.premium import app
+        from privcode.serve.premium import app, parse_args
 
         release = args.premium or str(RunLayout.of(cfg).premium)
-        options = premium_args(cfg.serve, release, device=args.device, **guard)
+        serve_cfg = cfg.serve
+        if args.engine:
+            import dataclasses
+
+            serve_cfg = dataclasses.replace(cfg.serve, engine=args.engine)
+        options = premium_args(serve_cfg, release, device=args.device, **guard)
         if args.model:
             options["model"] = args.model
-        apps.append(("premium", cfg.serve.premium_route, app(options), f"premium model {release}"))
+        if parse_args(options).engine == "vllm":  # Ray Serve LLM's builder needs Ray: build later
+            from privcode.serve.premium_llm import require_vllm
+
+            require_vllm()
+            application = partial(app, options)
+        else:
+            application = app(options)
+        apps.append(("premium", cfg.serve.premium_route, application, f"premium model {release}"))
     if args.pac:
         from privcode.dp.store import resolve_store
         from privcode.pac.ensemble import read_manifest
@@ -92,6 +105,8 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
     connect(args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     for name, prefix, application, what in apps:
+        if isinstance(application, partial):
+            application = application()
         serve.run(application, name=name, route_prefix=prefix)
         base = f"http://{args.host}:{args.port}{prefix.rstrip('/')}"
         extra = " (sessions: /v1/sessions, budget: /v1/privacy)" if name == "pac" else ""
@@ -151,6 +166,14 @@ def add_serve_parser(
         help="Premium release directory (default: <run.out_dir>/<run.name>/premium).",
     )
     p.add_argument("--model", default=None, help="Base model override (default: premium.json's).")
+    p.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default=None,
+        help="Override serve.engine: transformers (one batching replica, CPU or GPU) or vllm "
+        "(Ray Serve LLM on the cluster's GPUs, behind the same routes and keys; needs "
+        "vLLM on every node).",
+    )
     p.add_argument(
         "--device",
         default="auto",

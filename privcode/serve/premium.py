@@ -64,6 +64,7 @@ __all__ = [
     "build_api",
     "build_app",
     "parse_args",
+    "prepare_request",
 ]
 
 DEFAULT_MODEL_NAME = "privcode-premium"
@@ -85,6 +86,16 @@ class ServeArgs(GuardArgs):
     max_batch_size: int = SERVE_DEFAULTS["max_batch_size"]
     batch_wait_timeout_s: float = 0.02
     served_model_name: str = DEFAULT_MODEL_NAME
+    engine: str = SERVE_DEFAULTS["engine"]
+    # engine vllm only (privcode.serve.premium_llm); ranges: the serve section's.
+    vllm_tensor_parallel_size: int = SERVE_DEFAULTS["vllm_tensor_parallel_size"]
+    vllm_gpu_memory_utilization: float = SERVE_DEFAULTS["vllm_gpu_memory_utilization"]
+    vllm_max_model_len: int = SERVE_DEFAULTS["vllm_max_model_len"]
+    vllm_dtype: str = SERVE_DEFAULTS["vllm_dtype"]
+    vllm_min_replicas: int = SERVE_DEFAULTS["vllm_min_replicas"]
+    vllm_max_replicas: int = SERVE_DEFAULTS["vllm_max_replicas"]
+    vllm_accelerator_type: str | None = None
+    vllm_lora_store: str | None = None
 
 
 _DEVICES = ("auto", "cpu", "cuda")
@@ -99,6 +110,17 @@ def parse_args(args: Mapping[str, Any] | None) -> ServeArgs:
         raise ServeError(
             "serve args: 'batch_wait_timeout_s' must be a number of seconds in [0, 60]"
         )
+    if cfg.engine != "vllm":  # a vLLM setting would be silently ignored
+        defaults = ServeArgs(premium=cfg.premium)
+        given = sorted(
+            k
+            for k in (args or {})
+            if k.startswith("vllm_") and getattr(cfg, k) != getattr(defaults, k)
+        )
+        if given:
+            raise ServeError(f"serve args: {given[0]!r} needs 'engine': 'vllm'")
+    if cfg.vllm_min_replicas > cfg.vllm_max_replicas:
+        raise ServeError("serve args: 'vllm_min_replicas' is larger than 'vllm_max_replicas'")
     return cfg
 
 
@@ -119,6 +141,22 @@ class Prepared:
 
     request: CompletionRequest
     ids: tuple[int, ...]
+
+
+def prepare_request(model: Any, request: CompletionRequest) -> Prepared:
+    """``request`` checked against ``model``'s limits and context, with its prompt's token ids
+    (the tokenizer's special tokens added, as the engine would; ``model``: ``tokenizer``,
+    ``start_id``, ``max_tokens_limit``, ``max_prompt_chars``, ``context``)."""
+    if request.max_tokens > model.max_tokens_limit:
+        raise RequestError(
+            f"'max_tokens' must be at most {model.max_tokens_limit}, got {request.max_tokens}",
+            "max_tokens",
+        )
+
+    def encode(prompt: str) -> list[int]:
+        return model.tokenizer(prompt, add_special_tokens=True)["input_ids"] or [model.start_id]
+
+    return Prepared(request, fit_context(request, model.max_prompt_chars, encode, model.context))
 
 
 def _resolve_device(device: str):
@@ -222,17 +260,7 @@ class PremiumModel:
 
     def prepare(self, request: CompletionRequest) -> Prepared:
         """Tokenise and check a request against the model (context length, limits)."""
-        if request.max_tokens > self.max_tokens_limit:
-            raise RequestError(
-                f"'max_tokens' must be at most {self.max_tokens_limit}, got {request.max_tokens}",
-                "max_tokens",
-            )
-
-        def encode(prompt: str) -> list[int]:
-            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"] or [self.start_id]
-
-        ids = fit_context(request, self.max_prompt_chars, encode, self.context)
-        return Prepared(request, ids)
+        return prepare_request(self, request)
 
     def complete(self, request: CompletionRequest) -> Completion:
         """One request, on its own."""
@@ -446,8 +474,15 @@ class PremiumServer:
 
 
 def build_app(args: Mapping[str, Any], **deployment_options: Any) -> serve.Application:
-    """The app for ``args``; ``deployment_options`` go to ``PremiumServer.options``."""
+    """The app for ``args``; ``deployment_options`` go to ``PremiumServer.options``.
+
+    ``engine: vllm`` builds :func:`privcode.serve.premium_llm.build_app` instead: the same
+    routes and checks in front of Ray Serve LLM's vLLM replicas."""
     cfg = parse_args(args)
+    if cfg.engine == "vllm":
+        from privcode.serve import premium_llm
+
+        return premium_llm.build_app(cfg, **deployment_options)
     options = {"max_ongoing_requests": max(64, 2 * cfg.max_batch_size), **deployment_options}
     return PremiumServer.options(**options).bind(as_args(cfg))
 

@@ -200,8 +200,9 @@ Checks of values that the JSON schema cannot express; every template that render
 includes it, so a bad combination fails the whole rendering with a clear message.
 */}}
 {{- define "privcode.validate" -}}
+{{- $vllm := include "privcode.premiumVllm" . }}
 {{- range $group, $g := .Values.workerGroups }}
-{{- if $g.enabled }}
+{{- if or $g.enabled (and $vllm (eq $group "gpu")) }}
 {{- if gt (int $g.minReplicas) (int $g.maxReplicas) }}
 {{- fail (printf "workerGroups.%s: minReplicas (%d) > maxReplicas (%d)" $group (int $g.minReplicas) (int $g.maxReplicas)) }}
 {{- end }}
@@ -269,6 +270,30 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if $vllm }}
+{{- $v := default (dict) .Values.serve.premium.vllm }}
+{{- $min := get $v "vllm_min_replicas" }}
+{{- $max := get $v "vllm_max_replicas" }}
+{{- if and (not (kindIs "string" $min)) (not (kindIs "string" $max)) (not (kindIs "invalid" $min)) (not (kindIs "invalid" $max)) }}
+{{- if gt (float64 $min) (float64 $max) }}
+{{- fail (printf "serve.premium.vllm: vllm_min_replicas (%v) is larger than vllm_max_replicas (%v)" $min $max) }}
+{{- end }}
+{{- end }}
+{{- $gpus := get (default (dict) .Values.serve.premium.rayActorOptions) "num_gpus" }}
+{{- if and (eq .Values.serve.premium.deploymentName "PremiumServer") (gt (float64 $gpus) 0.0) }}
+{{- fail (printf "serve.premium.rayActorOptions.num_gpus is %v but serve.premium.args.engine=vllm: PremiumServer is then only the CPU ingress (set num_gpus: 0); the vLLM replicas take their GPUs (vllm_tensor_parallel_size each) from the gpu worker group" $gpus) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the RayService serves the premium model with vLLM (serve.premium.args.engine: vllm,
+Ray Serve LLM), else "". Its cluster then has the gpu worker group, workerGroups.gpu.enabled or
+not, and serve.premium.vllm is merged into the premium app's args.
+*/}}
+{{- define "privcode.premiumVllm" -}}
+{{- $p := .Values.serve.premium }}
+{{- if and .Values.serve.enabled $p.enabled (eq (toString (dig "engine" "" (default (dict) $p.args))) "vllm") }}true{{ end }}
 {{- end }}
 
 {{/* Checksum of the pipeline config: a new config gives new pod templates. */}}
@@ -446,6 +471,10 @@ spec:
           mountPath: {{ include "privcode.apiKeysDir" $root }}
           readOnly: true
         {{- end }}
+        {{- if and (not $isHead) .group.shmSize }}
+        - name: dshm
+          mountPath: /dev/shm
+        {{- end }}
   volumes:
     {{- include "privcode.tmpVolume" $root | trim | nindent 4 }}
     - name: pipeline-config
@@ -470,12 +499,19 @@ spec:
         {{- /* 0440 with the pod's fsGroup (group-readable by the Ray user), else 0444 */}}
         defaultMode: {{ ternary 288 292 (hasKey (default (dict) $root.Values.podSecurityContext) "fsGroup") }}
     {{- end }}
+    {{- if and (not $isHead) .group.shmSize }}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ .group.shmSize | quote }}
+    {{- end }}
 {{- end }}
 
 {{/*
 The RayCluster spec, defined once and used by the RayCluster (spec), the RayJob
 (spec.rayClusterSpec) and the RayService (spec.rayClusterConfig).
-Input: dict "root" . "serving" bool (the RayService's cluster: API key env).
+Input: dict "root" . "serving" bool (the RayService's cluster: API key env, and the gpu worker
+group when the premium model runs on vLLM).
 */}}
 {{- define "privcode.rayClusterSpec" -}}
 {{- $root := .root }}
@@ -530,8 +566,10 @@ headGroupSpec:
   template:
     {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "head" "group" $root.Values.head "serving" $serving) | trim | nindent 4 }}
 {{- $groups := list }}
+{{- /* the RayService's vLLM replicas need GPU nodes: its cluster has the gpu group anyway */}}
+{{- $vllm := and $serving (include "privcode.premiumVllm" $root) }}
 {{- range $name, $g := $root.Values.workerGroups }}
-{{- if $g.enabled }}
+{{- if or $g.enabled (and $vllm (eq $name "gpu")) }}
 {{- $groups = append $groups $name }}
 {{- end }}
 {{- end }}
