@@ -176,7 +176,7 @@ def test_without_merged_weights_or_vllm_the_app_says_what_to_do(release_copy, mo
     assert (release_copy / MERGED_DIR / "model.safetensors").is_file()
     if not HAS_VLLM:
         monkeypatch.setenv("PRIVCODE_TEST_SERVE_KEY", TEST_KEY)
-        with pytest.raises(ServeError, match=r"pip install 'ray\[llm\]'"):
+        with pytest.raises(ServeError, match=r"pip install 'privcode\[vllm\]'"):
             build_premium_app(_vllm_args(release_copy))
 
 
@@ -323,5 +323,5 @@ def test_privcode_serve_engine_vllm_without_vllm_stops_before_ray(
     args = ["serve", "--premium", str(release_copy), "--set", f"run.out_dir={tmp_path}"]
     assert main([*args, "--engine", "vllm"]) == 2
     err = capsys.readouterr().err
-    assert "pip install 'ray[llm]'" in err and "transformers" in err
+    assert "pip install 'privcode[vllm]'" in err and "transformers" in err
     assert not (release_copy / MERGED_DIR).exists()  # refused before writing anything

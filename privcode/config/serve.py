@@ -68,7 +68,7 @@ class ServeConfig:
         "transformers",
         "What runs the premium model: transformers (one replica batching generate calls; "
         "CPU or GPU) or vllm (Ray Serve LLM: vLLM replicas on GPUs behind the same guarded "
-        "routes; needs vLLM on every node, pip install 'ray[llm]'). With vllm the premium "
+        "routes; needs vLLM on every node, pip install 'privcode[vllm]'). With vllm the premium "
         "stage also writes merged/ (base + adapter, safetensors) for vLLM to load.",
         choices=("transformers", "vllm"),
     )

@@ -22,7 +22,7 @@ the context (``vllm_max_model_len``, else the model's), and sends vLLM the token
 was checked is what runs. Requests and answers cross the handle as plain dicts
 (:func:`engine_payload`, :func:`completion_from`): only the vLLM replicas need vLLM's types
 (:mod:`privcode.serve.vllm_server`). Every node needs vLLM installed (``pip install
-'ray[llm]'``): the builder refuses to start without it, naming that.
+'privcode[vllm]'``): the builder refuses to start without it, naming that.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ _serve_log = logging.getLogger("ray.serve")
 #: premium model as ``<that>:<served_model_name>`` (Ray Serve LLM's multiplexed LoRA ids).
 BASE_ID_SUFFIX = "-base"
 _VLLM_MISSING = (
-    "serve.engine 'vllm' needs vLLM on every node of the Ray cluster (pip install "
-    "'ray[llm]'; the chart's image must have it); without a GPU cluster use engine "
-    "'transformers'"
+    "serve.engine 'vllm' needs vLLM on every node of the Ray cluster: pip install "
+    "'privcode[vllm]' (vLLM through ray[llm]; the chart's image must have it); without a "
+    "GPU cluster use engine 'transformers'"
 )
 
 
