@@ -25,6 +25,7 @@ SCRIPTS = {
     "bench_ingest.py",
     "bench_pac.py",
     "bench_records.py",
+    "bench_roundtrip.py",
     "bench_sampling.py",
     "bench_sandbox.py",
     "bench_serve.py",
@@ -272,6 +273,19 @@ def test_bench_synth_smallest(ray_cluster, ci_release):
     _line(out, rf"2 samples \(canned generator\): .* peak RSS {NUMBER} MiB")
     assert out.count("samples (canned generator)") == 1  # equal sizes: one run
     _line(out, rf"peak RSS 2 vs 2: {NUMBER}x")
+
+
+@pytest.mark.heavy  # a bench script in a subprocess
+def test_bench_roundtrip_smallest():
+    out = _run("bench_roundtrip.py", "--pairs", "8", "--repeat", "1")
+    _line(out, r"8 pairs \(20% repeated codes\), 1 torch thread\(s\), threshold 0\.34:")
+    for name in ("before", r"\+ cache", r"\+ int8 rows", r"\+ bfloat16"):
+        _line(
+            out,
+            rf"{name} +{NUMBER} samples/s/core +{NUMBER}x +verdicts changed [0-9]+/8 +"
+            rf"max \|score diff\| {NUMBER} +held-out: kept {NUMBER}% rejected {NUMBER}% "
+            rf"J -?{NUMBER}",
+        )
 
 
 def test_bench_ingest_smallest():

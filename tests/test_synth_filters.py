@@ -387,3 +387,93 @@ def test_execution_filter_parse_checks_other_languages():
     assert (
         out["exec_isolation"][0] == "parse-check" and out["exec_isolation"][1] == isolation_level()
     )
+
+
+# --------------------------------------------------------------------------- round-trip speed-ups
+
+
+def test_row_int8_linear_is_batch_independent_and_matches_a_numpy_reference():
+    from privcode.synth.rowint8 import RowInt8Linear, quantize_rows
+
+    gen = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(48, 24)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(24, 48, generator=gen))
+    x = torch.randn(5, 7, 48, generator=gen)
+    q = RowInt8Linear(linear)
+    got = q(x)
+    # Independent reference: the same formula in float64 NumPy.
+    w = linear.weight.detach().double().numpy()
+    ws = np.abs(w).max(axis=1) / 127.0
+    wq = np.clip(np.round(w / ws[:, None]), -127, 127)
+    rows = x.reshape(-1, 48).double().numpy()
+    xs = np.abs(rows).max(axis=1, keepdims=True) / 127.0
+    xq = np.clip(np.round(rows / xs), -127, 127)
+    want = (xq @ wq.T) * xs * ws + linear.bias.detach().double().numpy()
+    assert np.allclose(got.reshape(-1, 24).double().numpy(), want, rtol=1e-5, atol=1e-4)
+    with torch.no_grad():
+        exact = linear(x)
+    assert float((got - exact).abs().max() / exact.abs().max()) < 0.02  # int8 error, small
+    # A row's result is its own: alone, or beside rows 100x larger, it is the same.
+    alone = q(x[:1, :1])
+    beside = q(torch.cat([x[:1, :1], 100 * x[1:2, :1]], dim=0))[:1]
+    assert torch.equal(alone, beside)
+    model = quantize_rows(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    assert isinstance(model[0], RowInt8Linear) and isinstance(model[1], torch.nn.ReLU)
+
+
+def test_length_batches_cover_every_text_within_the_budget():
+    from privcode.synth.roundtrip import length_batches
+
+    lengths = [5, 130, 7, 7, 60, 3, 128, 12, 9, 1000]
+    batches = length_batches(lengths, budget=128, cap=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths)  # shortest first, no text split from its neighbours
+    for b in batches:
+        assert len(b) <= 3
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 128
+    assert [lengths[i] for i in batches[-1]] == [1000]  # over the budget: alone
+    assert length_batches([], 64) == []
+
+
+def test_embedding_scorer_speed_ups_keep_the_scores():
+    prompts, codes = _held_out()
+    prompts, codes = prompts[:40], codes[:40]
+    plain = EmbeddingScorer(precision="float32", cache_size=0, token_budget=0)
+    fast = EmbeddingScorer(precision="float32", cache_size=0, token_budget=256)
+    texts = [*prompts, *codes]
+    assert np.allclose(fast.embed(texts), plain.embed(texts), atol=1e-5)  # token batches
+
+    cached = EmbeddingScorer(precision="float32", cache_size=16)
+    calls = []
+    encode = cached._encode
+    cached._encode = lambda batch: calls.append(list(batch)) or encode(batch)
+    twice = cached.embed([*prompts[:10], *prompts[:10]])  # repeats: encoded once
+    assert calls == [prompts[:10]] and np.allclose(twice[:10], twice[10:], atol=0)
+    assert np.allclose(cached.embed(prompts[5:12]), plain.embed(prompts[5:12]), atol=1e-5)
+    assert calls[1] == prompts[10:12]  # 5..9 came from the cache
+    cached.embed(prompts[20:40])
+    assert len(cached._cache) == 16  # LRU bound
+
+    int8 = EmbeddingScorer(precision="int8")  # with window 128, token batches, a cache
+    auto = EmbeddingScorer()
+    auto.embed(["x"])
+    assert auto.precision in ("bfloat16", "int8")  # resolved on load
+    ref = plain.score(prompts, codes)
+    got = int8.score(prompts, codes)
+    assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 0.05
+    assert max(abs(a - b) for a, b in zip(auto.score(prompts, codes), ref, strict=True)) < 0.05
+    alone = EmbeddingScorer(precision="int8").score(prompts[:1], codes[:1])  # no neighbours
+    assert alone == pytest.approx(got[:1], abs=1e-6)
+    with pytest.raises(ValueError, match="precision"):
+        EmbeddingScorer(precision="fp8")
+
+
+def test_bertscore_length_batches_give_the_same_scores():
+    model_dir = default_embedding_model()
+    cands = ["Return the sum of two integers.", "x", "Parse the header line of a CSV file " * 6]
+    refs = ["Add two numbers.", "a much longer text than the candidate", "Read a CSV header."]
+    one_batch = BERTScoreScorer(model=model_dir, token_budget=1 << 20).score(cands, refs)
+    small = BERTScoreScorer(model=model_dir, token_budget=16, batch_size=2).score(cands, refs)
+    assert small == pytest.approx(one_batch, abs=1e-5)

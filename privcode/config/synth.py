@@ -91,6 +91,14 @@ class SynthConfig:
         choices=("embedding", "bertscore"),
     )
     scorer_model: str = opt("", "Local encoder path for scorer=bertscore.")
+    scorer_precision: str = opt(
+        "auto",
+        "Precision of the embedding scorer's encoder on CPU: auto (bfloat16 where oneDNN runs "
+        "it, AVX-512 or AMX; else int8), bfloat16, int8 (linear layers in int8 with per-row "
+        "scales: scores within 0.03 of float32's, independent of the batch) or float32 "
+        "(bench/bench_roundtrip.py measures each).",
+        choices=("auto", "bfloat16", "int8", "float32"),
+    )
     roundtrip_threshold: float = opt(
         -1.0,
         "Keep a pair when sim(summary, prompt) >= this; -1 = the scorer's calibrated default.",

@@ -238,8 +238,15 @@ class RoundTripScore:
         threshold: float,
         options: dict[str, Any],
         llm: dict[str, Any] | None = None,
+        threads: int = 1,
     ):
+        import torch
+
         from privcode.synth.roundtrip import RoundTripFilter
+
+        # As many torch threads as the actor has CPUs: torch's default (every core of the
+        # node) makes a 0.2-CPU actor fight the generators and sandboxes for all of them.
+        torch.set_num_threads(max(1, int(threads)))
 
         kwargs = dict(options)
         if llm is not None and (summarizer == "hf" or scorer == "bertscore"):

@@ -79,6 +79,7 @@ _SHARD_FIELDS = (
     "summarizer_model",
     "scorer",
     "scorer_model",
+    "scorer_precision",
     "roundtrip_threshold",
     "sandbox_cpu_seconds",
     "sandbox_wall_seconds",
@@ -297,6 +298,8 @@ def _dataset(
         rt_opts["summarizer_model"] = cfg.summarizer_model
     if cfg.scorer_model:
         rt_opts["scorer_model"] = cfg.scorer_model
+    if cfg.scorer == "embedding":
+        rt_opts["scorer_precision"] = cfg.scorer_precision
     ds = ds.map_batches(
         RoundTripScore,
         fn_constructor_args=(
@@ -305,6 +308,7 @@ def _dataset(
             cfg.roundtrip_threshold,
             rt_opts,
             llm_placement(cfg),
+            max(1, int(resources["roundtrip"]["num_cpus"])),
         ),
         batch_size=fbatch,
         batch_format="numpy",
