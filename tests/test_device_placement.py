@@ -127,6 +127,57 @@ def test_filter_actors_resources():
     assert bert["extract"] == {"num_cpus": EXTRACT_CPUS}  # the offline extractor
 
 
+def test_every_filter_is_its_own_pool():
+    from privcode.config import load_config
+    from privcode.errors import ConfigError
+    from privcode.pipeline.stages import SynthStage
+    from privcode.synth.resources import (
+        filter_actor_options,
+        filter_batch_sizes,
+        filter_footprint,
+        filter_pools,
+    )
+
+    default = SynthConfig()
+    assert filter_pools(default) == {"extract": (1, 1), "execution": (1, 1), "roundtrip": (1, 1)}
+    assert filter_batch_sizes(default) == {"extract": 16, "execution": 16, "roundtrip": 16}
+    cfg = SynthConfig(
+        batch_size=32,
+        executors_min=2,
+        executors_max=4,
+        execution_cpus=0.5,
+        execution_batch_size=64,
+        scorers_max=3,
+        roundtrip_cpus=1.0,
+        extractor="hf",
+        filter_cpus=2.0,
+        filter_gpus=1.0,
+        extract_cpus=3.0,  # its own CPUs win over filter_cpus
+    )
+    assert filter_pools(cfg) == {"extract": (1, 1), "execution": (2, 4), "roundtrip": (1, 3)}
+    assert filter_batch_sizes(cfg) == {"extract": 32, "execution": 64, "roundtrip": 32}
+    assert filter_actor_options(cfg) == {
+        "extract": {"num_cpus": 3.0, "num_gpus": 1.0},
+        "execution": {"num_cpus": 0.5},
+        "roundtrip": {"num_cpus": 1.0},  # the offline summariser and MiniLM: no GPU
+    }
+    assert filter_footprint(cfg) == (pytest.approx(3.0 + 4 * 0.5 + 3 * 1.0), 1.0)
+    # The planner sees each pool: most actors, and the fewest that must fit.
+    cfg_all = load_config(
+        None,
+        overrides=["synth.executors_min=2", "synth.executors_max=4", "synth.scorers_max=3"],
+    )
+    workers = {w.kind: w for w in SynthStage.workers(cfg_all)}
+    execution = workers["Ray Data execution filter actors"]
+    assert (execution.count, execution.required, execution.key) == (4, 2, "synth.executors_max")
+    assert workers["Ray Data roundtrip filter actors"].count == 3
+    assert SynthStage.footprint(cfg_all) == pytest.approx(
+        cfg_all.synth.generators_max * cfg_all.synth.cpus_per_generator + 0.1 + 4 * 0.2 + 3 * 0.2
+    )
+    with pytest.raises(ConfigError, match="synth.scorers_max: is below synth.scorers_min"):
+        load_config(None, overrides=["synth.scorers_min=3", "synth.scorers_max=2"])
+
+
 # --------------------------------------------------------------------------- no silent CPU
 
 

@@ -97,8 +97,8 @@ def test_paper_places_on_the_charts_cluster_with_gpu_nodes(plan):
     # Stage II: 2..8 one-GPU generators; the hf extractor and the round trip on a GPU each.
     synth = {w.kind: (w.count, w.cpus, w.gpus, w.required) for w in plan.stage("synth").workers}
     assert synth["Ray Data generator actors"] == (8, 1.0, 1.0, 2)
-    assert synth["Ray Data extract filter actor"] == synth["Ray Data roundtrip filter actor"]
-    assert synth["Ray Data extract filter actor"] == (1, 2.0, 1.0, 1)
+    assert synth["Ray Data extract filter actors"] == synth["Ray Data roundtrip filter actors"]
+    assert synth["Ray Data extract filter actors"] == (1, 2.0, 1.0, 1)
     assert plan.stage("base").num_cpus == 4.0  # a whole node: the largest without a GPU
 
 

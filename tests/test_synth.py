@@ -226,6 +226,46 @@ def test_pipeline_end_to_end_counts_add_up(ray_connected, release, tmp_path):
     assert all((r["roundtrip_score"] == r["roundtrip_score"]) == r["exec_passed"] for r in rows)
 
 
+def test_each_filter_runs_as_its_own_pool(ray_connected, release, tmp_path):
+    """Pools of two execution-filter and two round-trip actors (synth.executors_min=2,
+    scorers_min=2) share the work: every row once, with its verdicts."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+    from ray.util.state import list_actors
+
+    def actors(name: str) -> set[str]:
+        found = list_actors(filters=[("class_name", "=", f"MapWorker(MapBatches({name}))")])
+        return {a.actor_id for a in found}
+
+    before = {n: actors(n) for n in ("ExecutionFilter", "RoundTripScore")}
+    cfg = dataclasses.replace(
+        TINY,
+        num_samples=16,
+        executors_min=2,
+        executors_max=2,
+        execution_cpus=0.05,
+        execution_batch_size=4,
+        scorers_min=2,
+        scorers_max=2,
+        roundtrip_cpus=0.05,
+        roundtrip_batch_size=4,
+    )
+    summary = run_synthesis(
+        cfg, release=release, out_dir=tmp_path / "out", work_root=tmp_path / "work", progress=False
+    )
+    assert summary["generated"] == 16
+    for name, old in before.items():
+        assert len(actors(name) - old) == 2, name  # both actors of the pool started
+    rows = [
+        r
+        for f in sorted((Path(summary["work_dir"]) / "shards").glob("*.parquet"))
+        for r in pq.read_table(f).to_pylist()
+    ]
+    assert sorted(r["index"] for r in rows) == list(range(16))
+    assert all((r["roundtrip_score"] == r["roundtrip_score"]) == r["exec_passed"] for r in rows)
+
+
 def _processes_titled(title: str) -> list[int]:
     import psutil
 

@@ -74,6 +74,39 @@ class SynthConfig:
         "(0.1 for the extractor, 0.2 for the round trip).",
         min=0.0,
     )
+    extractors_min: int = opt(
+        1, "Fewest prompt-extractor actors (a Ray Data autoscaling pool).", min=1
+    )
+    extractors_max: int = opt(1, "Most prompt-extractor actors.", min=1)
+    extract_cpus: float = opt(
+        0.0,
+        "CPUs of each extractor actor; 0 = 0.1, or synth.filter_cpus for extractor=hf.",
+        min=0.0,
+    )
+    extract_batch_size: int = opt(
+        0, "Samples per extractor call; 0 = max(synth.batch_size, 16).", min=0
+    )
+    executors_min: int = opt(
+        1, "Fewest execution-filter actors (each runs synth.sandbox_workers sandboxes).", min=1
+    )
+    executors_max: int = opt(1, "Most execution-filter actors.", min=1)
+    execution_cpus: float = opt(
+        0.0, "CPUs of each execution-filter actor; 0 = 0.2 (its sandboxes are processes).", min=0.0
+    )
+    execution_batch_size: int = opt(
+        0, "Samples per execution-filter call; 0 = max(synth.batch_size, 16).", min=0
+    )
+    scorers_min: int = opt(1, "Fewest round-trip actors (summariser + scorer).", min=1)
+    scorers_max: int = opt(1, "Most round-trip actors.", min=1)
+    roundtrip_cpus: float = opt(
+        0.0,
+        "CPUs of each round-trip actor (its torch threads: one per whole CPU); 0 = 0.2, or "
+        "synth.filter_cpus with an LLM summariser or scorer.",
+        min=0.0,
+    )
+    roundtrip_batch_size: int = opt(
+        0, "Samples per round-trip call; 0 = max(synth.batch_size, 16).", min=0
+    )
     extractor: str = opt(
         "offline",
         "Prompt extractor (privcode.synth.extract registry): "
@@ -140,3 +173,10 @@ class SynthConfig:
         "otherwise; when set, every artifact says that no "
         "DP guarantee holds.",
     )
+
+    def cross_check(self) -> tuple[str, str] | None:
+        for pool in ("generators", "extractors", "executors", "scorers"):
+            low, high = getattr(self, f"{pool}_min"), getattr(self, f"{pool}_max")
+            if high < low:
+                return (f"{pool}_max", f"is below synth.{pool}_min ({low})")
+        return None

@@ -219,22 +219,27 @@ class SynthStage(Stage):
 
     @classmethod
     def workers(cls, cfg):
-        from privcode.synth.resources import filter_actor_options, llm_filters
+        from privcode.synth.resources import filter_actor_options, filter_pools, llm_filters
 
         s, kind = cfg.synth, "Ray Data generator actors"
         most, fewest = max(s.generators_min, s.generators_max), max(1, s.generators_min)
         gen = Workers(
             kind, most, s.cpus_per_generator, s.gpus_per_generator, fewest, "synth.generators_max"
         )
-        llm = llm_filters(s)  # one actor per filter; an LLM filter's sized by synth.filter_*
+        llm, pools = llm_filters(s), filter_pools(s)  # an LLM filter's GPUs: synth.filter_gpus
+        keys = {
+            "extract": "extractors_max",
+            "execution": "executors_max",
+            "roundtrip": "scorers_max",
+        }
         filters = tuple(
             Workers(
-                f"Ray Data {name} filter actor",
-                1,
+                f"Ray Data {name} filter actors",
+                pools[name][1],
                 o["num_cpus"],
                 o.get("num_gpus", 0.0),
-                1,
-                "synth.filter_gpus" if llm[name] else "synth",
+                pools[name][0],
+                "synth.filter_gpus" if llm[name] and o.get("num_gpus") else f"synth.{keys[name]}",
             )
             for name, o in filter_actor_options(s).items()
         )

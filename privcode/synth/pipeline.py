@@ -12,8 +12,11 @@ the summary all say that NO DP guarantee holds (:func:`release_privacy`).
 
 Dataflow (one Ray Data dataset, streaming with backpressure)::
 
-    sample indices -> Generate (actor pool, autoscaling min..max, GPUs if set)
-      -> Extract -> ExecutionFilter (sandbox) -> RoundTripScore -> driver
+    sample indices -> Generate -> Extract -> ExecutionFilter (sandbox) -> RoundTripScore -> driver
+
+each an autoscaling actor pool with its own min..max, CPUs/GPUs and batch size
+(``synth.generators_*``, ``extractors_*``, ``executors_*``, ``scorers_*``; see
+:mod:`privcode.synth.resources`)
 
 The driver consumes batches as they finish and writes shard ``k`` (samples
 ``[kS, (k+1)S)``, every row with its verdicts) to ``work_dir/shards/`` by
@@ -52,7 +55,9 @@ from privcode.synth.resources import (  # noqa: F401
     FILTER_CPUS,
     ROUNDTRIP_CPUS,
     filter_actor_options,
+    filter_batch_sizes,
     filter_footprint,
+    filter_pools,
     llm_filters,
     llm_placement,
 )
@@ -261,16 +266,18 @@ def _dataset(
         num_gpus=cfg.gpus_per_generator or None,
     )
     ext_opts = {"model": cfg.extractor_model} if cfg.extractor_model else {}
-    resources = filter_actor_options(cfg)
-    # Filter batches as small as generation's (but >= 16 for the sandbox pool's
-    # parallelism): rows reach the driver, and shards complete, at that granularity.
-    fbatch = max(cfg.batch_size, 16)
+    resources, pools, sizes = filter_actor_options(cfg), filter_pools(cfg), filter_batch_sizes(cfg)
+
+    def pool(name: str) -> ActorPoolStrategy:
+        low, high = pools[name]
+        return ActorPoolStrategy(min_size=low, max_size=high)
+
     ds = ds.map_batches(
         Extract,
         fn_constructor_args=(cfg.extractor, ext_opts, llm_placement(cfg)),
-        batch_size=fbatch,
+        batch_size=sizes["extract"],
         batch_format="numpy",
-        compute=ActorPoolStrategy(min_size=1, max_size=1),
+        compute=pool("extract"),
         **resources["extract"],
     )
     sb = sandbox or SandboxConfig()
@@ -288,9 +295,9 @@ def _dataset(
             sb.executor,
             cfg.parse_check_languages,
         ),
-        batch_size=fbatch,
+        batch_size=sizes["execution"],
         batch_format="numpy",
-        compute=ActorPoolStrategy(min_size=1, max_size=1),
+        compute=pool("execution"),
         **resources["execution"],
     )
     rt_opts: dict[str, Any] = {}
@@ -310,9 +317,9 @@ def _dataset(
             llm_placement(cfg),
             max(1, int(resources["roundtrip"]["num_cpus"])),
         ),
-        batch_size=fbatch,
+        batch_size=sizes["roundtrip"],
         batch_format="numpy",
-        compute=ActorPoolStrategy(min_size=1, max_size=1),
+        compute=pool("roundtrip"),
         **resources["roundtrip"],
     )
     return ds

@@ -1,11 +1,12 @@
 """Ray resources of Stage II's filter actors (torch- and Ray-free: the stage planner reads it).
 
-One actor each: the extractor, the execution filter (the sandbox pool) and
-the round trip. An actor running an LLM (:func:`llm_filters`: the extractor
-with ``extractor=hf``, the round trip with ``summarizer=hf`` or
-``scorer=bertscore``) gets ``synth.filter_cpus`` / ``synth.filter_gpus``,
-and its models load on its GPU in ``synth.dtype``
-(:mod:`privcode.synth.operators`); the others keep small CPU shares.
+Each filter is an autoscaling actor pool (:func:`filter_pools`: ``synth.extractors_*``,
+``executors_*``, ``scorers_*``) with its own CPUs (``synth.extract_cpus``,
+``execution_cpus``, ``roundtrip_cpus``) and batch size (:func:`filter_batch_sizes`). An
+actor running an LLM (:func:`llm_filters`: the extractor with ``extractor=hf``, the round
+trip with ``summarizer=hf`` or ``scorer=bertscore``) gets ``synth.filter_gpus`` GPUs and
+(unless its own CPUs are set) ``synth.filter_cpus``, and its models load on its GPU in
+``synth.dtype`` (:mod:`privcode.synth.operators`); the others keep small CPU shares.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ __all__ = [
     "FILTER_CPUS",
     "ROUNDTRIP_CPUS",
     "filter_actor_options",
+    "filter_batch_sizes",
     "filter_footprint",
+    "filter_pools",
     "llm_filters",
     "llm_placement",
 ]
@@ -45,24 +48,50 @@ def llm_filters(cfg: SynthConfig) -> dict[str, bool]:
 def filter_actor_options(cfg: SynthConfig) -> dict[str, dict[str, float]]:
     """Ray resources of each filter actor (``extract``, ``execution``, ``roundtrip``).
 
-    An LLM-filter actor (:func:`llm_filters`) gets ``synth.filter_cpus`` CPUs
-    (0: its built-in share) and ``synth.filter_gpus`` GPUs; the others keep
-    their small CPU shares and no GPU.
+    Its own ``synth.<filter>_cpus`` when set; else an LLM-filter actor (:func:`llm_filters`)
+    gets ``synth.filter_cpus`` (0: its built-in share), the others their small built-in
+    shares. LLM-filter actors get ``synth.filter_gpus`` GPUs, the others none.
     """
     shares = {"extract": EXTRACT_CPUS, "execution": EXECUTION_CPUS, "roundtrip": ROUNDTRIP_CPUS}
+    own = {
+        "extract": cfg.extract_cpus,
+        "execution": cfg.execution_cpus,
+        "roundtrip": cfg.roundtrip_cpus,
+    }
     gpus = {"num_gpus": float(cfg.filter_gpus)} if cfg.filter_gpus > 0 else {}
+    out = {}
+    for name, llm in llm_filters(cfg).items():
+        cpus = own[name] or (cfg.filter_cpus if llm else 0.0) or shares[name]
+        out[name] = {"num_cpus": cpus, **(gpus if llm else {})}
+    return out
+
+
+def filter_pools(cfg: SynthConfig) -> dict[str, tuple[int, int]]:
+    """(fewest, most) actors of each filter's autoscaling pool."""
     return {
-        name: {"num_cpus": cfg.filter_cpus or shares[name], **gpus}
-        if llm
-        else {"num_cpus": shares[name]}
-        for name, llm in llm_filters(cfg).items()
+        "extract": (cfg.extractors_min, max(cfg.extractors_min, cfg.extractors_max)),
+        "execution": (cfg.executors_min, max(cfg.executors_min, cfg.executors_max)),
+        "roundtrip": (cfg.scorers_min, max(cfg.scorers_min, cfg.scorers_max)),
+    }
+
+
+def filter_batch_sizes(cfg: SynthConfig) -> dict[str, int]:
+    """Samples per call of each filter; 0 in the config: as small as generation's, but at
+    least 16 (the sandbox pool's parallelism), so rows reach the driver, and shards complete,
+    at that granularity."""
+    default = max(cfg.batch_size, 16)
+    return {
+        "extract": cfg.extract_batch_size or default,
+        "execution": cfg.execution_batch_size or default,
+        "roundtrip": cfg.roundtrip_batch_size or default,
     }
 
 
 def filter_footprint(cfg: SynthConfig) -> tuple[float, float]:
-    """(CPUs, GPUs) the filter actors hold together (one actor each)."""
-    opts = filter_actor_options(cfg).values()
-    return sum(o["num_cpus"] for o in opts), sum(o.get("num_gpus", 0.0) for o in opts)
+    """(CPUs, GPUs) the filter pools hold together at their largest."""
+    opts, pools = filter_actor_options(cfg), filter_pools(cfg)
+    cpus = sum(pools[n][1] * o["num_cpus"] for n, o in opts.items())
+    return cpus, sum(pools[n][1] * o.get("num_gpus", 0.0) for n, o in opts.items())
 
 
 def llm_placement(cfg: SynthConfig) -> dict[str, Any]:
