@@ -11,7 +11,7 @@ Run (on an idle machine; the test suite runs it only at its smallest setting):
    (b) a plain loop in this process calling the same operators one batch at
    a time; both timings include building the operators (model loads, sandbox
    zygotes). Prints samples/s of each and the ratio (goal >= 0.9x).
-2. Memory: a cheap generator (public stdlib functions by index, no model)
+2. Memory: a cheap generator (public stdlib functions by index, renamed per sample; no model)
    through the full pipeline (sandbox, round trip, dedup) at ``--big`` and
    ``--small`` samples; prints the peak total RSS of every process of the
    Ray session plus this driver, and the ratio (goal <= 1.2x). Equal sizes
@@ -39,7 +39,9 @@ from privcode.config import SynthConfig
 
 
 class CannedGenerate:
-    """Stand-in generator: public stdlib functions by sample index (no model)."""
+    """Stand-in generator: public stdlib functions by sample index (no model), each renamed
+    after its sample (``def name_<i>``), so no two samples share a text: the round trip's
+    embedding cache gets no free hits, as with a junior that does not repeat itself."""
 
     def __init__(self, release_path, options, public_prompts):
         from privcode.data.public import public_pairs
@@ -47,7 +49,13 @@ class CannedGenerate:
         self.codes = [c for _, c in public_pairs(500, seed=11)]
 
     def __call__(self, batch):
-        codes = [self.codes[int(i) % len(self.codes)] for i in batch["index"]]
+        import re
+
+        def renamed(i: int) -> str:
+            code = self.codes[i % len(self.codes)]
+            return re.sub(r"\b(def|class) (\w+)", rf"\1 \2_{i}", code, count=1)
+
+        codes = [renamed(int(i)) for i in batch["index"]]
         return {
             **batch,
             "code": np.array(codes, dtype=object),
