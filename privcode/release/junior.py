@@ -37,7 +37,6 @@ import logging
 import os
 import shutil
 import tempfile
-import uuid
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,7 +49,13 @@ from privcode.artifacts.privacy import PrivacyRecord
 from privcode.artifacts.record import ArtifactError
 from privcode.errors import PrivcodeError
 from privcode.registry import METHODS
-from privcode.utils import atomic_write_text, canonical_json, fsync_dir, sha256_file
+from privcode.utils import (
+    atomic_write_text,
+    canonical_json,
+    fsync_dir,
+    replace_dir,
+    sha256_file,
+)
 
 log = logging.getLogger("privcode.release")
 
@@ -284,7 +289,6 @@ def write_release(
     _need(_replaceable(out), f"{out} exists and is not a release: refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    old = None
     try:
         os.chmod(tmp, 0o755)
         _copy_adapter(adapter_dir, tmp / ADAPTER)
@@ -298,21 +302,10 @@ def write_release(
         atomic_write_text(tmp / RELEASE_JSON, canonical_json(meta))
         fsync_dir(tmp / ADAPTER)
         fsync_dir(tmp)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old is not None:
-                os.rename(old, out)
-            raise
-        fsync_dir(out.parent)
+        replace_dir(tmp, out)  # the old release moved aside, restored if the rename fails
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
     log.info("wrote %s release of method %s to %s", meta["conditioning"], meta["method"], out)
     return out
 
