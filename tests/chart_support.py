@@ -37,6 +37,8 @@ from privcode.errors import PrivcodeError
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "privcode"
 CI_VALUES = ROOT / "charts" / "ci-values.yaml"
+#: Stage II on an autoscaled cluster that starts with no worker (docs/kubernetes.md).
+SYNTH_AUTOSCALED_VALUES = ROOT / "charts" / "synth-autoscaled-values.yaml"
 DEMO_CONFIG = ROOT / "jobs" / "configs" / "demo.yaml"
 CRDS = Path(os.environ.get("PRIVCODE_KUBERAY_CRDS", ROOT.parent / "shared" / "kuberay" / "crds"))
 RAY_KINDS = frozenset(k8s.CUSTOM_KINDS)
@@ -66,6 +68,7 @@ JOB_ONLY = (
 VALUE_SETS = {
     "defaults": (),
     "ci": ("-f", str(CI_VALUES)),
+    "synth-autoscaled": ("-f", str(SYNTH_AUTOSCALED_VALUES)),
     "job-only": JOB_ONLY,
     "everything-minimal": (
         "--set",

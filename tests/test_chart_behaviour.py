@@ -22,6 +22,7 @@ from chart_support import (
     DNS1035,
     JOB_ONLY,
     MAX_NAME,
+    SYNTH_AUTOSCALED_VALUES,
     all_pod_templates,
     by_kind,
     cluster_specs,
@@ -42,6 +43,9 @@ METRICS = (
     "ray_privcode_synth_exec_removed",
     "ray_privcode_synth_roundtrip_removed",
     "ray_privcode_sandbox_verdicts",
+    "ray_privcode_synth_pool_actors",
+    "ray_privcode_synth_queue_rows",
+    "ray_privcode_synth_rows",
     "ray_node_cpu_utilization",
     "ray_node_mem_used",
     "ray_node_gpus_utilization",
@@ -106,6 +110,42 @@ def test_autoscaling(ci_objects, default_objects):
         assert spec["enableInTreeAutoscaling"] is False, owner
         assert "autoscalerOptions" not in spec
         assert spec["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_autoscaled_synthesis_starts_without_workers(helm):
+    """charts/synth-autoscaled-values.yaml (docs/kubernetes.md, "Autoscaled synthesis"): the
+    RayJob runs Stage II alone on a cluster of a 0-CPU head and a CPU group of 0..4 workers
+    that the in-tree autoscaler (v2) scales, removing idle workers after 60 s."""
+    objects = render(helm, "-f", str(SYNTH_AUTOSCALED_VALUES))
+    job = one(objects, "RayJob")["spec"]
+    spec = job["rayClusterSpec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    options = spec["autoscalerOptions"]
+    assert (options["version"], options["upscalingMode"], options["idleTimeoutSeconds"]) == (
+        "v2",
+        "Default",
+        60,
+    )
+    head = spec["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"  # every Stage II actor needs a worker
+    assert head["template"]["spec"]["automountServiceAccountToken"] is True  # the autoscaler's
+    assert [g["groupName"] for g in spec["workerGroupSpecs"]] == ["cpu"]
+    cpu = worker_group(spec, "cpu")
+    assert (cpu["replicas"], cpu["minReplicas"], cpu["maxReplicas"]) == (0, 0, 4)
+    args = shlex.split(job["entrypoint"])
+    overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert overrides[-7:] == [
+        "run.stages=[synth]",
+        "synth.release=/mnt/artifacts/runs/demo/train/release",
+        "synth.cpus_per_generator=2",
+        "synth.generators_min=1",
+        "synth.generators_max=6",
+        "synth.executors_max=4",
+        "synth.scorers_max=4",
+    ]
+    # the head may reach the API server (the autoscaler sidecar); only the job's own objects
+    assert {o["kind"] for o in objects if o["kind"].startswith("Ray")} == {"RayJob"}
+    assert [p for p in by_kind(objects, "NetworkPolicy") if p["spec"]["policyTypes"] == ["Egress"]]
 
 
 def test_nothing_is_exposed_by_default(default_objects, ci_objects):

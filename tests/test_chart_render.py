@@ -24,6 +24,7 @@ from chart_support import (
     CORE_KINDS,
     K8S_VERSIONS,
     RAY_KINDS,
+    SYNTH_AUTOSCALED_VALUES,
     VALUE_SETS,
     crd_problems,
     k8s_problems,
@@ -39,7 +40,11 @@ from privcode.cluster import k8s
 # --------------------------------------------------------------------------- 1. lint
 
 
-@pytest.mark.parametrize("values", [(), ("-f", str(CI_VALUES))], ids=["defaults", "ci"])
+@pytest.mark.parametrize(
+    "values",
+    [(), ("-f", str(CI_VALUES)), ("-f", str(SYNTH_AUTOSCALED_VALUES))],
+    ids=["defaults", "ci", "synth-autoscaled"],
+)
 def test_helm_lint_strict(helm, values):
     done = run_helm(helm, "lint", "--strict", str(CHART), *values)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -139,8 +139,27 @@ def test_every_filter_is_its_own_pool():
     )
 
     default = SynthConfig()
+    # Most 0 (the default): before the run, the fewest; at the run, one actor per CPU of the
+    # cluster (whole CPUs), and per GPU for an actor that holds GPUs.
     assert filter_pools(default) == {"extract": (1, 1), "execution": (1, 1), "roundtrip": (1, 1)}
-    assert filter_batch_sizes(default) == {"extract": 16, "execution": 16, "roundtrip": 16}
+    assert filter_pools(default, {"CPU": 8.0}) == {
+        "extract": (1, 8),
+        "execution": (1, 8),
+        "roundtrip": (1, 8),
+    }
+    assert filter_pools(SynthConfig(scorers_min=3), {"CPU": 2.0})["roundtrip"] == (3, 3)
+    gpu = SynthConfig(extractor="hf", filter_gpus=1, filter_cpus=4)
+    assert filter_pools(gpu, {"CPU": 64.0, "GPU": 3.0}) == {
+        "extract": (1, 3),  # its GPUs bound it
+        "execution": (1, 64),
+        "roundtrip": (1, 64),
+    }
+    assert filter_pools(gpu, {"CPU": 6.0, "GPU": 3.0})["extract"] == (1, 1)  # 4 CPUs each
+    assert SynthStage.footprint(load_config(None)) is None  # sized from the cluster: alone
+    # The round trip's calls: up to 512 samples, a shard at most (its length-sorted batches).
+    assert filter_batch_sizes(default) == {"extract": 16, "execution": 16, "roundtrip": 250}
+    assert filter_batch_sizes(SynthConfig(shard_size=1000))["roundtrip"] == 512
+    assert filter_batch_sizes(SynthConfig(shard_size=8))["roundtrip"] == 16
     cfg = SynthConfig(
         batch_size=32,
         executors_min=2,
@@ -155,7 +174,7 @@ def test_every_filter_is_its_own_pool():
         extract_cpus=3.0,  # its own CPUs win over filter_cpus
     )
     assert filter_pools(cfg) == {"extract": (1, 1), "execution": (2, 4), "roundtrip": (1, 3)}
-    assert filter_batch_sizes(cfg) == {"extract": 32, "execution": 64, "roundtrip": 32}
+    assert filter_batch_sizes(cfg) == {"extract": 32, "execution": 64, "roundtrip": 250}
     assert filter_actor_options(cfg) == {
         "extract": {"num_cpus": 3.0, "num_gpus": 1.0},
         "execution": {"num_cpus": 0.5},
@@ -165,7 +184,12 @@ def test_every_filter_is_its_own_pool():
     # The planner sees each pool: most actors, and the fewest that must fit.
     cfg_all = load_config(
         None,
-        overrides=["synth.executors_min=2", "synth.executors_max=4", "synth.scorers_max=3"],
+        overrides=[
+            "synth.executors_min=2",
+            "synth.executors_max=4",
+            "synth.scorers_max=3",
+            "synth.extractors_max=1",
+        ],
     )
     workers = {w.kind: w for w in SynthStage.workers(cfg_all)}
     execution = workers["Ray Data execution filter actors"]

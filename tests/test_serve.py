@@ -569,7 +569,18 @@ def test_serve_app_overhttp_json(serve_http, release, premium):
             )
             == 413
         )
+        # Stage II's endpoint extractor/summariser (synth.llm_endpoint) on this very app:
+        # its answers are the premium model's greedy completions of the filter's prompts.
+        from privcode.synth.llm_endpoint import EndpointGenerator
+
+        os.environ["PRIVCODE_TEST_LLM_KEY"] = key
+        gen = EndpointGenerator(
+            url, api_key_env="PRIVCODE_TEST_LLM_KEY", max_new_tokens=12, concurrency=3
+        )
+        asks = [gen.format("Summarise this code.", p, "Summary") for p in PROMPTS]
+        assert gen.generate(asks) == [premium.complete(_req(a, max_tokens=12)).text for a in asks]
     finally:
+        os.environ.pop("PRIVCODE_TEST_LLM_KEY", None)
         serve.delete("premium-test")
     assert os.environ.get("PRIVCODE_TEST_SERVE_KEY") is None  # the key stayed on the replica
 

@@ -264,6 +264,20 @@ def test_each_filter_runs_as_its_own_pool(ray_connected, release, tmp_path):
     ]
     assert sorted(r["index"] for r in rows) == list(range(16))
     assert all((r["roundtrip_score"] == r["roundtrip_score"]) == r["exec_passed"] for r in rows)
+    # The pools' telemetry saw each pool at its size, and every row through every operator.
+    ops = summary["operators"]
+    assert set(ops) == {"generate", "extract", "execution", "roundtrip"}
+    assert ops["execution"]["peak_actors"] == ops["roundtrip"]["peak_actors"] == 2
+    assert all(ops[p]["rows"] == 16 for p in ops), ops
+    assert all(ops[p]["busy_s"] > 0 and ops[p]["rows_per_actor_s"] > 0 for p in ops), ops
+    assert ops["roundtrip"]["rows_per_cpu_s"] == pytest.approx(
+        ops["roundtrip"]["rows_per_actor_s"] / 0.05, rel=0.01
+    )
+    pools = json.loads((tmp_path / "out" / "pools.json").read_text())
+    assert len(pools["t"]) >= 2 and pools["t"] == sorted(pools["t"])
+    timeline = pools["pools"]["execution"]
+    assert all(len(v) == len(pools["t"]) for v in timeline.values())
+    assert max(timeline["alive"]) == 2 and timeline["rows"][-1] == 16
 
 
 def _processes_titled(title: str) -> list[int]:

@@ -96,6 +96,10 @@ class SynthSummary(JsonRecord):
     #: The isolation levels the verdicts ran under ({"isolation": {level: snippets},
     #: "notes": [...]}: notes name a weaker sandbox than the full one).
     sandbox: dict[str, Any] = field(default_factory=dict)
+    #: Per operator pool of this run (generate, extract, execution, roundtrip): rows,
+    #: busy_s, rows_per_actor_s, rows_per_cpu_s, rows_per_s, peak_actors, cpus_per_actor
+    #: (:mod:`privcode.synth.telemetry`; empty when every shard was resumed).
+    operators: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         removed = self.removed_execution + self.removed_roundtrip + self.removed_duplicate

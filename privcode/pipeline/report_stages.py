@@ -10,6 +10,7 @@ accounting), its composition goes to the owner-only report.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ from privcode.artifacts.premium import PremiumSummary
 from privcode.pipeline.report_sweep import privacy_utility, sweep_section
 from privcode.pipeline.sections import ReportContext, Section, fmt, number, save_fig, table
 from privcode.pipeline.sections import plt as pyplot
+from privcode.synth.telemetry import POOLS_FILE
 
 __all__ = [
     "base_section",
     "data_section",
     "plot_base",
     "plot_corpus",
+    "plot_pools",
     "plot_synth",
     "plot_train",
     "premium_section",
@@ -261,6 +264,57 @@ def plot_synth(summary: SynthSummary, path: Path) -> bool:
     return True
 
 
+#: The Stage II operator pools, in dataflow order, and their plot colours.
+POOLS = {
+    "generate": "#4a7ab5",
+    "extract": "#b5a642",
+    "execution": "#c0504d",
+    "roundtrip": "#e39a3b",
+}
+
+
+def plot_pools(timeline: dict[str, Any], path: Path) -> bool:
+    """Stage II's operator pools over time (``pools.json``): actors alive per pool, samples
+    waiting in or inside each operator, and each operator's throughput (samples/s between
+    points). Returns False when the timeline has fewer than two points."""
+    t, pools = timeline.get("t") or [], timeline.get("pools") or {}
+    if len(t) < 2 or not pools:
+        return False
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    for name, series in pools.items():
+        colour = POOLS.get(name)
+        axes[0].step(t, series["alive"], where="post", color=colour, label=name)
+        axes[1].plot(t, series["queued"], color=colour, label=name)
+        rows = series["rows"]
+        rate = [(rows[i] - rows[i - 1]) / max(t[i] - t[i - 1], 1e-9) for i in range(1, len(t))]
+        axes[2].plot(t[1:], rate, color=colour, label=name)
+    for ax, title in zip(
+        axes,
+        ("actors alive per pool", "samples queued in the operator", "throughput (samples/s)"),
+        strict=True,
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("seconds")
+    axes[0].legend(fontsize=8)
+    save_fig(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _operator_rows(info: SynthSummary) -> list[tuple[str, Any]]:
+    """One table row per operator pool: its throughput and its largest pool."""
+    return [
+        (
+            f"operator {name}: samples/s per actor (per CPU), wall; largest pool",
+            f"{number(op.get('rows_per_actor_s'))} ({number(op.get('rows_per_cpu_s'))}), "
+            f"{number(op.get('rows_per_s'))}; {op.get('peak_actors')} actors "
+            f"of {op.get('cpus_per_actor')} CPU",
+        )
+        for name, op in info.operators.items()
+    ]
+
+
 def _synth_section(info: SynthSummary) -> list[str]:
     g = max(info.generated, 1)
 
@@ -288,6 +342,7 @@ def _synth_section(info: SynthSummary) -> list[str]:
             or "not recorded",
         ),
         ("samples/s (end to end)", info.samples_per_second),
+        *_operator_rows(info),
         (
             "shards (resumed from a previous run)",
             f"{info.shards} ({info.shards_resumed})",
@@ -469,6 +524,10 @@ def synth_section(synth: StageManifest, ctx: ReportContext) -> Section:
     )
     made = ctx.plots and plot_synth(info, ctx.out_dir / "synth_funnel.png")
     section.add_plot(made, "synth_funnel.png", "Stage II funnel")
+    pools = ctx.stage_dir("synth") / POOLS_FILE
+    if ctx.plots and info.operators and pools.is_file():  # the run that generated
+        made = plot_pools(json.loads(pools.read_text()), ctx.out_dir / "synth_pools.png")
+        section.add_plot(made, "synth_pools.png", "Stage II operator pools over time")
     return section
 
 

@@ -242,13 +242,28 @@ class SynthStage(Stage):
                 "synth.filter_gpus" if llm[name] and o.get("num_gpus") else f"synth.{keys[name]}",
             )
             for name, o in filter_actor_options(s).items()
+            if not (name == "extract" and s.extractor == "vllm")  # a vLLM processor instead
         )
-        return (gen, *filters)
+        engines = tuple(  # extractor/summarizer=vllm: Ray Data LLM's engine actors
+            Workers(
+                f"vLLM {role} engines",
+                s.vllm_engines,
+                1.0,
+                float(s.vllm_tensor_parallel_size),
+                s.vllm_engines,
+                "synth.vllm_engines",
+            )
+            for role in ("extractor", "summarizer")
+            if getattr(s, role) == "vllm"
+        )
+        return (gen, *filters, *engines)
 
     @classmethod
     def footprint(cls, cfg):
-        from privcode.synth.resources import filter_footprint
+        from privcode.synth.resources import auto_sized, filter_footprint
 
+        if auto_sized(cfg.synth):  # pools sized from the cluster: the whole cluster, alone
+            return None
         # Ray Data's autoscaler grows the generator pool into any CPU that frees up: a
         # stage admitted beside on generators_min waited 88 s for the CPU it was counted on.
         generators = max(cfg.synth.generators_min, cfg.synth.generators_max)

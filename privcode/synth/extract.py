@@ -462,8 +462,27 @@ class HFExtractor:
         return out
 
 
-#: Extractor name -> class; ``make_extractor`` looks names up here.
-EXTRACTORS: dict[str, type] = {"offline": OfflineExtractor, "hf": HFExtractor}
+class EndpointExtractor(HFExtractor):
+    """M_ext through an OpenAI-compatible endpoint (:mod:`privcode.synth.llm_endpoint`);
+    empty answers fall back to offline."""
+
+    name = "endpoint"
+
+    def __init__(self, url: str, *, max_chars: int = MAX_INSTRUCTION_CHARS, **options: Any) -> None:
+        from privcode.synth.llm_endpoint import EndpointGenerator
+
+        self.generator = EndpointGenerator(url, **options)  # type: ignore[assignment]
+        self.fallback = OfflineExtractor(max_chars)
+        self.max_chars = self.fallback.max_chars
+
+
+#: Extractor name -> class; ``make_extractor`` looks names up here (``vllm`` is a Ray Data
+#: stage of its own: :mod:`privcode.synth.llm_stages`).
+EXTRACTORS: dict[str, type] = {
+    "offline": OfflineExtractor,
+    "hf": HFExtractor,
+    "endpoint": EndpointExtractor,
+}
 
 
 def make_extractor(name: str, **options: Any) -> Extractor:

@@ -49,6 +49,7 @@ from privcode.errors import PrivcodeError
 
 # The filter actors' resources (torch- and Ray-free, for the stage planner); FILTER_CPUS
 # and the shares are re-exported here, where the stages import them.
+from privcode.synth.dataflow import build_dataset as _dataset
 from privcode.synth.resources import (  # noqa: F401
     EXECUTION_CPUS,
     EXTRACT_CPUS,
@@ -61,6 +62,7 @@ from privcode.synth.resources import (  # noqa: F401
     llm_filters,
     llm_placement,
 )
+from privcode.synth.telemetry import POOLS_FILE, PoolTelemetry
 from privcode.utils import atomic_path, atomic_write_json, sha256_bytes, sha256_file
 
 log = logging.getLogger("privcode.synth")
@@ -92,6 +94,8 @@ _SHARD_FIELDS = (
     "parse_check_languages",
 )
 _PRIVATE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+#: The filter operators' classes (what Ray Data names the operators) -> their pools.
+_FILTER_UDFS = {"Extract": "extract", "ExecutionFilter": "execution", "RoundTripScore": "roundtrip"}
 
 
 class SynthesisError(PrivcodeError):
@@ -192,6 +196,8 @@ def work_key(cfg: SynthConfig, release_meta: dict[str, Any]) -> str:
     settings = {k: getattr(cfg, k) for k in _SHARD_FIELDS}
     if cfg.dtype != "auto":  # a requested dtype changes the samples (auto: keys as before)
         settings["dtype"] = cfg.dtype
+    if cfg.llm_max_new_tokens != 96:  # the LLM filters' answer length (96: keys as before)
+        settings["llm_max_new_tokens"] = cfg.llm_max_new_tokens
     blob = json.dumps(
         {"release": release_meta.get("files"), "settings": settings}, sort_keys=True
     ).encode()
@@ -220,111 +226,6 @@ def _row(batch: dict[str, Any], j: int) -> dict[str, Any]:
     return out
 
 
-def _public_prompts(n: int, seed: int) -> list[str]:
-    from privcode.data.public import public_prompts
-
-    return public_prompts(max(1, min(n, 2000)), seed=seed)
-
-
-def _dataset(
-    cfg: SynthConfig,
-    release: Path,
-    indices: list[int],
-    conditioning: str,
-    generator: type | None = None,
-    sandbox: SandboxConfig | None = None,
-):
-    import ray.data
-    from ray.data import ActorPoolStrategy
-
-    gen_opts = {
-        "seed": cfg.seed,
-        "max_new_tokens": cfg.max_new_tokens,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "start_text": cfg.start_text,
-        "trim": cfg.trim,
-        "gpu": cfg.gpus_per_generator > 0,
-        "dtype": cfg.dtype,
-    }
-    prompts = _public_prompts(len(indices), cfg.seed) if conditioning == "prompt" else []
-    from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
-
-    blocks = max(1, min(len(indices) // max(cfg.batch_size, 1), 200))
-    ds = ray.data.from_items(
-        [{"index": i, "z_seed": f"{cfg.seed}:{i}"} for i in indices], override_num_blocks=blocks
-    )
-    ds = ds.map_batches(
-        generator or Generate,
-        fn_constructor_args=(str(release), gen_opts, prompts),
-        batch_size=cfg.batch_size,
-        batch_format="numpy",
-        compute=ActorPoolStrategy(
-            min_size=cfg.generators_min, max_size=max(cfg.generators_min, cfg.generators_max)
-        ),
-        num_cpus=cfg.cpus_per_generator,
-        num_gpus=cfg.gpus_per_generator or None,
-    )
-    ext_opts = {"model": cfg.extractor_model} if cfg.extractor_model else {}
-    resources, pools, sizes = filter_actor_options(cfg), filter_pools(cfg), filter_batch_sizes(cfg)
-
-    def pool(name: str) -> ActorPoolStrategy:
-        low, high = pools[name]
-        return ActorPoolStrategy(min_size=low, max_size=high)
-
-    ds = ds.map_batches(
-        Extract,
-        fn_constructor_args=(cfg.extractor, ext_opts, llm_placement(cfg)),
-        batch_size=sizes["extract"],
-        batch_format="numpy",
-        compute=pool("extract"),
-        **resources["extract"],
-    )
-    sb = sandbox or SandboxConfig()
-    limits = {
-        "cpu_seconds": cfg.sandbox_cpu_seconds,
-        "wall_seconds": cfg.sandbox_wall_seconds,
-        "memory_mb": cfg.sandbox_memory_mb,
-    }
-    ds = ds.map_batches(
-        ExecutionFilter,
-        fn_constructor_args=(
-            limits,
-            cfg.sandbox_workers,
-            sb.isolation,
-            sb.executor,
-            cfg.parse_check_languages,
-        ),
-        batch_size=sizes["execution"],
-        batch_format="numpy",
-        compute=pool("execution"),
-        **resources["execution"],
-    )
-    rt_opts: dict[str, Any] = {}
-    if cfg.summarizer_model:
-        rt_opts["summarizer_model"] = cfg.summarizer_model
-    if cfg.scorer_model:
-        rt_opts["scorer_model"] = cfg.scorer_model
-    if cfg.scorer == "embedding":
-        rt_opts["scorer_precision"] = cfg.scorer_precision
-    ds = ds.map_batches(
-        RoundTripScore,
-        fn_constructor_args=(
-            cfg.summarizer,
-            cfg.scorer,
-            cfg.roundtrip_threshold,
-            rt_opts,
-            llm_placement(cfg),
-            max(1, int(resources["roundtrip"]["num_cpus"])),
-        ),
-        batch_size=sizes["roundtrip"],
-        batch_format="numpy",
-        compute=pool("roundtrip"),
-        **resources["roundtrip"],
-    )
-    return ds
-
-
 def _generate_shards(
     cfg: SynthConfig,
     release: Path,
@@ -333,7 +234,9 @@ def _generate_shards(
     progress: bool,
     generator: type | None = None,
     sandbox: SandboxConfig | None = None,
-) -> dict[str, int]:
+) -> tuple[dict[str, int], PoolTelemetry | None]:
+    """Generate the shards not yet on disk; the counts, and the pools' telemetry (None when
+    every shard was resumed)."""
     n, size = cfg.num_samples, cfg.shard_size
     shards = range((n + size - 1) // size)
     pending = [k for k in shards if not _shard_path(work, k).is_file()]
@@ -344,12 +247,46 @@ def _generate_shards(
         "generated_this_run": 0,
     }
     if not pending:
-        return counts
+        return counts, None
     indices = [i for k in pending for i in range(k * size, min((k + 1) * size, n))]
     counts["generated_this_run"] = len(indices)
     expected = {k: min((k + 1) * size, n) - k * size for k in pending}
     buffers: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    cpus = {k: v["num_cpus"] for k, v in filter_actor_options(cfg).items()}
+    telemetry = PoolTelemetry(
+        {(generator or _default_generator()).__name__: "generate", **_FILTER_UDFS},
+        {"generate": cfg.cpus_per_generator, **cpus},
+    )
     ds = _dataset(cfg, release, indices, conditioning, generator, sandbox)
+    with telemetry:
+        _consume(ds, cfg, work, len(shards), expected, buffers, counts, progress)
+    if buffers:
+        missing = sorted(buffers)
+        raise SynthesisError(
+            f"Stage II lost rows: shards {missing[:5]} incomplete after the "
+            "dataset finished; rerun to regenerate them"
+        )
+    return counts, telemetry
+
+
+def _default_generator() -> type:
+    from privcode.synth.operators import Generate
+
+    return Generate
+
+
+def _consume(
+    ds: Any,
+    cfg: SynthConfig,
+    work: Path,
+    n_shards: int,
+    expected: dict[int, int],
+    buffers: dict[int, list[dict[str, Any]]],
+    counts: dict[str, int],
+    progress: bool,
+) -> None:
+    """Write each shard as its last row arrives from ``ds``."""
+    size = cfg.shard_size
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         for j in range(len(batch["index"])):
             row = _row(batch, j)
@@ -366,15 +303,8 @@ def _generate_shards(
                         "synth: shard %d written (%d/%d)",
                         k,
                         counts["shards_written"] + counts["shards_resumed"],
-                        len(shards),
+                        n_shards,
                     )
-    if buffers:
-        missing = sorted(buffers)
-        raise SynthesisError(
-            f"Stage II lost rows: shards {missing[:5]} incomplete after the "
-            "dataset finished; rerun to regenerate them"
-        )
-    return counts
 
 
 def _check_runnable(rows: list[dict[str, Any]], minimum: float) -> None:
@@ -603,14 +533,23 @@ def _synthesise(
     if not ray.is_initialized():
         connect()
     started = time.time()
-    counts = _generate_shards(
+    counts, telemetry = _generate_shards(
         cfg, release, work, meta["conditioning"], progress, generator, sandbox
     )
+    operators = {}
+    if telemetry is not None:  # this run generated: the pools' timeline and throughput
+        generating = time.time() - started
+        operators = telemetry.summary(generating)
+        atomic_write_json(
+            out_dir / POOLS_FILE,
+            {"seconds": round(generating, 2), "operators": operators, **telemetry.timeline()},
+        )
     stats = _finalize(cfg, work, out_dir, meta, release_sha, privacy)
     seconds = round(time.time() - started, 2)
     return {
         **stats["funnel"],
         **counts,
+        "operators": operators,
         "rates": stats["rates"],
         "execution_statuses": stats["execution_statuses"],
         "sandbox": stats["sandbox"],

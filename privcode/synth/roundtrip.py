@@ -498,8 +498,25 @@ class BERTScoreScorer:
         return scores
 
 
-#: Registries: name -> class. Options are passed to the constructor.
-SUMMARIZERS: dict[str, type] = {"offline": OfflineSummarizer, "hf": HFSummarizer}
+class EndpointSummarizer(HFSummarizer):
+    """M_r through an OpenAI-compatible endpoint (:mod:`privcode.synth.llm_endpoint`)."""
+
+    name = "endpoint"
+
+    def __init__(self, url: str, *, max_chars: int = _SUMMARY_CHARS, **options: Any) -> None:
+        from privcode.synth.llm_endpoint import EndpointGenerator
+
+        self.generator = EndpointGenerator(url, **options)  # type: ignore[assignment]
+        self.max_chars = int(max_chars)
+
+
+#: Registries: name -> class. Options are passed to the constructor. (``vllm`` summaries
+#: come from a Ray Data stage before the round trip: :mod:`privcode.synth.llm_stages`.)
+SUMMARIZERS: dict[str, type] = {
+    "offline": OfflineSummarizer,
+    "hf": HFSummarizer,
+    "endpoint": EndpointSummarizer,
+}
 SCORERS: dict[str, type] = {"embedding": EmbeddingScorer, "bertscore": BERTScoreScorer}
 
 
@@ -590,12 +607,20 @@ class RoundTripFilter:
     def summaries(self, codes: Sequence[str]) -> list[str]:
         return self.summarizer.summarize(codes)
 
-    def score(self, prompts: Sequence[str], codes: Sequence[str]) -> list[float]:
-        """sim(M_r(code_i), prompt_i) for each pair."""
+    def score(
+        self,
+        prompts: Sequence[str],
+        codes: Sequence[str],
+        summaries: Sequence[str] | None = None,
+    ) -> list[float]:
+        """sim(M_r(code_i), prompt_i) for each pair (``summaries``: M_r's, made upstream)."""
         _check_pairs(prompts, codes)
         if not codes:
             return []
-        return self.scorer.score(self.summaries(codes), [str(p) for p in prompts])
+        if summaries is None:
+            summaries = self.summaries(codes)
+        _check_pairs(summaries, codes)
+        return self.scorer.score([str(s) for s in summaries], [str(p) for p in prompts])
 
     def verdicts(
         self, prompts: Sequence[str], codes: Sequence[str]
