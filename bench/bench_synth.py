@@ -67,43 +67,45 @@ class CannedGenerate:
 
 
 class PeakRSS:
-    """Samples the total RSS of this driver and all its descendants every 0.25 s.
+    """Samples the memory of this driver and all its descendants every 0.25 s.
 
     ``ray.init`` starts the GCS and raylet as children of the driver and every
     Ray worker (and each sandbox zygote) descends from them, so the process
     tree is exactly this benchmark's Ray session: other Ray clusters or
-    Python processes on the machine are not counted. ``top`` keeps the five
-    largest processes at the peak (name, MiB) to show where memory goes.
+    Python processes on the machine are not counted. ``peak`` sums RSS (as
+    before; a page of Ray's shared-memory object store counts once in every
+    process that touched it), ``peak_pss`` sums PSS (each shared page split
+    among the processes that map it: the memory the session really holds).
+    ``top`` keeps the five largest processes at the RSS peak (name, MiB).
     """
 
     def __init__(self):
-        self.peak = 0
+        self.peak = self.peak_pss = 0
         self.top: list[tuple[str, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
-    def _sample() -> list[tuple[str, int]]:
+    def _sample() -> list[tuple[str, int, int]]:
         me = psutil.Process()
         rows = []
         for p in [me, *me.children(recursive=True)]:
             try:
                 name = " ".join(p.cmdline()[:1]) or p.name()
-                rows.append((name[:60], p.memory_info().rss))
+                full = p.memory_full_info()
+                rows.append((name[:60], full.rss, getattr(full, "pss", full.rss)))
             except psutil.Error:
                 continue
         return rows
 
-    def _total(self) -> int:
-        rows = self._sample()
-        total = sum(r for _, r in rows)
-        if total > self.peak:
-            self.top = sorted(rows, key=lambda r: -r[1])[:5]
-        return total
-
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._total())
+            rows = self._sample()
+            total = sum(r for _, r, _ in rows)
+            if total > self.peak:
+                self.peak = total
+                self.top = [(n, r) for n, r, _ in sorted(rows, key=lambda r: -r[1])[:5]]
+            self.peak_pss = max(self.peak_pss, sum(p for _, _, p in rows))
             time.sleep(0.25)
 
     def __enter__(self):
@@ -159,14 +161,18 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=5_000)
     args = ap.parse_args()
 
-    from privcode.cluster.local import connect
+    from privcode.cluster.local import connect, free_port
     from privcode.synth.pipeline import run_synthesis
 
     # A new local cluster with every CPU; joining RAY_ADDRESS's, Ray refuses num_cpus.
     connect(
         None,
         log_to_driver=False,
-        **({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": psutil.cpu_count()}),
+        **(
+            {}
+            if os.environ.get("RAY_ADDRESS")
+            else {"num_cpus": psutil.cpu_count(), "dashboard_port": free_port()}
+        ),
     )
     release = Path(args.release).resolve()
     cfg = SynthConfig(
@@ -200,7 +206,7 @@ def main() -> None:
 
     if args.skip_memory:
         return
-    peaks = {}
+    peaks, pss = {}, {}
     for n in dict.fromkeys((args.small, args.big)):  # one run when they are equal
         big = dataclasses.replace(
             cfg,
@@ -229,16 +235,18 @@ def main() -> None:
             )
             secs = time.time() - t0
         peaks[n] = rss.peak
+        pss[n] = rss.peak_pss
         print(
             f"{n} samples (canned generator): {secs:.0f} s, {n / secs:.1f} samples/s, kept "
-            f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB; largest at the peak: "
+            f"{out['kept']}, peak RSS {rss.peak / 2**20:.0f} MiB (PSS "
+            f"{rss.peak_pss / 2**20:.0f} MiB); largest at the peak: "
             + ", ".join(f"{name} {rss_ / 2**20:.0f}" for name, rss_ in rss.top),
             flush=True,
         )
         print_operators(out["operators"])
     print(
         f"peak RSS {args.big} vs {args.small}: {peaks[args.big] / peaks[args.small]:.2f}x "
-        "(goal <= 1.1x)"
+        f"(goal <= 1.1x); peak PSS {pss[args.big] / pss[args.small]:.2f}x"
     )
 
 

@@ -272,7 +272,9 @@ def test_bench_synth_smallest(ray_cluster, ci_release):
     )
     _line(out, rf"2 samples \(canned generator\): .* peak RSS {NUMBER} MiB")
     assert out.count("samples (canned generator)") == 1  # equal sizes: one run
-    _line(out, rf"peak RSS 2 vs 2: {NUMBER}x")
+    _line(out, rf"peak RSS 2 vs 2: {NUMBER}x .*; peak PSS {NUMBER}x")
+    for operator in ("generate", "extract", "execution", "roundtrip"):  # the pools' telemetry
+        _line(out, rf"operator {operator}: 2 rows, ")
 
 
 @pytest.mark.heavy  # a bench script in a subprocess
