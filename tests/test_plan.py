@@ -94,11 +94,13 @@ def test_paper_places_on_the_charts_cluster_with_gpu_nodes(plan):
     pac = plan.stage("pac")
     assert pac.num_gpus == 0.0  # 16 one-GPU group tasks, then a one-GPU evaluation task
     assert [(w.count, w.gpus) for w in pac.workers] == [(16, 1.0), (1, 1.0)]
-    # Stage II: 2..8 one-GPU generators; the hf extractor and the round trip on a GPU each.
+    # Stage II: 2..8 one-GPU generators; the hf extractor (1..2) and the round trip (1..4) on
+    # a GPU each; the sandboxes sized from the cluster (counted at their fewest here).
     synth = {w.kind: (w.count, w.cpus, w.gpus, w.required) for w in plan.stage("synth").workers}
     assert synth["Ray Data generator actors"] == (8, 1.0, 1.0, 2)
-    assert synth["Ray Data extract filter actors"] == synth["Ray Data roundtrip filter actors"]
-    assert synth["Ray Data extract filter actors"] == (1, 2.0, 1.0, 1)
+    assert synth["Ray Data extract filter actors"] == (2, 2.0, 1.0, 1)
+    assert synth["Ray Data roundtrip filter actors"] == (4, 2.0, 1.0, 1)
+    assert synth["Ray Data execution filter actors"][0] == 1
     assert plan.stage("base").num_cpus == 4.0  # a whole node: the largest without a GPU
 
 

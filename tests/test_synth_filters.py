@@ -147,10 +147,10 @@ def test_offline_extractor_never_executes_or_raises(tmp_path):
 
 
 def test_extractor_registry():
-    assert set(EXTRACTORS) == {"offline", "hf"}
+    assert set(EXTRACTORS) == {"offline", "hf", "endpoint"}
     assert isinstance(make_extractor("offline"), OfflineExtractor)
     assert isinstance(make_extractor("hf", model="/nonexistent/model"), HFExtractor)  # lazy
-    with pytest.raises(ValueError, match="known: hf, offline"):
+    with pytest.raises(ValueError, match="known: endpoint, hf, offline"):
         make_extractor("gpt")
     with pytest.raises(ValueError, match="bad options"):
         make_extractor("offline", temperature=0.1)
@@ -211,7 +211,7 @@ def test_round_trip_separates_matching_from_mismatched(embedding):
 
 
 def test_round_trip_registries_and_options(ci_path, embedding):
-    with pytest.raises(ValueError, match="known: hf, offline"):
+    with pytest.raises(ValueError, match="known: endpoint, hf, offline"):
         make_summarizer("gpt")
     with pytest.raises(ValueError, match="known: bertscore, embedding"):
         make_scorer("rouge")
