@@ -40,24 +40,22 @@ class Completions(BaseHTTPRequestHandler):
             srv.inflight += 1
             srv.peak = max(srv.peak, srv.inflight)
             status = srv.script.pop(0) if srv.script else 200
-        try:
-            time.sleep(srv.delay)
-            if status != 200:
-                self.send_response(status)
-                self.end_headers()
-                return
-            prompt = body["prompt"]
-            text = srv.answer(prompt) if srv.answer else "A:" + prompt.splitlines()[-1].upper()
-            raw = text.encode() if isinstance(text, bytes | str) and srv.raw else None
-            payload = raw or json.dumps({"choices": [{"index": 0, "text": text}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
+        time.sleep(srv.delay)
+        with srv.lock:  # done before answering: the client's next request cannot overlap it
+            srv.inflight -= 1
+        if status != 200:
+            self.send_response(status)
             self.end_headers()
-            self.wfile.write(payload)
-        finally:
-            with srv.lock:
-                srv.inflight -= 1
+            return
+        prompt = body["prompt"]
+        text = srv.answer(prompt) if srv.answer else "A:" + prompt.splitlines()[-1].upper()
+        raw = text.encode() if isinstance(text, bytes | str) and srv.raw else None
+        payload = raw or json.dumps({"choices": [{"index": 0, "text": text}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
 
 @pytest.fixture
