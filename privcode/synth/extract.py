@@ -445,7 +445,10 @@ class HFExtractor:
     def __init__(
         self, model: str, *, max_chars: int = MAX_INSTRUCTION_CHARS, **generation: Any
     ) -> None:
-        self.generator = HFGenerator(model, **generation)
+        self._use(HFGenerator(model, **generation), max_chars)
+
+    def _use(self, generator: Any, max_chars: int) -> None:
+        self.generator = generator
         self.fallback = OfflineExtractor(max_chars)
         self.max_chars = self.fallback.max_chars
 
@@ -471,9 +474,7 @@ class EndpointExtractor(HFExtractor):
     def __init__(self, url: str, *, max_chars: int = MAX_INSTRUCTION_CHARS, **options: Any) -> None:
         from privcode.synth.llm_endpoint import EndpointGenerator
 
-        self.generator = EndpointGenerator(url, **options)  # type: ignore[assignment]
-        self.fallback = OfflineExtractor(max_chars)
-        self.max_chars = self.fallback.max_chars
+        self._use(EndpointGenerator(url, **options), max_chars)
 
 
 #: Extractor name -> class; ``make_extractor`` looks names up here (``vllm`` is a Ray Data
