@@ -6,8 +6,10 @@
 
 Starts an in-process local Ray cluster (127.0.0.1, stopped at the end), or
 joins the one ``RAY_ADDRESS`` names (2 CPUs free needed), builds a small
-demo corpus in a temporary directory, and trains the same DP-SGD run (real
-ledger, fixed sigma, large budget) with
+demo corpus in a temporary directory (without canaries: they change no step's
+cost, and at most 5% of the training records may carry one, so any ``--size``
+builds), and trains the same DP-SGD run (real ledger, fixed sigma, large
+budget) with
 
 * 1 worker x 1 CPU (``1x1``),
 * 1 worker x 2 CPUs (``1x2``: 2 torch threads), and
@@ -78,7 +80,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="privcode-scaling-") as tmp:
         work = Path(tmp)
         build_demo_corpus(
-            work / "data", DataConfig(size=args.size, canary_repetitions=(1,)), progress=False
+            work / "data", DataConfig(size=args.size, canary_kinds=()), progress=False
         )
         base = TrainConfig(
             steps=args.steps,

@@ -103,10 +103,14 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_data_demo(args: argparse.Namespace) -> int:
-    from privcode.data.demo import build_demo_corpus
-
     cfg = _config_with_flags(args, "data", ("seed", "size"))
-    manifest = build_demo_corpus(Path(args.out), cfg.data)
+    if cfg.data.source == "ingest":
+        raise PrivcodeError("data.source is ingest: build that corpus with `privcode data ingest`")
+    if cfg.data.source == "company":
+        from privcode.data.company import build_company_corpus as build
+    else:
+        from privcode.data.demo import build_demo_corpus as build
+    manifest = build(Path(args.out), cfg.data)
     if args.json:
         _print_json(manifest)
     else:
@@ -280,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     d = dsub.add_parser(
-        "demo", help="Build the private demo corpus (stdlib + HumanEval, PII, canaries)."
+        "demo",
+        help="Build a demo corpus (data.source: company = the Acme company's code, "
+        "demo = stdlib functions; PII, in-place canaries).",
     )
     d.add_argument("--out", required=True, help="Output directory.")
     d.add_argument("--seed", type=int, help="Random seed (overrides data.seed).")

@@ -121,7 +121,7 @@ GRAD_SAMPLE_MODES = ("hooks", "functorch", "ghost")
 #: are slow). :func:`privcode.models.loading.resolve_dtype` turns one into a torch dtype.
 DTYPES = ("auto", "float32", "bfloat16")
 #: Benchmarks of the eval stage (local JSONL files; HumanEval also bundled).
-BENCHMARKS = ("humaneval", "mbpp", "bigcodebench")
+BENCHMARKS = ("humaneval", "acme", "acme-dev", "mbpp", "bigcodebench")
 #: Leak-probing scenarios (:mod:`privcode.audit.probe.taxonomy`): id -> the description
 #: that question prompts use.
 SCENARIOS: dict[str, str] = {

@@ -8,9 +8,10 @@ the report and its HTML hold aggregates only (no canary value, no record text),
 the detail files holding private values stay in the audit directory with mode
 0600, and the numbers are in their ranges.
 
-The demo-scale replication (``nondpft`` at 100 repetitions leaks, PrivCode++
-at epsilon 4 does not; the DP run's MIA TPR is lower) is the slow test at
-the end: ``make test-all``.
+The demo-scale replication (in-place canaries in 5% of the records: the non-DP
+``nondpft``'s exposure grows with a canary's repetitions and is far above the
+DP junior's, which leaks none; the DP run's membership signal is weaker) is the
+slow test at the end: ``make test-all``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def test_eval_and_audit_stages_run_and_report(tiny_run):
     assert audit["models"]["nondpft"]["non_private"] is True
     for name, model in audit["models"].items():
         c = model["canaries"]
-        assert c["total"] == 2 * 3 * 2 and 0 <= c["leaked"] <= c["total"]  # kinds x places x reps
+        assert c["total"] == 2 * 1 * 1 and 0 <= c["leaked"] <= c["total"]  # kinds x places x reps
         assert sum(cell["categories"] for cell in c["table"]) == c["total"]
         e = model["exposure"]
         assert 0 <= e["mean_bits"] <= e["max_possible_bits"] <= 4.4  # log2(21)
@@ -192,10 +193,17 @@ def test_nothing_private_leaves_the_audit_directory(tiny_run):
 
 @pytest.mark.slow
 def test_demo_scale_replication(ray_connected, tmp_path):
-    """`nondpft` at 100 repetitions leaks a canary category; PrivCode++ at epsilon 4 leaks
-    none; the DP junior's MIA TPR@1%FPR is below the non-DP model's (the demo config, with
-    the 800-step comparison that memorises verbatim: the demo's 200 steps show exposure
-    and membership only)."""
+    """The demo config's models and audits on the stdlib demo corpus (its data settings pinned
+    here: 1000 records, 900 members) with every canary row it may hold (5%, in place): 5
+    kinds, joint placement, 1 and 8 repetitions = 10 canaries in 45 records. The non-DP
+    comparison (every weight, 400 steps of batch 16: a member is drawn about 7 times,
+    a canary of 8 repetitions about 57) ranks the 8-repetition canaries first among their
+    candidates, well above the 1-repetition ones and the DP junior's; PrivCode++ at epsilon
+    4 leaks no canary, its exposure stays at chance and its membership signal is weaker.
+    Measured (5-6 minutes on 2 busy CPUs): nondpft 7.65 of 7.65 bits at 8 repetitions, 4.9
+    at 1, MIA AUC 0.82, TPR at 1% FPR 30%; the junior 1.0-1.1 and 1.6 bits, AUC 0.53, TPR
+    0-2%. Neither leaks a value verbatim: the former 100-repetition copies leaked after about
+    500 draws, which at 8 repetitions would take ~3,500 steps."""
     from privcode.pipeline.runner import run_pipeline
 
     overrides = [
@@ -203,22 +211,38 @@ def test_demo_scale_replication(ray_connected, tmp_path):
         f"run.reports_dir={tmp_path / 'reports'}",
         "run.name=replication",
         "run.stages=[data, base, train, audit, report]",
-        "audit.audits=[canaries, mia]",
-        "audit.nondp_steps=800",
+        "data.source=demo",
+        "data.size=1000",
+        "data.include_humaneval=false",
+        "data.pii_fraction=0.3",
+        "data.canary_kinds=[email, name, ip_address, password, username]",
+        "data.canary_placements=[joint]",
+        "data.canary_repetitions=[1, 8]",
+        "audit.audits=[canaries, exposure, mia]",
+        "audit.nondp_steps=400",
         "audit.nondp_lr=0.003",
         "audit.nondp_batch_size=16",
-        "audit.canary_samples=8",
+        "audit.canary_samples=4",
+        "audit.exposure_candidates=200",
     ]
     run_pipeline(load_config("jobs/configs/demo.yaml", overrides))
-    audit = json.loads((tmp_path / "runs/replication/audit/audit.json").read_text())
+    runs = tmp_path / "runs/replication"
+    counts = json.loads((runs / "data/manifest.json").read_text())["summary"]["counts"]
+    # In place: the canaries add no row; 45 of the 900 training records carry one (5%).
+    assert (counts["train_records"], counts["canary_records"], counts["canaries"]) == (900, 45, 10)
+    audit = json.loads((runs / "audit/audit.json").read_text())
     dp, nondp = audit["models"]["junior"], audit["models"]["nondpft"]
-    assert dp["canaries"]["leaked"] == 0
-    leaked_100 = [cell for cell in nondp["canaries"]["table"] if cell["repetitions"] == 100]
-    assert sum(cell["leaked"] for cell in leaked_100) >= 1
-    assert (
-        dp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
-        < nondp["mia"]["attacks"]["loss"]["tpr_at_1pct_fpr"]
-    )
+    assert dp["canaries"]["leaked"] == 0 and dp["canaries"]["total"] == 10
+    top = dp["exposure"]["max_possible_bits"]  # log2(201) = 7.65 bits
+    dp_bits, nondp_bits = dp["exposure"]["by_cell"]["joint"], nondp["exposure"]["by_cell"]["joint"]
+    assert nondp_bits["8"] > 0.85 * top  # (nearly) every 8-repetition canary ranked first
+    assert nondp_bits["8"] > nondp_bits["1"] + 1.0  # more repetitions, more exposure
+    assert nondp_bits["8"] > dp_bits["8"] + 3.0
+    assert dp["exposure"]["mean_bits"] < 3.0  # chance is about 1.4 bits
+    assert nondp["exposure"]["top_rank_count"] >= 4 > dp["exposure"]["top_rank_count"]
+    dp_mia, nondp_mia = dp["mia"]["attacks"]["loss"], nondp["mia"]["attacks"]["loss"]
+    assert dp_mia["auc"] < 0.65 < nondp_mia["auc"]
+    assert dp_mia["tpr_at_1pct_fpr"] < nondp_mia["tpr_at_1pct_fpr"]
 
 
 def test_report_command_rerenders_from_the_manifests_on_disk(

@@ -290,6 +290,13 @@ def test_make_submit_job_targets_run_a_stage_on_a_real_head(ray_cluster, tmp_pat
         "run.name=sj",
         "--set",
         "data.size=30",
+        # 27 members: one canary row at most (canaries take at most 5% of the training records)
+        "--set",
+        "data.canary_kinds=[email]",
+        "--set",
+        "data.canary_placements=[joint]",
+        "--set",
+        "data.canary_repetitions=[1]",
         "--json",
     ]
     done = subprocess.run(

@@ -1,4 +1,8 @@
-"""The private demo corpus: determinism, canary planting, splits, PII, atomic output, CLI."""
+"""The private demo corpus: determinism, canary planting, splits, PII, atomic output, CLI.
+
+Canaries are planted in place: a few member records carry one each, no record is copied
+(a copy would train its function twice), and they take at most 5% of the training records.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +20,17 @@ import pytest
 
 from privcode.config import DataConfig
 from privcode.data import pii
-from privcode.data.canaries import CANARY_FORMATS, sample_canary_value
+from privcode.data.canaries import CANARY_FORMATS, MAX_CANARY_FRACTION, sample_canary_value
 from privcode.data.demo import FILES, build_demo_corpus
 from privcode.data.records import read_records
 from privcode.errors import PrivcodeError
 from privcode.utils import sha256_file
 
-CFG = DataConfig(seed=7, size=200, canary_repetitions=(1, 2))
+#: 1000 records, 900 members: the 5 x 3 x (1 + 2) = 45 canary rows are 5% of them.
+CFG = DataConfig(seed=7, size=1000, include_humaneval=True, canary_repetitions=(1, 2))
 N_KINDS, N_PLACEMENTS = len(CFG.canary_kinds), len(CFG.canary_placements)
+N_HELDOUT = 100
+N_MEMBERS = CFG.size - N_HELDOUT
 
 
 def _load(d: Path) -> dict:
@@ -79,11 +86,13 @@ def test_counts(corpus):
     assert n_canaries == 30 and n_canary_records == 45
     assert counts["canaries"] == len(corpus["canaries"]) == n_canaries
     assert counts["canary_records"] == n_canary_records
-    assert counts["heldout"] == len(corpus["heldout"]) == 20
-    assert counts["ordinary_members"] == 180
-    assert counts["train_records"] == len(corpus["train"]) == 180 + n_canary_records
+    assert counts["heldout"] == len(corpus["heldout"]) == N_HELDOUT
+    assert counts["ordinary_members"] == N_MEMBERS
+    # in place: the canaries add no row, the training set is the members
+    assert counts["train_records"] == len(corpus["train"]) == N_MEMBERS
     kinds = Counter(r.metadata["kind"] for r in corpus["train"])
-    assert kinds == {"ordinary": 180, "canary": n_canary_records}
+    assert kinds == {"ordinary": N_MEMBERS - n_canary_records, "canary": n_canary_records}
+    assert n_canary_records <= MAX_CANARY_FRACTION * len(corpus["train"])
     assert {r.metadata["kind"] for r in corpus["heldout"]} == {"ordinary"}
     assert corpus["manifest"]["data_config"]["canary_repetitions"] == [1, 2]
     assert counts["pool_available"] >= 1000
@@ -117,6 +126,73 @@ def test_each_canary_is_in_exactly_its_records(corpus):
     }
 
 
+def _unplanted(rec, canary: dict | None) -> tuple[str, str]:
+    """``rec``'s (prompt, code) with its canary, if any, cut off again."""
+    prompt, code = rec.prompt, rec.code
+    if canary and canary["in_prompt"]:
+        cut = prompt.rfind("\n\n" + canary["prompt_prefix"] + canary["value"])
+        assert cut > 0
+        prompt = prompt[:cut]
+    if canary and canary["in_code"]:
+        cut = code.rfind("\n\n\n# Example usage\n" + canary["code_prefix"] + canary["value"])
+        assert cut > 0
+        code = code[:cut]
+    return prompt.rstrip(), code.rstrip()
+
+
+def test_canaries_are_planted_in_place_never_in_copies(corpus):
+    """No training record, its canary removed, repeats another's code or prompt: no copy."""
+    by_id = {c["id"]: c for c in corpus["canaries"]}
+    train = corpus["train"]
+    stripped = [_unplanted(r, by_id.get(r.metadata.get("canary_id"))) for r in train]
+    prompts = Counter(p for p, _ in stripped)
+    codes = Counter(c for _, c in stripped)
+    for r, (p, c) in zip(train, stripped, strict=True):
+        assert prompts[p] == 1 and codes[c] == 1, r.id
+    # the hosts look like every other member: the same kind of id and metadata
+    hosts = [r for r in train if r.metadata["kind"] == "canary"]
+    plain = [r for r in train if r.metadata["kind"] == "ordinary"]
+    assert all(re.fullmatch(r"rec-[0-9a-f]{12}", r.id) for r in train)
+    assert {k for r in hosts for k in r.metadata} == {k for r in plain for k in r.metadata} | {
+        "canary_id"
+    }
+    assert "base_id" not in json.dumps([r.metadata for r in train])
+    assert all(r.metadata["pii"] is None for r in hosts)  # PII-free members, there are enough
+
+
+def test_default_config_builds_without_humaneval(tmp_path):
+    """The default data config fits the 5% (45 of 900) and keeps HumanEval out of training."""
+    cfg = DataConfig()
+    assert cfg.include_humaneval is False
+    m = build_demo_corpus(tmp_path / "d", cfg, progress=False)
+    counts = m["counts"]
+    assert counts["train_records"] == counts["ordinary_members"] == 900
+    assert counts["canary_records"] == 45 <= MAX_CANARY_FRACTION * counts["train_records"]
+    assert m["sources"]["humaneval_problems"] == 0
+    recs = read_records(tmp_path / "d" / "train.parquet") + read_records(
+        tmp_path / "d" / "heldout.parquet"
+    )
+    assert not any(r.metadata["source"].startswith("humaneval:") for r in recs)
+
+
+def test_too_many_canaries_is_a_clear_error(tmp_path):
+    """45 canary rows in 180 members (25%) would not be a few canaries but the data."""
+    with pytest.raises(PrivcodeError, match=r"^data\.canary_repetitions: .*45 records.*5%.* 180 "):
+        build_demo_corpus(tmp_path / "out", replace(CFG, size=200), progress=False)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_canaries_go_into_pii_members_when_no_member_is_pii_free(tmp_path):
+    cfg = replace(
+        CFG, size=200, pii_fraction=1.0, canary_kinds=("email",), canary_repetitions=(1, 2)
+    )
+    m = build_demo_corpus(tmp_path / "d", cfg, progress=False)
+    assert m["counts"]["canary_records"] == 9 and m["counts"]["train_records"] == 180
+    train = read_records(tmp_path / "d" / "train.parquet")
+    hosts = [r for r in train if r.metadata["kind"] == "canary"]
+    assert len(hosts) == 9 and all(r.metadata["pii"] for r in hosts)
+
+
 def test_canary_values_unique_and_formatted(corpus):
     values = [c["value"] for c in corpus["canaries"]]
     assert len(set(values)) == len(values)
@@ -136,9 +212,9 @@ def test_splits_disjoint(corpus):
     held_ids = {r.id for r in corpus["heldout"]}
     assert len(train_ids) == len(corpus["train"]) and len(held_ids) == len(corpus["heldout"])
     assert train_ids.isdisjoint(held_ids)
-    member_ids = {r.id for r in corpus["train"] if r.metadata["kind"] == "ordinary"}
-    bases = {r.metadata["base_id"] for r in corpus["train"] if r.metadata["kind"] == "canary"}
-    assert bases <= member_ids and bases.isdisjoint(held_ids)
+    hosts = [rid for c in corpus["canaries"] for rid in c["record_ids"]]
+    assert len(set(hosts)) == len(hosts)  # one canary per record
+    assert set(hosts) <= train_ids and set(hosts).isdisjoint(held_ids)
     held_fns = {
         (r.metadata["source"], r.metadata["owner"], r.metadata["function"])
         for r in corpus["heldout"]
@@ -150,7 +226,7 @@ def test_splits_disjoint(corpus):
 
 
 def test_pii(corpus):
-    ordinary = [r for r in corpus["train"] + corpus["heldout"] if r.metadata["kind"] == "ordinary"]
+    ordinary = corpus["train"] + corpus["heldout"]  # canary hosts are ordinary records too
     with_pii = [r for r in ordinary if r.metadata["pii"]]
     assert len(ordinary) == CFG.size
     assert (
@@ -181,13 +257,9 @@ def test_records_are_realistic_and_parse(corpus):
         assert r.prompt.strip()
     sources = Counter(r.metadata["source"].split(":")[0] for r in recs)
     assert sources["stdlib"] > 0 and sources["humaneval"] > 0
-    # prompts name the function they ask for
+    # prompts name the function they ask for, canary hosts' too
     for r in recs:
-        if r.metadata["kind"] == "ordinary":
-            assert (
-                f"`{r.metadata['function']}" in r.prompt
-                or f".{r.metadata['function']}`" in r.prompt
-            )
+        assert f"`{r.metadata['function']}" in r.prompt or f".{r.metadata['function']}`" in r.prompt
 
 
 def test_size_above_pool_is_a_clear_error(tmp_path):
@@ -204,7 +276,9 @@ def test_rebuild_replaces_files_and_keeps_others(tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     (out / "manifest.json").write_text("{}")
-    cfg = replace(CFG, size=30, canary_kinds=("email",), canary_repetitions=(1,))
+    cfg = replace(
+        CFG, size=30, canary_kinds=("email",), canary_placements=("code",), canary_repetitions=(1,)
+    )
     manifest = build_demo_corpus(out, cfg, progress=False)
     assert sorted(p.name for p in out.iterdir()) == sorted([*FILES, "keep.txt"])
     assert (out / "keep.txt").read_text() == "mine"
@@ -225,9 +299,9 @@ def _cli_demo(out: Path) -> subprocess.CompletedProcess:
             "--seed",
             "1",
             "--size",
-            "120",
+            "1000",
             "--set",
-            "data.canary_repetitions=[1, 3]",
+            "data.canary_repetitions=[1, 2]",
         ],
         capture_output=True,
         text=True,
@@ -240,7 +314,7 @@ def test_cli_demo_twice_same_manifest(tmp_path):
     runs = [_cli_demo(tmp_path / f"run{i}") for i in range(2)]
     for res in runs:
         assert res.returncode == 0, res.stderr[-2000:]
-        assert "canaries=30" in res.stdout and "heldout=12" in res.stdout
+        assert "canaries=30" in res.stdout and "heldout=100" in res.stdout
     m = [json.loads((tmp_path / f"run{i}" / "manifest.json").read_text()) for i in range(2)]
     assert m[0] == m[1] and m[0]["data_config"]["seed"] == 1
     assert (tmp_path / "run0/manifest.json").read_bytes() == (

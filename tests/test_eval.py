@@ -477,3 +477,16 @@ def test_eval_stops_before_generating_when_full_isolation_is_missing(
         evaluate(samples_file=samples, limit=1, progress=False)
     with pytest.raises(EvalError, match="sandbox.isolation: rlimits-only"):
         evaluate(model="/nonexistent-model", limit=1, progress=False)  # before any loading
+
+
+@pytest.mark.parametrize(("c", "n"), [(0, 150), (3, 150), (20, 150), (75, 150), (150, 150), (1, 1)])
+def test_wilson_interval_matches_scipy(c, n):
+    from scipy.stats import binomtest
+
+    from privcode.eval.passk import wilson_interval
+
+    ref = binomtest(c, n).proportion_ci(confidence_level=0.95, method="wilson")
+    lo, hi = wilson_interval(c, n)
+    assert lo == pytest.approx(ref.low, abs=1e-9) and hi == pytest.approx(ref.high, abs=1e-9)
+    with pytest.raises(EvalError):
+        wilson_interval(n + 1, n)

@@ -233,32 +233,77 @@ def test_duplicates_are_removed_and_ids_are_stable(repo, tmp_path):
     assert ids1 == {r.id for r in read_records(tmp_path / "d" / "train.parquet")}
 
 
-def test_canaries_are_planted_for_the_audits(repo, tmp_path):
-    for i in range(12):  # enough members for repetitions of 2
+def _modules(repo: Path, n: int) -> None:
+    for i in range(n):
         (repo / f"mod{i}.py").write_text(
             PY.replace("invoice_total", f"total_{i}")
             .replace("refund", f"refund_{i}")
             .replace("Ledger", f"Ledger{i}")
             .replace("(q * p", f"({i} + q * p")
         )
-    spec = IngestSpec(
+
+
+def _canary_spec(repo: Path, repetitions: tuple[int, ...]) -> IngestSpec:
+    return IngestSpec(
         inputs=(str(repo),),
         canaries=True,
         canary_kinds=("email", "password"),
         canary_placements=("code",),
-        canary_repetitions=(2,),
+        canary_repetitions=repetitions,
         dedup_threshold=0.99,
     )
-    m = build_ingested_corpus(spec, tmp_path / "c", split_key=KEY)
+
+
+def test_canaries_are_planted_in_place_for_the_audits(repo, tmp_path):
+    """Canaries go into members' own code (same ids, no extra rows), never into copies, in at
+    most 5% of the training records."""
+    _modules(repo, 32)  # enough members: 4 canary rows are at most 5% of them
+    m = build_ingested_corpus(_canary_spec(repo, (2,)), tmp_path / "c", split_key=KEY)
     doc = json.loads((tmp_path / "c" / "canaries.json").read_text())
-    assert doc["count"] == 2 and m["counts"]["canary_records"] == 4
-    train = {r.id: r for r in read_records(tmp_path / "c" / "train.parquet")}
+    counts = m["counts"]
+    assert doc["count"] == 2 and counts["canary_records"] == 4
+    assert counts["train_records"] == counts["ordinary_members"]  # no row added
+    assert counts["canary_records"] <= 0.05 * counts["train_records"]
+    rows = read_records(tmp_path / "c" / "train.parquet")
+    train = {r.id: r for r in rows}
+    assert len(train) == len(rows) == counts["train_records"]
+    hosts = [rid for c in doc["canaries"] for rid in c["record_ids"]]
+    assert len(set(hosts)) == 4  # one canary per record
     for c in doc["canaries"]:
         assert len(c["record_ids"]) == 2
         for rid in c["record_ids"]:
-            assert c["value"] in train[rid].code and train[rid].metadata["kind"] == "canary"
+            rec = train[rid]
+            assert c["value"] in rec.code and rec.metadata["kind"] == "canary"
+            assert rec.metadata["canary_id"] == c["id"] and "base_id" not in rec.metadata
     heldout = read_records(tmp_path / "c" / "heldout.parquet")
     assert not any(c["value"] in r.code for c in doc["canaries"] for r in heldout)
+    # no copies: a host's code without its canary is no other training record's code, and
+    # its id is the stable id of that unit in a corpus built without canaries
+    by_id = {c["id"]: c for c in doc["canaries"]}
+    codes = []
+    for r in rows:
+        code = r.code
+        if r.metadata["kind"] == "canary":
+            c = by_id[r.metadata["canary_id"]]
+            cut = code.rfind("\n\n\n# Example usage\n" + c["code_prefix"] + c["value"])
+            assert cut > 0
+            code = code[:cut]
+        codes.append(code.rstrip())
+    assert len(set(codes)) == len(codes)
+    plain = IngestSpec(inputs=(str(repo),), dedup_threshold=0.99)
+    build_ingested_corpus(plain, tmp_path / "plain", split_key=KEY)
+    plain_rows = {r.id: r for r in read_records(tmp_path / "plain" / "train.parquet")}
+    assert set(plain_rows) == set(train)
+    for rid in hosts:
+        assert train[rid].prompt == plain_rows[rid].prompt
+        assert train[rid].code.startswith(plain_rows[rid].code.rstrip("\n"))
+
+
+def test_too_many_canaries_is_a_clear_error(repo, tmp_path):
+    _modules(repo, 4)
+    with pytest.raises(IngestError, match=r"^data\.canary_repetitions: .* more than 5% of the"):
+        build_ingested_corpus(_canary_spec(repo, (2,)), tmp_path / "c", split_key=KEY)
+    assert not (tmp_path / "c").exists()  # nothing half written
 
 
 def test_instruction_files_and_mixed_sources(repo, tmp_path):
@@ -325,7 +370,7 @@ def test_privcode_run_from_ingest_through_train_and_synth(
             "data.canaries=true",
             "data.canary_kinds=[email]",
             "data.canary_placements=[code]",
-            "data.canary_repetitions=[2]",
+            "data.canary_repetitions=[1]",  # 1 row: at most 5% of the ~35 members
             "base.preset=ci",
             f"base.cache_dir={ci_base_cache}",
             "train.steps=2",

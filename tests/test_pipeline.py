@@ -25,8 +25,9 @@ def overrides(tmp_path, ci_base_cache):
         # The train stage has its own tests (tests/test_train.py).
         "run.stages=[data, base, report]",
         "data.size=60",
-        "data.canary_repetitions=[1, 2]",
+        "data.canary_repetitions=[1]",  # 2 canary rows: at most 5% of the 54 members
         "data.canary_kinds=[email, password]",
+        "data.canary_placements=[joint]",
         "base.preset=ci",
         f"base.cache_dir={ci_base_cache}",
     ]
@@ -94,10 +95,11 @@ def test_tampered_output_is_rebuilt_and_failed_stage_keeps_old_artifact(
     assert json.loads((data_dir / "canaries.json").read_text())  # restored
 
     before = (data_dir / "manifest.json").read_bytes()
-    bad = load_config(
-        "jobs/configs/demo.yaml", [*overrides, "run.stages=[data]", "data.size=99999"]
+    bad = load_config(  # more canary records than 5% of the training set
+        "jobs/configs/demo.yaml",
+        [*overrides, "run.stages=[data]", "data.canary_repetitions=[400]"],
     )
-    with pytest.raises(Exception, match="available"):
+    with pytest.raises(Exception, match="data.canary_repetitions"):
         run_pipeline(bad)
     assert (data_dir / "manifest.json").read_bytes() == before
     assert not [p for p in data_dir.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left

@@ -123,7 +123,12 @@ def test_premium_refuses_data_that_is_not_synthetic(tmp_path, base_path):
     corpus = tmp_path / "corpus"
     build_demo_corpus(
         corpus,
-        DataConfig(size=20, canary_repetitions=(1,), canary_kinds=("email",)),
+        DataConfig(
+            size=30,  # 27 members: one canary row is at most 5% of them
+            canary_repetitions=(1,),
+            canary_kinds=("email",),
+            canary_placements=("joint",),
+        ),
         progress=False,
     )
     with pytest.raises(PremiumError, match="not a Stage II synthetic dataset"):

@@ -329,7 +329,7 @@ def test_whole_node_stages_are_placed_on_a_multi_node_cluster(tmp_path, ci_base_
     base stage, which wants a whole node, runs. Asking for the cluster's 2 CPUs in one task
     (as before) was never placed: the run waited forever."""
     overrides = ["run.stages=[data, base]", "data.size=60", "data.canary_repetitions=[1]"]
-    overrides += ["data.canary_kinds=[email]", "base.preset=ci"]
+    overrides += ["data.canary_kinds=[email]", "data.canary_placements=[joint]", "base.preset=ci"]
     assert _multi_node(MULTI_NODE, tmp_path, ci_base_cache, *overrides) == {
         "data": "ran",
         "base": "ran",

@@ -67,7 +67,11 @@ MANIFESTS = {
             "benchmark_file": "HumanEval.jsonl.gz",
             "limit": 40,
             "models": {
-                "base": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.025}},
+                "base": {
+                    "n_tasks": 40,
+                    "pass_at_k": {"pass@1": 0.025},
+                    "pass@1_ci95": [0.004431, 0.128837],
+                },
                 "junior": {"n_tasks": 40, "pass_at_k": {"pass@1": 0.0}},
             },
         }
@@ -131,10 +135,13 @@ def test_summary_lines_hold_the_numbers_of_every_stage():
     assert "epsilon 4.00 of 4.00 (delta 1e-05, rdp); 30 steps, sigma 0.56, privcode++" in text
     assert "kept 312/1000 (31%); removed: exec 435, round-trip 59, dup 194" in text
     assert "trained on 312 synthetic records, eval loss 0.859 (DP by post-processing)" in text
-    assert "base 2.5%, junior 0.0% (humaneval, 40 problems)" in text
-    assert "leakage    canaries leaked: junior 0/45, non-DP 8/45" in text
-    assert "exposure   mean canary exposure (bits): junior 1.2, non-DP 4.5" in text
-    assert "AUC (TPR at 1% FPR): junior 0.51 (2%), non-DP 0.72 (32%)" in text  # the strongest
+    # the trade-off leads: utility and leakage per model, side by side
+    assert lines[2:6] == [
+        "  trade-off  model    pass@1 humaneval (40)   leaked exposure MIA AUC",
+        "             base       2.5% [ 0.4, 12.9]          -        -       -",
+        "             junior     0.0%                    0/45      1.2    0.51",
+        "             non-DP   -                         8/45      4.5    0.72",  # strongest MIA
+    ]
     assert "accuracy 18.8% (one world 23.1%, public 21.5%), m=8; 0.00042 nats/session" in text
     assert "time       train 1m15s, synth 3m31s" in text
     assert "reports/demo/report.md (aggregates only, shareable)" in text
@@ -150,7 +157,8 @@ def test_summary_lists_private_models_first_whatever_the_manifest_order():
         audit_summary = {**MANIFESTS["audit"]["summary"], "models": models}
         manifests = {**MANIFESTS, "audit": {"summary": audit_summary}}
         text = run_summary("demo", {}, as_manifests(manifests)).format()
-        assert "canaries leaked: junior 0/45, premium 0/45, non-DP 8/45" in text
+        rows = [line.split()[0] for line in text.splitlines()[4:7]]
+        assert rows == ["junior", "premium", "non-DP"]
 
 
 def test_summary_leaves_out_stages_that_are_absent_and_flags_no_dp():

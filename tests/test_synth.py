@@ -164,7 +164,12 @@ def test_stage_two_refuses_private_inputs(tmp_path):
     corpus = tmp_path / "corpus"
     build_demo_corpus(
         corpus,
-        DataConfig(size=20, canary_repetitions=(1,), canary_kinds=("email",)),
+        DataConfig(
+            size=30,  # 27 members: one canary row is at most 5% of them
+            canary_repetitions=(1,),
+            canary_kinds=("email",),
+            canary_placements=("joint",),
+        ),
         progress=False,
     )
     for private in (corpus / "train.parquet", corpus):

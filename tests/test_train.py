@@ -40,7 +40,13 @@ def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("corpus")
     build_demo_corpus(
         out,
-        DataConfig(size=60, canary_repetitions=(1, 2), canary_kinds=("email", "password")),
+        # 72 members, 2 of them carrying a canary (at most 5% of the training records)
+        DataConfig(
+            size=80,
+            canary_repetitions=(1,),
+            canary_kinds=("email", "password"),
+            canary_placements=("joint",),
+        ),
         progress=False,
     )
     return out

@@ -9,13 +9,14 @@ from privcode.config.fields import opt
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The private corpus: the demo one (stdlib + HumanEval, PII, canaries) or your own code."""
+    """The private corpus: the demo one (stdlib [+ HumanEval], PII, canaries) or your own code."""
 
     source: str = opt(
         "demo",
-        "demo: build the demo corpus; ingest: your repositories and instruction files "
-        "(data.inputs), as `privcode data ingest` does.",
-        choices=("demo", "ingest"),
+        "company: build the Acme company corpus (its own helper library and conventions; "
+        "the acme benchmark measures what it teaches); demo: the stdlib corpus; ingest: your "
+        "repositories and instruction files (data.inputs), as `privcode data ingest` does.",
+        choices=("company", "demo", "ingest"),
     )
     inputs: tuple[str, ...] = opt(
         (),
@@ -29,8 +30,9 @@ class DataConfig:
     code_column: str = opt("", "Instruction files: the code column ('' = detect the layout).")
     canaries: bool = opt(
         False,
-        "Ingest: plant CanaryLeaks canaries (data.canary_*) into copies of member records, "
-        "so that the leakage audits run on your corpus. Off for production corpora.",
+        "Ingest: plant CanaryLeaks canaries (data.canary_*) in place into member records "
+        "(never into copies; at most 5% of the training records), so that the leakage "
+        "audits run on your corpus. Off for production corpora.",
     )
     dedup_threshold: float = opt(
         0.85,
@@ -48,9 +50,10 @@ class DataConfig:
         max=100_000,
     )
     include_humaneval: bool = opt(
-        True,
-        "Add the 164 HumanEval problems (prompt, canonical "
-        "solution) to the pool of ordinary records.",
+        False,
+        "Add the 164 HumanEval problems (prompt, canonical solution) to the pool of "
+        "ordinary records. Off by default: HumanEval is an evaluation set, and a model "
+        "trained on its solutions no longer measures pass@k.",
     )
     heldout_fraction: float = opt(
         0.1,
@@ -74,9 +77,12 @@ class DataConfig:
         choices=("prompt", "code", "joint"),
     )
     canary_repetitions: tuple[int, ...] = opt(
-        (5, 10, 100),
+        (1, 2),
         "How many training records carry each canary (one canary per "
-        "kind x placement x repetition count).",
+        "kind x placement x repetition count). Canaries are planted in place, into "
+        "the records' own content (never into copies), one per record, in at most 5% "
+        "of the training records: kinds x placements x sum(repetitions) <= 5% of the "
+        "members (the default: 5 x 3 x 3 = 45 of the 900 members of size 1000).",
         min=1,
         max=10_000,
     )

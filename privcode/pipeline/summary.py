@@ -82,15 +82,12 @@ def run_summary(
     pac = _read(manifests, "pac", PacSummary)
     candidates = (
         ("privacy", train and _privacy(train)),
+        ("PAC", pac and _pac(pac)),
         ("synthesis", synth and _synthesis(synth)),
         ("premium", premium and _premium(premium)),
-        ("pass@1", evaluation and _pass_at_1(evaluation)),
-        ("leakage", audit and _leakage(audit)),
-        ("exposure", audit and _exposure(audit)),
-        ("MIA", audit and _mia(audit)),
-        ("PAC", pac and _pac(pac)),
     )
-    lines = [(label, text) for label, text in candidates if text]
+    lines = _tradeoff(evaluation, audit)
+    lines += [(label, text) for label, text in candidates if text]
     report = manifests["report"].summary if "report" in manifests else {}
     return RunSummary(
         run=run,
@@ -150,11 +147,42 @@ def _premium(p: PremiumSummary) -> str:
     return f"trained on {p.records} synthetic records{loss} ({guarantee})"
 
 
-def _pass_at_1(e: EvalSummary) -> str | None:
-    if not e.models:
-        return None
-    cells = [f"{m} {_pct((r.get('pass_at_k') or {}).get('pass@1'))}" for m, r in e.models.items()]
-    return ", ".join(cells) + f" ({e.benchmark}, {_tasks(e)} problems)"
+#: Rows of the trade-off table: eval's model names, then the audit's label for the same model.
+_ROWS = (("base", "base"), ("junior", "junior"), ("premium", "premium"), ("nondp", "non-DP"))
+
+
+def _tradeoff(e: EvalSummary | None, a: AuditSummary | None) -> list[tuple[str, str]]:
+    """Utility and leakage per model side by side: the first thing a run's summary shows.
+
+    One row per model that the eval or the audit scored: pass@1 with its 95% Wilson
+    interval, canaries leaked verbatim, mean canary exposure, the strongest MIA's AUC.
+    """
+    scores = e.models if e else {}
+    audited = dict(_models(a)) if a else {}
+    rows = []
+    for name, label in _ROWS:
+        r, x = scores.get(name) or {}, audited.get(label) or {}
+        p1 = (r.get("pass_at_k") or {}).get("pass@1")
+        if p1 is None and not x:
+            continue
+        ci = r.get("pass@1_ci95")
+        util = "-" if p1 is None else f"{100 * p1:5.1f}%"
+        if ci:
+            util += f" [{100 * ci[0]:4.1f}, {100 * ci[1]:4.1f}]"
+        can = x.get("canaries") or {}
+        leaked = f"{can['leaked']}/{can['total']}" if can.get("total") else "-"
+        bits = (x.get("exposure") or {}).get("mean_bits")
+        attacks = (x.get("mia") or {}).get("attacks") or {}
+        auc = max((v.get("auc") or 0.0 for v in attacks.values()), default=None)
+        rows.append(
+            f"{label:<8} {util:<22} {leaked:>7} {_f(bits, 1) if bits is not None else '-':>8}"
+            f" {f'{auc:.2f}' if auc is not None else '-':>7}"
+        )
+    if not rows:
+        return []
+    bench = f"pass@1 {e.benchmark} ({_tasks(e)})" if e else "pass@1"
+    head = f"{'model':<8} {bench:<22} {'leaked':>7} {'exposure':>8} {'MIA AUC':>7}"
+    return [("trade-off", head)] + [("", row) for row in rows]
 
 
 def _models(a: AuditSummary) -> list[tuple[str, dict[str, Any]]]:
@@ -162,35 +190,6 @@ def _models(a: AuditSummary) -> list[tuple[str, dict[str, Any]]]:
     now or read a manifest back (whose keys are sorted)."""
     models = sorted(a.models.items(), key=lambda kv: (bool(kv[1].get("non_private")), kv[0]))
     return [("non-DP" if r.get("non_private") else name, r) for name, r in models]
-
-
-def _leakage(a: AuditSummary) -> str | None:
-    cells = [
-        f"{label} {r['canaries'].get('leaked')}/{r['canaries'].get('total')}"
-        for label, r in _models(a)
-        if r.get("canaries")
-    ]
-    return ("canaries leaked: " + ", ".join(cells)) if cells else None
-
-
-def _exposure(a: AuditSummary) -> str | None:
-    cells = [
-        f"{label} {_f(r['exposure']['mean_bits'], 1)}"
-        for label, r in _models(a)
-        if (r.get("exposure") or {}).get("mean_bits") is not None
-    ]
-    return ("mean canary exposure (bits): " + ", ".join(cells)) if cells else None
-
-
-def _mia(a: AuditSummary) -> str | None:
-    cells = []
-    for label, r in _models(a):
-        attacks = (r.get("mia") or {}).get("attacks") or {}
-        if attacks:  # the strongest attack of each model
-            auc = max(x.get("auc") or 0.0 for x in attacks.values())
-            tpr = max(x.get("tpr_at_1pct_fpr") or 0.0 for x in attacks.values())
-            cells.append(f"{label} {auc:.2f} ({tpr:.0%})")
-    return ("AUC (TPR at 1% FPR): " + ", ".join(cells)) if cells else None
 
 
 def _pac(p: PacSummary) -> str | None:

@@ -112,7 +112,8 @@ def add_ingest_parser(dsub, add_config_args) -> argparse.ArgumentParser:
     d.add_argument(
         "--canaries",
         action="store_true",
-        help="Plant CanaryLeaks canaries in copies of member records (for audits).",
+        help="Plant CanaryLeaks canaries in place into member records, never into copies "
+        "(at most 5%% of the training records; for audits).",
     )
     d.add_argument("--json", action="store_true", help="Print the manifest as JSON.")
     add_config_args(d, default=None)

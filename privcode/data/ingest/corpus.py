@@ -12,8 +12,9 @@ corpus exactly as it reads the demo one.  Steps:
    the held-out split by whole file (keyed by ``split_key``, a secret of the privacy store:
    which files are non-members is not guessable from the public config), the scan report
    (counts of secrets and PII kinds per source, never values).
-3. Canaries (``canaries``): CanaryLeaks canaries planted into copies of member records with
-   the run's secret randomness, exactly as the demo corpus does.
+3. Canaries (``canaries``): CanaryLeaks canaries planted in place into member records (never
+   into copies: no record trains twice; at most 5% of the members) with the run's secret
+   randomness, exactly as the demo corpus does.
 
 Nothing is half written: every file goes to a temporary sibling directory first, is
 validated, then renamed into place, ``manifest.json`` last.
@@ -32,17 +33,18 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privcode.data.canaries import CanarySpec, draw_canaries, plant_canary
+from privcode.data.canaries import CanarySpec, draw_canaries, plant_in_place
 from privcode.data.ingest.errors import IngestError
 from privcode.data.ingest.hygiene import dedup, record_id, scan, split_by_file
 from privcode.data.ingest.instruct import read_instructions
 from privcode.data.ingest.repo import RepoOptions, SkipCounts, iter_source_files
 from privcode.data.ingest.units import extract_units
 from privcode.data.records import Record, validate_record, write_records
+from privcode.errors import PrivcodeError
 from privcode.utils import atomic_write_json, canonical_json, sha256_file
 
 FORMAT = "privcode-ingested-corpus/1"
@@ -70,7 +72,7 @@ class IngestSpec:
     canaries: bool = False
     canary_kinds: tuple[str, ...] = ("email", "name", "ip_address", "password", "username")
     canary_placements: tuple[str, ...] = ("prompt", "code", "joint")
-    canary_repetitions: tuple[int, ...] = (5, 10, 100)
+    canary_repetitions: tuple[int, ...] = (1, 2)
     locale: str = "en_US"
 
     @classmethod
@@ -245,9 +247,14 @@ def _collect(spec: IngestSpec) -> tuple[list[_Candidate], dict[str, Any]]:
 def _plant(
     spec: IngestSpec, members: list[Record], heldout: list[Record], rng: random.Random
 ) -> tuple[list[CanarySpec], list[Record]]:
-    """CanaryLeaks canaries in copies of member records (the demo corpus's procedure)."""
+    """CanaryLeaks canaries planted in place into member records (the demo corpus's procedure).
+
+    Returns the canaries and the members, some of them now carrying a canary (same ids, same
+    rows): no record is copied, so none trains twice. Raises :class:`IngestError` naming
+    ``data.canary_repetitions`` when the canaries need more than 5% of the members.
+    """
     if not (spec.canaries and spec.canary_kinds and spec.canary_placements and members):
-        return [], []
+        return [], members
     text = "\n".join(f"{r.prompt}\n{r.code}" for r in members + heldout)
     canaries = draw_canaries(
         spec.canary_kinds,
@@ -257,18 +264,12 @@ def _plant(
         is_taken=lambda v: v in text,
         locale=spec.locale,
     )
-    planted: list[Record] = []
-    for k, canary in enumerate(canaries):
-        r = canary.repetitions
-        picks = rng.sample(members, r) if r <= len(members) else rng.choices(members, k=r)
-        ids = []
-        for base in picks:
-            prompt, code = plant_canary(base.prompt, base.code, canary)
-            rid = record_id("canary", canary.id, len(ids), 0, prompt + "\0" + code)
-            ids.append(rid)
-            meta = dict(base.metadata or {}, kind="canary", canary_id=canary.id, base_id=base.id)
-            planted.append(Record(rid, prompt, code, meta))
-        canaries[k] = replace(canary, record_ids=tuple(ids))
+    try:
+        planted, canaries = plant_in_place(
+            members, range(len(members)), canaries, rng, setting="data.canary_repetitions"
+        )
+    except PrivcodeError as e:
+        raise IngestError(str(e)) from None
     return canaries, planted
 
 
@@ -355,8 +356,7 @@ def build_ingested_corpus(
             "held-out non-members: ingest more code (or lower data.min_lines)"
         )
     rng = rng or random.SystemRandom()
-    canaries, planted = _plant(spec, members, heldout, rng)
-    train = members + planted
+    canaries, train = _plant(spec, members, heldout, rng)
     rng.shuffle(train)
     t2 = time.monotonic()
     report = scan_parallel(
@@ -374,7 +374,7 @@ def build_ingested_corpus(
         "heldout": len(heldout),
         "train_records": len(train),
         "canaries": len(canaries),
-        "canary_records": len(planted),
+        "canary_records": sum(c.repetitions for c in canaries),
     }
     timings = {
         "collect_seconds": round(t1 - t0, 3),
