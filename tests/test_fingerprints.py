@@ -94,3 +94,15 @@ def test_the_nondp_declaration_covers_what_its_code_reads():
     assert read <= declared, sorted(read - declared)
     # build_objective for nondpft reads the seed (replaced by audit.seed) and the LoRA shape.
     assert {"lora_r", "lora_alpha", "lora_dropout"} <= declared
+
+
+def test_every_stage_comes_after_the_stages_it_reads_in_the_table():
+    """`privcode report` finds its inputs current in table order: a stage listed before one
+    of its optional inputs (eval before nondp) would get a fingerprint without it and drop
+    out of the re-rendered report."""
+    from privcode.pipeline.stages import STAGES
+
+    order = list(STAGES)
+    for name, stage in STAGES.items():
+        for dep in (*stage.needs, *stage.after):
+            assert order.index(dep) < order.index(name), (name, dep)

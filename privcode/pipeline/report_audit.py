@@ -84,14 +84,19 @@ def eval_section(
     rows = []
     for name, r in models.items():
         if "skipped" in r:
-            rows.append([name, *(["-"] * len(keys)), "-", r["skipped"]])
+            rows.append([name, *(["-"] * len(keys)), "-", "-", r["skipped"]])
             continue
+        ci = r.get("pass@1_ci95")
+        notes = list(r.get("notes") or [])
+        if r.get("non_private"):
+            notes.insert(0, "NOT PRIVATE: the audits' non-DP comparison, never released")
         rows.append(
             [
                 name,
-                *[100 * r["pass_at_k"].get(k, 0.0) for k in keys],
+                *[f"{100 * r['pass_at_k'].get(k, 0.0):.1f}" for k in keys],
+                f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "-",
                 r.get("n_tasks"),
-                "; ".join(r.get("notes") or []) or "",
+                "; ".join(notes),
             ]
         )
     limit = info.limit
@@ -108,7 +113,7 @@ def eval_section(
         "(unbiased estimator).",
         "",
     ]
-    lines += _grid(["model", *keys, "tasks", "notes"], rows)
+    lines += _grid(["model", *keys, "pass@1 95% CI (Wilson)", "tasks", "notes"], rows)
     names = []
     if plots and plot_pass_at_k(models, out_dir / "pass_at_k.png"):
         lines += ["![pass@k](pass_at_k.png)", ""]

@@ -482,8 +482,8 @@ STAGES: dict[str, type[Stage]] = {
         TrainStage,
         SynthStage,
         PremiumStage,
+        NondpStage,  # before eval and audit, whose fingerprints count it when it ran
         EvalStage,
-        NondpStage,
         AuditStage,
         PacStage,
         ReportStage,
