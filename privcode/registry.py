@@ -133,7 +133,7 @@ SCENARIOS: dict[str, str] = {
     "game": "Game (player accounts, matchmaking, in-game purchases)",
 }
 #: Pipeline stages, in the runner's order (each starts once the stages it reads are done).
-STAGES = ("data", "base", "train", "synth", "premium", "eval", "nondp", "audit", "pac", "report")
+STAGES = ("data", "base", "train", "synth", "premium", "nondp", "eval", "audit", "pac", "report")
 
 
 def get_method(name: str) -> Method:

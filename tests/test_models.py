@@ -279,8 +279,8 @@ def test_load_model_reads_every_kind_and_merges_adapters_exactly(ci_path, batch,
         assert (loaded.kind, loaded.base_model, loaded.dp) == (kind, base, dp)
         assert not any(p.requires_grad for p in loaded.model.parameters())
         assert not hasattr(loaded.model, "peft_config")  # merged into the base weights
-        with torch.no_grad():
-            assert torch.allclose(loaded.model(**inputs).logits, expected, atol=1e-5)
+        with torch.no_grad():  # fp32: W + BA merged rounds apart from W x + B(A x) by ~1e-5
+            assert torch.allclose(loaded.model(**inputs).logits, expected, atol=1e-4)
     plain = load_causal_lm(ci_path)
     with torch.no_grad():
         reference = plain(**inputs).logits
