@@ -17,10 +17,16 @@ DASHBOARD_PORT ?= 8265
 # SWEEP_PREFIX defaulting to CONFIG's run.name.
 EPSILONS ?= 1 8
 SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print(load_config('$(CONFIG)').run.name)" 2>/dev/null || echo demo)
+# make study: PrivCode's privacy-utility curve at demo scale: runs study-eps<e> (Stage I, II, the
+# premium model, eval with HumanEval beside acme, audits), the base and the non-DP comparison read
+# from the demo's run; written to STUDY_OUT with its plot.
+STUDY_EPSILONS ?= 1 2 4 8
+STUDY_OUT ?= docs/results.md
+STUDY_NOTES ?= Written by make study on the demo's corpus and base. What limits the DP models at this scale, with the measurements: docs/utility.md.
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
-.PHONY: help install tools demo serve sweep test test-fast test-all test-gpu gpu-check lint typecheck format helm-lint helm-template ray-up ray-down submit-job clean
+.PHONY: help install tools demo serve sweep study test test-fast test-all test-gpu gpu-check lint typecheck format helm-lint helm-template ray-up ray-down submit-job clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -74,6 +80,20 @@ sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs 
 			--set 'run.stages=[data,base,train,eval]'; \
 	done
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) report --config $(CONFIG)
+
+# Every study run spends budget like any run, on the demo's corpus: the demo (epsilon 4) and the
+# study (1, 2, 4, 8) compose to 8.08 per record (RDP), within the demo's budget of 10.
+study: ray-up ## After make demo (<= 45 min on 2 cores): pass@1 (acme, HumanEval beside), leakage, exposure and MIA at each of STUDY_EPSILONS beside the demo's base and non-DP comparison; writes docs/results.md
+	@set -e; runs=""; for e in $(STUDY_EPSILONS); do \
+		echo "study: epsilon $$e -> run study-eps$$e"; \
+		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) \
+			--set run.name=study-eps$$e --set train.epsilon=$$e \
+			--set 'run.stages=[data,base,train,synth,premium,eval,audit]' \
+			--set 'eval.models=[junior,premium]' --set 'eval.also=[humaneval]' \
+			--set 'audit.probe_models=[]'; \
+		runs="$$runs study-eps$$e"; \
+	done; \
+	$(PRIVCODE) study --config $(CONFIG) --runs $$runs --reference $(SWEEP_PREFIX) --out $(STUDY_OUT) --notes "$(STUDY_NOTES)"
 
 # Two pytest workers, a test file at a time (its module fixtures are built once); each worker
 # starts its own session Ray head and ci models when its files need them (tests/conftest.py).

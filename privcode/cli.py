@@ -214,6 +214,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    """docs/results.md from the study's runs (manifests only): table, plot, directions."""
+    from privcode.layout import RunLayout
+    from privcode.pipeline.study import write_results
+
+    cfg = load_config(args.config, list(args.overrides))
+    path = write_results(
+        RunLayout.of(cfg).out_dir, list(args.runs), args.out, args.notes, args.reference
+    )
+    print(f"study: {path} (and {path.stem}_privacy_utility.png)")
+    return 0
+
+
 cmd_train = _stage_command("train", "train", ("method",))
 cmd_synthesize = _stage_command("synth", "synth", ("release", "num_samples"))
 cmd_premium = _stage_command("premium", "premium", ("model", "data"))
@@ -395,6 +408,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "study",
+        help="Write the study's results (docs/results.md: pass@1 with intervals, leakage, "
+        "and the seeds' directions judged) from runs already trained and evaluated "
+        "(`make study` trains them).",
+    )
+    _add_config_args(p)
+    p.add_argument("--runs", nargs="+", required=True, help="Run names (under run.out_dir).")
+    p.add_argument("--out", default="docs/results.md", help="Markdown file to write.")
+    p.add_argument("--notes", default="", help="A paragraph put above the table.")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="A run read for the base model and the non-DP comparison only (the demo's).",
+    )
+    p.set_defaults(func=cmd_study)
 
     from privcode.sandbox.cli import add_sandbox_parser
 

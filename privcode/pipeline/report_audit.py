@@ -99,6 +99,17 @@ def eval_section(
                 "; ".join(notes),
             ]
         )
+        for bench, extra in (r.get("also") or {}).items():
+            p1, ci = (extra.get("pass_at_k") or {}).get("pass@1"), extra.get("pass@1_ci95")
+            rows.append(
+                [
+                    f"{name} ({bench})",
+                    *[f"{100 * p1:.1f}" if k == "pass@1" and p1 is not None else "-" for k in keys],
+                    f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "-",
+                    extra.get("n_tasks"),
+                    f"the general yardstick beside `{info.benchmark}`",
+                ]
+            )
     limit = info.limit
     weak = sorted(
         {f"{r['sandbox']}: {r['sandbox_note']}" for r in models.values() if r.get("sandbox_note")}

@@ -1,14 +1,15 @@
 """The report's privacy-utility section: utility against epsilon, from manifests only.
 
-Plotted (``privacy_utility.png``). Left: the junior's loss on PUBLIC held-out
-code against epsilon. The line is this run: at each checkpoint k of the train
+Plotted (``privacy_utility.png``). Left: benchmark pass@1 of the junior and the
+premium model of every run against its epsilon (95% intervals), with this run's
+base and non-DP comparison as horizontal lines. Right: the junior's loss on PUBLIC
+held-out code against epsilon. The line is this run: at each checkpoint k of the train
 stage's ``public_heldout_loss_curve``, the epsilon of k DP-SGD steps (k
 compositions of the Poisson-subsampled Gaussian mechanism at the run's q and
 sigma, at its delta, by :mod:`privcode.dp.accounting` with the run's
 accountant; k = 0: epsilon 0). The markers are runs, labelled by name: final
 epsilon (the train summary's, from the ledger) and final held-out loss.
-Right, when at least two runs were evaluated: pass@1 of junior and premium
-against epsilon. The epsilon axis is logarithmic when the positive epsilons
+The epsilon axis is logarithmic when the positive epsilons
 span a factor of 5 or more (epsilon 0 is then a horizontal line).
 
 Assumptions:
@@ -110,6 +111,9 @@ def _point(run: RunLayout, manifest: StageManifest) -> dict[str, Any] | None:
         "heldout_loss": _final_loss(s.get("public_heldout_loss_curve")),
         "pass1_junior": None,
         "pass1_premium": None,
+        "pass1_base": None,
+        "pass1_nondp": None,
+        "pass1_ci": {},
         "mia_tpr_at_1pct_fpr": None,
     }
     fp = manifest.fingerprint
@@ -125,8 +129,11 @@ def _point(run: RunLayout, manifest: StageManifest) -> dict[str, Any] | None:
 
 def _fill_eval(point: dict[str, Any], summary: dict[str, Any]) -> None:
     models = summary.get("models") or {}
-    point["pass1_junior"] = _pass1(models, "junior")
-    point["pass1_premium"] = _pass1(models, "premium")
+    for name in ("junior", "premium", "base", "nondp"):
+        point[f"pass1_{name}"] = _pass1(models, name)
+        ci = (models.get(name) or {}).get("pass@1_ci95")
+        if ci:
+            point["pass1_ci"][name] = (_num(ci[0]), _num(ci[1]))
 
 
 def _fill_audit(point: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -223,20 +230,85 @@ def _epsilon_axis(ax: Any, values: list[float]) -> None:
 def plot_privacy_utility(
     points: list[dict[str, Any]], within_run: list[dict[str, Any]], path: Path
 ) -> bool:
-    """Loss (and pass@1) against epsilon; False when there is nothing to plot."""
+    """pass@1 against epsilon per model (left) and public held-out loss (right).
+
+    Left: junior and premium pass@1 of every run (95% Wilson intervals as error bars),
+    the base and the non-DP comparison of the current run as horizontal lines (their
+    intervals shaded). Without any pass@1 only the loss panel is drawn; False when there
+    is nothing to plot.
+    """
     line = [(p["epsilon"], p["loss"]) for p in within_run]
     marks = [p for p in points if p.get("heldout_loss") is not None]
-    if not line and not marks:
-        return False
     scored = [
         p for p in points if p.get("pass1_junior") is not None or p.get("pass1_premium") is not None
     ]
-    right = len(scored) >= 2
+    if not line and not marks and not scored:
+        return False
     plt = _plt()
-    fig, axes = plt.subplots(
-        1, 2 if right else 1, figsize=(11.5 if right else 6.4, 3.8), squeeze=False
-    )
-    ax = axes[0][0]
+    panels = (1 if scored else 0) + (1 if line or marks else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5.8 * panels, 3.8), squeeze=False)
+    if scored:
+        _pass1_panel(axes[0][0], points, scored)
+    if line or marks:
+        _loss_panel(axes[0][-1], points, line, marks)
+    _save(fig, path)
+    plt.close(fig)
+    return True
+
+
+def _pass1_panel(ax: Any, points: list[dict[str, Any]], scored: list[dict[str, Any]]) -> None:
+    tops = [5.0]
+    for key, label, color in (
+        ("junior", "DP junior", "#4a7ab5"),
+        ("premium", "premium", "#e39a3b"),
+    ):
+        pts = [p for p in scored if p.get(f"pass1_{key}") is not None]
+        if not pts:
+            continue
+        ys = [100 * p[f"pass1_{key}"] for p in pts]
+        cis = [p.get("pass1_ci", {}).get(key) for p in pts]
+        err = [
+            [y - 100 * c[0] if c else 0.0 for y, c in zip(ys, cis, strict=True)],
+            [100 * c[1] - y if c else 0.0 for y, c in zip(ys, cis, strict=True)],
+        ]
+        ax.errorbar(
+            [p["epsilon"] for p in pts],
+            ys,
+            yerr=err,
+            marker="o",
+            capsize=3,
+            color=color,
+            label=label,
+        )
+        tops += [100 * c[1] for c in cis if c] + ys
+    current = next((p for p in points if p.get("current")), None) or {}
+    for key, label, color in (
+        ("nondp", "non-DP (NOT PRIVATE)", "#c0504d"),
+        ("base", "base", "#7f7f7f"),
+    ):
+        value = current.get(f"pass1_{key}")
+        if value is None:
+            continue
+        ax.axhline(100 * value, ls="--", color=color, label=label)
+        ci = current.get("pass1_ci", {}).get(key)
+        if ci:
+            ax.axhspan(100 * ci[0], 100 * ci[1], color=color, alpha=0.12)
+            tops.append(100 * ci[1])
+        tops.append(100 * value)
+    _epsilon_axis(ax, [p["epsilon"] for p in scored])
+    ax.set_ylim(0, 1.15 * max(tops))
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("pass@1 (% of tasks, 95% CI)")
+    ax.set_title("Benchmark pass@1 vs privacy")
+    ax.legend(fontsize=8)
+
+
+def _loss_panel(
+    ax: Any,
+    points: list[dict[str, Any]],
+    line: list[tuple[float, float]],
+    marks: list[dict[str, Any]],
+) -> None:
     positive = [e for e, _ in line if e > 0] + [p["epsilon"] for p in marks]
     _epsilon_axis(ax, positive)
     if ax.get_xscale() == "log":
@@ -277,29 +349,6 @@ def plot_privacy_utility(
     ax.set_ylabel("public held-out loss (nats/token)")
     ax.set_title("Loss on public held-out code vs privacy")
     ax.legend(fontsize=8)
-    if right:
-        ax = axes[0][1]
-        for key, label, color in (
-            ("pass1_junior", "junior", "#4a7ab5"),
-            ("pass1_premium", "premium", "#e39a3b"),
-        ):
-            pts = [(p["epsilon"], 100 * p[key]) for p in scored if p.get(key) is not None]
-            if pts:
-                ax.plot(
-                    [e for e, _ in pts], [v for _, v in pts], marker="o", color=color, label=label
-                )
-        _epsilon_axis(ax, [p["epsilon"] for p in scored])
-        top = max(
-            100 * (p.get(k) or 0.0) for p in scored for k in ("pass1_junior", "pass1_premium")
-        )
-        ax.set_ylim(0, max(5.0, 1.15 * top))
-        ax.set_xlabel("epsilon")
-        ax.set_ylabel("pass@1 (% of tasks)")
-        ax.set_title("pass@1 vs privacy")
-        ax.legend(fontsize=8)
-    _save(fig, path)
-    plt.close(fig)
-    return True
 
 
 def _pct(value: float | None) -> str:

@@ -384,9 +384,6 @@ class EvalStage(Stage):
     gpu_flag = "eval.use_gpu"
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.eval.score import evaluate
-        from privcode.utils import atomic_write_json
-
         available = {"base": base_path(inputs)}
         if "train" in inputs:
             available["junior"] = str(RunLayout.of(cfg).release)
@@ -400,37 +397,17 @@ class EvalStage(Stage):
             if name not in available:
                 models[name] = {"skipped": f"the {name} model's stage is not part of this run"}
                 continue
-            result = evaluate(
-                model=available[name],
-                benchmark=e.benchmark,
-                benchmark_file=e.benchmark_file or None,
-                n=e.n,
-                temperature=e.temperature,
-                ks=e.ks,
-                limit=e.limit or None,
-                max_new_tokens=e.max_new_tokens,
-                seed=e.seed,
-                workers=e.sandbox_workers,
-                isolation=cfg.sandbox.isolation,
-                executor=cfg.sandbox.executor,
-                samples_out=Path(out_dir) / f"{name}.samples.jsonl",
-                progress=False,
-            )
-            atomic_write_json(Path(out_dir) / f"{name}.json", result)
-            models[name] = {
-                k: result.get(k)
-                for k in (
-                    "pass_at_k",
-                    "n_tasks",
-                    "n_samples_per_task",
-                    "status_counts",
-                    "sandbox",
-                    "sandbox_note",
-                    "notes",
-                    "seconds",
-                )
+            models[name] = _score(cfg, available[name], e.benchmark, Path(out_dir), name)
+            also = {
+                bench: _score(cfg, available[name], bench, Path(out_dir), f"{name}.{bench}")
+                for bench in e.also
+                if bench != e.benchmark
             }
-            models[name]["pass@1_ci95"] = _pass1_interval(result)
+            if also:
+                models[name]["also"] = {
+                    b: {k: r.get(k) for k in ("pass_at_k", "n_tasks", "pass@1_ci95")}
+                    for b, r in also.items()
+                }
             if name == "nondp":
                 models[name]["non_private"] = True
         return {
@@ -442,6 +419,36 @@ class EvalStage(Stage):
 
     def report_section(self, manifest, ctx):
         return eval_report(manifest, ctx)
+
+
+def _score(cfg: Any, model: str, benchmark: str, out_dir: Path, stem: str) -> dict[str, Any]:
+    """pass@k of ``model`` on ``benchmark`` (``<stem>.json`` and ``.samples.jsonl``): its summary."""
+    from privcode.eval.score import evaluate
+    from privcode.utils import atomic_write_json
+
+    e = cfg.eval
+    own = benchmark == e.benchmark  # a local file and a task limit apply to the main benchmark
+    result = evaluate(
+        model=model,
+        benchmark=benchmark,
+        benchmark_file=(e.benchmark_file or None) if own else None,
+        n=e.n,
+        temperature=e.temperature,
+        ks=e.ks,
+        limit=(e.limit or None) if own else None,
+        max_new_tokens=e.max_new_tokens,
+        seed=e.seed,
+        workers=e.sandbox_workers,
+        isolation=cfg.sandbox.isolation,
+        executor=cfg.sandbox.executor,
+        samples_out=out_dir / f"{stem}.samples.jsonl",
+        progress=False,
+    )
+    atomic_write_json(out_dir / f"{stem}.json", result)
+    keys = ("pass_at_k", "n_tasks", "n_samples_per_task", "status_counts", "sandbox")
+    summary = {k: result.get(k) for k in (*keys, "sandbox_note", "notes", "seconds")}
+    summary["pass@1_ci95"] = _pass1_interval(result)
+    return summary
 
 
 def _pass1_interval(result: dict[str, Any]) -> list[float] | None:

@@ -10,7 +10,10 @@ import hashlib
 from dataclasses import dataclass
 
 __all__ = [
+    "ACME",
     "CONVENTIONS",
+    "Dialect",
+    "PUBLIC",
     "ENTITIES",
     "LIBRARY_SOURCE",
     "OPS",
@@ -275,9 +278,48 @@ def split_of(triple: tuple[str, str, str]) -> str:
     return ("test", "test", "dev", "train")[rank("split", entity, field) % 4]
 
 
-def function_source(task: Task, phrase: int = 0) -> tuple[str, str]:
+@dataclass(frozen=True)
+class Dialect:
+    """How a codebase names its helpers: ``<root>.<module of the kind>.<verb>``, ``<root>.<error>``.
+
+    :data:`ACME` is the company's (private); :data:`PUBLIC` is the public dialect the
+    base model is tuned on (:mod:`privcode.data.helpers`): the same generic verbs and
+    missing-field idioms under other names, so what only the private records teach is
+    Acme's library (its root, module per kind and error type).
+    """
+
+    root: str
+    modules: tuple[tuple[str, str], ...]  #: (kind, module name)
+    error: str
+
+    def call(self, op: Op) -> str:
+        return f"{self.root}.{dict(self.modules)[op.kind]}.{op.verb}"
+
+    @property
+    def error_type(self) -> str:
+        return f"{self.root}.{self.error}"
+
+
+KINDS = ("money", "email", "time", "text", "phone", "ref")
+ACME = Dialect("acme", tuple((k, k) for k in KINDS), "Missing")
+PUBLIC = Dialect(
+    "tools",
+    (
+        ("money", "cash"),
+        ("email", "mail"),
+        ("time", "clock"),
+        ("text", "words"),
+        ("phone", "tel"),
+        ("ref", "ids"),
+    ),
+    "Absent",
+)
+
+
+def function_source(task: Task, phrase: int = 0, dialect: Dialect = ACME) -> tuple[str, str]:
     """``(prompt, body)`` of ``task``: the ``def`` line and docstring, then the body."""
     op = op_of(task.op)
+    call, error = dialect.call(op), dialect.error_type
     e, f = task.entity, task.field
     doc = op.phrases[phrase % len(op.phrases)].format(e=e, f=_field_words(f))
     if task.convention == "optional":
@@ -286,16 +328,16 @@ def function_source(task: Task, phrase: int = 0) -> tuple[str, str]:
             f'    value = {e}.get("{f}")\n'
             "    if value is None:\n"
             "        return None\n"
-            f"    return {op.call}(value)\n"
+            f"    return {call}(value)\n"
         )
     elif task.convention == "required":
-        doc += f" Raise acme.Missing if the {e} has no {_field_words(f)}."
+        doc += f" Raise {error} if the {e} has no {_field_words(f)}."
         body = (
             f'    if "{f}" not in {e}:\n'
-            f'        raise acme.Missing("{f}")\n'
-            f'    return {op.call}({e}["{f}"])\n'
+            f'        raise {error}("{f}")\n'
+            f'    return {call}({e}["{f}"])\n'
         )
     else:
-        body = f'    return {op.call}({e}["{f}"])\n'
+        body = f'    return {call}({e}["{f}"])\n'
     prompt = f'def {task.name}({e}):\n    """{doc}"""\n'
     return prompt, body
