@@ -8,15 +8,15 @@ A new job on the whole corpus (rows shuffled) asks for admission. Timed
 side by side, best of 3:
 
 * ``fingerprint``: keyed fingerprints of the new job's records
-  (:meth:`privcode.dp.store.PrivacyStore.record_fingerprints`; once per file);
+  (:meth:`privcode.privacy.store.PrivacyStore.record_fingerprints`; once per file);
 * ``load``: the store's state from its bytes (index + groups + jobs);
-* ``grouped``: :meth:`privcode.dp.groups.RecordGroups.admission`: one index
+* ``grouped``: :meth:`privcode.privacy.groups.RecordGroups.admission`: one index
   lookup per record, one composition per distinct group;
 * ``per record x run``: the reference that checks every record against
   every run's set (compositions cached by membership, so only the
   records x runs term differs);
 * ``ledger restore`` and ``ledger admission``: the same question through the
-  store's ledger (:class:`privcode.dp.ledger.StoreLedger`, as a plain object:
+  store's ledger (:class:`privcode.privacy.ledger.StoreLedger`, as a plain object:
   the actor adds one Ray call), its 50 jobs on disk: restoring it from the log
   and the record-group snapshot, then :meth:`StoreLedger.admission` on the
   packed fingerprints.
@@ -33,9 +33,9 @@ import tempfile
 import time
 
 from privcode.dp.accounting import DPEvent, epsilon
-from privcode.dp.groups import RecordGroups
-from privcode.dp.ledger import Budget, StoreLedger, pack_fingerprints
-from privcode.dp.store import PrivacyStore
+from privcode.privacy.groups import RecordGroups
+from privcode.privacy.ledger import Budget, StoreLedger, pack_fingerprints
+from privcode.privacy.store import PrivacyStore
 
 DELTA = 1e-5
 

@@ -433,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(sub)
 
-    from privcode.dp.cli import add_budget_parser, add_dp_parser
+    from privcode.dp.cli import add_dp_parser
+    from privcode.privacy.cli import add_budget_parser
 
     add_dp_parser(sub)
     add_budget_parser(sub)

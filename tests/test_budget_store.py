@@ -18,9 +18,9 @@ import pytest
 
 from privcode.config import TrainConfig
 from privcode.dp.accounting import DPEvent, epsilon
-from privcode.dp.ledger import Budget
-from privcode.dp.wal import write_new
 from privcode.errors import BudgetRefused, PrivcodeError
+from privcode.privacy.ledger import Budget
+from privcode.privacy.wal import write_new
 from privcode.train.loop import run_training
 
 pytestmark = pytest.mark.ray

@@ -27,7 +27,7 @@ from privcode.config import BaseConfig, TrainConfig
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.dpsgd import PerSampleClipper, gaussian_noise
 from privcode.dp.randomness import SecretRandomness, record_key, record_seeds, secure_poisson_mask
-from privcode.dp.store import ENV_VAR, PrivacyStore, resolve_store
+from privcode.privacy.store import ENV_VAR, PrivacyStore, resolve_store
 from privcode.train.build import build_objective
 from privcode.train.data import CODE, PROMPT, Encoded, collate, encode_records
 from privcode.train.methods import get_method
@@ -215,7 +215,7 @@ def test_dataset_id_is_a_keyed_hmac_in_a_private_store(tmp_path):
 
 def test_store_key_is_created_once_under_concurrency(tmp_path):
     code = (
-        "import sys; from privcode.dp.store import PrivacyStore\n"
+        "import sys; from privcode.privacy.store import PrivacyStore\n"
         "print(PrivacyStore(sys.argv[1]).opaque('t', 'x'))"
     )
     procs = [

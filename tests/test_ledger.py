@@ -16,8 +16,9 @@ import pytest
 
 from privcode.data.records import Record, read_records, write_records
 from privcode.dp.accounting import DPEvent, epsilon
-from privcode.dp.ledger import WAL_NAME, Budget, StoreLedger, pack_fingerprints
-from privcode.dp.ledger_actor import (
+from privcode.errors import LedgerConflictError, LedgerUnavailableError
+from privcode.privacy.ledger import WAL_NAME, Budget, StoreLedger, pack_fingerprints
+from privcode.privacy.ledger_actor import (
     LEDGER_NAMESPACE,
     StoreLedgerActor,
     close_ledger,
@@ -26,9 +27,8 @@ from privcode.dp.ledger_actor import (
     open_ledger,
     store_id,
 )
-from privcode.dp.store import PrivacyStore
-from privcode.dp.wal import encode_line
-from privcode.errors import LedgerConflictError, LedgerUnavailableError
+from privcode.privacy.store import PrivacyStore
+from privcode.privacy.wal import encode_line
 
 DELTA = 1e-5
 SIGMA, Q = 1.0, 0.02

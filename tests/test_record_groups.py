@@ -1,4 +1,4 @@
-"""Per-record accounting (privcode.dp.groups) against a per-record brute force, and the
+"""Per-record accounting (privcode.privacy.groups) against a per-record brute force, and the
 record fingerprints of the privacy store (same record, whatever the file copy)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from privcode.dp.accounting import DPEvent, epsilon
-from privcode.dp.groups import RecordGroups, merge_events
-from privcode.dp.store import PrivacyStore, canonical_text, record_fingerprint, resolve_store
 from privcode.errors import AccountingError
+from privcode.privacy.groups import RecordGroups, merge_events
+from privcode.privacy.store import PrivacyStore, canonical_text, record_fingerprint, resolve_store
 
 DELTA = 1e-5
 KEY = bytes(range(32))

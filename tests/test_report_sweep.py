@@ -21,7 +21,7 @@ from privcode.pipeline.report_sweep import (
     within_run_curve,
 )
 
-DATASET = "ds-" + "a" * 20  # an opaque dataset id (privcode.dp.store)
+DATASET = "ds-" + "a" * 20  # an opaque dataset id (privcode.privacy.store)
 DELTA = 1e-5
 Q = 16 / 2625
 STEPS = 30
@@ -324,9 +324,9 @@ def test_write_report_includes_the_section(runs, tmp_path):
 
 def test_report_alone_gets_current_upstream_manifests_from_the_runner(tmp_path):
     """`privcode run --stages report`: the runner passes the configured stages that are current."""
-    from privcode.dp.store import PrivacyStore
     from privcode.pipeline.runner import current_optional_inputs, fingerprint
     from privcode.pipeline.stages import STAGES
+    from privcode.privacy.store import PrivacyStore
 
     cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)

@@ -516,7 +516,7 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
     """Other worlds of the same data (a pac re-run with new adapters) get only what is left."""
     import shutil
 
-    from privcode.dp.budget import call
+    from privcode.privacy.budget import call
 
     store = tmp_path / "store"
 

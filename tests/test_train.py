@@ -195,7 +195,7 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     assert "N" in privacy["adjacency"]["public"]
     assert privacy["sample_rate"] == pytest.approx(q) and privacy["max_grad_norm"] == 1.0
     # The data is named by an opaque keyed id, never by its digest.
-    from privcode.dp.store import PrivacyStore
+    from privcode.privacy.store import PrivacyStore
     from privcode.utils import sha256_file
 
     digest = sha256_file(corpus / "train.parquet")

@@ -304,7 +304,7 @@ def calibrate(
     """Smallest noise multiplier whose ``steps`` steps at rate q stay within ``target_epsilon``.
 
     ``prior``: histories already spent by the records (one per distinct group
-    of records, :mod:`privcode.dp.groups`); then the new steps must keep every
+    of records, :mod:`privcode.privacy.groups`); then the new steps must keep every
     one of them within the target, ``max_h epsilon(h + [(sigma, q, steps)])
     <= target``, still decreasing in sigma, so the same search applies. A
     prior that alone reaches the target is an :class:`AccountingError`.

@@ -14,9 +14,11 @@ reserving anything, the question the train stage's admission will ask:
   (a record never trained on), and the config must not ask for another budget
   than the store's.
 
-A refusal is a :class:`~privcode.errors.BudgetRefused` naming the worst record's epsilon spent, what the run
-would add and what is left. The train stage's own admission, which reserves,
-stays the binding check.
+Both ask :func:`privcode.privacy.admission.admit` (``reserve=False``) or
+:func:`~privcode.privacy.admission.plan_alone`. A refusal is a
+:class:`~privcode.errors.BudgetRefused` naming the worst record's epsilon spent,
+what the run would add and what is left. The train stage's own admission, which
+reserves, stays the binding check.
 """
 
 from __future__ import annotations
@@ -32,14 +34,6 @@ from privcode.registry import get_method
 log = logging.getLogger("privcode.pipeline")
 
 __all__ = ["BudgetRefused", "preflight"]
-
-
-def _refusal(message: str) -> BudgetRefused:
-    return BudgetRefused(
-        f"privacy budget, checked before any stage: {message}. The budget belongs to these "
-        "records, whatever run, directory or copy of the file trains on them; lower "
-        "train.epsilon or train.steps, or the data owner raises it with `privcode budget raise`"
-    )
 
 
 def _training_file(cfg: PipelineConfig, layout: RunLayout) -> Path | None:
@@ -76,47 +70,22 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     if read_manifest(layout.stage("train")) is not None and not cfg.run.force:
         return None  # probably current (then skipped); if not, the stage's admission decides
     from privcode.dp.events import DPEvent
-    from privcode.dp.ledger import pack_fingerprints
-    from privcode.dp.ledger_actor import ledger_call, open_ledger
-    from privcode.dp.store import PrivacyStore, resolve_store
-    from privcode.train.admission import noise_for, requested_budget
+    from privcode.privacy.admission import admit, plan_alone, requested_budget
+    from privcode.privacy.store import PrivacyStore, resolve_store
+    from privcode.train.noise import noise_for
 
     store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
     budget, explicit = requested_budget(cfg.privacy, train)
     data = _training_file(cfg, layout)
-    ledger = open_ledger(store.root)
     if data is None:  # the data stage builds it: only the plan alone can be checked
-        held = ledger_call(ledger, "budget_for", budget.to_dict(), explicit)  # conflicts raise
-        if train.epsilon > held["epsilon"]:
-            raise _refusal(
-                f"train.epsilon {train.epsilon:g} alone is over the per-record budget "
-                f"{held['epsilon']:g} of the privacy store"
-            )
-        spent = ledger_call(ledger, "describe")["epsilon_spent"]
-        if spent + train.epsilon > held["epsilon"]:
-            return (
-                f"the store's worst record has spent epsilon {spent:.4g} of {held['epsilon']:g}: "
-                "if this run's data holds records earlier jobs trained on, the train stage will "
-                "refuse it (checked once the data exists)"
-            )
-        return None
+        return plan_alone(store, budget, explicit=explicit, epsilon=train.epsilon)
 
     from privcode.data.records import read_records
 
     records = read_records(data)
-    n = len(records)
-    q = min(1.0, train.expected_batch_size / n)
+    q = min(1.0, train.expected_batch_size / len(records))
     sigma, _ = noise_for(train, q)
-    fps = pack_fingerprints(store.record_fingerprints((r.prompt, r.code) for r in records))
-    reply = ledger_call(
-        ledger,
-        "admission",
-        fps,
-        DPEvent(sigma, q, train.steps).to_dict(),
-        budget.to_dict(),
-        explicit=explicit,
-    )
-    if not reply["admitted"]:
-        raise _refusal(reply["message"])
+    plan = DPEvent(sigma, q, train.steps)
+    _, reply = admit(store, records, plan, budget, explicit=explicit, reserve=False)
     log.info("privacy budget before the run: %s", reply["message"])
     return reply["message"]

@@ -9,7 +9,7 @@ one (``ray.nodes()`` plus its autoscaler's node groups) or a described one
 (``--node CPU=8,GPU=1,count=8``). For the train stage it gives the DP-SGD
 numbers, from the record count N (``--records``, or the data stage's manifest):
 sample rate ``q = B / N``, the noise multiplier sigma (the configured one, or
-:func:`~privcode.train.admission.noise_for`'s calibration for ``epsilon``
+:func:`~privcode.train.noise.noise_for`'s calibration for ``epsilon``
 over ``steps``) and the epsilon that sigma spends (the configured accountant,
 at ``delta``); and :class:`MemoryEstimate`, a per-worker memory estimate of the
 junior's DP step from the base model's ``config.json`` alone (the model is
@@ -249,7 +249,7 @@ def _train_records(cfg: PipelineConfig) -> int | None:
 def privacy_plan(cfg: PipelineConfig, records: int) -> PrivacyPlan:
     """q = B / N, sigma (configured or calibrated) and the epsilon of ``steps`` such steps."""
     from privcode.dp.accounting import DPEvent, epsilon
-    from privcode.train.admission import noise_for
+    from privcode.train.noise import noise_for
 
     t = cfg.train
     if records < 1:

@@ -453,8 +453,8 @@ def store_section(info: TrainSummary) -> tuple[list[str], dict[str, Any] | None]
     """
     if not info.dp or not info.privacy_store:
         return [], None
-    from privcode.dp.budget import call
     from privcode.errors import PrivcodeError
+    from privcode.privacy.budget import call
 
     try:
         shown = call(info.privacy_store, "show")

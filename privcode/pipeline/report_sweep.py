@@ -19,7 +19,7 @@ Assumptions:
   epsilon curve only compares models trained on the same private data with
   the same Stage I method; other settings (steps, lr) may differ, and the
   table shows steps and sigma. Runs without a DP guarantee are left out.
-  The dataset id is the opaque keyed id of :mod:`privcode.dp.store` (safe to
+  The dataset id is the opaque keyed id of :mod:`privcode.privacy.store` (safe to
   print); a digest of the corpus is never used or printed (a deterministic
   function of the whole dataset is not releasable under DP), and a summary
   without ``dataset_id`` (an older train artifact) is grouped with nothing.

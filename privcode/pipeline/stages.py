@@ -132,7 +132,7 @@ class TrainStage(Stage):
     data spends from the same budget (and is refused once it is spent). Ray
     Train checkpoints go to ``<out_dir>/<run>/.train/`` (private storage) and
     are removed on success. The dataset id's key lives in the privacy store
-    (``privacy.store``, :mod:`privcode.dp.store`).
+    (``privacy.store``, :mod:`privcode.privacy.store`).
     """
 
     name = "train"
@@ -160,8 +160,8 @@ class TrainStage(Stage):
         return max(1, cfg.train.num_workers) * cfg.train.cpus_per_worker
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.dp.store import resolve_store
-        from privcode.train.admission import requested_budget
+        from privcode.privacy.admission import requested_budget
+        from privcode.privacy.store import resolve_store
         from privcode.train.loop import run_training
         from privcode.utils import sha256_file
 
@@ -188,7 +188,7 @@ class TrainStage(Stage):
 
     def still_valid(self, summary):
         # An external train.data file may change under the same path.
-        from privcode.dp.store import PrivacyStore, StoreError
+        from privcode.privacy.store import PrivacyStore, StoreError
 
         path, store = Path(summary.get("data_path", "")), summary.get("privacy_store")
         if not path.is_file() or not store or not summary.get("dataset_id"):

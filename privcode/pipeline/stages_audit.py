@@ -172,7 +172,7 @@ class PacStage(Stage):
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         worlds = layout.pac_worlds_in(out_dir)
-        from privcode.dp.store import PrivacyStore, resolve_store
+        from privcode.privacy.store import PrivacyStore, resolve_store
 
         store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
         trained = train_worlds(

@@ -83,8 +83,8 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
             application = app(options)
         apps.append(("premium", cfg.serve.premium_route, application, f"premium model {release}"))
     if args.pac:
-        from privcode.dp.store import resolve_store
         from privcode.pac.ensemble import read_manifest
+        from privcode.privacy.store import resolve_store
         from privcode.serve.ensemble import app as pac_app
 
         read_manifest(args.pac)  # a wrong dir fails here, not later inside the replica

@@ -53,7 +53,7 @@ class EnsembleArgs(GuardArgs):
     @property
     def store_path(self) -> Path:
         """The privacy store holding the curator's state and the deployment budgets."""
-        from privcode.dp.store import resolve_store
+        from privcode.privacy.store import resolve_store
 
         parents = Path(self.worlds).expanduser().resolve().parents  # <runs>/<run>/pac/worlds
         return resolve_store(self.privacy_store or "", parents[min(2, len(parents) - 1)])

@@ -147,15 +147,15 @@ class PacService:
         the worlds' files). Worlds the store's ledger knows were served but
         whose state is gone are refused (fail closed: a fresh secret with a
         full budget is never drawn for them); the curator is held to the
-        allowance the ledger grants (:mod:`privcode.dp.pac_budgets`), logged
+        allowance the ledger grants (:mod:`privcode.privacy.pac_budgets`), logged
         after its state exists, so a crash in between cannot lock the worlds out.
         ``rng_seed`` seeds the curator's NOISE only (tests); the secret is
         always drawn with ``secrets``.
         """
-        from privcode.dp.budget import call as store_call
-        from privcode.dp.store import PrivacyStore
         from privcode.pac.curator import STATE_FILE
         from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
+        from privcode.privacy.budget import call as store_call
+        from privcode.privacy.store import PrivacyStore
 
         worlds = Path(cfg.worlds).expanduser()
         info = read_manifest(worlds, model=cfg.model)

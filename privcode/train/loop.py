@@ -87,20 +87,21 @@ from privcode.data.stdlib import stdlib_dir
 from privcode.dp.accounting import DPEvent
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import BudgetUnavailable, Privacy, Reserve, make_private
-from privcode.dp.ledger import Budget
-from privcode.dp.ledger_actor import get_ledger, ledger_call, ledger_name, store_id
 from privcode.dp.randomness import record_key
 from privcode.dp.sampler import shard_of
-from privcode.dp.store import PrivacyStore, resolve_store
 from privcode.errors import BudgetRefused, PrivcodeError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
 from privcode.models.loading import resolve_dtype
-from privcode.train.admission import admit_job, noise_for, release_spent
+from privcode.privacy.admission import admit
+from privcode.privacy.ledger import Budget
+from privcode.privacy.ledger_actor import get_ledger, ledger_call, ledger_name, store_id
+from privcode.privacy.store import PrivacyStore, resolve_store
 from privcode.train.artifact import privacy_record, write_junior_release
 from privcode.train.build import build_objective, load_checkpoint, save_checkpoint_files
 from privcode.train.data import collate, encode_records
 from privcode.train.methods import get_method
+from privcode.train.noise import noise_for, release_spent
 from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
 from privcode.utils import atomic_write_json, sha256_file
 
@@ -480,16 +481,18 @@ def run_training(
         connect()
     ledger, job_id = None, ""
     if privacy.private:
-        ledger, job_id, admitted = admit_job(
+        ledger, admitted = admit(
             store,
             records,
             DPEvent(sigma, q, cfg.steps),
             budget or Budget(cfg.epsilon, cfg.delta, cfg.accountant),
             explicit=budget is not None,
+            reserve=True,
             run=run_name,
             run_key=run_key or store.opaque("run", str(out_dir.resolve())),
             legacy=list(legacy_ledgers),
         )
+        job_id = admitted["job"]
         log.info("privacy budget: %s", admitted["message"])
     del records
 

@@ -35,7 +35,7 @@ def spec_from_config(cfg: DataConfig, inputs: tuple[str, ...] | None = None):
 
 def split_key(privacy: PrivacyConfig, out_dir: str) -> bytes:
     """The secret that keys the held-out split: the privacy store's, never a public seed."""
-    from privcode.dp.store import PrivacyStore, resolve_store
+    from privcode.privacy.store import PrivacyStore, resolve_store
 
     return PrivacyStore(resolve_store(privacy.store, out_dir)).opaque("ingest-split", "1").encode()
 

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from privcode.dp.ledger import StoreLedger
-from privcode.dp.ledger_actor import ledger_call, open_ledger
-from privcode.dp.store import PrivacyStore
 from privcode.errors import LedgerUnavailableError, PrivcodeError
+from privcode.privacy.ledger import StoreLedger
+from privcode.privacy.ledger_actor import ledger_call, open_ledger
+from privcode.privacy.store import PrivacyStore
 
 __all__ = ["call", "format_show", "wipe"]
 

@@ -21,7 +21,7 @@ store's ledger records, in the same log and through the same one writer:
 
 PAC leakage composes additively in mutual information over deployments on
 the same data, which is why the allowances of one dataset add up. Pure
-state: :class:`~privcode.dp.ledger.StoreLedger` logs and persists it.
+state: :class:`~privcode.privacy.ledger.StoreLedger` logs and persists it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :func:`open_ledger` gets or starts ``privcode-store:<store id>`` (namespace
 :data:`LEDGER_NAMESPACE`; detached, so a stage running as a short Ray task
 cannot take it down with its worker; restarted by Ray without limit, each
-start rebuilding :class:`~privcode.dp.ledger.StoreLedger` from the store and
+start rebuilding :class:`~privcode.privacy.ledger.StoreLedger` from the store and
 taking its lock). Calls are serialised (one at a time), so reservations from
 many drivers and workers can never overshoot together. A call in flight when
 the actor dies is re-sent (up to :data:`MAX_TASK_RETRIES`); a grant already
@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from privcode.dp.ledger import StoreLedger
-from privcode.dp.store import PrivacyStore
 from privcode.errors import LedgerConflictError, LedgerUnavailableError
+from privcode.privacy.ledger import StoreLedger
+from privcode.privacy.store import PrivacyStore
 
 __all__ = [
     "LEDGER_NAMESPACE",

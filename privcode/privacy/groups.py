@@ -3,7 +3,7 @@
 A record's privacy loss is the composition of the DP events of every job
 whose training set contained it, whatever run, directory or file copy the
 job read it from (records are named by keyed fingerprints,
-:meth:`privcode.dp.store.PrivacyStore.record_fingerprints`). Records touched
+:meth:`privcode.privacy.store.PrivacyStore.record_fingerprints`). Records touched
 by exactly the same jobs have the same loss, so the state is
 
     index:  fingerprint -> group id          (one entry per record ever trained on)
@@ -25,7 +25,7 @@ A job's committed events are its planned ones while it runs (admission
 reserves them, so concurrent jobs on overlapping records cannot together be
 admitted past the budget) and its granted ones once it has finished.
 
-Pure state, no I/O, no Ray: the store's ledger (:mod:`privcode.dp.ledger`)
+Pure state, no I/O, no Ray: the store's ledger (:mod:`privcode.privacy.ledger`)
 persists it (:meth:`RecordGroups.index_bytes`, :meth:`RecordGroups.from_state`)
 and serialises every change.
 """
@@ -40,8 +40,8 @@ from typing import Any
 
 from privcode.dp.accounting import make_accountant
 from privcode.dp.events import DPEvent
-from privcode.dp.store import FINGERPRINT_BYTES
 from privcode.errors import AccountingError
+from privcode.privacy.store import FINGERPRINT_BYTES
 
 __all__ = ["Admission", "GroupCharge", "RecordGroups", "merge_events"]
 

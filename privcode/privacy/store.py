@@ -21,7 +21,7 @@ The directory is 0700 and the key file 0600; the key is created once
 and never leaves the store. Deleting the key only makes new ids (the runs
 of one corpus no longer group in reports); it grants no budget.
 
-The store also holds the files of its ledger (:mod:`privcode.dp.ledger`),
+The store also holds the files of its ledger (:mod:`privcode.privacy.ledger`),
 written here and only by its one writer: the writer's ``lock`` (flock) and
 ``epoch``, each job's record fingerprints under ``jobs/``, and a snapshot of
 the record groups under ``groups/`` (all 0600, written to a temporary name,

@@ -1,9 +1,9 @@
 """The privacy store's ledger: one writer per store, per-record budgets, fail-closed.
 
 Every private update asks the store's ledger, one named Ray actor per store
-(:mod:`privcode.dp.ledger_actor`: ``privcode-store:<store id>``, detached,
+(:mod:`privcode.privacy.ledger_actor`: ``privcode-store:<store id>``, detached,
 restarted without limit and rebuilt from the store on every start). It keeps the per-record state of
-:class:`~privcode.dp.groups.RecordGroups`: a record's epsilon is the
+:class:`~privcode.privacy.groups.RecordGroups`: a record's epsilon is the
 composition of the DP events of every job that trained on it, whatever run,
 directory or copy of the file it came from. A job is
 
@@ -20,7 +20,7 @@ directory or copy of the file it came from. A job is
 
 Files in the store (0700 directory, 0600 files, never in a run directory):
 
-* ``ledger.wal``: the write-ahead log (:mod:`privcode.dp.wal`), entries
+* ``ledger.wal``: the write-ahead log (:mod:`privcode.privacy.wal`), entries
   ``header``, ``budget`` (epsilon, delta, accountant: set by the first job,
   changed only by :meth:`StoreLedger.raise_budget`, which logs who and
   why), ``admit``, ``grant``, ``finish``, ``import``; every entry carries
@@ -57,11 +57,11 @@ from typing import Any
 
 from privcode.dp.accounting import ACCOUNTANTS, make_accountant
 from privcode.dp.events import DPEvent
-from privcode.dp.groups import RecordGroups, merge_events
-from privcode.dp.pac_budgets import PacBudgets
-from privcode.dp.store import FINGERPRINT_BYTES, PrivacyStore
-from privcode.dp.wal import append_line, read_log, repair, write_new
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
+from privcode.privacy.groups import RecordGroups, merge_events
+from privcode.privacy.pac_budgets import PacBudgets
+from privcode.privacy.store import FINGERPRINT_BYTES, PrivacyStore
+from privcode.privacy.wal import append_line, read_log, repair, write_new
 
 __all__ = ["WAL_NAME", "Budget", "StoreLedger", "pack_fingerprints"]
 
@@ -567,7 +567,7 @@ class StoreLedger:
             "budget": self._budget.to_dict(),
         }
 
-    # -- PAC deployments (privcode.dp.pac_budgets) ---------------------------------
+    # -- PAC deployments (privcode.privacy.pac_budgets) ---------------------------------
 
     def pac_open(
         self, worlds: str, dataset: str, m: int, b: float, scope: str, budget: float

@@ -1,0 +1,157 @@
+"""Admission: may a DP job with a planned ``(sigma, q, steps)`` train on these records?
+
+:func:`admit` is the one entry point. The records are fingerprinted with the
+store's key (:meth:`~privcode.privacy.store.PrivacyStore.record_fingerprints`)
+and the store's one writer (:mod:`privcode.privacy.ledger`) answers: the job
+fits when the worst record, every earlier job on it composed with the plan,
+stays within the budget (:mod:`privcode.privacy.groups`).
+
+* ``reserve=False`` asks only (the pipeline's preflight, before any stage);
+* ``reserve=True`` reserves the plan for a job (the train stage, before any
+  worker starts): the binding check. Pre-store run ledgers of the corpus are
+  imported once first, so their charges count.
+
+:func:`plan_alone` is the question that can be asked before the data exists:
+does the plan alone (a record never trained on) fit the store's budget?
+A refusal is a :class:`~privcode.errors.BudgetRefused` naming the worst
+record's epsilon spent, what the job would add and what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from privcode.config import PrivacyConfig, TrainConfig
+from privcode.dp.events import DPEvent
+from privcode.errors import BudgetRefused
+from privcode.privacy.ledger import Budget, pack_fingerprints
+from privcode.privacy.ledger_actor import ledger_call, open_ledger
+from privcode.privacy.store import PrivacyStore
+from privcode.privacy.wal import legacy_events
+
+log = logging.getLogger("privcode.privacy")
+
+__all__ = ["BudgetRefused", "admit", "plan_alone", "requested_budget"]
+
+_ADVICE = (
+    "The budget belongs to these records, whatever run, directory or copy of the file "
+    "trains on them; lower train.epsilon or train.steps, or the data owner raises it with "
+    "`privcode budget raise`"
+)
+
+
+def requested_budget(privacy: PrivacyConfig, train: TrainConfig) -> tuple[Budget, bool]:
+    """(the budget a run asks the store for, whether the config names it explicitly).
+
+    ``privacy.epsilon_budget`` 0: the store's (its first job sets it to ``train.epsilon``).
+    """
+    explicit = bool(privacy.epsilon_budget)
+    return (
+        Budget(
+            privacy.epsilon_budget or train.epsilon,
+            privacy.delta or train.delta,
+            train.accountant,
+        ),
+        explicit,
+    )
+
+
+def _import_legacy(
+    store: PrivacyStore, ledger: Any, fps: bytes, paths: Sequence[Path], budget: Budget, run: str
+) -> None:
+    """Import the grants of pre-store run ledgers of this corpus once (their charges count)."""
+    for wal in paths:
+        header, events = legacy_events(wal)
+        if not events:
+            continue
+        source = f"{wal.resolve()}:{header.get('created')}"
+        old = Budget(
+            header.get("budget", budget.epsilon),
+            header.get("delta", budget.delta),
+            header.get("accountant", budget.accountant),
+        )
+        done = ledger_call(
+            ledger,
+            "import_legacy",
+            fps,
+            events,
+            store.opaque("legacy", source),
+            old.to_dict(),
+            run=run,
+        )
+        if done["imported"]:
+            log.warning(
+                "imported %d DP steps of a run ledger from before the privacy store: "
+                "they count against these records' budget",
+                done["imported"],
+            )
+
+
+def admit(
+    store: PrivacyStore,
+    records: Sequence[Any],
+    plan: DPEvent,
+    budget: Budget,
+    *,
+    explicit: bool,
+    reserve: bool,
+    run: str = "",
+    run_key: str = "",
+    legacy: Sequence[Path] = (),
+) -> tuple[Any, dict[str, Any]]:
+    """Ask (``reserve=False``) or reserve (``True``) ``plan`` on ``records``: (ledger, reply).
+
+    ``records`` have ``.prompt`` and ``.code``. The reply of a reservation names
+    the ``job``. :class:`BudgetRefused` with the worst record's numbers when the
+    plan does not fit; nothing is reserved then.
+    """
+    fps = pack_fingerprints(store.record_fingerprints((r.prompt, r.code) for r in records))
+    ledger = open_ledger(store.root)
+    if reserve:
+        _import_legacy(store, ledger, fps, legacy, budget, run)
+        reply = ledger_call(
+            ledger,
+            "admit",
+            fps,
+            plan.to_dict(),
+            budget.to_dict(),
+            explicit=explicit,
+            run=run,
+            run_key=run_key,
+        )
+    else:
+        reply = ledger_call(
+            ledger, "admission", fps, plan.to_dict(), budget.to_dict(), explicit=explicit
+        )
+    if not reply["admitted"]:
+        stage = "" if reserve else ", checked before any stage"
+        raise BudgetRefused(f"privacy budget{stage}: {reply['message']}. {_ADVICE}")
+    return ledger, reply
+
+
+def plan_alone(
+    store: PrivacyStore, budget: Budget, *, explicit: bool, epsilon: float
+) -> str | None:
+    """Before the data exists: refuse a plan over the store's budget by itself.
+
+    Returns a warning when the store's worst record has spent enough that an
+    overlap with earlier jobs would be refused once the data exists; else None.
+    """
+    ledger = open_ledger(store.root)
+    held = ledger_call(ledger, "budget_for", budget.to_dict(), explicit)  # conflicts raise
+    if epsilon > held["epsilon"]:
+        raise BudgetRefused(
+            f"privacy budget, checked before any stage: train.epsilon {epsilon:g} alone is "
+            f"over the per-record budget {held['epsilon']:g} of the privacy store. {_ADVICE}"
+        )
+    spent = ledger_call(ledger, "describe")["epsilon_spent"]
+    if spent + epsilon > held["epsilon"]:
+        return (
+            f"the store's worst record has spent epsilon {spent:.4g} of {held['epsilon']:g}: "
+            "if this run's data holds records earlier jobs trained on, the train stage will "
+            "refuse it (checked once the data exists)"
+        )
+    return None
