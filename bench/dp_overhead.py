@@ -35,8 +35,9 @@ Gaussian noise, division by the expected batch size, AdamW
 (:mod:`privcode.dp.dpsgd`), plus drawing the step's Poisson mask over
 ``--records`` records and seeding the step's dropout stream
 (:mod:`privcode.dp.randomness`): a seeded Philox schedule in the standard
-modes; ``os.urandom`` for the mask, a generator reseeded from ``os.urandom``
-and 4 noise draws in ``secure``. Batches are random token ids of full length:
+modes; ``os.urandom`` for the mask and noise from a ChaCha20 keystream
+under a fresh ``os.urandom`` key (4 draws, Box-Muller in float64,
+:class:`privcode.dp.randomness.SecureNoise`) in ``secure``. Batches are random token ids of full length:
 timing does not depend on the text, and no private data is needed.
 """
 
@@ -122,7 +123,7 @@ def worker(args: argparse.Namespace) -> dict:
                 max_grad_norm=1.0,
                 expected_batch_size=float(args.batch),
                 add_noise=True,
-                generator=randomness.noise_generator(device),
+                generator=randomness.noise_source(device, t),
                 secure=secure,
                 all_reduce=None,
             )
@@ -378,7 +379,7 @@ def main() -> int:
         print(f"{m:10} {t:8.3f} {rt:>8} {mem:9.1f} {rm:>8} {total:11.1f} {rtot:>8}")
     if "secure" in summary and "hooks" in summary:
         print(
-            f"secure mode (os.urandom mask over {args.records:,} records, urandom-reseeded "
+            f"secure mode (os.urandom mask over {args.records:,} records, ChaCha20 "
             f"noise, 4 draws) / standard hooks: step time "
             f"{summary['secure'][0] / summary['hooks'][0]:.3f}x"
         )

@@ -39,9 +39,9 @@ Assumptions the guarantee rests on (checked where possible):
 * nothing else computed from the batch (losses, norms, clip counts, the
   batch size) leaves a step: this module returns none of them;
 * the noise generator's state is secret (:mod:`privcode.dp.randomness`:
-  seeded from OS entropy by the training loop; reseeded from ``os.urandom``
-  at every step in secure mode, where the noise is the sum of 4 draws / 2 as
-  in Opacus' ``secure_mode``).
+  seeded from OS entropy by the training loop; in secure mode a ChaCha20
+  stream under a fresh ``os.urandom`` key at every step, where the noise is
+  the sum of 4 draws / 2 as in Opacus' ``secure_mode``).
 
 Mixed precision and memory. ``autocast_dtype`` (bfloat16) runs the
 forward under ``torch.autocast``; the trainable weights stay fp32, and the
@@ -63,12 +63,14 @@ only (a per-step count of private records is never released).
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from privcode.dp.randomness import SecureNoise
 from privcode.registry import GRAD_SAMPLE_MODES  # Opacus' ``ew`` fails on HF's keyword inputs
 
 __all__ = [
@@ -187,7 +189,7 @@ def gaussian_noise(
     shape: torch.Size | Sequence[int],
     std: float,
     *,
-    generator: torch.Generator | None,
+    generator: torch.Generator | SecureNoise | None,
     dtype: torch.dtype,
     device: torch.device | str,
     secure: bool = False,
@@ -197,13 +199,14 @@ def gaussian_noise(
     The 4-draw form is Opacus' ``secure_mode`` mitigation of floating-point
     attacks on the Gaussian sampler (Holohan and Braghin, 2021): same
     distribution, the low-order bits of one draw no longer identify it.
+    Secure draws come from ``generator``'s ChaCha20 stream when it is a
+    :class:`SecureNoise`, else from one under a fresh key: never from torch.
     """
     if not secure:
         return torch.randn(tuple(shape), generator=generator, dtype=dtype, device=device).mul_(std)
-    total = torch.zeros(tuple(shape), dtype=dtype, device=device)
-    for _ in range(4):
-        total.add_(torch.randn(tuple(shape), generator=generator, dtype=dtype, device=device))
-    return total.mul_(std / 2.0)
+    if not isinstance(generator, SecureNoise):
+        generator = SecureNoise(os.urandom(32), 0)
+    return generator.normal(shape, std, dtype=dtype, device=device)
 
 
 def privatize(
@@ -213,7 +216,7 @@ def privatize(
     max_grad_norm: float,
     expected_batch_size: float,
     add_noise: bool,
-    generator: torch.Generator | None,
+    generator: torch.Generator | SecureNoise | None,
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = all_reduce_sum,
     secure: bool = False,
 ) -> torch.Tensor:

@@ -385,7 +385,7 @@ class PrivateEngine:
             add_noise=self.rank == 0 and self.privacy.private,
             secure=self.randomness.secure,
             generator=(
-                self.randomness.noise_generator(self.device)
+                self.randomness.noise_source(self.device, step)
                 if self.rank == 0 and self.privacy.private
                 else None
             ),

@@ -26,17 +26,38 @@ Modes:
   generator state from released values is out of scope.
 * ``secure`` (``train.secure_rng``, as Opacus' ``secure_mode``): the Poisson
   mask is drawn from ``os.urandom`` (a CSPRNG) on rank 0 and broadcast; the
-  noise generator is reseeded from ``os.urandom`` at every step and the noise
-  is the sum of 4 draws divided by 2 (Opacus' mitigation of floating-point
-  attacks on the Gaussian sampler); dropout and per-record keys come from
-  fresh ``os.urandom`` bytes at every step. No generator state spans two
-  steps, so one leaked state reveals at most one step.
+  noise of every step comes from a ChaCha20 keystream under a fresh 256-bit
+  key from ``os.urandom`` (:class:`SecureNoise`, below) and is the sum of 4
+  draws divided by 2 (Opacus' mitigation of floating-point attacks on the
+  Gaussian sampler); dropout and per-record keys come from fresh
+  ``os.urandom`` bytes at every step. No generator state spans two steps,
+  so one leaked state reveals at most one step.
+
+Secure noise (:func:`secure_normal`). Key ``K``: 32 bytes of ``os.urandom``
+per step. Tensor ``j`` (the j-th draw of the step) of step ``t`` reads the
+ChaCha20 keystream (RFC 8439) of ``K`` under the 16-byte nonce
+``counter=0 (u32 LE) | t (u64 LE) | j (u32 LE)``, so no two steps or tensors
+share a stream. Keystream words ``w`` (u64 LE) become open uniforms
+``u = ((w >> 11) | 1) 2^-53`` in float64: odd multiples of ``2^-53``, in
+``[2^-53, 1 - 2^-53]``, never 0 or 1, symmetric about 1/2. Each draw of
+``n`` normals takes ``2m`` uniforms (``m = ceil(n/2)``), the first ``m`` as
+``u1``, the next ``m`` as ``u2``, and Box-Muller in float64 gives
+``sqrt(-2 ln u1) cos(2 pi u2)`` then ``sqrt(-2 ln u1) sin(2 pi u2)``
+(``|z| <= 8.6``: a tail of probability ~1e-17 is cut). The draws are
+summed, divided by ``sqrt(draws)``, scaled by ``std`` and cast to the
+parameter dtype last. The keystream and the integer step run on the CPU
+(numpy), the float64 maths on the parameter's device (torch). Hand-written because no library gives a
+CSPRNG-backed Gaussian tensor: torch's generators (MT19937, Philox) take a
+64-bit seed and are not cryptographic, numpy's ``Generator`` neither.
+The ChaCha20 primitive is ``cryptography``'s (OpenSSL).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +66,18 @@ import numpy as np
 
 from privcode.checks import check_number
 
-__all__ = ["RNG_MODES", "SecretRandomness", "record_key", "record_seeds", "secure_poisson_mask"]
+__all__ = [
+    "RNG_MODES",
+    "SecretRandomness",
+    "SecureNoise",
+    "box_muller",
+    "chacha20_stream",
+    "open_uniforms",
+    "record_key",
+    "record_seeds",
+    "secure_normal",
+    "secure_poisson_mask",
+]
 
 #: ``train.secure_rng`` false / true.
 RNG_MODES = ("standard", "secure")
@@ -54,6 +86,8 @@ RNG_MODES = ("standard", "secure")
 # alone, see PoissonSchedule; 2**40 + k never collides with a step).
 _NOISE, _DROPOUT, _RECORD = 1 << 40, (1 << 40) + 1, (1 << 40) + 2
 _MASK63 = (1 << 63) - 1
+#: ChaCha20 key bytes; its 32-bit block counter bounds one stream to 2^32 blocks of 64 bytes.
+KEY_BYTES, _MAX_STREAM_BYTES = 32, 64 << 32
 
 
 def secure_poisson_mask(num_records: int, sample_rate: float) -> np.ndarray:
@@ -66,6 +100,70 @@ def secure_poisson_mask(num_records: int, sample_rate: float) -> np.ndarray:
         raise ValueError(f"need num_records >= 1 and q in (0, 1], got {num_records}, {sample_rate}")
     words = np.frombuffer(os.urandom(8 * num_records), dtype=np.uint64) >> np.uint64(11)
     return words < np.uint64(int(sample_rate * (1 << 53)))
+
+
+def chacha20_stream(key: bytes, step: int, index: int) -> Any:
+    """The ChaCha20 keystream of ``key`` for tensor ``index`` of ``step`` (an encryptor of zeros)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"the noise key must hold {KEY_BYTES} bytes, got {len(key)}")
+    nonce = struct.pack("<IQI", 0, step, index)  # block counter | step | tensor index
+    return Cipher(algorithms.ChaCha20(bytes(key), nonce), mode=None).encryptor()
+
+
+def open_uniforms(words: np.ndarray, device: Any = "cpu") -> Any:
+    """``((w >> 11) | 1) 2^-53``, float64 on ``device``: uniforms in (0, 1), odd multiples of 2^-53."""
+    import torch
+
+    odd = (words >> np.uint64(11)) | np.uint64(1)  # < 2^53: exact as int64 and as float64
+    return torch.from_numpy(odd.view(np.int64)).to(device).to(torch.float64).mul_(2.0**-53)
+
+
+def box_muller(u: Any) -> Any:
+    """``2m`` float64 ``N(0, 1)`` from ``2m`` open uniforms: ``u1 = u[:m]``, ``u2 = u[m:]``."""
+    import torch
+
+    m = u.numel() // 2
+    r = u[:m].log().mul_(-2.0).sqrt_()
+    theta = u[m:].mul(2.0 * math.pi)
+    return torch.cat((theta.cos().mul_(r), theta.sin_().mul_(r)))
+
+
+def secure_normal(
+    key: bytes, step: int, index: int, n: int, draws: int = 4, device: Any = "cpu"
+) -> Any:
+    """``n`` float64 ``N(0, 1)`` on ``device``: the sum of ``draws`` Box-Muller draws / sqrt(draws).
+
+    All draws read one keystream (:func:`chacha20_stream`) in turn, one
+    call per draw, never per element; the float64 maths runs on ``device``.
+    """
+    import torch
+
+    m = -(-n // 2)
+    if n < 0 or draws < 1 or 16 * m * draws > _MAX_STREAM_BYTES:
+        raise ValueError(f"need 0 <= n and 1 <= draws within one stream, got {n}, {draws}")
+    stream = chacha20_stream(key, step, index)
+    total = torch.zeros(n, dtype=torch.float64, device=device)
+    for _ in range(draws):
+        words = np.frombuffer(stream.update(bytes(16 * m)), dtype="<u8")
+        total += box_muller(open_uniforms(words, device))[:n]
+    return total.div_(math.sqrt(draws))
+
+
+class SecureNoise:
+    """One step's secure noise source: a 256-bit key and the step; tensor ``j`` is its j-th draw."""
+
+    def __init__(self, key: bytes, step: int) -> None:
+        if len(key) != KEY_BYTES or not 0 <= step < 1 << 64:
+            raise ValueError(f"need a {KEY_BYTES}-byte key and a step in [0, 2^64)")
+        self._key, self.step, self.next_index = bytes(key), int(step), 0
+
+    def normal(self, shape: Sequence[int], std: float, *, dtype: Any, device: Any) -> Any:
+        """``N(0, std^2 I)`` of ``shape`` from the next tensor's stream, cast to ``dtype`` last."""
+        index, self.next_index = self.next_index, self.next_index + 1
+        z = secure_normal(self._key, self.step, index, math.prod(shape), device=device)
+        return z.mul_(std).reshape(tuple(shape)).to(dtype)
 
 
 def record_key(token_ids: Sequence[int], segments: Sequence[int] = ()) -> int:
@@ -120,21 +218,30 @@ class SecretRandomness:
     def mode(self) -> str:
         return RNG_MODES[int(self.secure)]
 
-    def noise_generator(self, device: Any) -> Any:
-        """The torch generator of this step's Gaussian noise (rank 0 only).
+    def noise_source(self, device: Any, step: int) -> Any:
+        """What :func:`privcode.dp.dpsgd.privatize` draws this step's noise from (rank 0 only).
 
-        Standard: one stream for the whole (re)start. Secure: a generator
-        reseeded from ``os.urandom`` at every call (call once per step).
+        Standard: :meth:`noise_generator`. Secure: a :class:`SecureNoise` of
+        ``step`` under a fresh 256-bit ``os.urandom`` key (call once per step).
+        """
+        if self.secure:
+            return SecureNoise(os.urandom(KEY_BYTES), step)
+        return self.noise_generator(device)
+
+    def noise_generator(self, device: Any) -> Any:
+        """The standard mode's noise stream: one torch generator for the whole (re)start.
+
+        Secure mode has none (a 64-bit torch seed is not a CSPRNG): its noise
+        comes from :meth:`noise_source`'s :class:`SecureNoise` only.
         """
         import torch
 
-        if self._noise_gen is None or self.secure:
+        if self.secure:
+            raise ValueError("secure mode draws its noise from noise_source(), never torch")
+        if self._noise_gen is None:
             gen = torch.Generator(device=device)
-            if self.secure:
-                gen.manual_seed(int.from_bytes(os.urandom(8), "little"))
-            else:
-                hi, lo = _words(self.seed, _NOISE)
-                gen.manual_seed((hi << 32 | lo) & ((1 << 64) - 1))
+            hi, lo = _words(self.seed, _NOISE)
+            gen.manual_seed((hi << 32 | lo) & ((1 << 64) - 1))
             self._noise_gen = gen
         return self._noise_gen
 
