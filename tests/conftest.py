@@ -46,6 +46,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,6 +111,45 @@ def _free_ports(count: int) -> list[int]:
         if port not in _RESERVED_PORTS and port not in ports:
             ports.append(port)
     return ports
+
+
+# ----------------------------------------------------------------------- privacy stores
+# A store is created only by `privcode budget init` (privcode.privacy.budget.init_store): a test
+# that trains, ingests or serves PAC worlds names its own, initialised by ``init_store`` (or the
+# ``privacy_store`` fixture). The session's default store location and store log (XDG dirs) are
+# in a temporary directory, never the developer's home; PRIVCODE_PRIVACY_STORE and
+# PRIVCODE_WIPE_LOG of the calling shell are set aside for the session.
+_STORE_ENV = ("XDG_DATA_HOME", "XDG_STATE_HOME", "PRIVCODE_PRIVACY_STORE", "PRIVCODE_WIPE_LOG")
+
+
+def init_store(path: os.PathLike | str) -> Path:
+    """An initialised privacy store at ``path`` (made if absent, as `make demo` does); its path."""
+    from privcode.privacy.budget import init_store as init
+
+    store, _ = init(path, if_absent=True)
+    return store.root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_store_home(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The default store and the store log under a session temp dir (set before a Ray head
+    starts, so its workers see the same)."""
+    home = tmp_path_factory.mktemp("xdg")
+    saved = {key: os.environ.pop(key, None) for key in _STORE_ENV}
+    os.environ["XDG_DATA_HOME"] = str(home / "data")
+    os.environ["XDG_STATE_HOME"] = str(home / "state")
+    yield home
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def privacy_store(tmp_path: Path) -> Path:
+    """An initialised privacy store of the test (``tmp_path/privacy-store``)."""
+    return init_store(tmp_path / "privacy-store")
 
 
 @pytest.fixture(scope="session")
@@ -328,6 +368,7 @@ def tiny_pipeline_overrides(root: os.PathLike, ci_base_cache: str) -> list[str]:
         f"run.out_dir={os.path.join(root, 'runs')}",
         f"run.reports_dir={os.path.join(root, 'reports')}",
         f"base.cache_dir={ci_base_cache}",
+        f"privacy.store={os.path.join(root, 'privacy-store')}",
         *TINY_PIPELINE,
     ]
 
@@ -342,6 +383,7 @@ def tiny_pipeline(
     from privcode.pipeline.runner import run_pipeline
 
     root = tmp_path_factory.mktemp("tiny-run")
+    init_store(root / "privacy-store")
     result = run_pipeline(
         load_config("jobs/configs/demo.yaml", tiny_pipeline_overrides(root, ci_base_cache))
     )
@@ -418,7 +460,6 @@ def privacy_record(dp=True, epsilon=4.0, delta=1e-5, history=(), method=None, **
         epsilon_prv=None,
         epsilon_budget=epsilon if epsilon is not None else 1.0,
         accountant="rdp",
-        ledger_steps=sum(int(e["steps"]) for e in history) if dp else None,
         noise_multiplier=1.0,
         noise_calibrated=False,
         max_grad_norm=1.0,
@@ -427,7 +468,6 @@ def privacy_record(dp=True, epsilon=4.0, delta=1e-5, history=(), method=None, **
         num_records=400,
         steps_requested=5,
         steps_taken=5,
-        stop_reason="steps",
         num_workers=0,
         grad_sample_mode="hooks",
         lora={"r": 4, "alpha": 8, "dropout": 0.0},

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import tiny_pipeline_overrides
+from conftest import init_store, tiny_pipeline_overrides
 
 from privcode.config import load_config
 
@@ -209,6 +209,7 @@ def test_demo_scale_replication(ray_connected, tmp_path):
     overrides = [
         f"run.out_dir={tmp_path / 'runs'}",
         f"run.reports_dir={tmp_path / 'reports'}",
+        f"privacy.store={init_store(tmp_path / 'privacy-store')}",
         "run.name=replication",
         "run.stages=[data, base, train, audit, report]",
         "data.source=demo",
@@ -255,13 +256,16 @@ def test_report_command_rerenders_from_the_manifests_on_disk(
 
     # On a copy of the run: the shared run keeps the report its pipeline run wrote (a report
     # rendered alone records other inputs, so a rerun of the pipeline would redo it).
-    for name in ("runs", "reports", "privacy-store"):
+    # The store is not copied: a store is one directory (a copy is refused); the copy's
+    # config names the run's own.
+    for name in ("runs", "reports"):
         shutil.copytree(tiny_run[0] / name, tmp_path / name, symlinks=True)
     root = tmp_path
     before = json.loads((root / "runs/t/report/manifest.json").read_text())["timings"]["started"]
     args = ["report", "--config", "jobs/configs/demo.yaml"]
     for override in tiny_pipeline_overrides(root, ci_base_cache):
         args += ["--set", override]
+    args += ["--set", f"privacy.store={tiny_run[0] / 'privacy-store'}"]
     assert main(args) == 0
     out = capsys.readouterr().out  # the end-of-run summary
     assert f"report     {root / 'reports/t/report.md'} (aggregates only, shareable)" in out

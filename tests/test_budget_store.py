@@ -2,7 +2,8 @@
 
 A renamed run is refused before any stage; epsilons of a sweep on one corpus
 compose per record; a pre-store run ledger is imported once; `privcode budget`
-shows, raises and wipes; `make clean` leaves the store (test_record_groups).
+shows, raises and wipes; `make clean` leaves the store (test_record_groups); the store's
+lifecycle (init, verify, no silent reset, wipe on record) is tests/test_store_lifecycle.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import init_store
 
 from privcode.config import TrainConfig
 from privcode.dp.accounting import DPEvent, epsilon
@@ -34,6 +36,7 @@ SMALL = TrainConfig(
     num_workers=0,
     noise_multiplier=1.0,
     steps=3,
+    epsilon=9.0,  # the cap of each job: this plan alone is ~4.1 (admission holds a job to it)
 )
 
 
@@ -77,7 +80,7 @@ def test_sweep_composes_per_record_and_a_legacy_ledger_counts(
     ray_connected, corpus, ci_model, tmp_path
 ):
     base_path = ci_model
-    store = tmp_path / "privacy-store"
+    store = init_store(tmp_path / "privacy-store")
     from privcode.data.records import read_records
 
     q = SMALL.expected_batch_size / len(read_records(corpus))
@@ -94,7 +97,7 @@ def test_sweep_composes_per_record_and_a_legacy_ledger_counts(
     assert a["record_epsilon"] == pytest.approx(epsilon([DPEvent(1.0, q, 7)], 1e-5))
     assert b["record_epsilon"] == pytest.approx(epsilon([DPEvent(1.0, q, 10)], 1e-5))
     # A third run asking for what is left and more is refused before it starts.
-    big = dataclasses.replace(SMALL, steps=2000)
+    big = dataclasses.replace(SMALL, steps=20)  # ~8.2 alone: under its cap, over what is left
     with pytest.raises(BudgetRefused, match="worst of the") as refused:
         _train(big, corpus, base_path, store, "eps-c", budget=budget)
     assert not (tmp_path / "eps-c" / "release").exists()

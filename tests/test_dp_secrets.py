@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import init_store
 from test_methods import Rec
 
 from privcode.artifacts.privacy import released_history
@@ -27,7 +28,7 @@ from privcode.config import BaseConfig, TrainConfig
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.dpsgd import PerSampleClipper, gaussian_noise
 from privcode.dp.randomness import SecretRandomness, record_key, record_seeds, secure_poisson_mask
-from privcode.privacy.store import ENV_VAR, PrivacyStore, resolve_store
+from privcode.privacy.store import ENV_VAR, PrivacyStore, StoreError, resolve_store
 from privcode.train.build import build_objective
 from privcode.train.data import CODE, PROMPT, Encoded, collate, encode_records
 from privcode.train.methods import get_method
@@ -185,9 +186,11 @@ def test_secure_noise_has_the_configured_std_and_a_fresh_generator_per_step():
     assert float(x.mean()) == pytest.approx(0.0, abs=5 * std / math.sqrt(x.numel()))
     assert float(x.std()) == pytest.approx(std, rel=0.01)
     secure, standard = SecretRandomness(seed=5, secure=True), SecretRandomness(seed=5)
-    assert secure.noise_generator("cpu") is not secure.noise_generator("cpu")
-    a = torch.randn(4, generator=secure.noise_generator("cpu"))
-    assert not torch.equal(a, torch.randn(4, generator=secure.noise_generator("cpu")))
+    with pytest.raises(ValueError, match="noise_source"):
+        secure.noise_generator("cpu")  # no torch generator in secure mode
+    a, b = secure.noise_source("cpu", 3), secure.noise_source("cpu", 3)  # a fresh key per call
+    kw = {"dtype": torch.float64, "device": "cpu"}
+    assert not torch.equal(a.normal((4,), 1.0, **kw), b.normal((4,), 1.0, **kw))
     assert standard.noise_generator("cpu") is standard.noise_generator("cpu")
     assert secure.mode == "secure" and standard.mode == "standard"
 
@@ -199,21 +202,26 @@ def test_dataset_id_is_a_keyed_hmac_in_a_private_store(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"id": "1", "prompt": "p", "code": "c"}\n')
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
-    store = PrivacyStore(tmp_path / "store")
+    store = PrivacyStore(init_store(tmp_path / "store"))
     ds = store.dataset_id(data)
     assert ds.startswith("ds-") and ds == PrivacyStore(tmp_path / "store").dataset_id(data)
     assert digest[:8] not in ds
     assert stat.S_IMODE(os.stat(tmp_path / "store").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(store.key_path).st_mode) == 0o600
     # Another store (another key): another id. Without the key the id says nothing.
-    assert PrivacyStore(tmp_path / "other").dataset_id(data) != ds
+    assert PrivacyStore(init_store(tmp_path / "other")).dataset_id(data) != ds
     # A damaged key fails closed with a message naming the file.
     store.key_path.write_bytes(b"short")
     with pytest.raises(Exception, match="damaged"):
         PrivacyStore(tmp_path / "store").dataset_id(data)
 
 
-def test_store_key_is_created_once_under_concurrency(tmp_path):
+def test_store_key_is_never_created_by_opening(tmp_path):
+    """Only `privcode budget init` makes a key; every process opening the store reads it."""
+    with pytest.raises(StoreError, match="privcode budget init"):
+        PrivacyStore(tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+    init_store(tmp_path / "s")
     code = (
         "import sys; from privcode.privacy.store import PrivacyStore\n"
         "print(PrivacyStore(sys.argv[1]).opaque('t', 'x'))"
@@ -222,16 +230,17 @@ def test_store_key_is_created_once_under_concurrency(tmp_path):
         subprocess.Popen(
             [sys.executable, "-c", code, str(tmp_path / "s")], stdout=subprocess.PIPE, text=True
         )
-        for _ in range(6)
+        for _ in range(3)
     ]
     outs = {p.communicate(timeout=60)[0].strip() for p in procs}
     assert len(outs) == 1 and all(p.returncode == 0 for p in procs)
-    assert sorted(os.listdir(tmp_path / "s")) == ["dataset-id.key"]
 
 
-def test_store_location_env_then_config_then_beside_out_dir(tmp_path, monkeypatch):
+def test_store_location_env_then_config_then_the_user_default(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
-    assert resolve_store("", tmp_path / "runs") == (tmp_path / "privacy-store").resolve()
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    default = (tmp_path / "xdg" / "privcode" / "privacy-store").resolve()
+    assert resolve_store("", tmp_path / "runs") == default  # never beside run.out_dir
     assert resolve_store(tmp_path / "s", tmp_path / "runs") == (tmp_path / "s").resolve()
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "env"))
     assert resolve_store(tmp_path / "s", tmp_path / "runs") == (tmp_path / "env").resolve()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import init_store
 
 from privcode.cli import main as cli_main
 from privcode.data.ingest.corpus import IngestSpec, build_ingested_corpus, inputs_state
@@ -333,7 +334,7 @@ def test_instruction_files_and_mixed_sources(repo, tmp_path):
 
 
 def test_cli_ingest(repo, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("PRIVCODE_PRIVACY_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("PRIVCODE_PRIVACY_STORE", str(init_store(tmp_path / "store")))
     out = tmp_path / "cli"
     assert cli_main(["data", "ingest", str(repo), "--out", str(out), "--exclude", "go/"]) == 0
     printed = capsys.readouterr().out
@@ -363,6 +364,7 @@ def test_privcode_run_from_ingest_through_train_and_synth(
         [
             f"run.out_dir={tmp_path / 'runs'}",
             f"run.reports_dir={tmp_path / 'reports'}",
+            f"privacy.store={init_store(tmp_path / 'privacy-store')}",
             "run.name=ingested",
             "run.stages=[data, base, train, synth, report]",
             "data.source=ingest",

@@ -13,6 +13,7 @@ import os
 import random
 
 import pytest
+from conftest import init_store
 
 from privcode.data.records import Record, read_records, write_records
 from privcode.dp.accounting import DPEvent, epsilon
@@ -73,7 +74,7 @@ def grant_all(ledger: StoreLedger, job: str, n: int, prefix: str = "s") -> list[
 
 
 def test_admission_reserves_the_plan_and_grants_are_logged_before_returning(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     fps = fps_of(root, records(50))
     ledger = StoreLedger(root)
     reply = ledger.admit(fps, plan(40), budget(between(60, 90)), run="a")
@@ -102,7 +103,7 @@ def test_admission_reserves_the_plan_and_grants_are_logged_before_returning(tmp_
 
 
 def test_running_jobs_hold_their_plans_and_finishing_releases_the_rest(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     fps = fps_of(root, records(30))
     ledger = StoreLedger(root)
     b = budget(between(100, 120))
@@ -121,7 +122,7 @@ def test_running_jobs_hold_their_plans_and_finishing_releases_the_rest(tmp_path)
 
 
 def test_a_step_past_the_plan_must_fit_for_every_record(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     ledger = StoreLedger(root)
     job = ledger.admit(fps_of(root, records(5)), plan(10), budget(between(12, 13)))["job"]
     replies = grant_all(ledger, job, 14)
@@ -131,7 +132,7 @@ def test_a_step_past_the_plan_must_fit_for_every_record(tmp_path):
 
 
 def test_renamed_runs_copies_and_supersets_hit_the_same_records(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     rows = [Record(id=f"r{i}", prompt=p, code=c) for i, (p, c) in enumerate(records(40))]
     write_records(rows, tmp_path / "train.parquet")
     shuffled = rows[:]
@@ -163,7 +164,7 @@ def test_renamed_runs_copies_and_supersets_hit_the_same_records(tmp_path):
 
 
 def test_restore_from_the_log_the_snapshot_or_the_jobs(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     ledger = StoreLedger(root)
     b = budget(50.0)
     a = ledger.admit(fps_of(root, records(20)), plan(30), b)["job"]
@@ -194,7 +195,7 @@ def test_restore_from_the_log_the_snapshot_or_the_jobs(tmp_path):
 
 
 def test_torn_tail_is_repaired_and_a_corrupt_line_refuses(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     ledger = StoreLedger(root)
     job = ledger.admit(fps_of(root, records(5)), plan(10), budget(50.0))["job"]
     grant_all(ledger, job, 3)
@@ -213,7 +214,7 @@ def test_torn_tail_is_repaired_and_a_corrupt_line_refuses(tmp_path):
 
 
 def test_one_writer_a_second_one_and_a_fenced_stale_one_fail_closed(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     a = StoreLedger(root)
     job = a.admit(fps_of(root, records(5)), plan(20), budget(50.0))["job"]
     with pytest.raises(LedgerUnavailableError, match="another ledger holds"):
@@ -232,7 +233,7 @@ def test_one_writer_a_second_one_and_a_fenced_stale_one_fail_closed(tmp_path):
 
 
 def test_the_budget_is_set_once_and_raised_only_on_record(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     ledger = StoreLedger(root)
     fps = fps_of(root, records(5))
     assert ledger.admit(fps, plan(10), budget(2.0))["budget"]["epsilon"] == 2.0
@@ -253,7 +254,7 @@ def test_the_budget_is_set_once_and_raised_only_on_record(tmp_path):
 
 
 def test_a_pre_store_run_ledger_is_imported_once(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     ledger = StoreLedger(root)
     fps = fps_of(root, records(5))
     events = [plan(1)] * 30
@@ -269,7 +270,7 @@ def test_a_pre_store_run_ledger_is_imported_once(tmp_path):
 
 
 def test_show_has_aggregates_only(tmp_path):
-    root = tmp_path / "store"
+    root = init_store(tmp_path / "store")
     ledger = StoreLedger(root)
     job = ledger.admit(fps_of(root, records(8)), plan(5), budget(5.0), run="demo")["job"]
     grant_all(ledger, job, 5)
@@ -289,8 +290,7 @@ def test_show_has_aggregates_only(tmp_path):
 
 @pytest.fixture
 def store(ray_connected, tmp_path):
-    root = tmp_path / "store"
-    PrivacyStore(root)
+    root = init_store(tmp_path / "store")
     yield root
     close_ledger(root)
 

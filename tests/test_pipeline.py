@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import init_store
 
 from privcode.config import load_config
 from privcode.errors import PrivcodeError
@@ -21,6 +22,7 @@ def overrides(tmp_path, ci_base_cache):
     return [
         f"run.out_dir={tmp_path / 'runs'}",
         f"run.reports_dir={tmp_path / 'reports'}",
+        f"privacy.store={init_store(tmp_path / 'privacy-store')}",  # the pac stage names data
         "run.name=t",
         # The train stage has its own tests (tests/test_train.py).
         "run.stages=[data, base, report]",

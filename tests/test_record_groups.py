@@ -10,11 +10,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import init_store
 
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.errors import AccountingError
 from privcode.privacy.groups import RecordGroups, merge_events
-from privcode.privacy.store import PrivacyStore, canonical_text, record_fingerprint, resolve_store
+from privcode.privacy.store import PrivacyStore, canonical_text, record_fingerprint
 
 DELTA = 1e-5
 KEY = bytes(range(32))
@@ -28,7 +29,7 @@ def fps(n: int, start: int = 0) -> list[bytes]:
 
 
 def test_a_record_is_the_same_whatever_its_encoding(tmp_path):
-    store = PrivacyStore(tmp_path / "store")
+    store = PrivacyStore(init_store(tmp_path / "store"))
     rows = [("Write add", "def add(a, b):\n    return a + b\n"), ("", "x = 'caf\u00e9'\n")]
     copies = [
         rows,
@@ -41,7 +42,7 @@ def test_a_record_is_the_same_whatever_its_encoding(tmp_path):
     # Prompt and code are separate fields: moving text across them is another record.
     assert record_fingerprint(KEY, "ab", "c") != record_fingerprint(KEY, "a", "bc")
     # Keyed: another store names the same records differently (nothing to match outside it).
-    other = PrivacyStore(tmp_path / "other")
+    other = PrivacyStore(init_store(tmp_path / "other"))
     assert not set(other.record_fingerprints(rows)) & set(prints[0])
     assert canonical_text("a\r\nb\n\n") == "a\nb"
     assert oct(os.stat(tmp_path / "store").st_mode & 0o777) == "0o700"
@@ -154,12 +155,11 @@ def test_merge_events_keeps_the_composition():
 
 
 def test_make_clean_leaves_the_privacy_store(tmp_path):
-    """`make clean` removes runs and reports, never the store beside them (its budgets)."""
+    """`make clean` removes runs and reports, never the demo's store beside them (its budgets)."""
     makefile = Path(__file__).resolve().parents[1] / "Makefile"
     (tmp_path / "runs" / "demo" / "train").mkdir(parents=True)
     (tmp_path / "reports").mkdir()
-    store = PrivacyStore(resolve_store("", tmp_path / "runs"))
-    store.record_fingerprints([("p", "c")])  # creates the key
+    store = PrivacyStore(init_store(tmp_path / "privacy-store"))  # make demo's DEMO_STORE
     subprocess.run(["make", "-s", "-f", str(makefile), "-C", str(tmp_path), "clean"], check=True)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
-    assert store.key_path.is_file() and store.root == tmp_path / "privacy-store"
+    assert store.key_path.is_file() and PrivacyStore(tmp_path / "privacy-store").store_id

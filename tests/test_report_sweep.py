@@ -333,7 +333,9 @@ def test_report_alone_gets_current_upstream_manifests_from_the_runner(tmp_path):
     upstream = {"data": data, "base": base}
     corpus = tmp_path / "train.parquet"
     corpus.write_bytes(b"stand-in corpus")
-    store = tmp_path / "privacy-store"
+    from conftest import init_store
+
+    store = init_store(tmp_path / "privacy-store")
     summary = {
         **train_summary(4.0, dataset=PrivacyStore(store).dataset_id(corpus)),
         "data_path": str(corpus),

@@ -356,13 +356,14 @@ TINY_SYNTH_PREMIUM = [
 def test_the_demo_stages_all_run_on_a_multi_node_cluster(tmp_path, ci_base_cache):
     """`make demo`'s stage list (demo.yaml's run.stages) at CI size on the simulated cluster:
     a 0-CPU head and two 1-CPU workers. Every stage is placed and runs."""
-    from conftest import TINY_PIPELINE
+    from conftest import TINY_PIPELINE, init_store
 
     stages = load_config("jobs/configs/demo.yaml").run.stages
     assert "nondp" in stages and "synth" in stages and "premium" in stages
     overrides = [o for o in TINY_PIPELINE if not o.startswith(("run.stages=", "run.name="))]
     overrides += [*TINY_SYNTH_PREMIUM, "eval.models=[base, junior, premium]"]
     overrides += [f"run.stages=[{', '.join(stages)}]"]
+    overrides += [f"privacy.store={init_store(tmp_path / 'privacy-store')}"]
     assert _multi_node(MULTI_NODE, tmp_path, ci_base_cache, *overrides, timeout=900) == {
         s: "ran" for s in stages
     }

@@ -12,11 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import init_store
 from serve_support import TEST_KEY, asgi_call, fuzz_openapi, http_json, limits, scrape_metrics
 
 from privcode.config import BaseConfig
 from privcode.errors import LedgerConflictError
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
+from privcode.privacy.store import default_store
 from privcode.serve.ensemble import (
     Ensemble,
     EnsembleError,
@@ -182,8 +184,8 @@ def test_app_args_defaults_one_replica_and_builder():
         cfg.served_model_name,
     ) == (2.0**-16, 2.0**-10, 2.0**-4, "deployment", "gumbel", 50, "auto", "privcode-pac")
     assert str(parse_args({"worlds": "/w", "privacy_store": "/s"}).store_path) == "/s"
-    worlds = "/data/runs/demo/pac/worlds"  # the pipeline's store: privacy-store/ beside runs/
-    assert str(parse_args({"worlds": worlds}).store_path) == "/data/privacy-store"
+    worlds = "/data/runs/demo/pac/worlds"  # the store never follows the runs' directory
+    assert parse_args({"worlds": worlds}).store_path == default_store()
     with pytest.raises(EnsembleError, match="mapping"):
         parse_args(["worlds"])
     assert isinstance(app({"worlds": "/w"}), serve.Application)  # no Ray needed to build
@@ -473,7 +475,7 @@ def test_routes_and_api_key(ensemble, tmp_path):
 
 def test_state_is_locked_and_survives_a_restart(worlds, tmp_path, monkeypatch):
     monkeypatch.delenv("PRIVCODE_PRIVACY_STORE", raising=False)
-    store = tmp_path / "store"
+    store = init_store(tmp_path / "store")
     cfg = parse_args({"worlds": str(worlds), "device": "cpu", "privacy_store": str(store)})
     svc = _with_api(PacService.load(cfg, lock_wait_s=0))
     try:
@@ -518,7 +520,7 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
 
     from privcode.privacy.budget import call
 
-    store = tmp_path / "store"
+    store = init_store(tmp_path / "store")
 
     def variant(name: str, extra: bytes) -> Path:
         root = tmp_path / name / "pac" / "worlds"
@@ -594,7 +596,7 @@ def test_ensemble_app_overhttp_json(serve_http, worlds, tmp_path):
                 "worlds": str(worlds),
                 "device": "cpu",
                 "max_tokens_limit": 32,
-                "privacy_store": str(tmp_path / "store"),
+                "privacy_store": str(init_store(tmp_path / "store")),
                 "api_key_env": "PRIVCODE_TEST_PAC_KEY",
                 "insecure_no_auth": False,
             },

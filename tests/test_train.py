@@ -60,6 +60,9 @@ def base_path(ci_base_cache) -> str:
 
 
 def _train(cfg, corpus, base_path, work: Path, **kwargs):
+    from conftest import init_store
+
+    kwargs.setdefault("privacy_store", init_store(work / "privacy-store"))
     return run_training(
         cfg,
         data_path=corpus / "train.parquet",
@@ -138,7 +141,8 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     assert privacy["dp"] is False and privacy["epsilon"] is None
     assert privacy["training_mode"] == {**mode.record(), "clipped": True, "fixed_seed": True}
     assert "0 vs 2 workers" in privacy["training_mode"]["reason"]
-    assert not (tmp_path / "w2" / "privacy-store" / "ledger.wal").exists()  # no ledger at all
+    wal = (tmp_path / "w2" / "privacy-store" / "ledger.wal").read_text().splitlines()
+    assert [json.loads(e)["type"] for e in wal] == ["header"]  # no ledger entry at all
 
 
 def test_budget_allowing_k_steps_stops_all_workers_after_k(
@@ -161,8 +165,8 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
         checkpoint_every=2,
         secure_rng=True,
     )
-    # Admission first: a plan of k + 7 steps does not fit, and nothing starts.
-    with pytest.raises(BudgetRefused, match="worst of the 72 training records") as refused:
+    # Admission first: a plan of k + 7 steps is over train.epsilon, and nothing starts.
+    with pytest.raises(BudgetRefused, match="over its train.epsilon") as refused:
         _train(cfg, corpus, base_path, tmp_path)
     assert not (tmp_path / "release").exists() and not (tmp_path / "storage").exists()
     cfg = dataclasses.replace(cfg, steps=k)
@@ -189,7 +193,10 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     privacy = json.loads((tmp_path / "release" / "privacy.json").read_text())
     # The released history: the DP events and nothing else (no step times, grant ids).
     assert privacy["history"] == [{"noise_multiplier": sigma, "sample_rate": q, "steps": k}]
-    assert privacy["ledger_steps"] == k and "restarts" not in privacy
+    # Nothing that reveals a restart (steps granted beyond those released, why it stopped).
+    assert not {"ledger_steps", "stop_reason", "restarts"} & set(privacy)
+    assert privacy["adjacency"]["max_rows_per_record"] == 1
+    assert "non-adaptive" in privacy["admission"]["composition"]
     assert "ledger_position" not in privacy and privacy["rng"] == "secure"
     assert privacy["adjacency"]["relation"] == "add/remove one record"
     assert "N" in privacy["adjacency"]["public"]
@@ -312,7 +319,7 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     privacy = json.loads((release / "privacy.json").read_text())
     assert all(set(e) == {"noise_multiplier", "sample_rate", "steps"} for e in privacy["history"])
     assert privacy["rng"] == "standard" and summary["dataset_id"] == privacy["dataset_id"]
-    # The dataset id's key lives in the privacy store beside run.out_dir, owner-only.
+    # The dataset id's key lives in the run's privacy store (privacy.store), owner-only.
     store = root / "privacy-store"
     assert (store / "dataset-id.key").is_file() and (store.stat().st_mode & 0o077) == 0
 
@@ -514,7 +521,8 @@ def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, ba
     else:
         assert summary["dp"] is False and summary["epsilon"] is None
         assert any("NOT PRIVATE" in str(w.message) for w in caught)
-        assert not (tmp_path / "privacy-store" / "ledger.wal").exists()
+        wal = (tmp_path / "privacy-store" / "ledger.wal").read_text().splitlines()
+        assert [json.loads(e)["type"] for e in wal] == ["header"]  # no ledger entry at all
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         release = load_release(tmp_path / "release")

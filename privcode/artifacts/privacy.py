@@ -31,12 +31,25 @@ ADJACENCY = {
     "public": "the number of records N, hence the sample rate q = B/N and the expected batch "
     "size qN, is treated as public and released; each step's realised batch size is "
     "private (the noisy sum is divided by qN, not by it)",
+    # TF Privacy's max_examples_per_user: admission refuses a record in several rows.
+    "max_rows_per_record": 1,
+}
+#: How the privacy store admitted the job (the per-record composition across jobs).
+ADMISSION = {
+    "accountant": "the job's accountant (RDP unless train.accountant says prv), at delta",
+    "composition": "each record's epsilon composes the DP events of every job that trained on "
+    "it; a job is admitted when the worst record stays within the store's budget. The "
+    "composition treats the sequence of jobs as fixed in advance (non-adaptive): jobs chosen "
+    "after seeing earlier releases would need an RDP privacy filter at a fixed order, which "
+    "the store does not implement",
+    "cap": "the job's own epsilon is held to min(train.epsilon, what the store has left)",
 }
 #: What privacy.json says is deliberately left out.
 NOT_RELEASED = (
     "step times, per-step batch sizes, losses, gradient norms, clip and non-finite "
-    "counts, restart counts, ledger grant ids and any digest of the training data "
-    "stay in private storage"
+    "counts, restart counts, steps the ledger granted beyond those released, why training "
+    "stopped, ledger grant ids, other jobs on the same records and any digest of the "
+    "training data stay in private storage"
 )
 ASSUMPTIONS = (
     "add/remove-one-record DP with Poisson sampling; N (hence q) is "
@@ -102,7 +115,6 @@ class DPOutcome(JsonRecord):
     epsilon_budget: float
     delta: float
     accountant: str
-    ledger_steps: int | None
     noise_multiplier: float
     noise_calibrated: bool
     max_grad_norm: float
@@ -111,7 +123,6 @@ class DPOutcome(JsonRecord):
     num_records: int
     steps_requested: int
     steps_taken: int
-    stop_reason: str
     num_workers: int
     dataset_id: str
     rng: str
@@ -127,6 +138,15 @@ class PrivacyRecord(DPOutcome):
     """``privacy.json`` (module docstring). Keys are the field names, but ``NOT_PRIVATE``."""
 
     FILE = "privacy.json"
+    #: Keys of releases written before they left privacy.json (they said how many steps
+    #: the ledger granted and why training stopped, which reveals restarts): read, dropped.
+    LEGACY_KEYS = ("ledger_steps", "stop_reason")
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "") -> PrivacyRecord:
+        if isinstance(obj, dict) and any(k in obj for k in cls.LEGACY_KEYS):
+            obj = {k: v for k, v in obj.items() if k not in cls.LEGACY_KEYS}
+        return super().from_json(obj, where)
 
     training_mode: dict[str, Any]
     grad_sample_mode: str
@@ -140,6 +160,7 @@ class PrivacyRecord(DPOutcome):
     )
     not_private: str | None = field(default=None, metadata={"key": "NOT_PRIVATE"})
     adjacency: dict[str, Any] = field(default_factory=lambda: dict(ADJACENCY))
+    admission: dict[str, Any] = field(default_factory=lambda: dict(ADMISSION))
     assumptions: str = ASSUMPTIONS
     not_released: str = NOT_RELEASED
 

@@ -53,6 +53,10 @@ class TrainSummary(DPOutcome):
     record_epsilon: float | None = None
     #: The privacy store's per-record epsilon budget that admitted the job.
     record_budget: float | None = None
+    #: Steps the ledger granted the job (above steps_taken after a restart) and why
+    #: training stopped: private (they reveal restarts), never in privacy.json.
+    ledger_steps: int | None = None
+    stop_reason: str = ""
 
     @property
     def reason_not_private(self) -> str | None:

@@ -355,8 +355,10 @@ def _config_in_working_dir(config: str | os.PathLike, working_dir: Path) -> str:
     )
 
 
-#: Config paths that must outlive the job's throw-away working-dir copy.
-_PERSISTENT_PATHS = ("run.out_dir", "run.reports_dir", "base.cache_dir")
+#: Config paths that must outlive the job's throw-away working-dir copy. A stage that
+#: reads one fingerprints it resolved or not at all (``privcode.pipeline.runner.
+#: LOCATION_FIELDS``), so the rewrite does not make the job re-run what ``privcode run`` built.
+_PERSISTENT_PATHS = ("run.out_dir", "run.reports_dir", "base.cache_dir", "privacy.store")
 
 
 def _is_loopback(url: str) -> bool:
@@ -368,7 +370,8 @@ def _absolute_path_overrides(cfg: Any) -> list[str]:
     """On a local head, relative artifact paths resolve against the submitter's cwd.
 
     A job runs in an uploaded copy of the working dir that Ray deletes later;
-    without this, ``runs/`` and ``reports/`` would vanish with it. On remote
+    without this, ``runs/`` and ``reports/`` would vanish with it (and a relative
+    ``privacy.store``, the budget spent so far, with them). On remote
     clusters the config must name shared storage (a PVC mount) itself.
     """
     extra = []
@@ -378,6 +381,15 @@ def _absolute_path_overrides(cfg: Any) -> list[str]:
         if value and not os.path.isabs(value):
             extra.append(f"{dotted}={os.path.abspath(value)}")
     return extra
+
+
+def job_overrides(cfg: Any, overrides: Sequence[str], dashboard: str) -> list[str]:
+    """The ``--set`` overrides the submitted job runs with: ``overrides``, and on a local
+    head (``dashboard`` on loopback) the relative :data:`_PERSISTENT_PATHS` of ``cfg`` made
+    absolute against the cwd (:func:`_absolute_path_overrides`)."""
+    if _is_loopback(dashboard):
+        return [*overrides, *_absolute_path_overrides(cfg)]
+    return list(overrides)
 
 
 def submit_pipeline(
@@ -405,8 +417,7 @@ def submit_pipeline(
     # Validate before submitting: a bad config fails here, not minutes later.
     cfg = load_config(working_dir / rel_config, overrides)
     dashboard = resolve_dashboard_address(address, start_local=True)
-    if _is_loopback(dashboard):
-        overrides = [*overrides, *_absolute_path_overrides(cfg)]
+    overrides = job_overrides(cfg, overrides, dashboard)
     entrypoint = pipeline_entrypoint(rel_config, overrides, stages)
     job_id = submit_job(entrypoint, dashboard, env, metadata={"privcode": "pipeline"})
     job_url = f"{dashboard}/#/jobs/{job_id}"

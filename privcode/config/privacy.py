@@ -15,8 +15,9 @@ class PrivacyConfig:
         "",
         "Privacy store directory (0700; PRIVCODE_PRIVACY_STORE overrides): the "
         "per-record privacy ledger of every DP job and the secret key of record "
-        "fingerprints and opaque ids. '' = 'privacy-store' beside run.out_dir. Never "
-        "mounted where generated code runs; no make target deletes it.",
+        "fingerprints and opaque ids. '' = ${XDG_DATA_HOME:-~/.local/share}/privcode/"
+        "privacy-store. Made only by `privcode budget init`; never beside run.out_dir, "
+        "never mounted where generated code runs; no make target deletes it.",
     )
     epsilon_budget: float = opt(
         0.0,

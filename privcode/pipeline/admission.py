@@ -86,6 +86,8 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     q = min(1.0, train.expected_batch_size / len(records))
     sigma, _ = noise_for(train, q)
     plan = DPEvent(sigma, q, train.steps)
-    _, reply = admit(store, records, plan, budget, explicit=explicit, reserve=False)
+    _, reply = admit(
+        store, records, plan, budget, explicit=explicit, reserve=False, cap=train.epsilon
+    )
     log.info("privacy budget before the run: %s", reply["message"])
     return reply["message"]

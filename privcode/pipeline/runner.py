@@ -5,7 +5,10 @@ Artifacts: ``<run.out_dir>/<run.name>/<stage>/`` holds a stage's files and its
 
 The fingerprint is a hash of the config the stage declares it reads
 (:attr:`Stage.sections`: whole sections or single fields), its version and
-the fingerprints of the stages it needs. A stage is skipped when its
+the fingerprints of the stages it needs. Paths that say where a run keeps
+things (:data:`LOCATION_FIELDS`) enter as the directory they resolve to, or
+not at all, so ``privcode run`` and a submitted job (whose config carries them
+made absolute) agree. A stage is skipped when its
 manifest carries the same fingerprint and every listed output still has the
 recorded sha256; otherwise it runs. A stage writes into a temporary sibling
 directory that replaces the old one only after the manifest is written, so a
@@ -51,12 +54,48 @@ MANIFEST = StageManifest.FILE
 Upstream = dict[str, StageManifest | PendingInput]
 
 
+#: Config fields naming where a run keeps things rather than what it computes. ``make
+#: submit-job`` rewrites them to absolute paths (``privcode.cluster.jobs``), so the
+#: fingerprint must not see how they are spelt: True = fingerprinted as the absolute path
+#: they resolve to (against the cwd, as the submit side and :class:`RunLayout` resolve
+#: them); False = left out, the result does not depend on them.
+LOCATION_FIELDS: dict[str, bool] = {
+    "run.out_dir": True,  # read by no stage today: its manifests live under it anyway
+    "run.reports_dir": True,  # where the report stage writes: a new place re-runs it
+    "base.cache_dir": False,  # builds are found by content hash (models.base.config_hash)
+}
+
+
+def fingerprinted_config(cfg: PipelineConfig, stage: type[Stage]) -> dict[str, dict[str, Any]]:
+    """What of ``cfg`` enters ``stage``'s fingerprint: :meth:`Stage.config_read`, with the
+    :data:`LOCATION_FIELDS` it reads resolved (``runs/x`` and ``<cwd>/runs/x`` are one
+    place) or left out (``base.cache_dir``: moving the cache changes no result)."""
+    read = stage.config_read(cfg)
+    for dotted, keep in LOCATION_FIELDS.items():
+        section, _, key = dotted.partition(".")
+        values = read.get(section)
+        if values is None or key not in values:
+            continue
+        if keep:
+            values[key] = str(Path(values[key]).expanduser().resolve())
+        else:
+            del values[key]
+    return read
+
+
 def fingerprint(cfg: PipelineConfig, stage: type[Stage], upstream: Upstream) -> str:
+    """Hash of the stage, its version, :func:`fingerprinted_config` and its inputs' hashes.
+
+    Left out: ``base.cache_dir`` (builds are keyed by content, so where they are cached
+    changes no result); ``run.out_dir`` and ``run.reports_dir`` enter resolved
+    (:data:`LOCATION_FIELDS`). A manifest written before this rule hashed them as spelt:
+    it no longer matches, and the stage (with those after it) runs once more.
+    """
     return stable_hash(
         {
             "stage": stage.name,
             "version": stage.version,
-            "config": stage.config_read(cfg),
+            "config": fingerprinted_config(cfg, stage),
             "run": None,  # (was run.name/reports_dir, now in "config"): unchanged stages keep their hash
             "inputs": {name: upstream[name].fingerprint for name in _input_names(stage, upstream)},
         }

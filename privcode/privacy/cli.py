@@ -1,13 +1,18 @@
 """``privcode budget``: the privacy store from a terminal.
 
-``privcode budget show [--json]`` prints the store's budget, its record groups
-(the records trained on by the same jobs, their number and epsilon under RDP
-and PRV), its jobs and its PAC deployments; ``budget raise --epsilon E --who
-NAME --why REASON`` raises the per-record budget on record in the store's log
-(``--pac WORLDS_ID --nats N``: a PAC deployment's allowance); ``budget wipe
---confirm PATH`` deletes a local demo store (every spent budget in it). The
-store is ``--store``, else the config's (``privacy.store``,
-``PRIVCODE_PRIVACY_STORE``, or ``privacy-store/`` beside ``run.out_dir``).
+``privcode budget init [--epsilon E [--delta D]] [--if-absent]`` creates a store
+(the only command that does); ``budget show [--json]`` prints its budget, its
+record groups (the records trained on by the same jobs, their number and
+epsilon under RDP and PRV), its jobs and its PAC deployments; ``budget raise
+--epsilon E --who NAME --why REASON`` raises the per-record budget on record in
+the store's log (``--pac WORLDS_ID --nats N``: a PAC deployment's allowance);
+``budget verify [--json] [--accept-move]`` checks the store's key, identity,
+hash chain, head, job records and groups snapshot (exit status 1 on any
+problem) and records a deliberate move; ``budget wipe --confirm PATH`` deletes
+a store after recording it outside the store. The store is ``--store``, else
+``PRIVCODE_PRIVACY_STORE``, else the config's ``privacy.store``, else
+``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store`` (never from
+``run.out_dir``).
 """
 
 from __future__ import annotations
@@ -27,9 +32,41 @@ def _store(args: argparse.Namespace) -> Path:
     from privcode.privacy.store import resolve_store
 
     if args.store:
-        return Path(args.store).resolve()
+        return Path(args.store).expanduser().resolve()
     cfg = load_config(args.config, args.overrides)
-    return resolve_store(cfg.privacy.store, cfg.run.out_dir)
+    return resolve_store(cfg.privacy.store)
+
+
+def cmd_budget_init(args: argparse.Namespace) -> int:
+    from privcode.errors import PrivcodeError
+    from privcode.privacy.budget import init_store
+    from privcode.privacy.ledger import Budget
+
+    if args.epsilon is None and (args.delta is not None or args.accountant is not None):
+        raise PrivcodeError("budget init: --delta and --accountant go with --epsilon E")
+    budget = None
+    if args.epsilon is not None:
+        budget = Budget(
+            args.epsilon,
+            1e-5 if args.delta is None else args.delta,
+            args.accountant or "rdp",
+        )
+    store, created = init_store(
+        _store(args), budget, if_absent=args.if_absent, replace_lost=args.replace_lost
+    )
+    info = {"store": str(store.root), "store_id": store.store_id, "created": created}
+    if args.json:
+        _json({**info, "budget": budget.to_dict() if budget else None})
+    elif created:
+        what = (
+            f"budget epsilon {budget.epsilon:g} per record at delta {budget.delta:g}"
+            if budget
+            else "no budget yet: the first DP job sets it"
+        )
+        print(f"created the privacy store {store.root} (id {store.store_id}; {what})")
+    else:
+        print(f"privacy store {store.root} (id {store.store_id}) already exists")
+    return 0
 
 
 def cmd_budget_show(args: argparse.Namespace) -> int:
@@ -58,23 +95,48 @@ def cmd_budget_raise(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_budget_verify(args: argparse.Namespace) -> int:
+    from privcode.privacy.budget import format_verify, verify_store
+
+    result = verify_store(_store(args), accept_move=args.accept_move)
+    _json(result) if args.json else print(format_verify(result))
+    return 0 if result["ok"] else 1
+
+
 def cmd_budget_wipe(args: argparse.Namespace) -> int:
     from privcode.privacy.budget import wipe
 
-    path = wipe(_store(args), args.confirm or "")
-    print(f"deleted the privacy store {path}: every budget in it starts afresh")
+    record = wipe(_store(args), args.confirm or "", why=args.why or "")
+    if args.json:
+        _json(record)
+    else:
+        spent = record.get("epsilon_spent")
+        print(
+            f"deleted the privacy store {record['path']} (id {record.get('store_id')}; worst "
+            f"record epsilon {'unknown' if spent is None else f'{spent:.4g}'}): every budget in "
+            f"it is gone. Recorded in {record['log']}:"
+        )
+        print(json.dumps({k: v for k, v in record.items() if k != "log"}, sort_keys=True))
     return 0
 
 
 def add_budget_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "budget", help="The privacy store: per-record budgets spent and left, raise, wipe."
+        "budget",
+        help="The privacy store: create, per-record budgets spent and left, raise, verify, wipe.",
     )
     bsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, func, help_text in (
+        ("init", cmd_budget_init, "Create a privacy store (the only command that does)."),
         ("show", cmd_budget_show, "Budget, record groups, jobs: epsilon (RDP, PRV) spent, left."),
         ("raise", cmd_budget_raise, "Raise the per-record epsilon budget (logged: who, why)."),
-        ("wipe", cmd_budget_wipe, "Delete a local demo store and every budget in it."),
+        (
+            "verify",
+            cmd_budget_verify,
+            "Check the store (key, identity, hash chain, head, job records, groups); exit 1 "
+            "on any problem.",
+        ),
+        ("wipe", cmd_budget_wipe, "Delete a store and every budget in it, on record."),
     ):
         d = bsub.add_parser(action, help=help_text)
         d.add_argument(
@@ -88,14 +150,40 @@ def add_budget_parser(sub: argparse._SubParsersAction) -> None:
             metavar="K=V",
             help="Config override (repeatable).",
         )
-        d.add_argument("--store", default=None, help="The store directory (overrides --config).")
+        d.add_argument(
+            "--store",
+            default=None,
+            help="The store directory (overrides PRIVCODE_PRIVACY_STORE and --config).",
+        )
         d.add_argument("--json", action="store_true", help="Print one JSON object.")
+        if action == "init":
+            d.add_argument("--epsilon", type=float, help="Set the per-record budget now.")
+            d.add_argument("--delta", type=float, help="Its delta (default 1e-5).")
+            d.add_argument("--accountant", choices=("rdp", "prv"), help="Default rdp.")
+            d.add_argument(
+                "--if-absent",
+                action="store_true",
+                help="A store already there is fine (make demo); a lost one is still refused.",
+            )
+            d.add_argument(
+                "--replace-lost",
+                action="store_true",
+                help="Start a new store where one was lost without a wipe (recorded).",
+            )
         if action == "raise":
             d.add_argument("--epsilon", type=float, help="The new, higher per-record budget.")
             d.add_argument("--pac", metavar="WORLDS_ID", help="Raise a PAC deployment instead.")
             d.add_argument("--nats", type=float, help="The PAC worlds' new, higher allowance.")
             d.add_argument("--who", required=True, help="Who decides (kept in the store's log).")
             d.add_argument("--why", required=True, help="Why (kept in the store's log).")
+        if action == "verify":
+            d.add_argument(
+                "--accept-move",
+                action="store_true",
+                help="The store was moved here on purpose: record the move (its log, its "
+                "identity, the store log).",
+            )
         if action == "wipe":
             d.add_argument("--confirm", default=None, help="The store's path, repeated.")
+            d.add_argument("--why", default="", help="Why (kept in the record of the wipe).")
         d.set_defaults(func=func)

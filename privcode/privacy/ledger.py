@@ -21,11 +21,17 @@ directory or copy of the file it came from. A job is
 Files in the store (0700 directory, 0600 files, never in a run directory):
 
 * ``ledger.wal``: the write-ahead log (:mod:`privcode.privacy.wal`), entries
-  ``header``, ``budget`` (epsilon, delta, accountant: set by the first job,
-  changed only by :meth:`StoreLedger.raise_budget`, which logs who and
-  why), ``admit``, ``grant``, ``finish``, ``import``; every entry carries
-  ``seq`` and the writer's ``epoch``. An entry is fsynced before the call
-  that made it returns: a crash can only over-count.
+  ``header``, ``budget`` (epsilon, delta, accountant: set by ``privcode
+  budget init --epsilon`` or the first job, changed only by
+  :meth:`StoreLedger.raise_budget`, which logs who and why), ``admit``,
+  ``grant``, ``finish``, ``import``, ``chain`` (a log from before the hash
+  chain, chained from here), ``move`` (the store moved on record); every
+  entry carries ``seq``, the writer's ``epoch`` and ``prev_hash`` (the hash
+  chain). An entry is fsynced before the call that made it returns: a crash
+  can only over-count.
+* ``ledger.head``: the log's length and last hash, rewritten (atomically)
+  after every append; with the chain it turns a truncated, replaced or
+  deleted log into a refusal (:func:`load_log`), never a fresh budget.
 * ``jobs/<job>.fps``: the sorted fingerprints of a job's records, written
   (temporary name, fsync, rename, directory fsync) before its ``admit``.
 * ``groups/``: a snapshot of the record groups at a WAL position, so a
@@ -60,16 +66,45 @@ from privcode.dp.events import DPEvent
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
 from privcode.privacy.groups import RecordGroups, merge_events
 from privcode.privacy.pac_budgets import PacBudgets
-from privcode.privacy.store import FINGERPRINT_BYTES, PrivacyStore
-from privcode.privacy.wal import append_line, read_log, repair, write_new
+from privcode.privacy.store import (
+    FINGERPRINT_BYTES,
+    JOBS_DIR,
+    PAC_DIR,
+    SNAPSHOT_DIR,
+    PrivacyStore,
+)
+from privcode.privacy.wal import (
+    LogContents,
+    append_line,
+    check_head,
+    genesis_hash,
+    legacy_digest,
+    read_head,
+    read_log,
+    repair,
+    verify_chain,
+    write_chained,
+    write_head,
+)
 
-__all__ = ["WAL_NAME", "Budget", "StoreLedger", "pack_fingerprints"]
+__all__ = ["WAL_NAME", "Budget", "LoadedLog", "StoreLedger", "load_log", "pack_fingerprints"]
 
 log = logging.getLogger("privcode.ledger")
 
 WAL_NAME = "ledger.wal"
 WAL_FORMAT = 2
-_ENTRY_TYPES = {"header", "budget", "admit", "grant", "finish", "import", "pac-open", "pac-raise"}
+_ENTRY_TYPES = {
+    "header",
+    "budget",
+    "admit",
+    "grant",
+    "finish",
+    "import",
+    "pac-open",
+    "pac-raise",
+    "chain",
+    "move",
+}
 
 
 def pack_fingerprints(fingerprints: list[bytes]) -> bytes:
@@ -116,6 +151,7 @@ class _Job:
     plan: DPEvent
     records: int
     budget: float
+    cap: float | None = None  #: the job's own epsilon cap (train.epsilon), None: the budget's
     granted: int = 0
     finished: bool = False
     requests: set[str] = field(default_factory=set)
@@ -140,6 +176,79 @@ def _check_entry(record: dict[str, Any], index: int) -> None:
         raise ValueError("entry without a job")
 
 
+@dataclass
+class LoadedLog:
+    """A store's log as :func:`load_log` checked it."""
+
+    contents: LogContents | None
+    legacy_entries: int = 0  # its first entries, written before the hash chain
+    lag: int = 0  # entries its head is behind (a crash between an append and the head)
+    head: dict[str, Any] | None = None
+    create: bool = False  # a store from before identity files that never logged
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.contents.records if self.contents else []
+
+
+def load_log(store: PrivacyStore) -> LoadedLog:
+    """Read and check a store's log, chain and head; writes nothing.
+
+    :class:`LedgerUnavailableError` naming what is missing or damaged: the log
+    gone, a line corrupt, a broken link (an entry removed or changed, the log
+    of another store), a head missing or disagreeing with the log (a
+    truncated or replaced log). A store from before the chain (no identity,
+    no head, no ``prev_hash``) is accepted for migration (``store.legacy``).
+    """
+    wal, head_path = store.wal_path, store.head_path
+    fix = (
+        f"Nothing may train on this store: restore the file from a backup (`privcode budget "
+        f"verify --store {store.root}` lists every problem); deleting or truncating it grants "
+        "no budget"
+    )
+    if not wal.exists():
+        if store.legacy and not store.present() & {JOBS_DIR, SNAPSHOT_DIR, PAC_DIR}:
+            return LoadedLog(None, create=True)
+        raise LedgerUnavailableError(f"the ledger's log {wal} is missing. {fix}")
+    contents = read_log(wal, _check_entry)
+    if not contents.records:
+        if store.legacy and not store.present() & {JOBS_DIR, SNAPSHOT_DIR, PAC_DIR}:
+            return LoadedLog(contents, create=True)  # only a torn header: nothing was logged
+        raise LedgerUnavailableError(f"the ledger's log {wal} holds no complete entry. {fix}")
+    try:
+        legacy = verify_chain(contents, genesis_hash(store.store_id))
+    except ValueError as why:
+        raise LedgerUnavailableError(
+            f"the hash chain of the ledger {wal} is broken: {why}. {fix}"
+        ) from None
+    chained = legacy < len(contents.records)
+    try:
+        head = read_head(head_path)
+    except ValueError as why:
+        raise LedgerUnavailableError(
+            f"the ledger's head {head_path} is damaged ({why}). {fix}"
+        ) from None
+    if head is None:
+        if store.legacy and not chained:
+            return LoadedLog(contents, legacy_entries=legacy)
+        raise LedgerUnavailableError(
+            f"the ledger's head {head_path} is missing: the length of its log {wal} cannot be "
+            f"checked. {fix}"
+        )
+    if not chained and not store.legacy:
+        raise LedgerUnavailableError(
+            f"the ledger's log {wal} carries no hash chain, but the store has been chained: "
+            f"an older copy of the log was put back. {fix}"
+        )
+    try:
+        lag = check_head(head, contents)
+    except ValueError as why:
+        raise LedgerUnavailableError(
+            f"the ledger's log {wal} disagrees with its head {head_path}: {why}. {fix}"
+        ) from None
+    return LoadedLog(contents, legacy_entries=legacy, lag=lag, head=head)
+
+
 class StoreLedger:
     """The ledger of one store (module docstring); :func:`open_ledger` runs it as an actor.
 
@@ -151,6 +260,7 @@ class StoreLedger:
         self.root = Path(root).resolve()
         self._wal = self.root / WAL_NAME
         self._lock_fd = -1
+        self._last_hash = ""  # the hash of the log's last entry (the next one's prev_hash)
         self._failed: str | None = None
         self._budget: Budget | None = None
         self._jobs: dict[str, _Job] = {}
@@ -206,13 +316,20 @@ class StoreLedger:
         if why := self._fenced():
             raise LedgerUnavailableError(why)
         entry = {**record, "seq": self._seq + 1, "epoch": self._epoch, "time": time.time()}
+        entry["prev_hash"] = self._last_hash
         try:
-            append_line(self._wal, entry)
+            digest = append_line(self._wal, entry)
         except OSError as exc:
             self._failed = f"the ledger {self._wal} could not be written ({exc})"
             raise LedgerUnavailableError(self._failed) from exc
         self._seq += 1
         self._lines += 1
+        self._last_hash = digest
+        try:  # after the entry: a crash between the two leaves the head one entry behind
+            write_head(self._store.head_path, self._lines, digest)
+        except OSError as exc:  # the entry is logged (over-counts); no further one may be
+            self._failed = f"the ledger's head {self._store.head_path} could not be written ({exc})"
+            raise LedgerUnavailableError(self._failed) from exc
         if why := self._fenced():  # taken over while writing: the line only over-counts
             raise LedgerUnavailableError(why)
         return entry
@@ -220,22 +337,52 @@ class StoreLedger:
     # -- restore -------------------------------------------------------------------
 
     def _restore(self) -> None:
-        header = {"type": "header", "format": WAL_FORMAT, "created": time.time()}
-        if not self._wal.exists():
-            write_new(self._wal, [header])
-        contents = read_log(self._wal, _check_entry)
-        if not contents.records:  # only a torn header: nothing was ever recorded
-            write_new(self._wal, [header])
-            contents = read_log(self._wal, _check_entry)
-        repair(contents)
+        """Rebuild from the store's log (:func:`load_log`: every check before any write)."""
+        store = self._store
+        loaded = load_log(store)
+        if loaded.create:  # a store from before identity files that never logged
+            store.write_identity(migration="pending")
+            header = {"type": "header", "format": WAL_FORMAT, "created": time.time()}
+            genesis = genesis_hash(store.store_id)
+            write_chained(self._wal, [header], genesis, head=store.head_path)
+            loaded = load_log(store)
+        contents = loaded.contents
+        assert contents is not None and contents.records  # load_log refused anything else
         records = contents.records
         for entry in records[1:]:
             self._apply(entry)
             self._seq = max(self._seq, entry["seq"])
         self._lines = len(records)
+        self._last_hash = contents.hashes[-1]
         if self._budget is None and self._jobs:
             raise LedgerUnavailableError(f"the ledger {self._wal} records jobs but no budget")
         self._groups = self._load_groups(records)
+        repair(contents)
+        if loaded.lag:  # a crash between an append and its head: the entry is in the log
+            write_head(store.head_path, self._lines, self._last_hash)
+        if store.legacy:  # accepted once: its identity, and its log chained from here on
+            if store.identity is None:
+                store.write_identity(migration="pending")
+            if loaded.legacy_entries == len(records):
+                if loaded.head is None:
+                    write_head(store.head_path, self._lines, self._last_hash)
+                hashes = contents.hashes
+                self._append(
+                    {
+                        "type": "chain",
+                        "legacy_entries": len(records),
+                        "legacy_sha256": legacy_digest(hashes),
+                        "who": "the ledger, on its first open since the hash chain",
+                    }
+                )
+                log.warning(
+                    "privacy store %s: its log (%d entries) is from before the hash chain; "
+                    "accepted once and chained from here on",
+                    self.root,
+                    len(records),
+                )
+            store.write_identity(migration=None, migrated=time.time())
+            store.legacy = False
         self._refresh()
 
     def _apply(self, e: dict[str, Any]) -> None:
@@ -250,6 +397,7 @@ class StoreLedger:
                 DPEvent.from_dict(e["plan"]),
                 e["records"],
                 float(e.get("budget", self._budget.epsilon)),
+                None if e.get("cap") is None else float(e["cap"]),
             )
             if kind == "import":  # a legacy run ledger: its grants, already finished
                 job = self._jobs[e["job"]]
@@ -384,13 +532,21 @@ class StoreLedger:
     # -- admission -----------------------------------------------------------------
 
     def admission(
-        self, fingerprints: bytes, plan: dict, budget: dict, explicit: bool = False
+        self,
+        fingerprints: bytes,
+        plan: dict,
+        budget: dict,
+        explicit: bool = False,
+        cap: float | None = None,
     ) -> dict:
         """Would a job with ``plan`` fit on these records? Nothing is written."""
         b = self._settle_budget(Budget(**budget), explicit, "", write=False)
+        event = DPEvent.from_dict(plan)
+        if over := _over_cap([event], b, cap):
+            return over
         groups = self._groups if self._budget is not None else RecordGroups(b.accountant, b.delta)
         assert groups is not None
-        adm = groups.admission(_unpack(fingerprints), [DPEvent.from_dict(plan)], b.epsilon)
+        adm = groups.admission(_unpack(fingerprints), [event], b.epsilon)
         return _admission_reply(adm, b)
 
     def admit(
@@ -402,9 +558,12 @@ class StoreLedger:
         explicit: bool = False,
         run: str = "",
         run_key: str = "",
+        cap: float | None = None,
     ) -> dict:
         """Admit a job on these records with its planned event, reserving it; or refuse.
 
+        ``cap``: the job's own epsilon (``train.epsilon``): its plan, and every step
+        it is granted, stays within min(cap, what the store has left for its records).
         A job of the same ``run_key`` (the same run directory) that never
         finished is finished first, at what it was granted: its driver is gone
         (or it is stopped now: a finished job gets no further step).
@@ -413,6 +572,8 @@ class StoreLedger:
             raise LedgerUnavailableError(why)
         event = DPEvent.from_dict(plan)
         b = self._settle_budget(Budget(**budget), explicit, f"first job ({run})", write=True)
+        if over := _over_cap([event], b, cap):
+            return over
         for job_id, job in list(self._jobs.items()):
             if run_key and job.run_key == run_key and not job.finished:
                 self.finish(job_id, "superseded by a new job of the same run")
@@ -422,7 +583,8 @@ class StoreLedger:
         reply = _admission_reply(adm, b)
         if not adm.fits:
             return reply
-        job_id = self._add_job("admit", fps, event, run, run_key, budget=b.epsilon)
+        extra = {"budget": b.epsilon} | ({} if cap is None else {"cap": float(cap)})
+        job_id = self._add_job("admit", fps, event, run, run_key, **extra)
         self._write_snapshot(self._groups)
         self._refresh()
         return {**reply, "job": job_id}
@@ -508,6 +670,9 @@ class StoreLedger:
         assert self._groups is not None
         if total > j.plan.steps:  # past the plan: every record of the job must still fit
             new = DPEvent(event.noise_multiplier, event.sample_rate, total)
+            assert self._budget is not None
+            if (capped := _over_cap([new], self._budget, j.cap)) is not None:
+                return self._deny(j, capped["message"])
             try:
                 over = self._groups.check_step(job, [new], j.budget)
             except Exception as exc:  # noqa: BLE001 - an accountant failure denies
@@ -648,6 +813,27 @@ class StoreLedger:
 
     def ping(self) -> str:
         return "ok"
+
+
+def _over_cap(events: list[DPEvent], budget: Budget, cap: float | None) -> dict | None:
+    """A refusal when the job's own events alone exceed its cap (``train.epsilon``)."""
+    if cap is None:
+        return None
+    acc = make_accountant(budget.accountant)
+    for e in events:
+        acc.compose(e)
+    own = acc.epsilon(budget.delta)
+    if own <= float(cap) * (1 + 1e-9):
+        return None
+    return {
+        "admitted": False,
+        "message": (
+            f"this job alone is epsilon {own:.4g} (delta {budget.delta:g}, {budget.accountant}), "
+            f"over its train.epsilon {float(cap):g}: a job is held to min(train.epsilon, what "
+            "the store has left); set train.noise_multiplier 0 to calibrate, or fewer steps"
+        ),
+        "budget": budget.to_dict(),
+    }
 
 
 def _admission_reply(adm: Any, budget: Budget) -> dict:

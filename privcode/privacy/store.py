@@ -13,13 +13,37 @@ for one file under one store. :meth:`PrivacyStore.opaque` names other
 private things the same way (e.g. the ledger actor of a ledger directory
 whose path holds a corpus digest).
 
-Location (:func:`resolve_store`): ``PRIVCODE_PRIVACY_STORE``, else the
-``privacy.store`` config value, else ``privacy-store/`` beside
-``run.out_dir`` (outside every run directory; ``make clean`` leaves it).
-The directory is 0700 and the key file 0600; the key is created once
-(atomically: a second process racing on the first use reads the same key)
-and never leaves the store. Deleting the key only makes new ids (the runs
-of one corpus no longer group in reports); it grants no budget.
+Location (:func:`resolve_store`, once per process, never from ``run.out_dir``):
+``PRIVCODE_PRIVACY_STORE``, else the ``privacy.store`` config value, else
+:func:`default_store` (``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store``).
+The Makefile's demo targets name one inside the clone, outside ``runs/`` and
+``reports/`` (``make clean`` never deletes it).
+
+Created once, on purpose: only ``privcode budget init``
+(:func:`privcode.privacy.budget.init_store`) makes a store: the directory
+(0700), the key (0600), the identity file ``store.json`` (the store's keyed
+id, the absolute path it was created at, when and by whom) and the ledger's
+genesis entry, built under a temporary name and renamed into place whole.
+:class:`PrivacyStore` opens one and creates nothing; every loss is a hard
+refusal naming what is missing, never a fresh budget:
+
+* no store at the path: :class:`StoreError` saying to run
+  ``privcode budget init --store PATH``;
+* the key deleted while anything else of the store remains, a key of another
+  store (its id does not match the identity), the identity, the ledger's log
+  or its head deleted, the log gone while ``jobs/``, ``groups/`` or ``pac/``
+  remain: :class:`StoreIntegrityError`. Deleting the key or the log grants
+  no budget;
+* a store opened from another path than it was created at (renamed, moved,
+  copied): refused until ``privcode budget verify --store NEW --accept-move``
+  records the move in its log.
+
+A truncated or rewritten log is caught by its hash chain and head when the
+ledger opens it (:mod:`privcode.privacy.ledger`, :mod:`privcode.privacy.wal`);
+``privcode budget verify`` checks all of it; ``privcode budget wipe`` is the
+one deliberate reset, recorded outside the store. A store from before the
+identity file (no ``store.json``, no head) is accepted once: its ledger
+writes the identity and chains its log on first open.
 
 The store also holds the files of its ledger (:mod:`privcode.privacy.ledger`),
 written here and only by its one writer: the writer's ``lock`` (flock) and
@@ -31,12 +55,13 @@ fsynced, renamed, the directory fsynced).
 from __future__ import annotations
 
 import fcntl
+import getpass
 import hashlib
 import hmac
 import json
 import os
 import socket
-import tempfile
+import time
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
@@ -50,21 +75,52 @@ __all__ = [
     "FINGERPRINT_BYTES",
     "PrivacyStore",
     "StoreError",
+    "StoreIntegrityError",
     "canonical_text",
+    "current_user",
+    "default_store",
+    "init_command",
     "record_fingerprint",
     "resolve_store",
+    "store_id_of",
 ]
 
 ENV_VAR = "PRIVCODE_PRIVACY_STORE"
 DEFAULT_DIRNAME = "privacy-store"
 KEY_FILE = "dataset-id.key"
-LOCK_FILE, EPOCH_FILE, JOBS_DIR, SNAPSHOT_DIR = "lock", "epoch", "jobs", "groups"
-_KEY_BYTES = 32
+IDENTITY_FILE = "store.json"
+WAL_FILE, HEAD_FILE = "ledger.wal", "ledger.head"
+LOCK_FILE, EPOCH_FILE, JOBS_DIR, SNAPSHOT_DIR, PAC_DIR = "lock", "epoch", "jobs", "groups", "pac"
+#: What a store holds besides its key: any of them without the key is a lost key.
+STATE_ENTRIES = (IDENTITY_FILE, WAL_FILE, HEAD_FILE, JOBS_DIR, SNAPSHOT_DIR, PAC_DIR)
+IDENTITY_FORMAT = 1
+KEY_BYTES = _KEY_BYTES = 32
 FINGERPRINT_BYTES = 16
 
 
 class StoreError(PrivcodeError):
-    """The privacy store cannot be created or read, or its key is damaged."""
+    """No privacy store at a path, or it cannot be read."""
+
+
+class StoreIntegrityError(StoreError, LedgerUnavailableError):
+    """A privacy store lost a part (its key, identity, log, head) or was moved: refused."""
+
+
+def init_command(root: str | os.PathLike) -> str:
+    return f"privcode budget init --store {root}"
+
+
+def current_user() -> str:
+    """Who runs this process (for the records that say who created, moved or wiped a store)."""
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry (a container): the uid
+        return f"uid {os.getuid()}"
+
+
+def store_id_of(key: bytes) -> str:
+    """A store's id: a keyed HMAC of a fixed label (stable across mounts, says nothing)."""
+    return hmac.new(key, b"privcode-store-id/1\0ledger", hashlib.sha256).hexdigest()[:12]
 
 
 def canonical_text(text: str) -> str:
@@ -95,69 +151,193 @@ def record_fingerprint(key: bytes, prompt: str, code: str) -> bytes:
     return hmac.digest(key, message, "sha256")[:FINGERPRINT_BYTES]
 
 
-def resolve_store(configured: str | os.PathLike = "", out_dir: str | os.PathLike = "runs") -> Path:
-    """The store directory: the environment variable, else ``configured``, else beside ``out_dir``."""
+def default_store() -> Path:
+    """``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store``: one per user, outside
+    every clone and run directory."""
+    data = os.environ.get("XDG_DATA_HOME", "").strip()
+    base = Path(data) if data and os.path.isabs(data) else Path("~/.local/share").expanduser()
+    return (base / "privcode" / DEFAULT_DIRNAME).resolve()
+
+
+def resolve_store(
+    configured: str | os.PathLike = "", out_dir: str | os.PathLike | None = None
+) -> Path:
+    """The store directory: ``PRIVCODE_PRIVACY_STORE``, else ``configured``, else
+    :func:`default_store`. ``out_dir`` is accepted for old callers and never used: a store
+    beside the run directory was a new, empty store for every other ``run.out_dir``."""
+    del out_dir
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
-        return Path(env).resolve()
+        return Path(env).expanduser().resolve()
     if str(configured).strip():
-        return Path(configured).resolve()
-    return Path(out_dir).resolve().parent / DEFAULT_DIRNAME
+        return Path(configured).expanduser().resolve()
+    return default_store()
 
 
 class PrivacyStore:
-    """A private directory with the secret key of opaque dataset ids (module docstring)."""
+    """An initialised privacy store, opened and checked (module docstring); creates nothing.
+
+    :class:`StoreError` when there is no store at ``root``;
+    :class:`StoreIntegrityError` when a part of it is missing or it was moved.
+    ``legacy`` is true for a store from before identity files (its ledger
+    migrates it on first open).
+    """
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.root, 0o700)
-        except OSError as exc:
-            raise StoreError(f"cannot create the privacy store {self.root}: {exc}") from exc
         self._key: bytes | None = None
+        self.identity: dict[str, Any] | None = None
+        self.legacy = False
+        self._check()
+
+    @classmethod
+    def unchecked(cls, root: str | os.PathLike) -> PrivacyStore:
+        """The store's files at ``root`` without the open checks (verify, wipe, repairs)."""
+        store = cls.__new__(cls)
+        store.root, store._key, store.identity, store.legacy = Path(root), None, None, False
+        return store
+
+    # -- opening -------------------------------------------------------------------
+
+    def _check(self) -> None:
+        root = self.root
+        if not root.is_dir() or not (present := self.present()):
+            what = (
+                "no such directory"
+                if not root.exists()
+                else "not a directory"
+                if not root.is_dir()
+                else "no store files in it"
+            )
+            raise StoreError(
+                f"no privacy store at {root} ({what}). A store is created once, on purpose: "
+                f"`{init_command(root.resolve())}` (it is never created implicitly, so a "
+                "mistyped or moved path cannot start an empty budget)"
+            )
+        if KEY_FILE not in present:
+            raise StoreIntegrityError(
+                f"the privacy store {root} has lost its key {KEY_FILE} (still there: "
+                f"{', '.join(sorted(present))}). Without it no record, dataset or job of the "
+                "store can be named again, and deleting it grants no budget: restore the key "
+                f"from a backup. To give the store up on record: `privcode budget wipe "
+                f"--confirm {root.resolve()}`"
+            )
+        self._load_key()
+        if IDENTITY_FILE in present:
+            self.identity = identity = self.read_identity()
+            if identity.get("store_id") != self.store_id:
+                raise StoreIntegrityError(
+                    f"the key {self.key_path} is not the key of the privacy store {root}: its "
+                    f"identity names store {identity.get('store_id')}, the key is store "
+                    f"{self.store_id}'s (a key from another store?). Restore this store's key"
+                )
+        elif HEAD_FILE in present:
+            raise self._missing(IDENTITY_FILE, "its identity (store id, creation path)")
+        # From before identity files, or its first open was cut short: the ledger migrates it.
+        self.legacy = self.identity is None or self.identity.get("migration") == "pending"
+        if WAL_FILE not in present and (
+            not self.legacy or present & {JOBS_DIR, SNAPSHOT_DIR, PAC_DIR}
+        ):
+            raise self._missing(WAL_FILE, "its ledger's log (every job's spent budget)")
+        if HEAD_FILE not in present and not self.legacy:
+            raise self._missing(HEAD_FILE, "its ledger's head (how long the log must be)")
+        if self.identity is None:
+            return
+        here = str(root.resolve())
+        if self.identity.get("path") != here:
+            raise StoreIntegrityError(
+                f"the privacy store at {here} was created at {self.identity.get('path')}: it was "
+                "renamed, moved or copied. A copy must never be used beside its original (both "
+                "would spend the same budget). If it was moved on purpose, record the move in its "
+                f"log: `privcode budget verify --store {here} --accept-move`"
+            )
+
+    def _missing(self, name: str, what: str) -> StoreIntegrityError:
+        return StoreIntegrityError(
+            f"the privacy store {self.root} is missing {name} ({what}). Deleting a part of a "
+            f"store grants no budget: restore it from a backup; `privcode budget verify --store "
+            f"{self.root}` lists what else is wrong"
+        )
+
+    def present(self) -> set[str]:
+        """The store's own entries found in its directory."""
+        try:
+            names = set(os.listdir(self.root))
+        except OSError:
+            return set()
+        return names & {KEY_FILE, *STATE_ENTRIES}
 
     @property
     def key_path(self) -> Path:
         return self.root / KEY_FILE
 
+    @property
+    def identity_path(self) -> Path:
+        return self.root / IDENTITY_FILE
+
+    @property
+    def wal_path(self) -> Path:
+        return self.root / WAL_FILE
+
+    @property
+    def head_path(self) -> Path:
+        return self.root / HEAD_FILE
+
     def _load_key(self) -> bytes:
         if self._key is None:
-            if not self.key_path.exists():
-                self._create_key()
             try:
                 key = self.key_path.read_bytes()
+            except FileNotFoundError:
+                raise StoreIntegrityError(
+                    f"the privacy store {self.root} has no key {KEY_FILE}; it is never created "
+                    f"again (that would grant a fresh budget): restore it, or `{init_command(self.root)}` "
+                    "for a new store elsewhere"
+                ) from None
             except OSError as exc:
                 raise StoreError(
                     f"cannot read the privacy store key {self.key_path}: {exc}"
                 ) from exc
-            if len(key) != _KEY_BYTES:
-                raise StoreError(
+            if len(key) != KEY_BYTES:
+                raise StoreIntegrityError(
                     f"the privacy store key {self.key_path} is damaged "
-                    f"({len(key)} bytes, expected {_KEY_BYTES})"
+                    f"({len(key)} bytes, expected {KEY_BYTES})"
                 )
             self._key = key
         return self._key
 
-    def _create_key(self) -> None:
-        # Written whole to a temporary file, then hard-linked: link() fails when
-        # another process created the key first, and then both read that one.
-        fd, tmp = tempfile.mkstemp(prefix=".key-", dir=self.root)
+    def read_identity(self) -> dict[str, Any]:
+        """``store.json``: store id, creation path and time; StoreIntegrityError if damaged."""
         try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, os.urandom(_KEY_BYTES))
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            try:
-                os.link(tmp, self.key_path)
-            except FileExistsError:
-                pass
-            fsync_dir(self.root)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-            os.unlink(tmp)
+            identity = json.loads(self.identity_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise self._missing(IDENTITY_FILE, "its identity (store id, creation path)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StoreIntegrityError(
+                f"the identity file {self.identity_path} is damaged ({exc})"
+            ) from None
+        if not isinstance(identity, dict):
+            raise StoreIntegrityError(f"the identity file {self.identity_path} is damaged")
+        return identity
+
+    def write_identity(self, **fields: Any) -> dict[str, Any]:
+        """Write ``store.json`` (atomically, 0600): the id from the key, the path now, and
+        ``fields`` over what it held."""
+        old = self.identity or {}
+        now = time.time()
+        identity = {
+            "format": IDENTITY_FORMAT,
+            "created": now,
+            "created_by": current_user(),
+            **old,
+            **fields,
+            "store_id": self.store_id,
+            "path": str(self.root.resolve()),
+        }
+        identity = {k: v for k, v in identity.items() if v is not None}
+        text = json.dumps(identity, sort_keys=True, indent=2) + "\n"
+        atomic_write_bytes(self.identity_path, text.encode(), mode=0o600)
+        self.identity = identity
+        return identity
 
     def opaque(self, label: str, value: str | bytes, length: int = 20) -> str:
         """Hex HMAC of ``value`` under the store key, domain-separated by ``label``."""
@@ -166,9 +346,14 @@ class PrivacyStore:
         return mac.hexdigest()[:length]
 
     @property
+    def store_id(self) -> str:
+        """The store's keyed id (:func:`store_id_of`): stable across mounts, says nothing."""
+        return store_id_of(self._load_key())
+
+    @property
     def ledger_id(self) -> str:
-        """The store's name for its ledger actor and metrics (keyed: stable across mounts)."""
-        return self.opaque("store-id", "ledger", 12)
+        """The store's name for its ledger actor and metrics: its :attr:`store_id`."""
+        return self.store_id
 
     def record_fingerprints(self, records: Iterable[tuple[str, str]]) -> list[bytes]:
         """One keyed fingerprint per ``(prompt, code)`` record (:func:`record_fingerprint`)."""

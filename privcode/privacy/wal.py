@@ -17,11 +17,24 @@ Reading (:func:`read_log`), for every log privcode keeps:
 * any other bad line (not JSON, wrong CRC, rejected by the caller's
   ``check``) means the log cannot be trusted: :class:`LedgerUnavailableError`
   naming the file and line.
+
+A CRC catches a line altered by accident, not a line removed. A chained log
+(the privacy store's ledger) also links its entries: each carries
+``prev_hash``, the SHA-256 of the previous entry's canonical line (its bytes
+without the newline; the first entry's from :func:`genesis_hash` of the
+store's id), and a head file beside it (:func:`write_head`: the number of
+entries and the last one's hash, written atomically after every append)
+says how long the log must be. :func:`verify_chain` and :func:`check_head`
+turn a removed, reordered or replaced entry, a truncated log or a log of
+another store into a named error. A log written before the chain (no
+``prev_hash`` anywhere) is chained from its end by one ``chain`` entry
+naming the digest of every line before it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import zlib
@@ -37,11 +50,19 @@ from privcode.utils import atomic_write_bytes
 __all__ = [
     "LogContents",
     "append_line",
+    "check_head",
     "crc",
     "encode_line",
+    "genesis_hash",
+    "legacy_digest",
     "legacy_events",
+    "line_hash",
+    "read_head",
     "read_log",
     "repair",
+    "verify_chain",
+    "write_chained",
+    "write_head",
     "write_new",
 ]
 
@@ -73,6 +94,7 @@ class LogContents:
     size: int = 0  # file size when read
     torn_tail: bool = False  # an unverifiable last line (a torn write) was dropped
     missing_newline: bool = False  # the last verified line lacks its newline
+    hashes: list[str] = field(default_factory=list)  # line_hash of each verified line
 
 
 def read_log(path: str | os.PathLike, check: Check) -> LogContents:
@@ -103,6 +125,7 @@ def read_log(path: str | os.PathLike, check: Check) -> LogContents:
                 f"file; deleting it grants no budget"
             ) from None
         out.records.append(record)
+        out.hashes.append(line_hash(raw))
         offset += len(raw) + (1 if terminated else 0)
         out.missing_newline = not terminated
         out.valid_bytes = offset
@@ -139,8 +162,9 @@ def write_new(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
     atomic_write_bytes(path, b"".join(encode_line(r) for r in records), mode=0o600)
 
 
-def append_line(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append one line and fsync it; on a failed write cut the file back (best effort).
+def append_line(path: str | os.PathLike, record: dict[str, Any]) -> str:
+    """Append one line and fsync it; its :func:`line_hash`. On a failed write the file is cut
+    back (best effort).
 
     No ``O_CREAT``: a log that vanished fails the write instead of restarting empty.
     """
@@ -157,12 +181,137 @@ def append_line(path: str | os.PathLike, record: dict[str, Any]) -> None:
             raise
     finally:
         os.close(fd)
+    return line_hash(line[:-1])
 
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+# --------------------------------------------------------------------------- the chain
+
+
+def line_hash(raw: bytes) -> str:
+    """SHA-256 (hex) of one line's canonical bytes (without its newline)."""
+    return hashlib.sha256(raw.rstrip(b"\n")).hexdigest()
+
+
+def genesis_hash(store_id: str) -> str:
+    """The ``prev_hash`` of a chained log's first entry: bound to the store's keyed id, so the
+    log of another store does not verify here."""
+    return hashlib.sha256(f"privcode-wal-genesis/1\0{store_id}".encode()).hexdigest()
+
+
+def legacy_digest(hashes: list[str]) -> str:
+    """Digest of the lines written before the chain (the ``chain`` entry names it)."""
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+
+
+def write_chained(
+    path: str | os.PathLike,
+    records: list[dict[str, Any]],
+    genesis: str,
+    head: str | os.PathLike | None = None,
+) -> tuple[int, str]:
+    """A new chained log holding ``records`` (``prev_hash`` set here), written like
+    :func:`write_new`, its ``head`` first when given (a crash between the two leaves a head
+    with no log, which a store still being created may redo); returns ``(entries, last hash)``.
+    """
+    lines, prev = [], genesis
+    for record in records:
+        line = encode_line({**record, "prev_hash": prev})
+        lines.append(line)
+        prev = line_hash(line)
+    if head is not None:
+        write_head(head, len(lines), prev)
+    atomic_write_bytes(path, b"".join(lines), mode=0o600)
+    return len(lines), prev
+
+
+def verify_chain(contents: LogContents, genesis: str) -> int:
+    """Check the links of a log; the number of its first lines written before the chain.
+
+    ValueError naming the first entry whose ``prev_hash`` does not match.
+    """
+    records, hashes = contents.records, contents.hashes
+    first = next((i for i, r in enumerate(records) if "prev_hash" in r), None)
+    if first is None:
+        return len(records)  # written before the chain: the caller decides
+    if first > 0:
+        entry = records[first]
+        if entry.get("type") != "chain" or entry.get("legacy_entries") != first:
+            raise ValueError(
+                f"entry {first + 1} starts the hash chain but is no chain entry covering the "
+                f"{first} entries before it"
+            )
+        if entry.get("legacy_sha256") != legacy_digest(hashes[:first]):
+            raise ValueError(
+                f"the {first} entries written before the chain no longer match the digest "
+                f"that entry {first + 1} recorded (an entry was removed or changed)"
+            )
+    for i in range(first, len(records)):
+        prev = records[i].get("prev_hash")
+        if prev is None:
+            raise ValueError(f"entry {i + 1} carries no prev_hash inside the hash chain")
+        if i == 0 and prev != genesis:
+            raise ValueError(
+                "its first entry is not this store's genesis (the log of another store?)"
+            )
+        if i > 0 and prev != hashes[i - 1]:
+            raise ValueError(
+                f"entry {i + 1}'s prev_hash does not match entry {i}: an entry before it was "
+                "removed, reordered or replaced"
+            )
+    return first
+
+
+def read_head(path: str | os.PathLike) -> dict[str, Any] | None:
+    """A log's head (``{"entries", "hash"}``); None when there is none; ValueError if damaged."""
+    try:
+        head = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"unreadable ({exc})") from None
+    if (
+        not isinstance(head, dict)
+        or not isinstance(head.get("entries"), int)
+        or not isinstance(head.get("hash"), str)
+    ):
+        raise ValueError("not a log head (entries, hash)")
+    return head
+
+
+def write_head(path: str | os.PathLike, entries: int, last_hash: str) -> None:
+    """Record a log's length and last hash (temporary name, fsync, rename, dir fsync)."""
+    text = json.dumps({"entries": entries, "format": 1, "hash": last_hash}, sort_keys=True)
+    atomic_write_bytes(path, (text + "\n").encode(), mode=0o600)
+
+
+def check_head(head: dict[str, Any], contents: LogContents) -> int:
+    """Check a log against its head; how many entries the head lags (0 or 1).
+
+    The head is written after each append, so a crash between the two leaves it one entry
+    behind, never more, and never ahead. ValueError saying what disagrees.
+    """
+    n, have = head["entries"], len(contents.records)
+    if n > have:
+        raise ValueError(
+            f"it holds {have} entries but its head records {n}: {n - have} entr"
+            f"{'y was' if n - have == 1 else 'ies were'} removed (the log was truncated)"
+        )
+    if n < 1 or contents.hashes[n - 1] != head["hash"]:
+        raise ValueError(
+            f"its entry {n} does not match the hash its head records: the log was rewritten "
+            "or replaced"
+        )
+    if have - n > 1:
+        raise ValueError(
+            f"it holds {have} entries but its head records {n}: the head is stale (an old copy?)"
+        )
+    return have - n
 
 
 # --------------------------------------------------------------------------- format 1

@@ -9,7 +9,7 @@ the ``serve`` and ``pac`` config sections): ``worlds`` (the pac stage's worlds a
 (``deployment`` | ``session``, the latter only with ``acknowledge_session_scope``, see
 :mod:`privcode.pac.curator`), ``session_ttl_s``, ``max_sessions``,
 ``max_sessions_per_key``, ``key_budget_share``, ``on_exhausted``, ``privacy_store``
-(default ``PRIVCODE_PRIVACY_STORE``, else ``privacy-store/`` beside the worlds' ``runs/``:
+(default :func:`privcode.privacy.store.resolve_store`'s, an initialised store:
 the curator's secret and charges live under ``pac/<worlds id>/``, keyed by the worlds'
 content, so a re-run, a restart or a new replica never resets them), and the keys and
 client limits of :class:`privcode.serve.args.GuardArgs`.

@@ -55,8 +55,7 @@ class EnsembleArgs(GuardArgs):
         """The privacy store holding the curator's state and the deployment budgets."""
         from privcode.privacy.store import resolve_store
 
-        parents = Path(self.worlds).expanduser().resolve().parents  # <runs>/<run>/pac/worlds
-        return resolve_store(self.privacy_store or "", parents[min(2, len(parents) - 1)])
+        return resolve_store(self.privacy_store or "")
 
 
 #: App arg -> the serve section's field whose range and choices it takes.

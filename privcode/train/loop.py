@@ -414,8 +414,8 @@ def run_training(
     mode, the adjacency, an opaque dataset id, the base model path).
 
     Before any worker starts, the job is admitted to the ledger of the privacy
-    store (``privacy_store``, default ``PRIVCODE_PRIVACY_STORE`` or
-    ``privacy-store/`` beside ``out_dir``): the worst of its records,
+    store (``privacy_store``, else :func:`privcode.privacy.store.resolve_store`'s; an
+    initialised one, never created here): the worst of its records,
     counting every earlier job that trained on it, must stay within
     ``budget`` (None: the store's, set by its first job to ``cfg.epsilon`` at
     ``cfg.delta``) with the planned steps added, else :class:`BudgetRefused`.
@@ -488,6 +488,7 @@ def run_training(
             budget or Budget(cfg.epsilon, cfg.delta, cfg.accountant),
             explicit=budget is not None,
             reserve=True,
+            cap=cfg.epsilon,
             run=run_name,
             run_key=run_key or store.opaque("run", str(out_dir.resolve())),
             legacy=list(legacy_ledgers),
@@ -605,7 +606,6 @@ def run_training(
                 "epsilon_budget",
                 "delta",
                 "accountant",
-                "ledger_steps",
                 "noise_multiplier",
                 "noise_calibrated",
                 "max_grad_norm",
@@ -614,7 +614,6 @@ def run_training(
                 "num_records",
                 "steps_requested",
                 "steps_taken",
-                "stop_reason",
                 "num_workers",
                 "public_heldout_loss_curve",
                 "dataset_id",
@@ -622,6 +621,8 @@ def run_training(
                 "base_model",
             )
         },
+        "ledger_steps": spent.get("steps"),
+        "stop_reason": state["stop_reason"] or "",
         "adjacency": "add/remove one record (N public)",
         "train_seconds": round(seconds, 2),
         "adapter": "adapter",
