@@ -15,6 +15,7 @@ import torch
 from privcode.config import BaseConfig, DataConfig, TrainConfig, load_config
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.engine import Privacy
+from privcode.privacy.store import PrivacyStore
 from privcode.train.loop import BudgetRefused, run_training
 
 pytestmark = pytest.mark.ray
@@ -197,12 +198,13 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     assert not {"ledger_steps", "stop_reason", "restarts"} & set(privacy)
     assert privacy["adjacency"]["max_rows_per_record"] == 1
     assert "non-adaptive" in privacy["admission"]["composition"]
+    store_id = PrivacyStore(tmp_path / "privacy-store").store_id  # the store that charged it
+    assert privacy["store_id"] == summary["store_id"] == store_id
     assert "ledger_position" not in privacy and privacy["rng"] == "secure"
     assert privacy["adjacency"]["relation"] == "add/remove one record"
     assert "N" in privacy["adjacency"]["public"]
     assert privacy["sample_rate"] == pytest.approx(q) and privacy["max_grad_norm"] == 1.0
     # The data is named by an opaque keyed id, never by its digest.
-    from privcode.privacy.store import PrivacyStore
     from privcode.utils import sha256_file
 
     digest = sha256_file(corpus / "train.parquet")

@@ -159,6 +159,8 @@ class PrivacyRecord(DPOutcome):
         default=(), metadata=nested(_decode_curve, lambda c: [list(p) for p in c])
     )
     not_private: str | None = field(default=None, metadata={"key": "NOT_PRIVATE"})
+    #: The keyed id of the privacy store that admitted and charged the job ('' before ids).
+    store_id: str = ""
     adjacency: dict[str, Any] = field(default_factory=lambda: dict(ADJACENCY))
     admission: dict[str, Any] = field(default_factory=lambda: dict(ADMISSION))
     assumptions: str = ASSUMPTIONS

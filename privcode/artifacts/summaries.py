@@ -57,6 +57,8 @@ class TrainSummary(DPOutcome):
     #: training stopped: private (they reveal restarts), never in privacy.json.
     ledger_steps: int | None = None
     stop_reason: str = ""
+    #: The keyed id of the privacy store that charged the job (privacy.store_id).
+    store_id: str = ""
 
     @property
     def reason_not_private(self) -> str | None:

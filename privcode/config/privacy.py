@@ -35,6 +35,12 @@ class PrivacyConfig:
         min=0,
         max=0.5,
     )
+    store_id: str = opt(
+        "",
+        "The privacy store's keyed id (`privcode budget show`). Pinned by `privcode run`'s "
+        "driver with the store's absolute path, so every task charges the store the run was "
+        "admitted against; set it to refuse any other store. '' = whichever store resolves.",
+    )
 
 
 @dataclass(frozen=True)

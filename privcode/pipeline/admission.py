@@ -71,10 +71,10 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
         return None  # probably current (then skipped); if not, the stage's admission decides
     from privcode.dp.events import DPEvent
     from privcode.privacy.admission import admit, plan_alone, requested_budget
-    from privcode.privacy.store import PrivacyStore, resolve_store
+    from privcode.privacy.store import open_pinned
     from privcode.train.noise import noise_for
 
-    store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
+    store = open_pinned(cfg.privacy.store, cfg.privacy.store_id)
     budget, explicit = requested_budget(cfg.privacy, train)
     data = _training_file(cfg, layout)
     if data is None:  # the data stage builds it: only the plan alone can be checked

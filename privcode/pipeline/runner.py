@@ -63,7 +63,40 @@ LOCATION_FIELDS: dict[str, bool] = {
     "run.out_dir": True,  # read by no stage today: its manifests live under it anyway
     "run.reports_dir": True,  # where the report stage writes: a new place re-runs it
     "base.cache_dir": False,  # builds are found by content hash (models.base.config_hash)
+    "privacy.store": False,  # a stage that charges the store reads privacy.store_id instead
 }
+
+
+def pin_locations(cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` as the driver hands it to every task: the :data:`LOCATION_FIELDS` made
+    absolute against the driver's cwd, and the privacy store resolved once
+    (:func:`privcode.privacy.store.resolve_store`: the driver's environment decides) with
+    its keyed id in ``privacy.store_id``, so that no task resolves another store.
+
+    A store that does not exist yet is pinned by path only (id ''): the stages that
+    charge it refuse with ``privcode budget init``'s command; one whose id differs from a
+    configured ``privacy.store_id`` is refused here.
+    """
+    from dataclasses import replace
+
+    from privcode.privacy.store import StoreError, StoreIntegrityError, open_pinned, resolve_store
+
+    store, store_id = resolve_store(cfg.privacy.store), cfg.privacy.store_id
+    try:
+        store_id = open_pinned(store, store_id).store_id
+    except StoreIntegrityError:
+        raise
+    except StoreError:  # no store there yet: the stages that need one say so
+        pass
+    absolute = lambda p: str(Path(p).expanduser().resolve())  # noqa: E731
+    return replace(
+        cfg,
+        run=replace(
+            cfg.run, out_dir=absolute(cfg.run.out_dir), reports_dir=absolute(cfg.run.reports_dir)
+        ),
+        base=replace(cfg.base, cache_dir=absolute(cfg.base.cache_dir)),
+        privacy=replace(cfg.privacy, store=str(store), store_id=store_id),
+    )
 
 
 def fingerprinted_config(cfg: PipelineConfig, stage: type[Stage]) -> dict[str, dict[str, Any]]:
@@ -231,6 +264,7 @@ def run_pipeline(
     on the CPUs they ask for; ``run.parallel: false`` runs one at a time.
     """
     started = time.time()
+    cfg = pin_locations(cfg)  # every task gets the driver's paths and store
     selected = list(stages or cfg.run.stages)
     for name in selected:
         if name not in STAGES:

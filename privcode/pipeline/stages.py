@@ -45,7 +45,7 @@ class DataStage(Stage):
 
     name = "data"
     summary_type = DataSummary
-    sections = ("data",)
+    sections = ("data", "privacy.store_id")
     private = True
 
     def run(self, cfg, out_dir, inputs):
@@ -53,9 +53,13 @@ class DataStage(Stage):
             from privcode.data.ingest.cli import spec_from_config, split_key
             from privcode.data.ingest.corpus import build_ingested_corpus, secret_rng
 
-            key = split_key(cfg.privacy, cfg.run.out_dir)
+            key, store_id = split_key(cfg.privacy)
             manifest = build_ingested_corpus(
-                spec_from_config(cfg.data), out_dir, split_key=key, rng=secret_rng(key)
+                spec_from_config(cfg.data),
+                out_dir,
+                split_key=key,
+                rng=secret_rng(key),
+                store_id=store_id,
             )
             return {
                 "counts": manifest["counts"],
@@ -140,7 +144,7 @@ class TrainStage(Stage):
     # 2: release/ directory (privcode.release format), Stage I methods;
     # 3: DP events only in the history, opaque dataset id, secret per-record randomness
     version = 3
-    sections = ("train",)
+    sections = ("train", "privacy.store_id")
     needs = ("data", "base")
     # The stage task only orchestrates; the Ray Train workers hold the CPUs (in Ray
     # Train's local mode, num_workers 0, the task itself trains on cpus_per_worker).
@@ -161,7 +165,7 @@ class TrainStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.privacy.admission import requested_budget
-        from privcode.privacy.store import resolve_store
+        from privcode.privacy.store import open_pinned
         from privcode.train.loop import run_training
         from privcode.utils import sha256_file
 
@@ -179,7 +183,7 @@ class TrainStage(Stage):
             out_dir=layout.release_in(out_dir),
             run_name=cfg.run.name,
             storage_dir=layout.work("train"),
-            privacy_store=resolve_store(cfg.privacy.store, cfg.run.out_dir),
+            privacy_store=open_pinned(cfg.privacy.store, cfg.privacy.store_id).root,
             budget=budget if explicit else None,
             legacy_ledgers=tuple(legacy),
         )
@@ -465,6 +469,8 @@ class ReportStage(Stage):
     """Write ``reports/<run>/report.md`` (+ plots) from the upstream manifests."""
 
     name = "report"
+    # 2: the store's composition and the wall clocks left the shareable report (owner-only)
+    version = 2
     sections = ("report", "run.name", "run.reports_dir")
     needs = ("data", "base")
     after = ("train", "synth", "premium", "eval", "audit", "pac")

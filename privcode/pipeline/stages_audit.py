@@ -39,7 +39,7 @@ class AuditStage(Stage):
     summary_type = AuditSummary
     version = 1
     # train: the data path, and what the comparison reads when it trains inline.
-    sections = ("audit", "train.data", *NONDP_TRAIN_FIELDS)
+    sections = ("audit", "train.data", "privacy.store_id", *NONDP_TRAIN_FIELDS)
     needs = ("data", "base", "train")
     after = ("synth", "premium", "nondp")
     late = ("premium",)  # the junior and nondpft are audited while the premium model trains
@@ -135,7 +135,11 @@ class PacStage(Stage):
 
     name = "pac"
     summary_type = PacSummary
-    sections = ("pac", "train.data")  # its worlds train with pac.* settings only
+    sections = (
+        "pac",
+        "train.data",
+        "privacy.store_id",
+    )  # its worlds train with pac.* settings only
     needs = ("data", "base")
     private = True
     num_cpus = None  # all worlds train in one process's batched passes
@@ -172,9 +176,9 @@ class PacStage(Stage):
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         worlds = layout.pac_worlds_in(out_dir)
-        from privcode.privacy.store import PrivacyStore, resolve_store
+        from privcode.privacy.store import open_pinned
 
-        store = PrivacyStore(resolve_store(cfg.privacy.store, cfg.run.out_dir))
+        store = open_pinned(cfg.privacy.store, cfg.privacy.store_id)
         trained = train_worlds(
             cfg.pac,
             data=train_data,

@@ -19,6 +19,7 @@ record's epsilon spent, what the job would add and what is left.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,14 @@ from privcode.privacy.wal import legacy_events
 
 log = logging.getLogger("privcode.privacy")
 
-__all__ = ["MAX_ROWS_PER_RECORD", "BudgetRefused", "admit", "plan_alone", "requested_budget"]
+__all__ = [
+    "MAX_ROWS_PER_RECORD",
+    "BudgetRefused",
+    "admit",
+    "check_corpus_store",
+    "plan_alone",
+    "requested_budget",
+]
 
 #: The most rows of one job's training set one record may occupy (TF Privacy's
 #: max_examples_per_user); ``privacy.json`` states it.
@@ -150,6 +158,24 @@ def admit(
         stage = "" if reserve else ", checked before any stage"
         raise BudgetRefused(f"privacy budget{stage}: {reply['message']}. {_ADVICE}")
     return ledger, reply
+
+
+def check_corpus_store(data: str | Path, store: PrivacyStore) -> None:
+    """Refuse a corpus whose ``manifest.json`` (beside ``data``; ``privcode data ingest``
+    writes it) names another privacy store: its held-out split and canaries are keyed by
+    that store, and its records' budget is kept there. A file without a manifest passes."""
+    manifest = Path(data).parent / "manifest.json"
+    try:
+        named = json.loads(manifest.read_text(encoding="utf-8")).get("store_id", "")
+    except (OSError, ValueError, AttributeError):
+        return
+    if named and named != store.store_id:
+        raise BudgetRefused(
+            f"this corpus was ingested under privacy store {named}, and this job would be "
+            f"charged to store {store.store_id} ({store.root}): its records' budget is kept in "
+            "the store that ingested it. Train with that store (privacy.store), or ingest the "
+            "sources again under this one"
+        )
 
 
 def plan_alone(

@@ -13,9 +13,14 @@ for one file under one store. :meth:`PrivacyStore.opaque` names other
 private things the same way (e.g. the ledger actor of a ledger directory
 whose path holds a corpus digest).
 
-Location (:func:`resolve_store`, once per process, never from ``run.out_dir``):
+Location (:func:`resolve_store`, never from ``run.out_dir``):
 ``PRIVCODE_PRIVACY_STORE``, else the ``privacy.store`` config value, else
-:func:`default_store` (``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store``).
+:func:`default_store` (``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store``);
+the two naming different stores is an error. A pipeline's driver resolves it
+once and pins the absolute path and the store's keyed id into the config every
+task gets (``privacy.store``, ``privacy.store_id``); :func:`open_pinned` opens
+that store in a task and refuses any other (an environment variable exported
+after the cluster started, another mount).
 The Makefile's demo targets name one inside the clone, outside ``runs/`` and
 ``reports/`` (``make clean`` never deletes it).
 
@@ -83,6 +88,7 @@ __all__ = [
     "record_fingerprint",
     "resolve_store",
     "store_id_of",
+    "open_pinned",
 ]
 
 ENV_VAR = "PRIVCODE_PRIVACY_STORE"
@@ -167,11 +173,33 @@ def resolve_store(
     beside the run directory was a new, empty store for every other ``run.out_dir``."""
     del out_dir
     env = os.environ.get(ENV_VAR, "").strip()
+    named = Path(configured).expanduser().resolve() if str(configured).strip() else None
     if env:
-        return Path(env).expanduser().resolve()
-    if str(configured).strip():
-        return Path(configured).expanduser().resolve()
-    return default_store()
+        from_env = Path(env).expanduser().resolve()
+        if named is not None and named != from_env:
+            raise StoreError(
+                f"two privacy stores named: {ENV_VAR}={from_env} and privacy.store={named}. "
+                "Name one (a job charges exactly one store)"
+            )
+        return from_env
+    return named if named is not None else default_store()
+
+
+def open_pinned(configured: str | os.PathLike, store_id: str = "") -> PrivacyStore:
+    """The store :func:`resolve_store` names, refused unless its keyed id is ``store_id``.
+
+    ``store_id`` is what the run's driver pinned (``privacy.store_id``; '' = not pinned):
+    a task that resolves another store (another mount, a restored copy, a new store at
+    the same path) charges nothing and says which store it found.
+    """
+    store = PrivacyStore(resolve_store(configured))
+    if store_id and store.store_id != store_id:
+        raise StoreIntegrityError(
+            f"the privacy store at {store.root} is store {store.store_id}, but this run was "
+            f"admitted against store {store_id}: a task must charge the store its driver "
+            "resolved. Run again from the driver (it pins the store once)"
+        )
+    return store
 
 
 class PrivacyStore:

@@ -91,7 +91,7 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
         # The mechanism and budgets come from the config's pac section, the serving policy
         # from its serve section; the curator's state lives in the config's privacy store.
         # The chart renders the same sections (tests/test_serve_config.py).
-        store = str(resolve_store(cfg.privacy.store, cfg.run.out_dir))
+        store = str(resolve_store(cfg.privacy.store))
         options = ensemble_args(
             cfg.serve, cfg.pac, args.pac, device=args.device, privacy_store=store, **guard
         )

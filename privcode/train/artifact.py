@@ -33,6 +33,7 @@ def privacy_record(
     base_path: Path,
     mode: dict[str, Any],
     dp: bool,
+    store_id: str = "",
 ) -> PrivacyRecord:
     """The release's :class:`~privcode.artifacts.PrivacyRecord`: DP outputs and public settings.
 
@@ -69,6 +70,7 @@ def privacy_record(
         base_model=str(base_path),
         objective=objective_record(cfg, method),
         public_heldout_loss_curve=tuple(tuple(p) for p in state["curve"]),
+        store_id=store_id,
     )
 
 

@@ -93,7 +93,7 @@ from privcode.errors import BudgetRefused, PrivcodeError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
 from privcode.models.loading import resolve_dtype
-from privcode.privacy.admission import admit
+from privcode.privacy.admission import admit, check_corpus_store
 from privcode.privacy.ledger import Budget
 from privcode.privacy.ledger_actor import get_ledger, ledger_call, ledger_name, store_id
 from privcode.privacy.store import PrivacyStore, resolve_store
@@ -454,6 +454,7 @@ def run_training(
     data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
     out_dir = Path(out_dir)
     store = PrivacyStore(privacy_store if privacy_store is not None else resolve_store("", out_dir))
+    check_corpus_store(data_path, store)
     records = read_records(data_path)
     n = len(records)
     corpus_sha = sha256_file(data_path)
@@ -581,6 +582,7 @@ def run_training(
         base_path=base_path,
         mode=privacy.record(),
         dp=privacy.private,
+        store_id=store.store_id,
     )
     try:
         write_junior_release(out_dir, ckpt_dir, cfg, method, privacy, base_path)
@@ -619,6 +621,7 @@ def run_training(
                 "dataset_id",
                 "rng",
                 "base_model",
+                "store_id",
             )
         },
         "ledger_steps": spent.get("steps"),

@@ -33,11 +33,13 @@ def spec_from_config(cfg: DataConfig, inputs: tuple[str, ...] | None = None):
     )
 
 
-def split_key(privacy: PrivacyConfig, out_dir: str) -> bytes:
-    """The secret that keys the held-out split: the privacy store's, never a public seed."""
-    from privcode.privacy.store import PrivacyStore, resolve_store
+def split_key(privacy: PrivacyConfig) -> tuple[bytes, str]:
+    """The secret that keys the held-out split (the privacy store's, never a public seed)
+    and that store's id, which the corpus's manifest records."""
+    from privcode.privacy.store import open_pinned
 
-    return PrivacyStore(resolve_store(privacy.store, out_dir)).opaque("ingest-split", "1").encode()
+    store = open_pinned(privacy.store, privacy.store_id)
+    return store.opaque("ingest-split", "1").encode(), store.store_id
 
 
 def cmd_data_ingest(args: argparse.Namespace) -> int:
@@ -57,8 +59,10 @@ def cmd_data_ingest(args: argparse.Namespace) -> int:
         canaries=args.canaries or cfg.data.canaries,
     )
     spec = spec_from_config(data, tuple(args.sources))
-    key = split_key(cfg.privacy, cfg.run.out_dir)
-    manifest = build_ingested_corpus(spec, Path(args.out), split_key=key, rng=secret_rng(key))
+    key, store_id = split_key(cfg.privacy)
+    manifest = build_ingested_corpus(
+        spec, Path(args.out), split_key=key, rng=secret_rng(key), store_id=store_id
+    )
     if args.json:
         print(json.dumps(manifest, indent=2, sort_keys=True))
     else:

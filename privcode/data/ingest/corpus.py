@@ -326,11 +326,13 @@ def build_ingested_corpus(
     *,
     split_key: bytes,
     rng: random.Random | None = None,
+    store_id: str = "",
 ) -> dict[str, Any]:
     """Ingest ``spec.inputs`` into ``out_dir`` (module doc); returns the manifest.
 
     ``split_key``: the secret keying the held-out split (the privacy store's); ``rng``: the
-    secret randomness of canary planting (default: the OS's).
+    secret randomness of canary planting (default: the OS's); ``store_id``: that store's
+    keyed id, written into the manifest (training refuses the corpus under another store).
     """
     t0 = time.monotonic()
     cands, stats = _collect(spec)
@@ -382,9 +384,8 @@ def build_ingested_corpus(
         "dedup_seconds": round(result.seconds_exact + result.seconds_near, 3),
         "total_seconds": round(time.monotonic() - t0, 3),
     }
-    return _write(
-        Path(out_dir), spec, train, heldout, canaries, report.to_dict(), counts, stats, timings
-    )
+    out, scan = Path(out_dir), report.to_dict()
+    return _write(out, spec, train, heldout, canaries, scan, counts, stats, timings, store_id)
 
 
 def _write(
@@ -397,6 +398,7 @@ def _write(
     counts: dict[str, Any],
     stats: dict[str, Any],
     timings: dict[str, Any],
+    store_id: str,
 ) -> dict[str, Any]:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
@@ -430,6 +432,7 @@ def _write(
             "timings": timings,
             "spec": json.loads(canonical_json(spec.__dict__)),
             "inputs_state": inputs_state(spec),
+            "store_id": store_id,
         }
         atomic_write_json(tmp / "manifest.json", manifest)
         for name in FILES:  # private data: the owner's only
