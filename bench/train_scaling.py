@@ -70,6 +70,7 @@ def main() -> int:
     from privcode.config import DataConfig, TrainConfig
     from privcode.data.demo import build_demo_corpus
     from privcode.models.loading import resolve_model_path
+    from privcode.privacy.budget import init_store
     from privcode.train.loop import run_training
 
     model = str(resolve_model_path(args.model))
@@ -105,6 +106,8 @@ def main() -> int:
                     run_name="scaling",
                     storage_dir=run / "storage",
                     keep_storage=True,
+                    # A store per timed run: the rounds measure speed, not one budget.
+                    privacy_store=init_store(run / "privacy-store")[0].root,
                 )
                 n = summary["num_records"]
                 results[name].append(

@@ -125,10 +125,12 @@ def test_a_renamed_run_is_refused_before_any_stage(tiny_pipeline, ci_base_cache)
     from privcode.pipeline.runner import run_pipeline
 
     root, _ = tiny_pipeline
-    # The run's report shows the store's per-record budget (aggregates only).
+    # The store's per-record budget is in the owner-only report, not the shareable one.
     report = (root / "reports" / "t" / "report.md").read_text()
-    assert "### Per-record budget (privacy store)" in report
-    assert "worst record in the store" in report and str(root) not in report
+    assert "Per-record budget" not in report and "worst record" not in report
+    owner = (root / "runs" / "t" / "private_report" / "report.md").read_text()
+    assert "### Per-record budget (privacy store)" in owner
+    assert "worst record in the store" in owner and str(root) not in owner
     data = root / "runs" / "t" / "data" / "train.parquet"
     overrides = [
         *tiny_pipeline_overrides(root, ci_base_cache),

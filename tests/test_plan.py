@@ -62,10 +62,18 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def paper(model_dir, tmp_path_factory):
+    from conftest import init_store
+
     root = tmp_path_factory.mktemp("paper")
+    store = init_store(root / "privacy-store")  # ingest keys its split with the store's key
     return load_config(
         PAPER,
-        [f"base.model={model_dir}", f"run.out_dir={root}/runs", f"run.reports_dir={root}/r"],
+        [
+            f"base.model={model_dir}",
+            f"run.out_dir={root}/runs",
+            f"run.reports_dir={root}/r",
+            f"privacy.store={store}",
+        ],
     )
 
 

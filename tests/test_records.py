@@ -391,3 +391,30 @@ def test_metadata_must_be_json(tmp_path, meta, problem):
         )
     assert SECRET not in str(info.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_read_snapshot_hashes_and_parses_one_buffer(tmp_path, suffix, monkeypatch):
+    """Issue 41, point 7: the admitted digest and the trained records come from one read."""
+    import hashlib
+
+    from privcode.data.records import read_snapshot
+
+    path = tmp_path / f"d{suffix}"
+    recs = sample_records()
+    write_records(recs, path)
+    records, digest = read_snapshot(path)
+    assert records == read_records(path) and digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert read_snapshot(path, expected_sha256=digest)[0] == records
+    # The file is opened exactly once.
+    opened = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: opened.append(p) or real(p))
+    monkeypatch.setattr("builtins.open", lambda *a, **k: pytest.fail("read twice"))
+    read_snapshot(path, expected_sha256=digest)
+    assert opened == [path]
+    monkeypatch.undo()
+    # Another file under the admitted path: refused before any record is parsed.
+    write_records(recs[:1], path)
+    with pytest.raises(RecordError, match="changed since the job was admitted"):
+        read_snapshot(path, expected_sha256=digest)

@@ -7,7 +7,7 @@ import copy
 from conftest import as_manifest
 
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
-from privcode.pipeline.report_pac import pac_section
+from privcode.pipeline.report_pac import owner_pac_lines, pac_section
 
 B = 2.0**-16
 SUMMARY = {
@@ -67,6 +67,9 @@ def test_section_shows_the_measurements_and_the_plot(tmp_path):
     assert "WARNING" not in text  # 1.07 x charged is within 3 se: sampling noise
     assert "public base emitted 0/15, one world 4/15, PAC 3/15" in text
     assert plots == ["pac.png"] and (tmp_path / "pac.png").stat().st_size > 1000
+    # The worlds' training seconds (un-noised, non-DP on private halves): owner-only.
+    assert "51.3" not in text and " s)" not in text
+    assert "51.3 s" in "\n".join(owner_pac_lines(as_manifest({"summary": SUMMARY})))
 
 
 def test_section_warns_when_a_measurement_beats_its_bound_by_3_se(tmp_path):

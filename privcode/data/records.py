@@ -35,6 +35,8 @@ record or a crash leaves no partial file and an existing file untouched.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
@@ -57,6 +59,7 @@ __all__ = [
     "Record",
     "iter_records",
     "read_records",
+    "read_snapshot",
     "validate_record",
     "write_records",
 ]
@@ -284,10 +287,16 @@ def iter_records(path: str | os.PathLike, *, max_record_bytes: int = 65_536) -> 
     kind = _kind(path)
     if not path.is_file():
         raise RecordError(f"{path}: file not found")
-    ids = _IdTracker(path.name)
-    rows = _iter_jsonl(path) if kind == ".jsonl" else _iter_parquet(path)
+    with open(path, "rb") as fh:
+        yield from _validated(fh, path.name, kind, max_record_bytes)
+
+
+def _validated(fh: Any, source: str, kind: str, max_record_bytes: int) -> Iterator[Record]:
+    """The validated records of a ``.jsonl`` or ``.parquet`` binary file object."""
+    ids = _IdTracker(source)
+    rows = _iter_jsonl(fh, source) if kind == ".jsonl" else _iter_parquet(fh, source)
     for row, raw in rows:
-        record = validate_record(raw, source=path.name, row=row, max_record_bytes=max_record_bytes)
+        record = validate_record(raw, source=source, row=row, max_record_bytes=max_record_bytes)
         ids.add(record, row)
         yield record
 
@@ -297,27 +306,51 @@ def read_records(path: str | os.PathLike, *, max_record_bytes: int = 65_536) -> 
     return list(iter_records(path, max_record_bytes=max_record_bytes))
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    source = path.name
-    with open(path, "rb") as fh:  # bytes: decode ourselves to report invalid UTF-8 by row
-        for row, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                text = line.decode("utf-8")
-                strict = True
-            except UnicodeDecodeError:
-                # Undecodable bytes become lone surrogates, so the JSON can still be parsed to
-                # find the id and the field that holds them; validate_record then rejects it.
-                text = line.decode("utf-8", errors="surrogateescape")
-                strict = False
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                # exc.msg is the parser's description ("Expecting ',' delimiter"), never the text.
-                detail = "invalid UTF-8" if not strict else f"{exc.msg} at column {exc.colno}"
-                raise RecordError(f"{source}: row {row}: malformed JSON ({detail})") from None
-            yield row, obj
+def read_snapshot(
+    path: str | os.PathLike,
+    *,
+    expected_sha256: str | None = None,
+    max_record_bytes: int = 65_536,
+) -> tuple[list[Record], str]:
+    """The records of a training file and the SHA-256 of the bytes they were parsed from.
+
+    The file is read once: its digest and its records come from the same buffer, so
+    the records are exactly the bytes that were hashed (a file rewritten between a
+    hash and a parse cannot slip in). ``expected_sha256`` (the admitted data's digest):
+    another digest is a :class:`RecordError`, raised before any record is parsed.
+    """
+    path = Path(path)
+    kind = _kind(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RecordError(f"{path}: file not found") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise RecordError(f"{path}: changed since the job was admitted (another SHA-256)")
+    return list(_validated(io.BytesIO(data), path.name, kind, max_record_bytes)), digest
+
+
+def _iter_jsonl(fh: Any, source: str) -> Iterator[tuple[int, Any]]:
+    # bytes: decode ourselves to report invalid UTF-8 by row
+    for row, line in enumerate(fh):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+            strict = True
+        except UnicodeDecodeError:
+            # Undecodable bytes become lone surrogates, so the JSON can still be parsed to
+            # find the id and the field that holds them; validate_record then rejects it.
+            text = line.decode("utf-8", errors="surrogateescape")
+            strict = False
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            # exc.msg is the parser's description ("Expecting ',' delimiter"), never the text.
+            detail = "invalid UTF-8" if not strict else f"{exc.msg} at column {exc.colno}"
+            raise RecordError(f"{source}: row {row}: malformed JSON ({detail})") from None
+        yield row, obj
 
 
 def _parquet_column(table: pa.Table, name: str, source: str) -> list[Any]:
@@ -356,10 +389,9 @@ class _BadUtf8:
         self.offset = offset
 
 
-def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
-    source = path.name
+def _iter_parquet(fh: Any, source: str) -> Iterator[tuple[int, Any]]:
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(fh)
     except (pa.ArrowException, OSError) as exc:
         raise RecordError(f"{source}: not a valid Parquet file ({type(exc).__name__})") from None
     names = pf.schema_arrow.names

@@ -14,15 +14,19 @@ Two reports, split at the privacy boundary (docs: only aggregates leave it):
   ``report.html``, ``report.json``, PNGs); the same files also live in the
   report stage's artifact directory, whose manifest hashes them. Aggregates
   only: rates, counts of the DP pipeline, AUCs, means, the ROC curve of a
-  membership attack, the privacy accounting. Of the private corpus it shows
-  N (training records, which the DP accounting treats as public) and the
-  opaque dataset id, never a digest of the corpus.
+  membership attack, the release's own privacy accounting. Of the private
+  corpus it shows N (training records, which the DP accounting treats as
+  public) and the opaque dataset id, never a digest of the corpus. It holds
+  no number that moves with one record outside the release's DP path: no
+  composition over the privacy store (worst record, what is left, jobs,
+  record groups) and no wall clock (stage seconds, training seconds).
 * The OWNER-ONLY report, ``<run.out_dir>/<run>/private_report/``
   (``report.md``, ``report.html``, PNGs; directory 0700, files 0600), inside
   the run's private storage: the exact composition of the private corpus
-  (un-noised counts: PII kinds, canaries, ``corpus.png``) and every plot that
-  shows one private record (the fidelity t-SNE). Neither the shareable report
-  nor the release links to it or names its path; :func:`write_report`
+  (un-noised counts: PII kinds, canaries, ``corpus.png``), every plot that
+  shows one private record (the fidelity t-SNE), the privacy store's
+  composition and the stages' and trainings' seconds. Neither the shareable
+  report nor the release links to it or names its path; :func:`write_report`
   returns its path (``private_report``) for the command line only.
 """
 
@@ -99,10 +103,30 @@ def private_report_dir(cfg: PipelineConfig) -> Path:
     return RunLayout.of(cfg).private_report
 
 
-def _write_owner_report(cfg: PipelineConfig, directory: Path, sections: list[Section]) -> Path:
+def _stage_lines(inputs: dict[str, StageManifest]) -> list[str]:
+    """SHAREABLE: each input stage and its fingerprint (a hash of config and inputs' hashes)."""
+    lines = ["## Stages", "", "| stage | fingerprint |", "|---|---|"]
+    lines += [f"| {name} | `{manifest.fingerprint}` |" for name, manifest in inputs.items()]
+    return [*lines, ""]
+
+
+def _owner_timing_lines(inputs: dict[str, StageManifest]) -> list[str]:
+    """OWNER-ONLY: each input stage's wall clock (it grows with the private data, un-noised)."""
+    lines = ["## Stage timings", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {name} | {fmt(manifest.seconds, 1)} |" for name, manifest in inputs.items()]
+    return [*lines, ""]
+
+
+def _write_owner_report(
+    cfg: PipelineConfig,
+    directory: Path,
+    inputs: dict[str, StageManifest],
+    sections: list[Section],
+) -> Path:
     """Write the owner-only report (module docstring) from the sections' owner parts."""
     title = f"{cfg.report.title}: owner-only report"
     lines = [f"# {title}", "", _OWNER_HEADER, "", f"Run `{cfg.run.name}`.", ""]
+    lines += _owner_timing_lines(inputs)
     plots: list[str] = []
     for section in sections:
         lines += section.owner_lines
@@ -140,10 +164,7 @@ def write_report(
         if (section := STAGES[name]().report_section(manifest, ctx)) is not None
     ]
     lines = [f"# {cfg.report.title}", "", f"Run `{cfg.run.name}` (config `{cfg.source}`).", ""]
-    lines += ["## Stages", "", "| stage | fingerprint | seconds |", "|---|---|---|"]
-    for name, manifest in inputs.items():
-        lines.append(f"| {name} | `{manifest.fingerprint}` | {fmt(manifest.seconds, 1)} |")
-    lines.append("")
+    lines += _stage_lines(inputs)
     plots: list[str] = []
     summary: dict[str, Any] = {
         "report": str(RunLayout.of(cfg).public_reports / "report.md"),
@@ -168,5 +189,5 @@ def write_report(
             shutil.copyfile(out_dir / name, tmp)
     for name in OWNER_ONLY_PLOTS:  # published by an older version: withdrawn
         (publish / name).unlink(missing_ok=True)
-    owner = _write_owner_report(cfg, ctx.private_dir, sections)
+    owner = _write_owner_report(cfg, ctx.private_dir, inputs, sections)
     return {**summary, "private_report": str(owner)}

@@ -2,7 +2,9 @@
 
 Reads the aggregates :func:`privcode.pac.evaluate.evaluate_pac` put in the
 stage summary (accuracies, charged and measured nats, attack successes and
-their bounds); never a record, a posterior or the worlds.
+their bounds); never a record, a posterior or the worlds. The worlds'
+training seconds (un-noised: they grow with the private halves) go to the
+owner-only report only.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from privcode.pipeline.sections import grid as _grid
 from privcode.pipeline.sections import plt as _plt
 from privcode.pipeline.sections import save_fig as _save
 
-__all__ = ["pac_report", "pac_section", "plot_pac"]
+__all__ = ["owner_pac_lines", "pac_report", "pac_section", "plot_pac"]
 
 
 def _nats(value: Any) -> str:
@@ -97,7 +99,7 @@ def pac_section(
         "## PAC-private generation (served ensemble)",
         "",
         f"{s.get('m')} LoRA worlds (rank {(train.get('lora') or {}).get('r')}, "
-        f"{train.get('steps')} steps, {train.get('seconds')} s), each trained WITHOUT DP "
+        f"{train.get('steps')} steps), each trained WITHOUT DP "
         "on a random half of the private records; the server releases tokens through "
         f"the PAC curator (per-token budget b = {_nats(budget.get('b'))} nats, "
         f"candidates: the public base's top-{s.get('top_k')}). A token on which the "
@@ -215,7 +217,13 @@ def pac_section(
     return lines, names
 
 
+def owner_pac_lines(pac: StageManifest) -> list[str]:
+    """OWNER-ONLY: the worlds' training seconds (never in the shareable report)."""
+    seconds = (pac.summary.get("worlds") or {}).get("seconds")
+    return ["## PAC worlds (owner-only numbers)", "", f"Worlds' training: {seconds} s.", ""]
+
+
 def pac_report(pac: StageManifest, ctx: ReportContext) -> Section:
-    """The pac stage's section (shareable: settings and aggregates only)."""
+    """The pac stage's section: settings and aggregates shared, the worlds' seconds owner-only."""
     lines, plots = pac_section(pac, ctx.out_dir, ctx.plots)
-    return Section(lines=lines, plots=plots)
+    return Section(lines=lines, plots=plots, owner_lines=owner_pac_lines(pac))

@@ -5,7 +5,14 @@ its manifest summary (:mod:`privcode.pipeline.sections`); the stage classes
 (:mod:`privcode.pipeline.stages`) call them. The DP training section shows
 the privacy accounting and a loss curve on PUBLIC held-out code only; of the
 private corpus the shareable report shows N alone (public under the
-accounting), its composition goes to the owner-only report.
+accounting), its composition goes to the owner-only report. Of the privacy
+store the shareable report shows nothing: the composition over every job (the
+worst record, what is left, jobs, record groups) and the DP training's wall
+clock move with records outside this release's DP path (one record an earlier
+job used changes them, the release's epsilon not), so they go to the owner-only
+report (:func:`owner_train_lines`) and ``privcode budget show``. The public
+base model's and the premium model's clocks stay shareable: they train on
+public code and on synthetic data (post-processing of the release) only.
 """
 
 from __future__ import annotations
@@ -25,15 +32,26 @@ from privcode.synth.telemetry import POOLS_FILE
 __all__ = [
     "base_section",
     "data_section",
+    "owner_train_lines",
     "plot_base",
     "plot_corpus",
     "plot_pools",
     "plot_synth",
     "plot_train",
     "premium_section",
+    "store_section",
     "synth_section",
     "train_section",
 ]
+
+#: The shareable report's only words on the privacy store (the same in every run).
+STORE_NOTE = (
+    "The epsilon above is this release's own. A record's epsilon over every DP job that "
+    "trained on it (the privacy store's composition), the training wall clock and the "
+    "stages' timings are not part of this report: they move with records outside this "
+    "release's DP path. The data owner finds them in the owner-only report and with "
+    "`privcode budget show`."
+)
 
 #: The synth summary's funnel counts, in order (report.json's ``synth_funnel``).
 FUNNEL = ("generated", "removed_execution", "removed_roundtrip", "removed_duplicate", "kept")
@@ -124,12 +142,6 @@ def _train_section(info: TrainSummary) -> list[str]:
         ("delta", info.delta),
         ("DP-SGD steps taken", steps),
         (
-            "stopped because",
-            {"steps": "all steps done", "budget": "budget spent"}.get(
-                info.stop_reason, info.stop_reason
-            ),
-        ),
-        (
             "noise multiplier sigma" + (" (calibrated)" if info.noise_calibrated else ""),
             sigma,
         ),
@@ -141,7 +153,6 @@ def _train_section(info: TrainSummary) -> list[str]:
         ("sampling and noise randomness", info.rng),
         ("dataset (opaque id)", info.dataset_id),
         ("Ray Train workers", info.num_workers),
-        ("training seconds", info.train_seconds),
     ]
     lines = ["## DP training (Stage I)", ""]
     if not info.dp:
@@ -171,7 +182,7 @@ def _train_section(info: TrainSummary) -> list[str]:
         "of private records.",
         "",
     ]
-    return lines
+    return lines + ([STORE_NOTE, ""] if info.dp else [])
 
 
 def _training_records(data: StageManifest | None, train: StageManifest | None) -> Any:
@@ -445,32 +456,24 @@ def base_section(base: StageManifest, ctx: ReportContext) -> Section:
     return section
 
 
-def store_section(info: TrainSummary) -> tuple[list[str], dict[str, Any] | None]:
-    """The per-record budget of the privacy store (``privcode budget show``): aggregates only.
+def store_section(info: TrainSummary) -> list[str]:
+    """OWNER-ONLY: the privacy store's per-record composition (``privcode budget show``).
 
-    The worst record's epsilon over every DP job that trained on it, what is left, the
-    number of jobs and of record groups; never a record, a fingerprint or the store's path.
+    The budget, the worst record of this run's data and of the store (every DP job on it
+    composed), what is left, the number of jobs and of record groups: they move with
+    records outside this release's DP path, so they are never in the shareable report,
+    ``report.json`` or ``privacy.json``. Never a record, a fingerprint or the store's path.
     """
     if not info.dp or not info.privacy_store:
-        return [], None
+        return []
     from privcode.errors import PrivcodeError
     from privcode.privacy.budget import call
 
     try:
         shown = call(info.privacy_store, "show")
     except PrivcodeError as exc:
-        return [f"Privacy store: unavailable to the report ({type(exc).__name__}).", ""], None
+        return [f"Privacy store: unavailable to the report ({type(exc).__name__}).", ""]
     b = shown["budget"] or {}
-    summary = {
-        "budget": b.get("epsilon"),
-        "delta": b.get("delta"),
-        "accountant": b.get("accountant"),
-        "this_run_worst_record": info.record_epsilon,
-        "store_worst_record": shown["epsilon_spent"],
-        "store_left": shown["epsilon_left"],
-        "jobs": len(shown["jobs"]),
-        "record_groups": len(shown["groups"]),
-    }
     rows = [
         (
             f"per-record epsilon budget ({b.get('accountant')}, delta {b.get('delta')})",
@@ -482,31 +485,49 @@ def store_section(info: TrainSummary) -> tuple[list[str], dict[str, Any] | None]
         ("DP jobs recorded in the store", len(shown["jobs"])),
         ("record groups (records trained on by the same jobs)", len(shown["groups"])),
     ]
-    lines = [
+    return [
         "### Per-record budget (privacy store)",
         "",
         "A record's epsilon composes every DP job that trained on it, whatever run, "
         "directory or copy of the file (`privcode budget show`); a job is admitted only if "
-        "its worst record stays within the budget.",
+        "its worst record stays within the budget. Not in the shareable report: these "
+        "numbers move with records outside this release's DP path.",
         "",
         table([(k, number(v)) for k, v in rows]),
         "",
     ]
-    return lines, summary
+
+
+def owner_train_lines(info: TrainSummary) -> list[str]:
+    """OWNER-ONLY: the DP training's wall clock, why it stopped, the store's composition.
+
+    The wall clock grows with the Poisson-sampled private batches (un-noised), the stop
+    reason reveals restarts, the composition moves with other jobs' records; the
+    shareable report carries none of them.
+    """
+    stopped = {"steps": "all steps done", "budget": "budget spent"}.get(info.stop_reason)
+    rows = [
+        ("training seconds", info.train_seconds),
+        ("stopped because (reveals restarts: owner-only)", stopped or info.stop_reason or "-"),
+    ]
+    return [
+        "## DP training (Stage I): owner-only numbers",
+        "",
+        table([(k, number(v)) for k, v in rows]),
+        "",
+        *store_section(info),
+    ]
 
 
 def train_section(train: StageManifest, ctx: ReportContext) -> Section:
-    """The accounting, the public held-out curve and the privacy-utility comparison."""
+    """The release's accounting, the public held-out curve and the privacy-utility comparison;
+    the wall clock and the store's composition for the owner only (:func:`owner_train_lines`)."""
     info = TrainSummary.from_json(train.summary, "the train stage's summary")
     sweep = privacy_utility(ctx.cfg, train)
-    store_lines, store = store_section(info)
     section = Section(
-        lines=_train_section(info) + store_lines,
-        summary={
-            "train_epsilon": info.epsilon_by_accountant,
-            "privacy_utility": sweep,
-            "privacy_store": store,
-        },
+        lines=_train_section(info),
+        owner_lines=owner_train_lines(info),
+        summary={"train_epsilon": info.epsilon_by_accountant, "privacy_utility": sweep},
     )
     made = ctx.plots and plot_train(info, ctx.out_dir / "train_loss.png")
     section.add_plot(made, "train_loss.png", "DP training: public held-out loss")

@@ -44,7 +44,10 @@ class StoreLedgerActor(StoreLedger):
 
     Gauges ``privcode_epsilon_spent`` (the store's worst record) and
     ``privcode_epsilon_budget``, Counter ``privcode_dp_steps``, tagged ``store``
-    (the store's keyed id); numbers only.
+    (the store's keyed id); numbers only. OPERATOR-ONLY: they compose every job
+    on the store, so one record an earlier job trained on moves them while a
+    release's epsilon stays; they belong with ``privcode budget show`` inside the
+    privacy boundary, never on a dashboard, scrape or alert shared outside it.
     """
 
     def _make_metrics(self) -> dict[str, Any] | None:

@@ -390,7 +390,11 @@ class PrivacyStore:
 
     def dataset_id(self, path: str | os.PathLike) -> str:
         """The opaque id of a training file's content: ``ds-`` + 20 hex of a keyed HMAC."""
-        return "ds-" + self.opaque("dataset-id", bytes.fromhex(sha256_file(path)))
+        return self.dataset_id_of(sha256_file(path))
+
+    def dataset_id_of(self, sha256_hex: str) -> str:
+        """:meth:`dataset_id` of a file whose bytes hash to ``sha256_hex`` (read elsewhere)."""
+        return "ds-" + self.opaque("dataset-id", bytes.fromhex(sha256_hex))
 
     # -- the ledger's files (written by its one writer only) ---------------------------
 

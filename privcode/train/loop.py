@@ -82,14 +82,14 @@ import torch.distributed as dist
 
 from privcode.cluster.local import connect
 from privcode.config import TrainConfig
-from privcode.data.records import read_records
+from privcode.data.records import read_snapshot
 from privcode.data.stdlib import stdlib_dir
 from privcode.dp.accounting import DPEvent
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import BudgetUnavailable, Privacy, Reserve, make_private
 from privcode.dp.randomness import record_key
 from privcode.dp.sampler import shard_of
-from privcode.errors import BudgetRefused, PrivcodeError
+from privcode.errors import BudgetRefused, PrivcodeError, RecordError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
 from privcode.models.loading import resolve_dtype
@@ -103,7 +103,7 @@ from privcode.train.data import collate, encode_records
 from privcode.train.methods import get_method
 from privcode.train.noise import noise_for, release_spent
 from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
-from privcode.utils import atomic_write_json, sha256_file
+from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.train")
 
@@ -126,7 +126,7 @@ class TrainJob:
 
     cfg: TrainConfig
     data_path: str
-    corpus_sha256: str  # checked by rank 0 before reading; private (never released)
+    corpus_sha256: str  # checked by every rank on the bytes it parses; private (never released)
     base_path: str
     num_records: int
     sample_rate: float
@@ -292,10 +292,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             if p.requires_grad or not name.startswith("lm."):  # LoRA and PrivLC
                 dist.broadcast(p.data, src=0)
 
-    # The private data: this rank tokenises its own shard only.
-    if rank == 0 and sha256_file(job.data_path) != job.corpus_sha256:
-        raise TrainingError(f"{job.data_path} changed since the run started")
-    records = read_records(job.data_path)
+    # The private data: every rank reads the admitted bytes (one read: hashed and parsed
+    # from the same buffer) and tokenises its own shard only.
+    try:
+        records, _ = read_snapshot(job.data_path, expected_sha256=job.corpus_sha256)
+    except RecordError as exc:
+        raise TrainingError(f"rank {rank}: {exc}") from None
     if len(records) != job.num_records:
         raise TrainingError(
             f"{job.data_path}: expected {job.num_records} records, got {len(records)}"
@@ -455,10 +457,9 @@ def run_training(
     out_dir = Path(out_dir)
     store = PrivacyStore(privacy_store if privacy_store is not None else resolve_store("", out_dir))
     check_corpus_store(data_path, store)
-    records = read_records(data_path)
+    records, corpus_sha = read_snapshot(data_path)  # one read: admitted = hashed = parsed
     n = len(records)
-    corpus_sha = sha256_file(data_path)
-    dataset_id = store.dataset_id(data_path)
+    dataset_id = store.dataset_id_of(corpus_sha)
     q = cfg.expected_batch_size / n
     if q > 1:
         raise TrainingError(
