@@ -3,6 +3,7 @@ counts-only secret / PII scan of an ingested corpus."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -25,23 +26,33 @@ from privcode.data.ingest.hygiene import (
 # --------------------------------------------------------------------------- ids
 
 
+K = b"k" * 32
+
+
 def test_record_ids_are_stable_and_follow_every_field():
-    rid = record_id("source-1-repository", "billing/invoice.py", 3, 9, "def f(): pass")
+    rid = record_id(K, "source-1-repository", "billing/invoice.py", 3, 9, "def f(): pass")
     assert re.fullmatch(r"r-[0-9a-f]{20}", rid)
-    assert rid == record_id("source-1-repository", "billing/invoice.py", 3, 9, "def f(): pass")
+    assert rid == record_id(K, "source-1-repository", "billing/invoice.py", 3, 9, "def f(): pass")
     changed = [
-        record_id("source-1-repository", "billing/invoice.py", 3, 9, "def f(): return 1"),
-        record_id("source-2-repository", "billing/invoice.py", 3, 9, "def f(): pass"),
-        record_id("source-1-repository", "billing/other.py", 3, 9, "def f(): pass"),
-        record_id("source-1-repository", "billing/invoice.py", 4, 9, "def f(): pass"),
-        record_id("source-1-repository", "billing/invoice.py", 3, 10, "def f(): pass"),
+        record_id(K, "source-1-repository", "billing/invoice.py", 3, 9, "def f(): return 1"),
+        record_id(K, "source-2-repository", "billing/invoice.py", 3, 9, "def f(): pass"),
+        record_id(K, "source-1-repository", "billing/other.py", 3, 9, "def f(): pass"),
+        record_id(K, "source-1-repository", "billing/invoice.py", 4, 9, "def f(): pass"),
+        record_id(K, "source-1-repository", "billing/invoice.py", 3, 10, "def f(): pass"),
     ]
     assert len({rid, *changed}) == 6
     # the encoding is unambiguous: moving text between fields changes the id
-    assert record_id("ab", "c", 1, 1, "x") != record_id("a", "bc", 1, 1, "x")
-    assert record_id("s", "p", 1, 1, "lone \ud800 surrogate").startswith("r-")
+    assert record_id(K, "ab", "c", 1, 1, "x") != record_id(K, "a", "bc", 1, 1, "x")
+    assert record_id(K, "s", "p", 1, 1, "lone \ud800 surrogate").startswith("r-")
     with pytest.raises(TypeError):
-        record_id("s", "p", "1", 2, "x")  # type: ignore[arg-type]
+        record_id(K, "s", "p", "1", 2, "x")  # type: ignore[arg-type]
+    # Keyed (issue 41, point 10): another key, another id; no unkeyed hash of the fields.
+    other = record_id(b"o" * 32, "source-1-repository", "billing/invoice.py", 3, 9, "def f(): pass")
+    assert other != rid
+    payload = (
+        '["privcode-record-id/1","source-1-repository","billing/invoice.py",3,9,"def f(): pass"]'
+    )
+    assert rid[2:] not in hashlib.sha256(payload.encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------- dedup

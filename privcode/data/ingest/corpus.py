@@ -143,7 +143,7 @@ def scan_parallel(items: list[tuple[str, str]]):
 
 
 def _repo_candidates(
-    k: int, root: Path, spec: IngestSpec, stats: dict[str, Any]
+    k: int, root: Path, spec: IngestSpec, stats: dict[str, Any], key: bytes
 ) -> list[_Candidate]:
     label = _label(k, "repository")
     skipped = SkipCounts()
@@ -166,7 +166,7 @@ def _repo_candidates(
         for u in units:
             units_seen += 1
             languages[u.language] += 1
-            rid = record_id(label, u.path, u.start_line, u.end_line, u.prompt + "\0" + u.code)
+            rid = record_id(key, label, u.path, u.start_line, u.end_line, u.prompt + "\0" + u.code)
             meta = {
                 "source": label,
                 "kind": "ingested",
@@ -193,7 +193,7 @@ def _repo_candidates(
 
 
 def _instruction_candidates(
-    k: int, path: Path, spec: IngestSpec, stats: dict[str, Any]
+    k: int, path: Path, spec: IngestSpec, stats: dict[str, Any], key: bytes
 ) -> list[_Candidate]:
     label = _label(k, "instructions")
     out, languages = [], Counter()
@@ -206,7 +206,7 @@ def _instruction_candidates(
         max_record_bytes=spec.max_record_bytes,
     ):
         languages[row.language] += 1
-        rid = record_id(label, path.name, row.row, row.row, row.prompt + "\0" + row.code)
+        rid = record_id(key, label, path.name, row.row, row.row, row.prompt + "\0" + row.code)
         meta = {
             "source": label,
             "kind": "ingested",
@@ -225,15 +225,21 @@ def _instruction_candidates(
     return out
 
 
-def _collect(spec: IngestSpec) -> tuple[list[_Candidate], dict[str, Any]]:
+def id_key(split_key: bytes) -> bytes:
+    """The key of :func:`~privcode.data.ingest.hygiene.record_id`, derived from the store's
+    ingest secret (``split_key``) so that one secret keys the split, the planting and ids."""
+    return hmac.new(split_key, b"ingest-record-id/1", hashlib.sha256).digest()
+
+
+def _collect(spec: IngestSpec, key: bytes) -> tuple[list[_Candidate], dict[str, Any]]:
     cands: list[_Candidate] = []
     stats: dict[str, Any] = {}
     for k, raw in enumerate(spec.inputs):
         path = Path(raw).expanduser()
         if path.is_dir():
-            cands += _repo_candidates(k, path, spec, stats)
+            cands += _repo_candidates(k, path, spec, stats, key)
         elif path.is_file() and path.suffix.lower() in INSTRUCTION_SUFFIXES:
-            cands += _instruction_candidates(k, path, spec, stats)
+            cands += _instruction_candidates(k, path, spec, stats, key)
         elif path.is_file():
             raise IngestError(
                 f"{raw}: not a directory and not an instruction file "
@@ -335,7 +341,7 @@ def build_ingested_corpus(
     keyed id, written into the manifest (training refuses the corpus under another store).
     """
     t0 = time.monotonic()
-    cands, stats = _collect(spec)
+    cands, stats = _collect(spec, id_key(split_key))
     if not cands:
         raise IngestError("no records found in " + ", ".join(spec.inputs))
     by_id: dict[str, _Candidate] = {}

@@ -2,10 +2,10 @@
 a held-out split by file, and a count of the secrets and PII the corpus holds.
 
 * :func:`record_id`: a record's id from where it came from and what it holds, so that
-  re-ingesting the same tree gives the same ids and changed content a new id. The id
-  is *private metadata*: it is a hash of private code and paths and stays inside the
-  privacy boundary with the records (it is not released, logged or put in the public
-  config).
+  re-ingesting the same tree under the same store gives the same ids and changed content
+  a new id. The id is *private metadata* and keyed (an HMAC under a key derived from the
+  privacy store's): it names a record in an error message or a manifest without letting
+  anyone who lacks the key confirm a guessed path or function.
 * :func:`dedup`: exact duplicates (whitespace-normalised sha256), then near duplicates
   (datasketch MinHash + LSH over token shingles); the first of each group is kept.
 * :func:`split_by_file`: whole files go to the held-out set, chosen by a keyed hash, so
@@ -58,12 +58,16 @@ _MEMO_LINES = 1 << 18  # bound on the per-scan memo of lines already gated
 # --------------------------------------------------------------------------- ids
 
 
-def record_id(source: str, path: str, start: int, end: int, content: str) -> str:
-    """``"r-"`` + 20 hex digits of sha256 over a canonical encoding of the fields.
+def record_id(key: bytes, source: str, path: str, start: int, end: int, content: str) -> str:
+    """``"r-"`` + 20 hex digits of HMAC-SHA256(``key``, a canonical encoding of the fields).
 
     The encoding is the compact JSON array ``[tag, source, path, start, end, content]``
-    (unambiguous: no two field tuples share it). Private metadata: see the module doc.
+    (unambiguous: no two field tuples share it). Keyed (module doc): without ``key`` an
+    id says nothing of the path or the code; ``key`` is :func:`privcode.data.ingest.corpus.
+    id_key` of the privacy store's ingest secret.
     """
+    if len(key) < 16:
+        raise ValueError("record_id: the key must hold at least 16 bytes")
     for name, value in (("start", start), ("end", end)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"record_id: {name} must be an integer, got {type(value).__name__}")
@@ -72,7 +76,7 @@ def record_id(source: str, path: str, start: int, end: int, content: str) -> str
         ensure_ascii=False,
         separators=(",", ":"),
     )
-    return "r-" + hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+    return "r-" + hmac.new(key, payload.encode("utf-8", "surrogatepass"), "sha256").hexdigest()[:20]
 
 
 # --------------------------------------------------------------------------- dedup
