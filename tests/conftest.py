@@ -119,7 +119,13 @@ def _free_ports(count: int) -> list[int]:
 # ``privacy_store`` fixture). The session's default store location and store log (XDG dirs) are
 # in a temporary directory, never the developer's home; PRIVCODE_PRIVACY_STORE and
 # PRIVCODE_WIPE_LOG of the calling shell are set aside for the session.
-_STORE_ENV = ("XDG_DATA_HOME", "XDG_STATE_HOME", "PRIVCODE_PRIVACY_STORE", "PRIVCODE_WIPE_LOG")
+_STORE_ENV = (
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CONFIG_HOME",  # the stores' authority keys
+    "PRIVCODE_PRIVACY_STORE",
+    "PRIVCODE_WIPE_LOG",
+)
 
 
 def init_store(path: os.PathLike | str) -> Path:
@@ -138,6 +144,7 @@ def _private_store_home(tmp_path_factory: pytest.TempPathFactory) -> Any:
     saved = {key: os.environ.pop(key, None) for key in _STORE_ENV}
     os.environ["XDG_DATA_HOME"] = str(home / "data")
     os.environ["XDG_STATE_HOME"] = str(home / "state")
+    os.environ["XDG_CONFIG_HOME"] = str(home / "config")
     yield home
     for key, value in saved.items():
         if value is None:

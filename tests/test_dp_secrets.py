@@ -243,4 +243,6 @@ def test_store_location_env_then_config_then_the_user_default(tmp_path, monkeypa
     assert resolve_store("", tmp_path / "runs") == default  # never beside run.out_dir
     assert resolve_store(tmp_path / "s", tmp_path / "runs") == (tmp_path / "s").resolve()
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "env"))
-    assert resolve_store(tmp_path / "s", tmp_path / "runs") == (tmp_path / "env").resolve()
+    assert resolve_store("", tmp_path / "runs") == (tmp_path / "env").resolve()
+    with pytest.raises(StoreError, match="two privacy stores"):  # env and config disagree
+        resolve_store(tmp_path / "s", tmp_path / "runs")

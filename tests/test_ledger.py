@@ -242,13 +242,34 @@ def test_the_budget_is_set_once_and_raised_only_on_record(tmp_path):
     with pytest.raises(LedgerConflictError, match="privcode budget raise"):
         ledger.admit(fps, plan(1), budget(9.0), explicit=True)
     assert ledger.admit(fps, plan(1), budget(1.0), explicit=True)["budget"]["epsilon"] == 1.0
-    with pytest.raises(LedgerConflictError, match="who"):
-        ledger.raise_budget(4.0, "", "")
+    from privcode.privacy.authority import AuthorityError, default_key_path, sign_grant
+
+    key, sid = default_key_path(ledger._store.store_id), ledger._store.store_id
+
+    def grant(to, who="data owner", why="second study approved", **over):
+        fields = {"kind": "records", "store_id": sid, "from": 2.0, "to": to, "who": who}
+        return sign_grant(key, **{**fields, "why": why, **over})
+
+    with pytest.raises(AuthorityError, match="who"):
+        ledger.raise_budget(grant(4.0, who=" "))
     with pytest.raises(LedgerConflictError, match="does not raise"):
-        ledger.raise_budget(1.5, "owner", "lower")
-    ledger.raise_budget(4.0, "data owner", "second study approved")
+        ledger.raise_budget(grant(1.5, "owner", "lower"))
+    # Without the authority's key there is no raise: a forged, an altered or another
+    # store's grant, or one signed for another starting value, is refused.
+    forged = {"message": grant(4.0)["message"], "signature": grant(5.0)["signature"]}
+    with pytest.raises(AuthorityError, match="signature"):
+        ledger.raise_budget(forged)
+    with pytest.raises(AuthorityError, match="store_id"):
+        ledger.raise_budget(grant(4.0, store_id="another"))
+    with pytest.raises(AuthorityError, match="from"):
+        ledger.raise_budget(grant(4.0, **{"from": 3.0}))
+    good = grant(4.0)
+    ledger.raise_budget(good)
     raised = [e for e in wal_lines(root) if e["type"] == "budget"][-1]
     assert (raised["epsilon"], raised["who"]) == (4.0, "data owner")
+    assert raised["grant"] == good["signature"]
+    with pytest.raises(AuthorityError, match="already used"):
+        ledger.raise_budget(good)  # a grant raises once
     ledger.close()
     assert StoreLedger(root).describe()["budget"]["epsilon"] == 4.0
 

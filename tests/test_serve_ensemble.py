@@ -548,7 +548,10 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
     load(variant("first", b" "), 2.0**-4).close()
     with pytest.raises(LedgerConflictError, match="does not reset what the data has paid"):
         load(variant("second", b"  "), 2.0**-4)
-    out = call(store, "pac_raise", call(store, "show")["pac"][0]["worlds"], 2.0**-3, "o", "why")
+    from privcode.privacy.budget import raise_with_authority
+
+    worlds = call(store, "show")["pac"][0]["worlds"]
+    out = raise_with_authority(store, None, to=2.0**-3, who="o", why="why", worlds=worlds)
     assert out["allowance_nats"] == 2.0**-3
     shown = call(store, "show")["pac"]
     assert len(shown) == 1 and shown[0]["dataset_budget_nats"] == 2.0**-3

@@ -153,10 +153,12 @@ def test_default_location_does_not_depend_on_run_out_dir(tmp_path, monkeypatch):
         assert resolve_store("", out_dir) == expected
     monkeypatch.delenv("XDG_DATA_HOME")
     assert default_store() == (Path.home() / ".local/share/privcode/privacy-store").resolve()
-    # The config names it, and the environment variable overrides both.
+    # The config names it, or the environment variable; both naming two stores is an error.
     assert resolve_store(tmp_path / "cfg", "runs") == (tmp_path / "cfg").resolve()
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "env"))
-    assert resolve_store(tmp_path / "cfg", "runs") == (tmp_path / "env").resolve()
+    assert resolve_store("", "runs") == (tmp_path / "env").resolve()
+    with pytest.raises(StoreError, match="two privacy stores named"):
+        resolve_store(tmp_path / "cfg", "runs")
 
 
 def test_make_demo_initialises_its_store_outside_what_make_clean_deletes(tmp_path):

@@ -39,6 +39,7 @@ def _store(args: argparse.Namespace) -> Path:
 
 def cmd_budget_init(args: argparse.Namespace) -> int:
     from privcode.errors import PrivcodeError
+    from privcode.privacy.authority import default_key_path
     from privcode.privacy.budget import init_store
     from privcode.privacy.ledger import Budget
 
@@ -52,7 +53,11 @@ def cmd_budget_init(args: argparse.Namespace) -> int:
             args.accountant or "rdp",
         )
     store, created = init_store(
-        _store(args), budget, if_absent=args.if_absent, replace_lost=args.replace_lost
+        _store(args),
+        budget,
+        if_absent=args.if_absent,
+        replace_lost=args.replace_lost,
+        authority_key=args.authority_key,
     )
     info = {"store": str(store.root), "store_id": store.store_id, "created": created}
     if args.json:
@@ -64,6 +69,8 @@ def cmd_budget_init(args: argparse.Namespace) -> int:
             else "no budget yet: the first DP job sets it"
         )
         print(f"created the privacy store {store.root} (id {store.store_id}; {what})")
+        key = args.authority_key or default_key_path(store.store_id)
+        print(f"its authority key (raises budgets; keep it off the cluster): {key}")
     else:
         print(f"privacy store {store.root} (id {store.store_id}) already exists")
     return 0
@@ -78,20 +85,57 @@ def cmd_budget_show(args: argparse.Namespace) -> int:
 
 
 def cmd_budget_raise(args: argparse.Namespace) -> int:
+    """Sign a raise with the store's authority and deliver it (``raise``), deliver a grant
+    signed elsewhere (``raise --grant FILE``), or only sign it (``sign-raise``)."""
     from privcode.errors import PrivcodeError
-    from privcode.privacy.budget import call
+    from privcode.privacy.budget import call, raise_with_authority
 
-    if (args.epsilon is None) == (args.pac is None):
-        raise PrivcodeError("budget raise: give --epsilon E (records) or --pac WORLDS --nats N")
-    if args.pac is not None:
-        if args.nats is None:
-            raise PrivcodeError("budget raise --pac WORLDS needs --nats N")
-        info = call(_store(args), "pac_raise", args.pac, args.nats, args.who, args.why)
-        what = f"PAC worlds {args.pac} may spend {info['allowance_nats']:g} nats"
-    else:
-        info = call(_store(args), "raise_budget", args.epsilon, args.who, args.why)
-        what = f"privacy budget raised to epsilon {info['budget']['epsilon']:g} per record"
+    if args.action == "raise" and args.grant:
+        grant = json.loads(Path(args.grant).read_text(encoding="utf-8"))
+        kind = (grant.get("message") or {}).get("kind") if isinstance(grant, dict) else None
+        info = call(_store(args), "pac_raise" if kind == "pac" else "raise_budget", grant)
+        _json(info) if args.json else print(f"delivered the grant {args.grant}")
+        return 0
+    if (args.epsilon is None) == (args.pac is None) or (args.pac and args.nats is None):
+        raise PrivcodeError(
+            f"budget {args.action}: give --epsilon E (records) or --pac WORLDS --nats N"
+            + (", or --grant FILE" if args.action == "raise" else "")
+        )
+    if not (args.who and args.why):
+        raise PrivcodeError(f"budget {args.action}: --who and --why say who raises it and why")
+    to = args.epsilon if args.pac is None else args.nats
+    deliver = args.action == "raise"
+    info = raise_with_authority(
+        _store(args),
+        args.authority_key,
+        to=to,
+        who=args.who,
+        why=args.why,
+        worlds=args.pac,
+        deliver=deliver,
+    )
+    if not deliver:
+        text = json.dumps(info, sort_keys=True, indent=2) + "\n"
+        if args.out:
+            Path(args.out).write_text(text, encoding="utf-8")
+            print(f"signed grant written to {args.out} (deliver: privcode budget raise --grant)")
+        else:
+            print(text, end="")
+        return 0
+    what = (
+        f"PAC worlds {args.pac} may spend {info['allowance_nats']:g} nats"
+        if args.pac
+        else f"privacy budget raised to epsilon {info['budget']['epsilon']:g} per record"
+    )
     _json(info) if args.json else print(f"{what} (logged: who {args.who!r}, why {args.why!r})")
+    return 0
+
+
+def cmd_budget_authority(args: argparse.Namespace) -> int:
+    from privcode.privacy.budget import add_authority
+
+    path = add_authority(_store(args), args.authority_key)
+    print(f"the store's authority key (raises budgets; keep it off the cluster): {path}")
     return 0
 
 
@@ -129,7 +173,14 @@ def add_budget_parser(sub: argparse._SubParsersAction) -> None:
     for action, func, help_text in (
         ("init", cmd_budget_init, "Create a privacy store (the only command that does)."),
         ("show", cmd_budget_show, "Budget, record groups, jobs: epsilon (RDP, PRV) spent, left."),
-        ("raise", cmd_budget_raise, "Raise the per-record epsilon budget (logged: who, why)."),
+        (
+            "raise",
+            cmd_budget_raise,
+            "Raise the per-record epsilon budget, signed by the store's authority (logged: "
+            "who, why).",
+        ),
+        ("sign-raise", cmd_budget_raise, "Sign a raise for delivery elsewhere (--out FILE)."),
+        ("authority", cmd_budget_authority, "Give a store from before authorities its key."),
         (
             "verify",
             cmd_budget_verify,
@@ -170,12 +221,23 @@ def add_budget_parser(sub: argparse._SubParsersAction) -> None:
                 action="store_true",
                 help="Start a new store where one was lost without a wipe (recorded).",
             )
-        if action == "raise":
+        if action in ("init", "raise", "sign-raise", "authority"):
+            d.add_argument(
+                "--authority-key",
+                default=None,
+                help="The store authority's private key (default ~/.config/privcode/"
+                "authority/<store id>.key; never where a pipeline job can read it).",
+            )
+        if action in ("raise", "sign-raise"):
             d.add_argument("--epsilon", type=float, help="The new, higher per-record budget.")
             d.add_argument("--pac", metavar="WORLDS_ID", help="Raise a PAC deployment instead.")
             d.add_argument("--nats", type=float, help="The PAC worlds' new, higher allowance.")
-            d.add_argument("--who", required=True, help="Who decides (kept in the store's log).")
-            d.add_argument("--why", required=True, help="Why (kept in the store's log).")
+            d.add_argument("--who", help="Who decides (kept in the store's log).")
+            d.add_argument("--why", help="Why (kept in the store's log).")
+        if action == "raise":
+            d.add_argument("--grant", help="Deliver a grant signed by `budget sign-raise`.")
+        if action == "sign-raise":
+            d.add_argument("--out", help="Write the grant here (default: stdout).")
         if action == "verify":
             d.add_argument(
                 "--accept-move",

@@ -513,18 +513,29 @@ class StoreLedger:
         """The budget a job asking for ``budget`` is held to (a conflict raises); no write."""
         return self._settle_budget(Budget(**budget), explicit, "", write=False).to_dict()
 
-    def raise_budget(self, epsilon: float, who: str, why: str) -> dict:
-        """Raise the store's epsilon budget (logged with ``who`` and ``why``); never lowers it."""
+    def _granted(self, grant: Any, **expected: Any) -> dict:
+        """The message of ``grant``, signed by the store's authority for this store
+        (:func:`privcode.privacy.authority.verify_grant`); the caller checks ``from``."""
+        from privcode.privacy.authority import verify_grant
+
+        public = self._store.read_identity().get("authority")  # fresh: `budget authority`
+        return verify_grant(public, grant, store_id=self._store.store_id, **expected)
+
+    def raise_budget(self, grant: dict) -> dict:
+        """Raise the store's epsilon budget to the grant's ``to`` (logged with its ``who`` and
+        ``why`` and signature); never lowers it. Only the store's authority signs a grant
+        (:mod:`privcode.privacy.authority`): a job that reaches this ledger cannot raise."""
         if self._budget is None:
             raise LedgerConflictError("the store has no budget yet: the first job sets it")
-        if not who.strip() or not why.strip():
-            raise LedgerConflictError("a budget raise must say who raises it and why")
+        message = self._granted(grant, kind="records", **{"from": self._budget.epsilon})
+        epsilon, who, why = float(message["to"]), str(message["who"]), str(message["why"])
         new = Budget(epsilon, self._budget.delta, self._budget.accountant)
         if new.epsilon <= self._budget.epsilon:
             raise LedgerConflictError(
                 f"epsilon {new.epsilon:g} does not raise the budget {self._budget.epsilon:g}"
             )
-        self._append({"type": "budget", **new.to_dict(), "who": who[:200], "why": why[:500]})
+        entry = {"type": "budget", **new.to_dict(), "who": who[:200], "why": why[:500]}
+        self._append({**entry, "grant": grant["signature"]})
         self._budget = new
         self._refresh()
         return self.describe()
@@ -749,10 +760,17 @@ class StoreLedger:
         """Whether a curator of ``worlds`` ever started from this store."""
         return worlds in self._pac.worlds
 
-    def pac_raise(self, worlds: str, nats: float, who: str, why: str) -> dict:
-        """Raise a set of worlds' deployment allowance (and its data's PAC budget), on record."""
-        entry = self._pac.raise_entry(worlds, float(nats), who, why)
-        self._pac.apply(self._append(entry))
+    def pac_raise(self, grant: dict) -> dict:
+        """Raise a set of worlds' deployment allowance (and its data's PAC budget) to the
+        grant's ``to`` nats, on record; the grant as :meth:`raise_budget`'s."""
+        worlds = (
+            str((grant.get("message") or {}).get("worlds", "")) if isinstance(grant, dict) else ""
+        )
+        w = self._pac.worlds.get(worlds)
+        current = w.allowance if w is not None else None
+        message = self._granted(grant, kind="pac", worlds=worlds, **{"from": current})
+        entry = self._pac.raise_entry(worlds, float(message["to"]), message["who"], message["why"])
+        self._pac.apply(self._append({**entry, "grant": grant["signature"]}))
         return {"worlds": worlds, "allowance_nats": entry["allowance"]}
 
     # -- reading -------------------------------------------------------------------
