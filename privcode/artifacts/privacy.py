@@ -38,7 +38,9 @@ ADJACENCY = {
 ADMISSION = {
     "accountant": "the job's accountant (RDP unless train.accountant says prv), at delta",
     "composition": "each record's epsilon composes the DP events of every job that trained on "
-    "it; a job is admitted when the worst record stays within the store's budget. The "
+    "it or on a record sharing one of its keyed identities (the exact text, the code up to "
+    "layout, the training row after truncation, a MinHash band at ingest's Jaccard 0.85), "
+    "transitively; a job is admitted when the worst record stays within the store's budget. The "
     "composition treats the sequence of jobs as fixed in advance (non-adaptive): jobs chosen "
     "after seeing earlier releases would need an RDP privacy filter at a fixed order, which "
     "the store does not implement",

@@ -56,6 +56,12 @@ never silently redrawn). Free and fallback counters are statistics: they
 are written with the next private step, open or close, not on every token.
 One curator per ``state_dir``: deployment scope needs a single replica.
 
+Leases (:meth:`Curator.use_leases`, :mod:`privcode.pac.leases`): a served
+curator also pays every private step from a block of nats the store's ledger
+leased to it first; what the ledger leased counts as spent, so ``curator.json``
+is not what bounds the deployment (an older copy restored spends nothing
+more) and two replicas cannot spend one allowance twice.
+
 Charges are counted in steps (integers), so ``charged = b * steps`` exactly
 and a budget of ``T * b`` allows exactly ``T`` private steps (a relative
 tolerance of 1e-9 absorbs the rounding of ``T * b`` in floating point).
@@ -84,6 +90,7 @@ import numpy as np
 
 from privcode.errors import PrivcodeError
 from privcode.pac.bounds import posterior_entropy
+from privcode.pac.curator_state import check_owners, check_posterior, check_session
 from privcode.pac.mechanism import pac_step
 from privcode.utils import atomic_path, canonical_json
 
@@ -222,6 +229,7 @@ class Curator:
         self._rng = np.random.default_rng(secrets.randbits(128) if rng_seed is None else rng_seed)
         self._sessions: dict[str, _Session] = {}
         self._steps = 0  # charged steps of the deployment, all sessions, closed ones included
+        self._leases: Any = None  # privcode.pac.leases.Leases once served from a ledger
         self._path = None if state_dir is None else Path(state_dir).expanduser() / STATE_FILE
         if scope == "session":
             msg = (
@@ -260,6 +268,13 @@ class Curator:
             )
 
     # -- public API
+
+    def use_leases(self, leases: Any) -> None:
+        """Pay every private step from ``leases`` (:class:`privcode.pac.leases.Leases`) from
+        now on; its start (becoming the worlds' holder) is refused for a rolled-back state."""
+        with self._lock:
+            leases.start(self._steps)
+            self._leases = leases
 
     def open_session(self, budget: float | None = None, owner: str = DEFAULT_OWNER) -> str:
         """A new session id (random) of ``owner``; its budget is ``min(budget, session_budget)``.
@@ -326,7 +341,8 @@ class Curator:
 
     def can_pay(self, sid: str, owner: str | None = None) -> str | None:
         """None when a private token of ``sid`` could be paid now, else which budget cannot:
-        ``"session"``, ``"key"`` or ``"deployment"``."""
+        ``"session"``, ``"key"``, ``"deployment"`` or ``"ledger"`` (no lease: refused or
+        unreachable)."""
         with self._lock:
             s = self._get(sid, owner)
             return self._unpaid(s)
@@ -340,6 +356,8 @@ class Curator:
         """Deployment-wide parameters and budget (never the posterior or the secret)."""
         with self._lock:
             charged = self._charged()
+            if self._leases is not None:  # what the ledger leased counts as spent
+                charged = self._leases.charged(charged)
             return {
                 "m": self.m,
                 "b": self.b,
@@ -387,6 +405,8 @@ class Curator:
                     snap = self._snapshot(steps=self._steps + 1, bump=(sid, out.posterior))
                 self._write(snap)
             self._steps += 1
+            if self._leases is not None:
+                self._leases.spend()
             session.private += 1
             self._owners[session.owner] = self._owners.get(session.owner, 0) + 1
             if self.scope == "deployment":
@@ -444,7 +464,7 @@ class Curator:
             return "key"
         if not _fits(self._steps + 1, self.b, self.deployment_budget):
             return "deployment"
-        return None
+        return None if self._leases is None else self._leases.unpaid(self._steps)
 
     def _expire(self) -> None:
         """Close every session idle past ``session_ttl_s`` (under the lock)."""
@@ -557,47 +577,18 @@ class Curator:
             self._posterior = self._read_posterior(state.get("posterior"), "posterior", bad)
         else:
             self._posterior = None
-        owners = state.get("owners", {})
-        if not isinstance(owners, dict) or any(
-            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0
-            for k, v in owners.items()
-        ):
-            raise bad("'owners' must map owners to charged steps")
-        if sum(owners.values()) > steps:
-            raise bad("'owners' hold more private steps than the deployment")
-        self._owners = dict(owners)
+        self._owners = check_owners(state.get("owners", {}), steps, bad)
         sessions = state.get("sessions")
         if not isinstance(sessions, dict):
             raise bad("'sessions' must be an object")
         for sid, entry in sessions.items():
-            where = "sessions entry"
-            if not isinstance(entry, dict):
-                raise bad(f"a {where} is not an object")
-            budget = entry.get("budget")
-            if (
-                isinstance(budget, bool)
-                or not isinstance(budget, int | float)
-                or not (math.isfinite(budget) and budget > 0)
-            ):
-                raise bad(f"a {where} has no valid 'budget'")
-            counts = [entry.get(k) for k in ("private_tokens", "free_tokens", "fallback_tokens")]
-            if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
-                raise bad(f"a {where} has invalid token counts")
-            if counts[0] > steps:
-                raise bad(f"a {where} has more private tokens than the deployment")
-            owner, last = entry.get("owner", DEFAULT_OWNER), entry.get("last_used", self._clock())
-            if not isinstance(owner, str) or not owner:
-                raise bad(f"a {where} has no valid 'owner'")
-            if (
-                isinstance(last, bool)
-                or not isinstance(last, int | float)
-                or not math.isfinite(last)
-            ):
-                raise bad(f"a {where} has no valid 'last_used'")
-            session = _Session(float(budget), *counts, owner=owner, last_used=float(last))
+            budget, counts, owner, last = check_session(
+                entry, steps, self._clock(), DEFAULT_OWNER, bad
+            )
+            session = _Session(budget, *counts, owner=owner, last_used=last)
             if self.scope == "session":
                 session.posterior = self._read_posterior(
-                    entry.get("posterior"), f"{where} posterior", bad
+                    entry.get("posterior"), "sessions entry posterior", bad
                 )
             self._sessions[str(sid)] = session
         if "deployment_budget" in state and state["deployment_budget"] != self.deployment_budget:
@@ -609,16 +600,4 @@ class Curator:
             )
 
     def _read_posterior(self, value: Any, name: str, bad: Any) -> np.ndarray:
-        try:
-            p = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise bad(f"{name!r} is not a list of numbers") from None
-        if (
-            p.shape != (self.m,)
-            or not np.all(np.isfinite(p))
-            or np.any(p < 0)
-            or not math.isclose(float(p.sum()), 1.0, rel_tol=1e-9)
-            or p[self._secret] <= 0
-        ):
-            raise bad(f"{name!r} is not a valid posterior over {self.m} worlds")
-        return p
+        return check_posterior(value, self.m, self._secret, name, bad)

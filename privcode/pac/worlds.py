@@ -235,12 +235,16 @@ def train_worlds(
     out_dir: str | Path,
     progress: bool = True,
     dataset_id: str | None = None,
+    store: Any = None,
 ) -> dict[str, Any]:
     """Train ``cfg.worlds`` adapters on ``data`` (private records) into ``out_dir``.
 
     ``dataset_id`` (the data's opaque id in the privacy store) goes into
     ``pac.json``: the store keeps one PAC budget per dataset, shared by every
-    set of worlds trained on it.
+    set of worlds trained on it. With ``store`` (a
+    :class:`~privcode.privacy.store.PrivacyStore`) it is the records' id
+    (:func:`~privcode.privacy.pac_budgets.records_dataset_id`): the same
+    records in another file or format share one PAC budget.
 
     Returns the public summary (settings, sizes, timings: nothing about a
     record). The adapters are NOT private on their own (see the module
@@ -259,6 +263,10 @@ def train_worlds(
     records = read_records(data)
     if len(records) < 2:
         raise WorldsError(f"pac: {len(records)} private records; the worlds need at least 2")
+    if store is not None:
+        from privcode.privacy.pac_budgets import records_dataset_id
+
+        dataset_id = records_dataset_id(store, ((r.prompt, r.code) for r in records))
     encoded = encode_records(records, tokenizer, cfg.max_length)
     del records
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -185,7 +185,7 @@ class PacStage(Stage):
             base=base_path(inputs),
             out_dir=worlds,
             progress=False,
-            dataset_id=store.dataset_id(train_data),
+            store=store,  # the PAC budget is keyed by the records, not the file's bytes
         )
         canaries = layout.canaries
         result = evaluate_pac(

@@ -1,10 +1,11 @@
 """Admission: may a DP job with a planned ``(sigma, q, steps)`` train on these records?
 
-:func:`admit` is the one entry point. The records are fingerprinted with the
-store's key (:meth:`~privcode.privacy.store.PrivacyStore.record_fingerprints`)
-and the store's one writer (:mod:`privcode.privacy.ledger`) answers: the job
-fits when the worst record, every earlier job on it composed with the plan,
-stays within the budget (:mod:`privcode.privacy.groups`).
+:func:`admit` is the one entry point. The records get their keyed identities
+with the store's key (:meth:`~privcode.privacy.store.PrivacyStore.record_identities`:
+exact text, code alone, training row, MinHash bands) and the store's one writer
+(:mod:`privcode.privacy.ledger`) answers: the job fits when the worst record,
+every earlier job on any record connected to it by a shared identity composed
+with the plan, stays within the budget (:mod:`privcode.privacy.groups`).
 
 * ``reserve=False`` asks only (the pipeline's preflight, before any stage);
 * ``reserve=True`` reserves the plan for a job (the train stage, before any
@@ -28,9 +29,10 @@ from typing import Any
 from privcode.config import PrivacyConfig, TrainConfig
 from privcode.dp.events import DPEvent
 from privcode.errors import BudgetRefused
-from privcode.privacy.ledger import Budget, pack_fingerprints
+from privcode.privacy.identities import duplicated_kinds, pack_identities
+from privcode.privacy.ledger import Budget
 from privcode.privacy.ledger_actor import ledger_call, open_ledger
-from privcode.privacy.store import FINGERPRINT_BYTES, PrivacyStore
+from privcode.privacy.store import PrivacyStore
 from privcode.privacy.wal import legacy_events
 
 log = logging.getLogger("privcode.privacy")
@@ -47,6 +49,13 @@ __all__ = [
 #: The most rows of one job's training set one record may occupy (TF Privacy's
 #: max_examples_per_user); ``privacy.json`` states it.
 MAX_ROWS_PER_RECORD = 1
+
+#: What two rows of one job share, by identity kind (the refusal names no record).
+_SAME = {
+    "exact": "prompt and code up to line ends and Unicode form",
+    "code": "code up to layout, whatever the prompt",
+    "row": "training row after tokenisation and truncation",
+}
 
 _ADVICE = (
     "The budget belongs to these records, whatever run, directory or copy of the file "
@@ -72,7 +81,13 @@ def requested_budget(privacy: PrivacyConfig, train: TrainConfig) -> tuple[Budget
 
 
 def _import_legacy(
-    store: PrivacyStore, ledger: Any, fps: bytes, paths: Sequence[Path], budget: Budget, run: str
+    store: PrivacyStore,
+    ledger: Any,
+    fps: bytes,
+    per_record: int,
+    paths: Sequence[Path],
+    budget: Budget,
+    run: str,
 ) -> None:
     """Import the grants of pre-store run ledgers of this corpus once (their charges count)."""
     for wal in paths:
@@ -93,6 +108,7 @@ def _import_legacy(
             store.opaque("legacy", source),
             old.to_dict(),
             run=run,
+            per_record=per_record,
         )
         if done["imported"]:
             log.warning(
@@ -114,6 +130,8 @@ def admit(
     run: str = "",
     run_key: str = "",
     legacy: Sequence[Path] = (),
+    rows: Sequence[Any] | None = None,
+    tokenizer: str = "",
 ) -> tuple[Any, dict[str, Any]]:
     """Ask (``reserve=False``) or reserve (``True``) ``plan`` on ``records``: (ledger, reply).
 
@@ -122,23 +140,35 @@ def admit(
     reply of a reservation names the ``job``. :class:`BudgetRefused` with the worst
     record's numbers when the plan does not fit; nothing is reserved then.
 
+    ``rows``: each record's encoded training row (``.input_ids``, ``.segments``:
+    ``privcode.train.data.encode_records``), ``tokenizer`` its tokenizer's
+    :func:`~privcode.privacy.identities.tokenizer_id`; without them the ``row``
+    identity is not checked (the preflight, which has no tokenizer).
+
     Content in several rows of one job is refused (:data:`MAX_ROWS_PER_RECORD`):
-    each row is sampled on its own, so such content would spend a group's epsilon
-    (at demo settings 2.93 in one row, 5.11 in two, 8.73 in four, by dp-accounting's
-    mixture-of-Gaussians PLD) while its fingerprint is charged once.
+    two rows with the same exact text, the same code (up to layout) or the same
+    training row are one record. Each row is sampled on its own, so such content
+    would spend a group's epsilon (at demo settings 2.93 in one row, 5.11 in two,
+    8.73 in four, by dp-accounting's mixture-of-Gaussians PLD) while it is charged
+    once. MinHash near duplicates (a shared band) are not refused: a band is shared
+    by chance below ingest's threshold too (measured on the demo corpora, see
+    docs/privacy.md), and each near copy is its own record under the adjacency;
+    they are one component for every later job.
     """
-    listed = store.record_fingerprints((r.prompt, r.code) for r in records)
-    fps = pack_fingerprints(listed)
-    if len(fps) // FINGERPRINT_BYTES < len(listed):
+    ids = store.record_identities(
+        ((r.prompt, r.code) for r in records), rows=rows, tokenizer=tokenizer
+    )
+    if kinds := duplicated_kinds(ids):
         raise BudgetRefused(
             "privacy budget: the training set holds the same record in several rows (the same "
-            "prompt and code up to line ends and Unicode form); a record may occupy at most "
+            f"{' / '.join(_SAME[k] for k in kinds)}); a record may occupy at most "
             f"{MAX_ROWS_PER_RECORD} row of a job, since every row is sampled and charged on its "
             "own. Deduplicate train.data (`privcode data ingest` does)"
         )
+    fps, per_record = pack_identities(ids), ids.shape[1]
     ledger = open_ledger(store.root)
     if reserve:
-        _import_legacy(store, ledger, fps, legacy, budget, run)
+        _import_legacy(store, ledger, fps, per_record, legacy, budget, run)
         reply = ledger_call(
             ledger,
             "admit",
@@ -149,10 +179,18 @@ def admit(
             run=run,
             run_key=run_key,
             cap=cap,
+            per_record=per_record,
         )
     else:
         reply = ledger_call(
-            ledger, "admission", fps, plan.to_dict(), budget.to_dict(), explicit=explicit, cap=cap
+            ledger,
+            "admission",
+            fps,
+            plan.to_dict(),
+            budget.to_dict(),
+            explicit=explicit,
+            cap=cap,
+            per_record=per_record,
         )
     if not reply["admitted"]:
         stage = "" if reserve else ", checked before any stage"

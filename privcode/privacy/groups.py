@@ -1,23 +1,32 @@
 """Per-record privacy accounting: records grouped by the jobs that trained on them.
 
 A record's privacy loss is the composition of the DP events of every job
-whose training set contained it, whatever run, directory or file copy the
-job read it from (records are named by keyed fingerprints,
-:meth:`privcode.privacy.store.PrivacyStore.record_fingerprints`). Records touched
-by exactly the same jobs have the same loss, so the state is
+that trained on it, whatever run, directory or file copy the job read it
+from, and whatever form it trained in: a record is known by its keyed
+identities (:mod:`privcode.privacy.identities`: its exact text, its code
+alone up to layout, its training row after truncation, its MinHash bands),
+and records sharing any identity, transitively, are one *component*
+(:mod:`privcode.privacy.components`). Records of components touched by
+exactly the same jobs have the same loss, so the state is
 
-    index:  fingerprint -> group id          (one entry per record ever trained on)
-    groups: group id    -> frozenset of jobs (the distinct sets of jobs)
-    jobs:   job id      -> its committed DP events
+    index:  identity -> component            (every identity ever trained on)
+    comps:  component -> group id, records   (records: distinct exact identities)
+    groups: group id  -> frozenset of jobs   (the distinct sets of jobs)
+    jobs:   job id    -> its committed DP events
 
 and a question about a training set costs one composition per distinct
-group among its records, never one per record (nor records x jobs).
+group among its records' components, never one per record (nor records x jobs).
 
-Admission of a job with planned events P on records R: for every group G
-met in R (records never trained on form the empty group),
-``epsilon(events(G) + P) <= budget`` under the store's accountant; the
-worst group is the worst record. Admitting adds the job to the group of each
-of its records (group G becomes G | {job}). A step of an admitted job is
+Admission of a job with planned events P on records R: every record r of R
+joins, with the records of R it shares identities with, a component-to-be
+C(r), the union of the components it touches; its jobs are
+``jobs(C(r)) = union of jobs(C) over the touched components C`` (none for a
+record no job trained on, the empty group). The job fits when, for every
+distinct group G so met, ``epsilon(events(G) + P) <= budget`` under the
+store's accountant; the worst group is the worst record. Every record
+already trained that the job touches (through a shared identity) is in one
+of these components, so it is checked too. Admitting merges each C(r) into one
+component in group ``jobs(C(r)) | {job}``. A step of an admitted job is
 allowed only if every group holding the job stays within the budget with it
 (:meth:`RecordGroups.check_step`).
 
@@ -25,28 +34,39 @@ A job's committed events are its planned ones while it runs (admission
 reserves them, so concurrent jobs on overlapping records cannot together be
 admitted past the budget) and its granted ones once it has finished.
 
+Records are given as 16-byte fingerprints (one identity each: a store from
+before identities, and the tests) or as an ``(n, m, 16)`` identity array
+(:func:`privcode.privacy.identities.record_identities`; column 0 the exact
+fingerprint, which counts records).
+
 Pure state, no I/O, no Ray: the store's ledger (:mod:`privcode.privacy.ledger`)
-persists it (:meth:`RecordGroups.index_bytes`, :meth:`RecordGroups.from_state`)
-and serialises every change.
+persists it (:meth:`RecordGroups.index_bytes`, :meth:`RecordGroups.from_state`;
+snapshot format :data:`SNAPSHOT_FORMAT`, format 1 of single fingerprints still
+read) and serialises every change.
 """
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from privcode.dp.accounting import make_accountant
 from privcode.dp.events import DPEvent
 from privcode.errors import AccountingError
+from privcode.privacy.components import IdentityIndex, Linked
+from privcode.privacy.identities import EXACT, as_identities, keys_of
 from privcode.privacy.store import FINGERPRINT_BYTES
 
-__all__ = ["Admission", "GroupCharge", "RecordGroups", "merge_events"]
+__all__ = ["SNAPSHOT_FORMAT", "Admission", "GroupCharge", "RecordGroups", "merge_events"]
 
+#: The record-group snapshot: 2 = identities and components (1: one fingerprint per record).
+SNAPSHOT_FORMAT = 2
 _EPS_CACHE = 4096  # (group, events) -> epsilon evaluations kept
-_ENTRY = struct.Struct(f">{FINGERPRINT_BYTES}sI")  # fingerprint, group id
+_LEGACY_ENTRY = FINGERPRINT_BYTES + 4  # format 1: fingerprint, group id (big-endian)
 
 
 def merge_events(events: Iterable[DPEvent]) -> tuple[DPEvent, ...]:
@@ -105,11 +125,11 @@ class RecordGroups:
     def __init__(self, accountant: str = "rdp", delta: float = 1e-5) -> None:
         make_accountant(accountant)  # validates the name
         self.accountant, self.delta = accountant, float(delta)
-        self._index: dict[bytes, int] = {}
+        self._index = IdentityIndex()
         self._groups: list[frozenset[str]] = [frozenset()]  # id 0: never trained on
         self._ids: dict[frozenset[str], int] = {frozenset(): 0}
         self._jobs: dict[str, tuple[DPEvent, ...]] = {}
-        self._sizes: Counter[int] = Counter()  # group id -> records in it
+        self._sizes: np.ndarray | None = None  # group id -> records (cached)
         self._of_job: dict[str, set[int]] = {}  # job -> ids of the groups holding it
         self._eps: dict[tuple[frozenset[str], tuple[DPEvent, ...]], float] = {}
 
@@ -121,18 +141,53 @@ class RecordGroups:
 
     @property
     def records(self) -> int:
-        return len(self._index)
+        """Distinct records trained on (by exact identity)."""
+        return self._index.records
 
-    def group_counts(self, fingerprints: Iterable[bytes]) -> Counter[frozenset[str]]:
-        """How many of ``fingerprints`` (distinct) are in each group."""
-        get, counts = self._index.get, Counter()
-        for gid in map(get, set(fingerprints)):
-            counts[0 if gid is None else gid] += 1
-        return Counter({self._groups[g]: n for g, n in counts.items()})
+    def _sizes_now(self) -> np.ndarray:
+        if self._sizes is None:
+            self._sizes = self._index.sizes(len(self._groups))
+        return self._sizes
+
+    def _resolve(self, records: Any) -> tuple[Linked, np.ndarray, list[frozenset[str]]]:
+        """(the records linked to the index, each label's group id, the groups by id).
+
+        One record per exact identity. A label touching components of several
+        groups gets the union of their jobs; a union no group holds yet gets a
+        temporary id past the stored ones.
+        """
+        keys = keys_of(as_identities(records))
+        if len(keys):
+            keys = keys[np.sort(np.unique(keys[:, EXACT], return_index=True)[1])]
+        linked = self._index.link(keys)
+        width = len(self._groups) + 1
+        pair = np.unique(linked.touched_label * width + self._index.cgid[linked.touched])
+        lab, gid = pair // width, pair % width  # sorted by label
+        label_gid = np.zeros(linked.n_labels, np.int64)
+        label_gid[lab] = gid
+        sets, extra = list(self._groups), {}
+        several = np.flatnonzero(np.bincount(lab, minlength=linked.n_labels) > 1)
+        starts = np.searchsorted(lab, several).tolist()
+        ends = np.searchsorted(lab, several, side="right").tolist()
+        for label, a, b in zip(several.tolist(), starts, ends, strict=True):
+            jobs = frozenset().union(*(sets[g] for g in gid[a:b].tolist()))
+            g = self._ids.get(jobs, extra.get(jobs))
+            if g is None:
+                g = extra[jobs] = len(sets)
+                sets.append(jobs)
+            label_gid[label] = g
+        return linked, label_gid, sets
+
+    def group_counts(self, records: Any) -> Counter[frozenset[str]]:
+        """How many of ``records`` (distinct) are in each group (their components' jobs)."""
+        linked, label_gid, sets = self._resolve(records)
+        per = np.bincount(label_gid[linked.labels], minlength=len(sets))
+        return Counter({sets[g]: int(n) for g, n in enumerate(per.tolist()) if n})
 
     def groups(self) -> Counter[frozenset[str]]:
         """Every group that holds records, with their number."""
-        return Counter({self._groups[g]: n for g, n in self._sizes.items() if n})
+        sizes = self._sizes_now().tolist()
+        return Counter({self._groups[g]: n for g, n in enumerate(sizes) if n})
 
     def events_of(self, jobs: Iterable[str]) -> tuple[DPEvent, ...]:
         """The committed events of ``jobs`` (merged), in job order."""
@@ -163,11 +218,9 @@ class RecordGroups:
         ]
         return tuple(sorted(out, key=lambda c: (-c.epsilon_after, -c.records, sorted(c.jobs))))
 
-    def admission(
-        self, fingerprints: Iterable[bytes], planned: Sequence[DPEvent], budget: float
-    ) -> Admission:
+    def admission(self, records: Any, planned: Sequence[DPEvent], budget: float) -> Admission:
         """Whether a job with ``planned`` events fits on these records (records x 0 cost)."""
-        counts = self.group_counts(fingerprints)
+        counts = self.group_counts(records)
         if not counts:
             raise AccountingError("admission of an empty training set")
         groups = self.charges(counts, planned)
@@ -184,15 +237,18 @@ class RecordGroups:
 
     def groups_of_job(self, job: str) -> Counter[frozenset[str]]:
         """The groups holding ``job`` (and records), with their sizes; no scan of the others."""
-        sizes = self._sizes
-        return Counter({self._groups[g]: sizes[g] for g in self._of_job.get(job, ()) if sizes[g]})
+        sizes = self._sizes_now()
+        return Counter(
+            {self._groups[g]: int(sizes[g]) for g in self._of_job.get(job, ()) if sizes[g]}
+        )
 
     def check_step(self, job: str, events: Sequence[DPEvent], budget: float) -> GroupCharge | None:
         """The worst group of ``job`` over ``budget`` if its committed events became ``events``.
 
         ``events`` replaces the job's committed events (a running job's grants
         so far plus the step it asks for, or its plan, whichever dominates):
-        every record it trained on must stay within ``budget``. None: within.
+        every record in a component it trained on must stay within ``budget``.
+        None: within.
         """
         groups = self.groups_of_job(job)
         before = {g: self.epsilon(g) for g in groups}
@@ -208,34 +264,33 @@ class RecordGroups:
 
     # -- writing ----------------------------------------------------------------
 
-    def add_job(self, job: str, fingerprints: Iterable[bytes], events: Sequence[DPEvent]) -> None:
-        """Record that ``job`` trains on these records, committing ``events`` (its plan)."""
+    def _gid(self, members: frozenset[str]) -> int:
+        """The id of a set of jobs, made when new."""
+        gid = self._ids.get(members)
+        if gid is None:
+            gid = self._ids[members] = len(self._groups)
+            self._groups.append(members)
+            for member in members:
+                self._of_job.setdefault(member, set()).add(gid)
+        return gid
+
+    def add_job(self, job: str, records: Any, events: Sequence[DPEvent]) -> None:
+        """Record that ``job`` trains on these records, committing ``events`` (its plan).
+
+        Each component-to-be C(r) of its records becomes one component in group
+        ``jobs(C(r)) | {job}`` (module docstring).
+        """
         if job in self._jobs:
             raise AccountingError(f"job {job!r} is already recorded")
-        fps = set(fingerprints)
-        if any(len(fp) != FINGERPRINT_BYTES for fp in fps):
-            raise AccountingError(f"a fingerprint must be {FINGERPRINT_BYTES} bytes")
+        ids = as_identities(records)  # AccountingError before anything changes
         self._jobs[job] = merge_events(events)
-        moved: dict[int, int] = {}
-        index, ids, groups, sizes = self._index, self._ids, self._groups, self._sizes
-        for fp in fps:
-            old = index.get(fp)
-            if old is None:
-                old = 0
-            else:
-                sizes[old] -= 1
-            new = moved.get(old)
-            if new is None:
-                members = groups[old] | {job}
-                new = ids.get(members)
-                if new is None:
-                    new = ids[members] = len(groups)
-                    groups.append(members)
-                    for member in members:
-                        self._of_job.setdefault(member, set()).add(new)
-                moved[old] = new
-            index[fp] = new
-            sizes[new] += 1
+        if not len(ids):
+            return
+        linked, label_gid, sets = self._resolve(ids)
+        distinct = np.unique(label_gid)
+        joined = np.array([self._gid(sets[g] | {job}) for g in distinct.tolist()], np.int64)
+        self._index.merge(linked, joined[np.searchsorted(distinct, label_gid)])
+        self._sizes = None
 
     def set_events(self, job: str, events: Sequence[DPEvent]) -> None:
         """Replace ``job``'s committed events (a grant, or its grants once it has finished)."""
@@ -246,21 +301,27 @@ class RecordGroups:
     # -- persistence --------------------------------------------------------------
 
     def index_bytes(self) -> bytes:
-        """The index as sorted fixed-size entries (fingerprint, group id)."""
-        return b"".join(_ENTRY.pack(fp, g) for fp, g in sorted(self._index.items()))
+        """The index (:meth:`IdentityIndex.to_bytes`: identities, components, groups)."""
+        return self._index.to_bytes()[0]
 
     def state(self) -> dict[str, Any]:
-        """Everything but the index, as JSON (groups by id, jobs' committed events)."""
+        """Everything but the index, as JSON (groups by id, jobs' committed events, the
+        index's shape)."""
+        _, keys, comps = self._index.to_bytes()
         return {
+            "format": SNAPSHOT_FORMAT,
             "accountant": self.accountant,
             "delta": self.delta,
             "groups": [sorted(g) for g in self._groups],
             "jobs": {j: [e.to_dict() for e in ev] for j, ev in self._jobs.items()},
+            "index_keys": keys,
+            "components": comps,
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], index: bytes) -> RecordGroups:
-        """The inverse of :meth:`state` and :meth:`index_bytes` (ValueError when damaged)."""
+        """The inverse of :meth:`state` and :meth:`index_bytes` (ValueError when damaged);
+        a format 1 snapshot (one fingerprint per record) is read too."""
         out = cls(state["accountant"], state["delta"])
         out._groups = [frozenset(g) for g in state["groups"]]
         if not out._groups or out._groups[0]:
@@ -269,16 +330,36 @@ class RecordGroups:
         if len(out._ids) != len(out._groups):
             raise ValueError("duplicate groups")
         out._jobs = {j: tuple(DPEvent.from_dict(e) for e in ev) for j, ev in state["jobs"].items()}
-        if len(index) % _ENTRY.size:
-            raise ValueError("index length is not a whole number of entries")
-        out._index = dict(_ENTRY.iter_unpack(index))
-        out._sizes = Counter(out._index.values())
         for gid, members in enumerate(out._groups):
             for member in members:
                 out._of_job.setdefault(member, set()).add(gid)
-        n = len(out._groups)
-        if any(g >= n for g in out._index.values()):
-            raise ValueError("index names a group that does not exist")
         if any(job not in out._jobs for g in out._groups for job in g):
             raise ValueError("a group names a job that does not exist")
+        fmt = state.get("format", 1)
+        if fmt == 1:
+            out._index = out._legacy_index(index)
+        elif fmt == SNAPSHOT_FORMAT:
+            out._index = IdentityIndex.from_bytes(
+                index, int(state["index_keys"]), int(state["components"]), len(out._groups)
+            )
+        else:
+            raise ValueError(f"unknown snapshot format {fmt!r}")
         return out
+
+    def _legacy_index(self, index: bytes) -> IdentityIndex:
+        """A format 1 index (fingerprint, group id): each fingerprint one record; two equal
+        in their first 64 bits are one record in the union of their groups."""
+        if len(index) % _LEGACY_ENTRY:
+            raise ValueError("index length is not a whole number of entries")
+        rows = np.frombuffer(index, np.uint8).reshape(-1, _LEGACY_ENTRY)
+        keys = keys_of(rows[:, None, :FINGERPRINT_BYTES])[:, 0]
+        gids = np.ascontiguousarray(rows[:, FINGERPRINT_BYTES:]).view(">u4")[:, 0].astype(np.int64)
+        if len(gids) and gids.max() >= len(self._groups):
+            raise ValueError("index names a group that does not exist")
+        uniq, inv = np.unique(keys, return_inverse=True)
+        joined = np.zeros(len(uniq), np.int64)
+        joined[inv] = gids
+        for u in np.flatnonzero(np.bincount(inv) > 1).tolist():
+            jobs = frozenset().union(*(self._groups[g] for g in gids[inv == u].tolist()))
+            joined[u] = self._gid(jobs)
+        return IdentityIndex.from_fingerprints(uniq, joined)

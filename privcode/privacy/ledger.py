@@ -32,8 +32,11 @@ Files in the store (0700 directory, 0600 files, never in a run directory):
 * ``ledger.head``: the log's length and last hash, rewritten (atomically)
   after every append; with the chain it turns a truncated, replaced or
   deleted log into a refusal (:func:`load_log`), never a fresh budget.
-* ``jobs/<job>.fps``: the sorted fingerprints of a job's records, written
-  (temporary name, fsync, rename, directory fsync) before its ``admit``.
+* ``jobs/<job>.fps``: a job's records, written (temporary name, fsync,
+  rename, directory fsync) before its ``admit``: ``per_record`` identities of
+  16 bytes each (:mod:`privcode.privacy.identities`; the entry names it, 1
+  for a job logged before identities: its sorted fingerprints), records
+  sorted by their exact identity.
 * ``groups/``: a snapshot of the record groups at a WAL position, so a
   restart reads one index instead of every job's fingerprints.
 * ``lock``: held with ``flock(LOCK_EX)`` by the one writer for its life;
@@ -61,10 +64,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from privcode.dp.accounting import ACCOUNTANTS, make_accountant
 from privcode.dp.events import DPEvent
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
 from privcode.privacy.groups import RecordGroups, merge_events
+from privcode.privacy.identities import SCHEME, pack_identities, unpack_identities
 from privcode.privacy.pac_budgets import PacBudgets
 from privcode.privacy.store import (
     FINGERPRINT_BYTES,
@@ -92,7 +98,11 @@ __all__ = ["WAL_NAME", "Budget", "LoadedLog", "StoreLedger", "load_log", "pack_f
 log = logging.getLogger("privcode.ledger")
 
 WAL_NAME = "ledger.wal"
-WAL_FORMAT = 2
+#: The log's header format: 3 since jobs carry several identities per record
+#: (``per_record`` in ``admit`` and ``import`` entries); a format 2 log (one
+#: fingerprint per record) is still read and appended to.
+WAL_FORMAT = 3
+_READ_FORMATS = (2, 3)
 _ENTRY_TYPES = {
     "header",
     "budget",
@@ -102,6 +112,7 @@ _ENTRY_TYPES = {
     "import",
     "pac-open",
     "pac-raise",
+    "pac-lease",
     "chain",
     "move",
 }
@@ -113,13 +124,6 @@ def pack_fingerprints(fingerprints: list[bytes]) -> bytes:
     if any(len(fp) != FINGERPRINT_BYTES for fp in fps):
         raise AccountingError(f"a record fingerprint must be {FINGERPRINT_BYTES} bytes")
     return b"".join(fps)
-
-
-def _unpack(blob: bytes) -> list[bytes]:
-    if len(blob) % FINGERPRINT_BYTES:
-        raise AccountingError("fingerprints must be a whole number of 16-byte entries")
-    n = FINGERPRINT_BYTES
-    return [blob[i : i + n] for i in range(0, len(blob), n)]
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,8 @@ class _Job:
 def _check_entry(record: dict[str, Any], index: int) -> None:
     kind = record.get("type")
     if index == 0:
-        if kind != "header" or record.get("format") != WAL_FORMAT:
-            raise ValueError(f"not a privacy store ledger (format {WAL_FORMAT}) header")
+        if kind != "header" or record.get("format") not in _READ_FORMATS:
+            raise ValueError(f"not a privacy store ledger (format {_READ_FORMATS}) header")
         return
     if kind not in _ENTRY_TYPES - {"header"}:
         raise ValueError(f"unexpected entry type {kind!r}")
@@ -419,7 +423,7 @@ class StoreLedger:
         later = [e for e in records[done:] if e["type"] in ("admit", "import")]
         for entry in later:
             blob = self._store.read_job_records(entry["job"], entry["fps_sha256"])
-            groups.add_job(entry["job"], _unpack(blob), ())
+            groups.add_job(entry["job"], unpack_identities(blob, entry.get("per_record", 1)), ())
         for job_id, job in self._jobs.items():
             groups.set_events(job_id, job.committed())
         if later:
@@ -437,6 +441,10 @@ class StoreLedger:
             jobs = {e["job"] for e in records[1:n] if e["type"] in ("admit", "import")}
             if not 0 < n <= len(records) or set(state["jobs"]) != jobs:
                 raise ValueError("it is not of this log")
+            if state.get("format", 1) == 1 and any(
+                e.get("per_record", 1) > 1 for e in records[1:n]
+            ):
+                raise ValueError("single fingerprints for jobs with identities (an older writer)")
             return RecordGroups.from_state(state, index), n
         except (ValueError, KeyError, TypeError, AccountingError) as exc:
             log.warning("record-group snapshot unusable (%s); rebuilding from the jobs", exc)
@@ -549,15 +557,20 @@ class StoreLedger:
         budget: dict,
         explicit: bool = False,
         cap: float | None = None,
+        per_record: int = 1,
     ) -> dict:
-        """Would a job with ``plan`` fit on these records? Nothing is written."""
+        """Would a job with ``plan`` fit on these records? Nothing is written.
+
+        ``fingerprints``: the records' identities, ``per_record`` of 16 bytes each
+        (:func:`~privcode.privacy.identities.pack_identities`; 1: fingerprints).
+        """
         b = self._settle_budget(Budget(**budget), explicit, "", write=False)
         event = DPEvent.from_dict(plan)
         if over := _over_cap([event], b, cap):
             return over
         groups = self._groups if self._budget is not None else RecordGroups(b.accountant, b.delta)
         assert groups is not None
-        adm = groups.admission(_unpack(fingerprints), [event], b.epsilon)
+        adm = groups.admission(unpack_identities(fingerprints, per_record), [event], b.epsilon)
         return _admission_reply(adm, b)
 
     def admit(
@@ -570,9 +583,11 @@ class StoreLedger:
         run: str = "",
         run_key: str = "",
         cap: float | None = None,
+        per_record: int = 1,
     ) -> dict:
         """Admit a job on these records with its planned event, reserving it; or refuse.
 
+        ``fingerprints`` and ``per_record``: as :meth:`admission`.
         ``cap``: the job's own epsilon (``train.epsilon``): its plan, and every step
         it is granted, stays within min(cap, what the store has left for its records).
         A job of the same ``run_key`` (the same run directory) that never
@@ -588,7 +603,7 @@ class StoreLedger:
         for job_id, job in list(self._jobs.items()):
             if run_key and job.run_key == run_key and not job.finished:
                 self.finish(job_id, "superseded by a new job of the same run")
-        fps = _unpack(fingerprints)
+        fps = unpack_identities(fingerprints, per_record)
         assert self._groups is not None
         adm = self._groups.admission(fps, [event], b.epsilon)
         reply = _admission_reply(adm, b)
@@ -601,18 +616,22 @@ class StoreLedger:
         return {**reply, "job": job_id}
 
     def _add_job(
-        self, kind: str, fps: list[bytes], event: DPEvent, run: str, run_key: str, **extra: Any
+        self, kind: str, fps: np.ndarray, event: DPEvent, run: str, run_key: str, **extra: Any
     ) -> str:
-        """Keep a new job's records, log it, add it to the groups; its id."""
+        """Keep a new job's records (their identities), log it, add it to the groups; its id."""
         job_id = uuid.uuid4().hex[:16]
-        digest = self._store.write_job_records(job_id, b"".join(sorted(set(fps))))
+        packed = pack_identities(fps)
+        per_record = fps.shape[1]
+        digest = self._store.write_job_records(job_id, packed)
+        if per_record > 1:
+            extra = {"per_record": per_record, "identities": SCHEME, **extra}
         entry = {
             "type": kind,
             "job": job_id,
             "run": run[:200],
             "run_key": run_key,
             "plan": event.to_dict(),
-            "records": len(set(fps)),
+            "records": len(packed) // (per_record * FINGERPRINT_BYTES),
             "fps_sha256": digest,
             **extra,
         }
@@ -623,7 +642,13 @@ class StoreLedger:
         return job_id
 
     def import_legacy(
-        self, fingerprints: bytes, events: list[dict], source: str, budget: dict, run: str = ""
+        self,
+        fingerprints: bytes,
+        events: list[dict],
+        source: str,
+        budget: dict,
+        run: str = "",
+        per_record: int = 1,
     ) -> dict:
         """Count a pre-store run ledger's grants on these records, once per ``source``."""
         if why := self._fenced():
@@ -632,7 +657,7 @@ class StoreLedger:
             return {"imported": 0}
         self._settle_budget(Budget(**budget), False, f"import ({run})", write=True)
 
-        fps, count = _unpack(fingerprints), 0
+        fps, count = unpack_identities(fingerprints, per_record), 0
         for event in merge_events(DPEvent.from_dict(e) for e in events):
             self._add_job("import", fps, event, run, f"import:{source}")
             count += event.steps
@@ -759,6 +784,21 @@ class StoreLedger:
     def pac_served(self, worlds: str) -> bool:
         """Whether a curator of ``worlds`` ever started from this store."""
         return worlds in self._pac.worlds
+
+    def pac_lease(self, worlds: str, nats: float, holder: str, steps: int = 0) -> dict:
+        """Lease up to ``nats`` of ``worlds``' allowance to the curator ``holder`` (which has
+        spent ``steps`` private steps), logged before it spends them (pac_budgets: leases)."""
+        if why := self._fenced():
+            raise LedgerUnavailableError(why)
+        entry, reply = self._pac.lease(worlds, float(nats), str(holder), int(steps))
+        if entry is not None:
+            self._pac.apply(self._append(entry))
+        return reply
+
+    def pac_worlds_id(self, digest: bytes) -> str:
+        """The keyed id of the worlds whose files hash to ``digest`` (for a PAC server that
+        holds no store key: :func:`privcode.pac.ensemble.worlds_digest`)."""
+        return "pw-" + self._store.opaque("pac-worlds", bytes(digest), 16)
 
     def pac_raise(self, grant: dict) -> dict:
         """Raise a set of worlds' deployment allowance (and its data's PAC budget) to the

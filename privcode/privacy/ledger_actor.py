@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from privcode.errors import LedgerConflictError, LedgerUnavailableError
+from privcode.errors import LedgerConflictError, LedgerUnavailableError, PrivcodeError
 from privcode.privacy.ledger import StoreLedger
 from privcode.privacy.store import PrivacyStore
 
@@ -126,10 +126,12 @@ def open_ledger(store_root: str | os.PathLike, *, timeout_s: float = 120.0) -> A
     return handle
 
 
-def _unavailable(context: str, exc: BaseException) -> LedgerUnavailableError:
+def _unavailable(context: str, exc: BaseException) -> PrivcodeError:
     """The ledger error behind a Ray error (the actor's own message when there is one)."""
+    from privcode.privacy.authority import AuthorityError
+
     text = str(exc)
-    for cls in (LedgerConflictError, LedgerUnavailableError):
+    for cls in (AuthorityError, LedgerConflictError, LedgerUnavailableError):
         marker = f"{cls.__name__}: "
         if marker in text:
             return cls(text.rsplit(marker, 1)[1].strip().splitlines()[0])

@@ -383,10 +383,26 @@ class PrivacyStore:
         """The store's name for its ledger actor and metrics: its :attr:`store_id`."""
         return self.store_id
 
+    @property
+    def record_key(self) -> bytes:
+        """The key of the store's record identities (derived from its key)."""
+        return hmac.digest(self._load_key(), b"privcode-record-key/1", "sha256")
+
     def record_fingerprints(self, records: Iterable[tuple[str, str]]) -> list[bytes]:
-        """One keyed fingerprint per ``(prompt, code)`` record (:func:`record_fingerprint`)."""
-        key = hmac.digest(self._load_key(), b"privcode-record-key/1", "sha256")
+        """One keyed fingerprint per ``(prompt, code)`` record (:func:`record_fingerprint`):
+        the ``exact`` identity alone."""
+        key = self.record_key
         return [record_fingerprint(key, prompt, code) for prompt, code in records]
+
+    def record_identities(
+        self, records: Iterable[tuple[str, str]], rows: Any = None, tokenizer: str = ""
+    ) -> Any:
+        """Every keyed identity of each record, ``(n, m, 16)`` uint8
+        (:func:`privcode.privacy.identities.record_identities`)."""
+        from privcode.privacy.identities import IdentityKeys, record_identities
+
+        keys = IdentityKeys.derive(self.record_key)
+        return record_identities(keys, records, rows=rows, tokenizer=tokenizer)
 
     def dataset_id(self, path: str | os.PathLike) -> str:
         """The opaque id of a training file's content: ``ds-`` + 20 hex of a keyed HMAC."""

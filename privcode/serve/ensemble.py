@@ -11,8 +11,11 @@ the ``serve`` and ``pac`` config sections): ``worlds`` (the pac stage's worlds a
 ``max_sessions_per_key``, ``key_budget_share``, ``on_exhausted``, ``privacy_store``
 (default :func:`privcode.privacy.store.resolve_store`'s, an initialised store:
 the curator's secret and charges live under ``pac/<worlds id>/``, keyed by the worlds'
-content, so a re-run, a restart or a new replica never resets them), and the keys and
-client limits of :class:`privcode.serve.args.GuardArgs`.
+content, so a re-run, a restart or a new replica never resets them), ``ledger`` (the
+store's ledger actor: the replica then opens no store) and ``pac_state`` (the curator states'
+own directory; :mod:`privcode.serve.pac_ledger`), and the keys and client limits of
+:class:`privcode.serve.args.GuardArgs`. Private tokens are paid from ledger leases
+(:mod:`privcode.pac.leases`).
 
 Routes (a FastAPI ingress; the schema at ``/openapi.json``; an API key on all but
 ``/healthz``, see :mod:`privcode.serve.guard`):

@@ -47,6 +47,12 @@ class EnsembleArgs(GuardArgs):
     key_budget_share: float = SERVE_DEFAULTS["pac_key_budget_share"]
     on_exhausted: str = SERVE_DEFAULTS["pac_on_exhausted"]
     privacy_store: str | None = None
+    #: The store's ledger actor (``privcode-store:<store id>``): the server then holds no
+    #: store, and its curator state is under ``pac_state`` (:mod:`privcode.serve.pac_ledger`).
+    ledger: str | None = None
+    #: The curator states' directory (``<pac_state>/<worlds id>/``), holding no store key;
+    #: None: the privacy store's ``pac/`` (needs the store mounted).
+    pac_state: str | None = None
     max_tokens_limit: int = SERVE_DEFAULTS["pac_max_tokens_limit"]
     served_model_name: str = DEFAULT_MODEL_NAME
 
@@ -101,6 +107,11 @@ def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
         raise bad("session_budget", f"must be at most deployment_budget={cfg.deployment_budget!r}")
     if cfg.b > cfg.key_budget_share * cfg.deployment_budget:
         raise bad("key_budget_share", "leaves a key less than b: no key could pay for a token")
+    if cfg.ledger is not None:
+        if not cfg.ledger.startswith("privcode-store:"):
+            raise bad("ledger", "must be the store's ledger actor, privcode-store:<store id>")
+        if cfg.pac_state is None or cfg.privacy_store is not None:
+            raise bad("ledger", "needs pac_state and no privacy_store (the server holds no store)")
     if cfg.scope == "session" and not cfg.acknowledge_session_scope:
         raise bad(
             "scope",

@@ -3,7 +3,9 @@
 :class:`PacService` holds one :class:`~privcode.pac.ensemble.PacEnsemble` and its
 :class:`~privcode.pac.curator.Curator`; every call names the calling key's principal
 (:mod:`privcode.serve.guard`), whose sessions and budget share are its own. :meth:`PacService.load`
-locks the worlds' curator state in the privacy store (one curator per state: one replica).
+locks the worlds' curator state (its own directory, :mod:`privcode.serve.pac_ledger`; one
+curator per state: one replica) and pays its private tokens from the store's ledger's leases
+(:mod:`privcode.pac.leases`: a second replica, anywhere, is fenced by the ledger).
 :func:`privcode.serve.ensemble.build_api` puts HTTP in front. Nothing here logs or returns a
 prompt, a completion, a session id, the secret or a posterior.
 """
@@ -87,12 +89,34 @@ _EXHAUSTED = {
 
 
 def _exhausted(why: str) -> RequestError:
+    if why == "ledger":
+        return RequestError(
+            "the privacy ledger grants this server no budget now (unreachable, or another "
+            "replica took these worlds over): no private token can be released",
+            status=503,
+            type="service_unavailable",
+            code="privacy_ledger_unavailable",
+        )
     return RequestError(
         f"{_EXHAUSTED[why]}: no private token can be released",
         status=429,
         type="privacy_budget_exhausted",
         code="privacy_budget_exhausted",
     )
+
+
+def _open_on_ledger(cfg: EnsembleArgs, curator: Any, ledger: Any, worlds: str, data: str) -> None:
+    """Hold ``curator`` to the allowance the ledger grants ``worlds`` (of dataset ``data``;
+    worlds of unknown data: a budget of their own) and pay its steps from leases."""
+    from privcode.pac.leases import Leases, block_steps
+
+    grant = ledger.call(
+        "pac_open", worlds, data, curator.m, cfg.b, cfg.scope, cfg.deployment_budget
+    )
+    curator.deployment_budget = float(grant["allowance"])
+    curator.owner_budget = cfg.key_budget_share * curator.deployment_budget
+    block = block_steps(cfg.b, cfg.session_budget, curator.deployment_budget)
+    curator.use_leases(Leases(ledger.lease_fn(worlds), cfg.b, block))
 
 
 class PacService:
@@ -141,33 +165,31 @@ class PacService:
         rng_seed: int | None = None,
         lock_wait_s: float = STATE_LOCK_WAIT_S,
     ) -> PacService:
-        """Lock the worlds' curator state in the privacy store, load the worlds, restore the curator.
+        """Lock the worlds' curator state, load the worlds, restore the curator on leases.
 
-        The state is ``<store>/pac/<worlds id>/`` (the id: a keyed digest of
-        the worlds' files). Worlds the store's ledger knows were served but
-        whose state is gone are refused (fail closed: a fresh secret with a
-        full budget is never drawn for them); the curator is held to the
-        allowance the ledger grants (:mod:`privcode.privacy.pac_budgets`), logged
-        after its state exists, so a crash in between cannot lock the worlds out.
-        ``rng_seed`` seeds the curator's NOISE only (tests); the secret is
-        always drawn with ``secrets``.
+        The state is ``<pac_state or store's pac>/<worlds id>/`` (the id: the
+        ledger's keyed digest of the worlds' files; :mod:`privcode.serve.pac_ledger`).
+        Worlds the store's ledger knows were served but whose state is gone are
+        refused (fail closed: a fresh secret with a full budget is never drawn
+        for them); the curator is held to the allowance the ledger grants
+        (:mod:`privcode.privacy.pac_budgets`), logged after its state exists, so
+        a crash in between cannot lock the worlds out, and pays every private
+        step from ledger leases (:mod:`privcode.pac.leases`). ``rng_seed``
+        seeds the curator's NOISE only (tests); the secret is always drawn with
+        ``secrets``.
         """
         from privcode.pac.curator import STATE_FILE
         from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
-        from privcode.privacy.budget import call as store_call
-        from privcode.privacy.store import PrivacyStore
+        from privcode.serve.pac_ledger import PacLedger
 
         worlds = Path(cfg.worlds).expanduser()
         info = read_manifest(worlds, model=cfg.model)
-        store = PrivacyStore(cfg.store_path)
-        worlds_id = "pw-" + store.opaque("pac-worlds", worlds_digest(worlds), 16)
-        state = store.pac_state_dir(worlds_id)
+        ledger = PacLedger(cfg)
+        worlds_id = ledger.worlds_id(worlds_digest(worlds))
+        state = ledger.state_dir(worlds_id)
         lock = _StateLock(state, lock_wait_s)
         try:
-            if (
-                store_call(store.root, "pac_served", worlds_id)
-                and not (state / STATE_FILE).exists()
-            ):
+            if ledger.call("pac_served", worlds_id) and not (state / STATE_FILE).exists():
                 raise EnsembleError(
                     f"the privacy store knows these PAC worlds ({worlds_id}) were served, but "
                     f"their curator state in {state} is gone; refusing to start (a new secret "
@@ -175,27 +197,9 @@ class PacService:
                 )
             ensemble = PacEnsemble(worlds, model=cfg.model, device=cfg.device, top_k=cfg.top_k)
             curator = new_curator(cfg, ensemble.m, state_dir=state, rng_seed=rng_seed)
-            grant = store_call(
-                store.root,
-                "pac_open",
-                worlds_id,
-                info.dataset_id or worlds_id,  # worlds of unknown data: a budget of their own
-                ensemble.m,
-                cfg.b,
-                cfg.scope,
-                cfg.deployment_budget,
-            )
-            curator.deployment_budget = float(grant["allowance"])
-            curator.owner_budget = cfg.key_budget_share * curator.deployment_budget
+            _open_on_ledger(cfg, curator, ledger, worlds_id, info.dataset_id or worlds_id)
             created = int((worlds / MANIFEST).stat().st_mtime)
-            return cls(
-                ensemble,
-                curator,
-                cfg,
-                logger=logger,
-                created=created,
-                state_lock=lock,
-            )
+            return cls(ensemble, curator, cfg, logger=logger, created=created, state_lock=lock)
         except BaseException:
             lock.release()
             raise

@@ -92,8 +92,9 @@ from privcode.dp.sampler import shard_of
 from privcode.errors import BudgetRefused, PrivcodeError, RecordError
 from privcode.models import corpus as C
 from privcode.models.base import HELDOUT_FRACTION
-from privcode.models.loading import resolve_dtype
+from privcode.models.loading import load_tokenizer, resolve_dtype
 from privcode.privacy.admission import admit, check_corpus_store
+from privcode.privacy.identities import tokenizer_id
 from privcode.privacy.ledger import Budget
 from privcode.privacy.ledger_actor import get_ledger, ledger_call, ledger_name, store_id
 from privcode.privacy.store import PrivacyStore, resolve_store
@@ -483,6 +484,7 @@ def run_training(
         connect()
     ledger, job_id = None, ""
     if privacy.private:
+        tokenizer = load_tokenizer(base_path)  # a record is also known by its training row
         ledger, admitted = admit(
             store,
             records,
@@ -494,6 +496,8 @@ def run_training(
             run=run_name,
             run_key=run_key or store.opaque("run", str(out_dir.resolve())),
             legacy=list(legacy_ledgers),
+            rows=encode_records(records, tokenizer, cfg.max_length),
+            tokenizer=tokenizer_id(tokenizer),
         )
         job_id = admitted["job"]
         log.info("privacy budget: %s", admitted["message"])

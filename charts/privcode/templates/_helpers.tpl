@@ -153,6 +153,14 @@ application then refuses to run generated code in the pod). Nothing when executo
 {{- end }}
 {{- end }}
 
+{{- define "privcode.pacStatePvcName" -}}
+{{- if .Values.storage.pacState.existingClaim }}
+{{- .Values.storage.pacState.existingClaim }}
+{{- else }}
+{{- include "privcode.suffixedName" (list . "pac-state") }}
+{{- end }}
+{{- end }}
+
 {{/* The artifacts mount path without a trailing slash. */}}
 {{- define "privcode.mountPath" -}}
 {{- $p := trimSuffix "/" .Values.storage.mountPath }}
@@ -466,6 +474,10 @@ spec:
         - name: privacy-store
           mountPath: {{ $root.Values.storage.privacyStore.mountPath | trimSuffix "/" }}
         {{- end }}
+        {{- if and .serving $root.Values.storage.pacState.enabled }}
+        - name: pac-state
+          mountPath: {{ $root.Values.storage.pacState.mountPath | trimSuffix "/" }}
+        {{- end }}
         {{- if and .serving $root.Values.apiKey.existingSecret }}
         - name: api-keys
           mountPath: {{ include "privcode.apiKeysDir" $root }}
@@ -491,6 +503,11 @@ spec:
     - name: privacy-store
       persistentVolumeClaim:
         claimName: {{ include "privcode.storePvcName" $root }}
+    {{- end }}
+    {{- if and .serving $root.Values.storage.pacState.enabled }}
+    - name: pac-state
+      persistentVolumeClaim:
+        claimName: {{ include "privcode.pacStatePvcName" $root }}
     {{- end }}
     {{- if and .serving $root.Values.apiKey.existingSecret }}
     - name: api-keys
