@@ -90,3 +90,30 @@ def test_privacy_json_states_rows_and_the_composition_assumption():
     assert "non-adaptive" in ADMISSION["composition"]
     assert "min(train.epsilon" in ADMISSION["cap"]
     assert "restart" in NOT_RELEASED and "why training stopped" in NOT_RELEASED
+
+
+def test_grants_are_bound_to_the_admitted_datas_digest(tmp_path):
+    """Issue 41, point 7: a job id alone draws no grant; the WAL keeps a keyed id only."""
+    import hashlib
+    import json
+
+    root = init_store(tmp_path / "store")
+    ledger = StoreLedger(root)
+    sha = hashlib.sha256(b"the admitted bytes").hexdigest()
+    plan = DPEvent(0.8, 0.02, 10)
+    job = ledger.admit(_fps(root, 20), plan.to_dict(), Budget(10.0, DELTA).to_dict(), dataset=sha)[
+        "job"
+    ]
+    assert not ledger.reserve(job, 0.8, 0.02, 1, request_id="a")["granted"]
+    other = hashlib.sha256(b"other bytes").hexdigest()
+    denied = ledger.reserve(job, 0.8, 0.02, 1, request_id="b", dataset=other)
+    assert not denied["granted"] and "digest" in denied["reason"]
+    assert ledger.reserve(job, 0.8, 0.02, 1, request_id="c", dataset=sha)["granted"]
+    wal = (root / "ledger.wal").read_text()
+    assert sha not in wal
+    admitted = [json.loads(x) for x in wal.splitlines() if '"admit"' in x][-1]
+    assert admitted["dataset"] == PrivacyStore(root).dataset_id_of(sha)
+    ledger.close()
+    restored = StoreLedger(root)  # the binding is in the log
+    assert not restored.reserve(job, 0.8, 0.02, 1, request_id="d")["granted"]
+    assert restored.reserve(job, 0.8, 0.02, 1, request_id="e", dataset=sha)["granted"]

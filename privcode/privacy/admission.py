@@ -132,6 +132,7 @@ def admit(
     legacy: Sequence[Path] = (),
     rows: Sequence[Any] | None = None,
     tokenizer: str = "",
+    dataset: str = "",
 ) -> tuple[Any, dict[str, Any]]:
     """Ask (``reserve=False``) or reserve (``True``) ``plan`` on ``records``: (ledger, reply).
 
@@ -143,7 +144,9 @@ def admit(
     ``rows``: each record's encoded training row (``.input_ids``, ``.segments``:
     ``privcode.train.data.encode_records``), ``tokenizer`` its tokenizer's
     :func:`~privcode.privacy.identities.tokenizer_id`; without them the ``row``
-    identity is not checked (the preflight, which has no tokenizer).
+    identity is not checked (the preflight, which has no tokenizer). ``dataset``: the
+    SHA-256 (hex) of the file the records were parsed from: a reserved job's steps are
+    granted only to a caller presenting it (the training ranks, which read the file).
 
     Content in several rows of one job is refused (:data:`MAX_ROWS_PER_RECORD`):
     two rows with the same exact text, the same code (up to layout) or the same
@@ -180,6 +183,7 @@ def admit(
             run_key=run_key,
             cap=cap,
             per_record=per_record,
+            dataset=dataset,
         )
     else:
         reply = ledger_call(

@@ -156,6 +156,8 @@ class _Job:
     records: int
     budget: float
     cap: float | None = None  #: the job's own epsilon cap (train.epsilon), None: the budget's
+    #: The admitted data's keyed digest (``PrivacyStore.dataset_id_of``); '': not bound.
+    dataset: str = ""
     granted: int = 0
     finished: bool = False
     requests: set[str] = field(default_factory=set)
@@ -402,6 +404,7 @@ class StoreLedger:
                 e["records"],
                 float(e.get("budget", self._budget.epsilon)),
                 None if e.get("cap") is None else float(e["cap"]),
+                str(e.get("dataset", "")),
             )
             if kind == "import":  # a legacy run ledger: its grants, already finished
                 job = self._jobs[e["job"]]
@@ -584,10 +587,13 @@ class StoreLedger:
         run_key: str = "",
         cap: float | None = None,
         per_record: int = 1,
+        dataset: str = "",
     ) -> dict:
         """Admit a job on these records with its planned event, reserving it; or refuse.
 
-        ``fingerprints`` and ``per_record``: as :meth:`admission`.
+        ``fingerprints`` and ``per_record``: as :meth:`admission`. ``dataset``: the SHA-256
+        (hex) of the admitted file's bytes; the job's steps are granted only to a caller
+        presenting it (:meth:`reserve`), and the log keeps its keyed id, not the digest.
         ``cap``: the job's own epsilon (``train.epsilon``): its plan, and every step
         it is granted, stays within min(cap, what the store has left for its records).
         A job of the same ``run_key`` (the same run directory) that never
@@ -610,6 +616,8 @@ class StoreLedger:
         if not adm.fits:
             return reply
         extra = {"budget": b.epsilon} | ({} if cap is None else {"cap": float(cap)})
+        if dataset:
+            extra["dataset"] = self._store.dataset_id_of(dataset)
         job_id = self._add_job("admit", fps, event, run, run_key, **extra)
         self._write_snapshot(self._groups)
         self._refresh()
@@ -675,8 +683,12 @@ class StoreLedger:
         sample_rate: float,
         steps: int = 1,
         request_id: str | None = None,
+        dataset: str = "",
     ) -> dict:
         """Grant ``steps`` steps of an admitted job at its planned (sigma, q); all or nothing.
+
+        A job admitted with its data's digest is granted steps only for that digest
+        (``dataset``, hex SHA-256): a job id alone draws nothing.
 
         Returns ``{"granted", "position" (the job's steps granted so far),
         "reason"}``; a grant is in the fsynced log when this returns.
@@ -693,6 +705,8 @@ class StoreLedger:
             return self._deny(j, why)
         if j.finished:
             return self._deny(j, "the job has finished: it is granted no further step")
+        if j.dataset and not (dataset and self._store.dataset_id_of(dataset) == j.dataset):
+            return self._deny(j, "the request does not present the admitted data's digest")
         try:
             event = DPEvent(noise_multiplier, sample_rate, steps)
         except AccountingError as exc:

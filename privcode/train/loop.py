@@ -145,12 +145,19 @@ def _ledger_reserve(job: TrainJob, ledger: Any) -> Reserve:
     re-sends after a ledger actor restart is answered from the WAL instead of
     being charged twice, while a step recomputed by a new worker-group
     incarnation (fresh noise: a second release) carries a new id and is charged.
+    Each request presents the admitted data's digest, which every rank checked on the
+    bytes it parsed: a job id alone draws no grant.
     """
 
     def reserve(request_id: str) -> tuple[bool, int, str | None]:
         d = ray.get(
             ledger.reserve.remote(
-                job.job_id, job.privacy.noise_multiplier, job.sample_rate, 1, request_id=request_id
+                job.job_id,
+                job.privacy.noise_multiplier,
+                job.sample_rate,
+                1,
+                request_id=request_id,
+                dataset=job.corpus_sha256,  # the grant is bound to the admitted bytes
             ),
             timeout=120,
         )
@@ -498,6 +505,7 @@ def run_training(
             legacy=list(legacy_ledgers),
             rows=encode_records(records, tokenizer, cfg.max_length),
             tokenizer=tokenizer_id(tokenizer),
+            dataset=corpus_sha,
         )
         job_id = admitted["job"]
         log.info("privacy budget: %s", admitted["message"])
