@@ -615,7 +615,8 @@ class StoreLedger:
         reply = _admission_reply(adm, b)
         if not adm.fits:
             return reply
-        extra = {"budget": b.epsilon} | ({} if cap is None else {"cap": float(cap)})
+        extra: dict[str, Any] = {"budget": b.epsilon}
+        extra |= {} if cap is None else {"cap": float(cap)}
         if dataset:
             extra["dataset"] = self._store.dataset_id_of(dataset)
         job_id = self._add_job("admit", fps, event, run, run_key, **extra)
