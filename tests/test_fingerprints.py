@@ -36,7 +36,9 @@ def test_every_declaration_names_real_fields():
 
 def test_a_whole_section_reads_as_section_to_dict():
     cfg = load_config()
-    assert STAGES["train"].config_read(cfg) == {"train": section_to_dict(cfg.train)}
+    read = STAGES["train"].config_read(cfg)
+    assert read["train"] == section_to_dict(cfg.train)
+    assert read["privacy"] == {"store_id": cfg.privacy.store_id}  # one field of a section
 
 
 def test_a_typo_in_a_declaration_is_an_error():

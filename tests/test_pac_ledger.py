@@ -130,14 +130,15 @@ def test_leases_are_in_the_wal_and_fence_across_a_ledger_restart(tmp_path):
 
 
 def test_the_pac_dataset_key_is_the_records_not_the_files_bytes(tmp_path):
-    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     store = PrivacyStore(init_store(tmp_path / "store"))
     rows = [{"id": str(i), "prompt": f"task {i}", "code": f"x = {i}\n"} for i in range(5)]
     jsonl, parquet = tmp_path / "a.jsonl", tmp_path / "b.parquet"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     copy = {**rows[0], "id": "copy"}  # the same record again under another id
-    pd.DataFrame([*rows[::-1], copy]).to_parquet(parquet)  # reordered, one duplicate
+    pq.write_table(pa.Table.from_pylist([*rows[::-1], copy]), parquet)  # reordered, a duplicate
     from privcode.data.records import read_records
 
     def key(path: Path) -> str:
