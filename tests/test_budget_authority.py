@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from privcode.privacy.authority import AuthorityError
-from privcode.privacy.budget import add_authority, call, init_store, raise_with_authority
+from privcode.privacy.budget import call, init_store
+from privcode.privacy.raising import add_authority, raise_with_authority
 from privcode.privacy.store import PrivacyStore
 
 

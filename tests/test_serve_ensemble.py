@@ -553,7 +553,7 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
     load(variant("first", b" "), 2.0**-4).close()
     with pytest.raises(LedgerConflictError, match="does not reset what the data has paid"):
         load(variant("second", b"  "), 2.0**-4)
-    from privcode.privacy.budget import raise_with_authority
+    from privcode.privacy.raising import raise_with_authority
 
     worlds = call(store, "show")["pac"][0]["worlds"]
     out = raise_with_authority(store, None, to=2.0**-3, who="o", why="why", worlds=worlds)

@@ -170,32 +170,12 @@ def admit(
         )
     fps, per_record = pack_identities(ids), ids.shape[1]
     ledger = open_ledger(store.root)
+    asked: dict[str, Any] = {"explicit": explicit, "cap": cap, "per_record": per_record}
     if reserve:
         _import_legacy(store, ledger, fps, per_record, legacy, budget, run)
-        reply = ledger_call(
-            ledger,
-            "admit",
-            fps,
-            plan.to_dict(),
-            budget.to_dict(),
-            explicit=explicit,
-            run=run,
-            run_key=run_key,
-            cap=cap,
-            per_record=per_record,
-            dataset=dataset,
-        )
-    else:
-        reply = ledger_call(
-            ledger,
-            "admission",
-            fps,
-            plan.to_dict(),
-            budget.to_dict(),
-            explicit=explicit,
-            cap=cap,
-            per_record=per_record,
-        )
+        asked |= {"run": run, "run_key": run_key, "dataset": dataset}
+    method = "admit" if reserve else "admission"  # reserve, or only ask
+    reply = ledger_call(ledger, method, fps, plan.to_dict(), budget.to_dict(), **asked)
     if not reply["admitted"]:
         stage = "" if reserve else ", checked before any stage"
         raise BudgetRefused(f"privacy budget{stage}: {reply['message']}. {_ADVICE}")

@@ -88,7 +88,8 @@ def cmd_budget_raise(args: argparse.Namespace) -> int:
     """Sign a raise with the store's authority and deliver it (``raise``), deliver a grant
     signed elsewhere (``raise --grant FILE``), or only sign it (``sign-raise``)."""
     from privcode.errors import PrivcodeError
-    from privcode.privacy.budget import call, raise_with_authority
+    from privcode.privacy.budget import call
+    from privcode.privacy.raising import raise_with_authority
 
     if args.action == "raise" and args.grant:
         grant = json.loads(Path(args.grant).read_text(encoding="utf-8"))
@@ -132,7 +133,7 @@ def cmd_budget_raise(args: argparse.Namespace) -> int:
 
 
 def cmd_budget_authority(args: argparse.Namespace) -> int:
-    from privcode.privacy.budget import add_authority
+    from privcode.privacy.raising import add_authority
 
     path = add_authority(_store(args), args.authority_key)
     print(f"the store's authority key (raises budgets; keep it off the cluster): {path}")
