@@ -3,7 +3,8 @@
 A curator spends only nats the store's ledger leased to it first (a WAL entry
 through the one writer), everything leased counts as spent at load, leases
 fence a second replica, the PAC budget is keyed by the records (not the
-file's bytes), and a server with a ledger actor opens no store.
+file's bytes) and held per record across overlapping corpora, and a server
+with a ledger actor opens no store.
 """
 
 from __future__ import annotations
@@ -149,6 +150,53 @@ def test_the_pac_dataset_key_is_the_records_not_the_files_bytes(tmp_path):
     crlf = [(r["prompt"], r["code"].replace("\n", "\r\n")) for r in rows]
     assert records_dataset_id(store, crlf) == key(jsonl)
     assert records_dataset_id(store, [(r["prompt"], r["code"]) for r in rows[1:]]) != key(jsonl)
+
+
+def _register(led: StoreLedger, store: PrivacyStore, pairs: list[tuple[str, str]]) -> str:
+    from privcode.privacy.identities import pack_identities
+
+    dataset = records_dataset_id(store, pairs)
+    ids = store.record_identities(pairs)
+    led.pac_records(dataset, pack_identities(ids), ids.shape[1])
+    return dataset
+
+
+def test_pac_budgets_are_per_record_across_copies_reformats_and_overlaps(tmp_path):
+    """Worlds on another corpus that shares records with earlier worlds' data (a subset,
+    a reformat) are held to what those records already paid; disjoint data is not."""
+    from privcode.privacy.budget import verify_store
+
+    root = init_store(tmp_path / "store")
+    store = PrivacyStore(root)
+    corpus = [(f"task {i}", f"def f{i}(x):\n    return x + {i}\n") for i in range(12)]
+    led = StoreLedger(root)
+    first = _register(led, store, corpus)
+    assert led.pac_open("pw-1", first, M, B, "deployment", ALLOWANCE)["allowance"] == ALLOWANCE
+    assert led.pac_records(first, b"", 1) == {"registered": False}  # once per record set
+    # The old key alone would have let each of these start with a full budget.
+    half = [(p, c.replace("    ", "\t")) for p, c in corpus[6:]]  # a reformat, half of it
+    more = half + [(f"new {i}", f"y = {i}\n") for i in range(6)]
+    second = _register(led, store, more)
+    assert second != first
+    with pytest.raises(LedgerConflictError, match="does not reset what the records have paid"):
+        led.pac_open("pw-2", second, M, B, "deployment", ALLOWANCE)
+    # Half of it fits next to the first worlds only if the budget allows both: it does not.
+    with pytest.raises(LedgerConflictError, match=f"{ALLOWANCE:g} of them are held"):
+        led.pac_open("pw-2", second, M, B, "deployment", ALLOWANCE / 2)
+    other = _register(led, store, [(f"other {i}", f"z = {i} * 2\n") for i in range(6)])
+    assert led.pac_open("pw-3", other, M, B, "deployment", ALLOWANCE)["allowance"] == ALLOWANCE
+    led.close()
+    led = StoreLedger(root)  # replayed from the log, snapshot included
+    try:
+        with pytest.raises(LedgerConflictError, match="does not reset"):
+            led.pac_open("pw-4", second, M, B, "deployment", ALLOWANCE)
+        shown = {w["worlds"]: w for w in led.show()["pac"]}
+        assert shown["pw-1"]["record_budget_nats"] == ALLOWANCE
+        assert shown["pw-1"]["records_registered"] and shown["pw-3"]["records_registered"]
+        assert led.show()["epsilon_spent"] == 0.0  # PAC members carry no DP event
+    finally:
+        led.close()
+    assert verify_store(root)["ok"]
 
 
 def _fake_worlds(root: Path) -> Path:

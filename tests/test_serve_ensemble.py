@@ -551,7 +551,7 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
         )
 
     load(variant("first", b" "), 2.0**-4).close()
-    with pytest.raises(LedgerConflictError, match="does not reset what the data has paid"):
+    with pytest.raises(LedgerConflictError, match="does not reset what the records have"):
         load(variant("second", b"  "), 2.0**-4)
     from privcode.privacy.raising import raise_with_authority
 
@@ -559,7 +559,7 @@ def test_retrained_worlds_share_their_datas_pac_budget(worlds, tmp_path):
     out = raise_with_authority(store, None, to=2.0**-3, who="o", why="why", worlds=worlds)
     assert out["allowance_nats"] == 2.0**-3
     shown = call(store, "show")["pac"]
-    assert len(shown) == 1 and shown[0]["dataset_budget_nats"] == 2.0**-3
+    assert len(shown) == 1 and shown[0]["record_budget_nats"] == 2.0**-3
 
 
 def test_a_session_that_expires_in_the_queue_is_a_404(ensemble, tmp_path, monkeypatch):

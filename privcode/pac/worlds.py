@@ -240,11 +240,12 @@ def train_worlds(
     """Train ``cfg.worlds`` adapters on ``data`` (private records) into ``out_dir``.
 
     ``dataset_id`` (the data's opaque id in the privacy store) goes into
-    ``pac.json``: the store keeps one PAC budget per dataset, shared by every
-    set of worlds trained on it. With ``store`` (a
-    :class:`~privcode.privacy.store.PrivacyStore`) it is the records' id
-    (:func:`~privcode.privacy.pac_budgets.records_dataset_id`): the same
-    records in another file or format share one PAC budget.
+    ``pac.json``. With ``store`` (a :class:`~privcode.privacy.store.PrivacyStore`)
+    it is the records' id, and the records (their keyed identities) are logged
+    in the store's ledger first
+    (:func:`~privcode.privacy.admission.register_pac_data`): every set of worlds
+    trained on any of them, from this file or a copy, reformat or overlap of
+    it, is then held to each record's PAC budget.
 
     Returns the public summary (settings, sizes, timings: nothing about a
     record). The adapters are NOT private on their own (see the module
@@ -263,11 +264,12 @@ def train_worlds(
     records = read_records(data)
     if len(records) < 2:
         raise WorldsError(f"pac: {len(records)} private records; the worlds need at least 2")
-    if store is not None:
-        from privcode.privacy.pac_budgets import records_dataset_id
-
-        dataset_id = records_dataset_id(store, ((r.prompt, r.code) for r in records))
     encoded = encode_records(records, tokenizer, cfg.max_length)
+    if store is not None:  # the records' PAC accounts, before anything trains on them
+        from privcode.privacy.admission import register_pac_data
+        from privcode.privacy.identities import tokenizer_id
+
+        dataset_id = register_pac_data(store, records, encoded, tokenizer_id(tokenizer))
     del records
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     assignment = assign_worlds(len(encoded), cfg.worlds, cfg.seed)

@@ -16,6 +16,11 @@ with the plan, stays within the budget (:mod:`privcode.privacy.groups`).
 does the plan alone (a record never trained on) fit the store's budget?
 A refusal is a :class:`~privcode.errors.BudgetRefused` naming the worst
 record's epsilon spent, what the job would add and what is left.
+
+:func:`register_pac_data` is PAC's side of the same accounts: the records a
+set of PAC worlds trains on, logged with the same identities before the
+worlds train, so their deployment allowances are held per record
+(:mod:`privcode.privacy.pac_budgets`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "admit",
     "check_corpus_store",
     "plan_alone",
+    "register_pac_data",
     "requested_budget",
 ]
 
@@ -223,3 +229,19 @@ def plan_alone(
             "refuse it (checked once the data exists)"
         )
     return None
+
+
+def register_pac_data(
+    store: PrivacyStore, records: Sequence[Any], rows: Sequence[Any], tokenizer: str
+) -> str:
+    """Log the records PAC worlds train on (objects with ``prompt`` and ``code``; ``rows``
+    their encoded rows, ``tokenizer`` its :func:`~privcode.privacy.identities.tokenizer_id`)
+    in ``store``'s ledger, once per record set; their PAC dataset id."""
+    from privcode.privacy.budget import call
+    from privcode.privacy.pac_budgets import records_dataset_id
+
+    pairs = [(r.prompt, r.code) for r in records]
+    dataset = records_dataset_id(store, pairs)
+    ids = store.record_identities(pairs, rows=rows, tokenizer=tokenizer)
+    call(store.root, "pac_records", dataset, pack_identities(ids), ids.shape[1])
+    return dataset

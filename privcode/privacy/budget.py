@@ -41,7 +41,14 @@ from typing import Any
 
 from privcode.errors import LedgerUnavailableError, PrivcodeError
 from privcode.privacy.authority import make_authority
-from privcode.privacy.ledger import WAL_FORMAT, Budget, LoadedLog, StoreLedger, load_log
+from privcode.privacy.ledger import (
+    RECORD_ENTRIES,
+    WAL_FORMAT,
+    Budget,
+    LoadedLog,
+    StoreLedger,
+    load_log,
+)
 from privcode.privacy.ledger_actor import ledger_call, open_ledger
 from privcode.privacy.store import (
     HEAD_FILE,
@@ -442,7 +449,7 @@ def verify_store(root: str | os.PathLike, *, accept_move: bool = False) -> dict[
 
 
 def _verify_jobs(store: PrivacyStore, loaded: LoadedLog, add: Any) -> None:
-    jobs = [e for e in loaded.records if e.get("type") in ("admit", "import")]
+    jobs = [e for e in loaded.records if e.get("type") in RECORD_ENTRIES]
     missing, damaged = [], []
     for e in jobs:
         try:
@@ -477,7 +484,7 @@ def _verify_groups(store: PrivacyStore, loaded: LoadedLog, add: Any) -> None:
     records = loaded.records
     try:
         n = int(state["wal_records"])
-        jobs = {e["job"] for e in records[1:n] if e.get("type") in ("admit", "import")}
+        jobs = {e["job"] for e in records[1:n] if e.get("type") in RECORD_ENTRIES}
         ok = 0 < n <= len(records) and set(state["jobs"]) == jobs
     except (KeyError, TypeError, ValueError):
         ok, n = False, 0
@@ -642,6 +649,6 @@ def format_show(shown: dict[str, Any], max_groups: int = 20) -> str:
     for w in shown.get("pac", []):
         lines.append(
             f"  PAC worlds {w['worlds']}: m={w['m']}, {w['allowance_nats']:g} nats allowed "
-            f"(data budget {w['dataset_budget_nats']:g}), scope {w['scope']}"
+            f"(per-record budget {w['record_budget_nats']:g}), scope {w['scope']}"
         )
     return "\n".join(lines)

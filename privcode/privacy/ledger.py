@@ -93,7 +93,15 @@ from privcode.privacy.wal import (
     write_head,
 )
 
-__all__ = ["WAL_NAME", "Budget", "LoadedLog", "StoreLedger", "load_log", "pack_fingerprints"]
+__all__ = [
+    "RECORD_ENTRIES",
+    "WAL_NAME",
+    "Budget",
+    "LoadedLog",
+    "StoreLedger",
+    "load_log",
+    "pack_fingerprints",
+]
 
 log = logging.getLogger("privcode.ledger")
 
@@ -103,6 +111,8 @@ WAL_NAME = "ledger.wal"
 #: fingerprint per record) is still read and appended to.
 WAL_FORMAT = 3
 _READ_FORMATS = (2, 3)
+#: Entries naming a ``jobs/<job>.fps`` file of records that joins the record groups.
+RECORD_ENTRIES = ("admit", "import", "pac-records")
 _ENTRY_TYPES = {
     "header",
     "budget",
@@ -110,6 +120,7 @@ _ENTRY_TYPES = {
     "grant",
     "finish",
     "import",
+    "pac-records",
     "pac-open",
     "pac-raise",
     "pac-lease",
@@ -178,7 +189,9 @@ def _check_entry(record: dict[str, Any], index: int) -> None:
         raise ValueError(f"unexpected entry type {kind!r}")
     if not isinstance(record.get("seq"), int) or not isinstance(record.get("epoch"), int):
         raise ValueError("entry without an integer seq and epoch")
-    if kind in ("admit", "grant", "finish") and not isinstance(record.get("job"), str):
+    if kind in ("admit", "grant", "finish", "pac-records") and not isinstance(
+        record.get("job"), str
+    ):
         raise ValueError("entry without a job")
 
 
@@ -423,7 +436,7 @@ class StoreLedger:
         budget = self._budget or Budget(1.0, 1e-5)  # no budget yet: no job either
         snap = self._read_snapshot(records)
         groups, done = snap if snap else (RecordGroups(budget.accountant, budget.delta), 1)
-        later = [e for e in records[done:] if e["type"] in ("admit", "import")]
+        later = [e for e in records[done:] if e["type"] in RECORD_ENTRIES]
         for entry in later:
             blob = self._store.read_job_records(entry["job"], entry["fps_sha256"])
             groups.add_job(entry["job"], unpack_identities(blob, entry.get("per_record", 1)), ())
@@ -441,7 +454,7 @@ class StoreLedger:
                 return None
             state, index = found
             n = int(state["wal_records"])
-            jobs = {e["job"] for e in records[1:n] if e["type"] in ("admit", "import")}
+            jobs = {e["job"] for e in records[1:n] if e["type"] in RECORD_ENTRIES}
             if not 0 < n <= len(records) or set(state["jobs"]) != jobs:
                 raise ValueError("it is not of this log")
             if state.get("format", 1) == 1 and any(
@@ -785,13 +798,57 @@ class StoreLedger:
 
     # -- PAC deployments (privcode.privacy.pac_budgets) ---------------------------------
 
+    def pac_records(self, dataset: str, fingerprints: bytes, per_record: int = 1) -> dict:
+        """Register the records of PAC ``dataset`` (their identities, as :meth:`admit`'s),
+        once, before worlds trained on them are served: they join the record groups with
+        no DP event, and PAC allowances are then checked per record (pac_budgets)."""
+        if why := self._fenced():
+            raise LedgerUnavailableError(why)
+        if not dataset.startswith("pd-"):
+            raise LedgerConflictError(f"{dataset!r} is not a PAC dataset id (pd-...)")
+        if dataset in self._pac.members:
+            return {"registered": False}
+        fps = unpack_identities(fingerprints, per_record)
+        if not len(fps):
+            raise AccountingError("a PAC dataset of no records")
+        member = "pac-" + uuid.uuid4().hex[:12]
+        packed = pack_identities(fps)
+        entry = {
+            "type": "pac-records",
+            "job": member,
+            "dataset": dataset,
+            "records": len(fps),
+            "fps_sha256": self._store.write_job_records(member, packed),
+            "per_record": fps.shape[1],
+            "identities": SCHEME,
+        }
+        self._pac.apply(self._append(entry))
+        assert self._groups is not None
+        self._groups.add_job(member, fps, ())
+        self._write_snapshot(self._groups)
+        return {"registered": True}
+
+    def _pac_overlaps(self, dataset: str) -> list[frozenset[str]]:
+        """The datasets of every record group ``dataset``'s records are in (itself alone
+        when its records were never registered)."""
+        member = self._pac.members.get(dataset)
+        if member is None or self._groups is None:
+            return [frozenset({dataset})]
+        names = self._pac.datasets
+        return [
+            frozenset(names[m] for m in group if m in names)
+            for group in self._groups.groups_of_job(member)
+        ]
+
     def pac_open(
         self, worlds: str, dataset: str, m: int, b: float, scope: str, budget: float
     ) -> dict:
         """A curator of ``worlds`` starts: its allowance, and whether they were served before."""
         if why := self._fenced():
             raise LedgerUnavailableError(why)
-        entry, reply = self._pac.open(worlds, dataset, int(m), float(b), scope, float(budget))
+        entry, reply = self._pac.open(
+            worlds, dataset, int(m), float(b), scope, float(budget), self._pac_overlaps(dataset)
+        )
         if entry is not None:  # logged before the curator serves anything
             self._pac.apply(self._append(entry))
         return reply
@@ -824,7 +881,10 @@ class StoreLedger:
         w = self._pac.worlds.get(worlds)
         current = w.allowance if w is not None else None
         message = self._granted(grant, kind="pac", worlds=worlds, **{"from": current})
-        entry = self._pac.raise_entry(worlds, float(message["to"]), message["who"], message["why"])
+        overlaps = self._pac_overlaps(w.dataset) if w is not None else []
+        entry = self._pac.raise_entry(
+            worlds, float(message["to"]), message["who"], message["why"], overlaps
+        )
         self._pac.apply(self._append({**entry, "grant": grant["signature"]}))
         return {"worlds": worlds, "allowance_nats": entry["allowance"]}
 

@@ -1,4 +1,4 @@
-"""PAC deployment budgets in the privacy store: per set of worlds, within one per dataset.
+"""PAC deployment budgets in the privacy store: per set of worlds, within one per record.
 
 A PAC curator (:mod:`privcode.pac.curator`) charges ``b`` nats per private
 token against its deployment budget, and its state (the secret world, the
@@ -13,11 +13,20 @@ store's ledger records, in the same log and through the same one writer:
   stage that reproduces them) gets the same allowance back and is told the
   worlds were served, so a missing curator state fails closed instead of
   drawing a fresh secret with a full budget;
-* the dataset's PAC budget: the first allowance asked for on it. Worlds
-  trained again on the same data (another secret, another posterior) share
-  it: an allowance is granted only if it fits next to every earlier one, so
-  retraining the worlds never resets what the data has paid;
-* ``pac-raise``: a higher dataset budget or allowance, only through
+* ``pac-records``: the records a set of worlds is trained on (their keyed
+  identities, :mod:`privcode.privacy.identities`), logged once per dataset
+  before the worlds train. They join the store's record groups
+  (:mod:`privcode.privacy.groups`) as a member with no DP event, so a record
+  is known to PAC as it is to DP-SGD: by its exact text, its code up to
+  layout, its training row and its MinHash bands, across corpora;
+* every record's PAC budget, ``record_budget`` nats: the first allowance asked
+  for on the store. A record's PAC spend is the sum of the allowances of
+  every set of worlds trained on data holding it (through any identity), and
+  worlds are opened only if, for every record group their data meets,
+  ``held(G) + allowance <= record_budget``; so retraining the worlds, or
+  training new ones on a re-ingested, reformatted or overlapping corpus,
+  never resets what the records have paid;
+* ``pac-raise``: a higher allowance (and record budget), only through
   ``privcode budget raise --pac WORLDS``, with who and why;
 * ``pac-lease``: ``nats`` of the allowance handed to one running curator
   (its ``holder`` id), logged BEFORE the curator spends them
@@ -39,18 +48,17 @@ store's ledger records, in the same log and through the same one writer:
   only over-counts (fail closed).
 
 PAC leakage composes additively in mutual information over deployments on
-the same data, which is why the allowances of one dataset add up. Pure
+the same data, which is why the allowances of the worlds a record trained add up. Pure
 state: :class:`~privcode.privacy.ledger.StoreLedger` logs and persists it.
 
 The dataset is named by its records, not by a file's bytes
 (:func:`records_dataset_id`): ``pd-`` + a keyed HMAC over the SORTED,
 DISTINCT record fingerprints the store already computes
 (:meth:`~privcode.privacy.store.PrivacyStore.record_fingerprints`, canonical
-texts). The same records in another order, file format, encoding or with
-duplicates get the same id, hence the same PAC budget. A set hash is exact,
-not a similarity: a corpus with one record more or less is another set
-(another budget); sharing a budget across overlapping corpora needs
-per-record PAC accounts (as the DP record groups do), not done here.
+texts). The id names the deployment's data; the accounting is per record
+(``pac-records``). Worlds of data never registered (a store from before
+per-record accounts, a curator started on worlds without their records)
+are held to their own dataset id alone.
 """
 
 from __future__ import annotations
@@ -86,23 +94,31 @@ def records_dataset_id(store: Any, records: Iterable[tuple[str, str]]) -> str:
 
 
 class PacBudgets:
-    """Allowances per worlds id and budgets per dataset (module docstring)."""
+    """Allowances per worlds id, one budget per record (module docstring).
+
+    ``overlaps``, where asked: for each record group the worlds' data meets, the
+    datasets trained on records of that group (the ledger reads them off its
+    record groups; :meth:`StoreLedger._pac_overlaps`); None: the dataset alone.
+    """
 
     def __init__(self) -> None:
         self.worlds: dict[str, _Worlds] = {}
-        self.datasets: dict[str, float] = {}
+        self.record_budget: float | None = None
+        self.members: dict[str, str] = {}  #: dataset -> its member in the record groups
+        self.datasets: dict[str, str] = {}  #: member -> dataset
 
     def apply(self, e: dict[str, Any]) -> None:
         """Replay one ``pac-*`` log entry."""
-        if e["type"] == "pac-open":
+        if e["type"] == "pac-records":
+            self.members[e["dataset"]], self.datasets[e["job"]] = e["job"], e["dataset"]
+        elif e["type"] == "pac-open":
             self.worlds[e["worlds"]] = _Worlds(
                 e["dataset"], int(e["m"]), float(e["b"]), e["scope"], float(e["allowance"])
             )
-            self.datasets.setdefault(e["dataset"], float(e["dataset_budget"]))
+            self._at_least(e.get("record_budget", e.get("dataset_budget")))
         elif e["type"] == "pac-raise":
-            w = self.worlds[e["worlds"]]
-            w.allowance = float(e["allowance"])
-            self.datasets[w.dataset] = float(e["dataset_budget"])
+            self.worlds[e["worlds"]].allowance = float(e["allowance"])
+            self._at_least(e.get("record_budget", e.get("dataset_budget")))
         elif e["type"] == "pac-lease":
             w = self.worlds[e["worlds"]]
             w.leased += float(e["nats"])
@@ -110,11 +126,30 @@ class PacBudgets:
             w.holders.add(e["holder"])
             w.steps = max(w.steps, int(e["steps"]))
 
-    def reserved(self, dataset: str, but: str = "") -> float:
-        return sum(w.allowance for k, w in self.worlds.items() if w.dataset == dataset and k != but)
+    def _at_least(self, nats: Any) -> None:
+        # A log from before per-record accounts kept one budget per dataset: the largest
+        # becomes every record's (each was the first allowance asked, or raised on record).
+        if nats is not None:
+            self.record_budget = max(self.record_budget or 0.0, float(nats))
+
+    def held(self, datasets: frozenset[str], but: str = "") -> float:
+        """Nats allowed to every set of worlds (``but`` one) trained on one of ``datasets``."""
+        return sum(
+            w.allowance for k, w in self.worlds.items() if w.dataset in datasets and k != but
+        )
+
+    def worst_held(self, overlaps: list[frozenset[str]], but: str = "") -> float:
+        return max((self.held(d, but) for d in overlaps), default=0.0)
 
     def open(
-        self, worlds: str, dataset: str, m: int, b: float, scope: str, budget: float
+        self,
+        worlds: str,
+        dataset: str,
+        m: int,
+        b: float,
+        scope: str,
+        budget: float,
+        overlaps: list[frozenset[str]] | None = None,
     ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """(entry to log or None, reply) for a curator of ``worlds`` asking for ``budget`` nats."""
         known = self.worlds.get(worlds)
@@ -131,15 +166,16 @@ class PacBudgets:
                     f"budget raise --pac {worlds} --nats N --who NAME --why REASON`"
                 )
             return None, {"served_before": True, "allowance": min(budget, known.allowance)}
-        dataset_budget = self.datasets.get(dataset, budget)
-        left = dataset_budget - self.reserved(dataset)
-        if budget > left * (1 + _RTOL):
+        limit = budget if self.record_budget is None else self.record_budget
+        held = self.worst_held(overlaps or [frozenset({dataset})])
+        if budget > (limit - held) * (1 + _RTOL):
             raise LedgerConflictError(
-                f"the PAC budget of these worlds' training data is {dataset_budget:g} nats, "
-                f"{dataset_budget - left:g} of them held by earlier worlds trained on it; these "
-                f"worlds ask for {budget:g}. Retraining the worlds does not reset what the data "
-                "has paid: lower pac.deployment_budget, or raise the data's PAC budget on record "
-                f"(`privcode budget raise --pac {worlds} --nats N --who NAME --why REASON`)"
+                f"every record's PAC budget is {limit:g} nats; {held:g} of them are held, for "
+                "some records of these worlds' training data, by earlier worlds trained on "
+                f"them (this data, or a copy, a reformat or an overlap of it); these worlds ask "
+                f"for {budget:g}. Retraining the worlds does not reset what the records have "
+                "paid: lower pac.deployment_budget, or raise it on record (`privcode budget "
+                f"raise --pac {worlds} --nats N --who NAME --why REASON`)"
             )
         entry = {
             "type": "pac-open",
@@ -149,7 +185,7 @@ class PacBudgets:
             "b": b,
             "scope": scope,
             "allowance": budget,
-            "dataset_budget": dataset_budget,
+            "record_budget": limit,
         }
         return entry, {"served_before": False, "allowance": budget}
 
@@ -190,8 +226,11 @@ class PacBudgets:
         }
         return entry, reply
 
-    def raise_entry(self, worlds: str, nats: float, who: str, why: str) -> dict[str, Any]:
-        """The ``pac-raise`` entry making ``worlds``' allowance ``nats`` (never lower)."""
+    def raise_entry(
+        self, worlds: str, nats: float, who: str, why: str, overlaps: list[frozenset[str]]
+    ) -> dict[str, Any]:
+        """The ``pac-raise`` entry making ``worlds``' allowance ``nats`` (never lower), and
+        every record's budget at least what the records of its data then hold."""
         w = self.worlds.get(worlds)
         if w is None:
             raise LedgerConflictError(f"no PAC worlds {worlds!r} were ever served from this store")
@@ -199,12 +238,12 @@ class PacBudgets:
             raise LedgerConflictError(f"{nats:g} nats does not raise the allowance {w.allowance:g}")
         if not who.strip() or not why.strip():
             raise LedgerConflictError("a budget raise must say who raises it and why")
-        need = self.reserved(w.dataset, but=worlds) + nats
+        need = self.worst_held(overlaps, but=worlds) + nats
         return {
             "type": "pac-raise",
             "worlds": worlds,
             "allowance": nats,
-            "dataset_budget": max(self.datasets[w.dataset], need),
+            "record_budget": max(self.record_budget or 0.0, need),
             "who": who[:200],
             "why": why[:500],
         }
@@ -218,7 +257,8 @@ class PacBudgets:
                 "scope": w.scope,
                 "allowance_nats": w.allowance,
                 "leased_nats": w.leased,
-                "dataset_budget_nats": self.datasets[w.dataset],
+                "record_budget_nats": self.record_budget,
+                "records_registered": w.dataset in self.members,
             }
             for k, w in self.worlds.items()
         ]
