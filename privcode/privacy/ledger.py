@@ -18,33 +18,8 @@ directory or copy of the file it came from. A job is
 3. finished (:meth:`StoreLedger.finish`): its committed events become what
    was granted; no step is granted to a finished job again.
 
-Files in the store (0700 directory, 0600 files, never in a run directory):
-
-* ``ledger.wal``: the write-ahead log (:mod:`privcode.privacy.wal`), entries
-  ``header``, ``budget`` (epsilon, delta, accountant: set by ``privcode
-  budget init --epsilon`` or the first job, changed only by
-  :meth:`StoreLedger.raise_budget`, which logs who and why), ``admit``,
-  ``grant``, ``finish``, ``import``, ``chain`` (a log from before the hash
-  chain, chained from here), ``move`` (the store moved on record); every
-  entry carries ``seq``, the writer's ``epoch`` and ``prev_hash`` (the hash
-  chain). An entry is fsynced before the call that made it returns: a crash
-  can only over-count.
-* ``ledger.head``: the log's length and last hash, rewritten (atomically)
-  after every append; with the chain it turns a truncated, replaced or
-  deleted log into a refusal (:func:`load_log`), never a fresh budget.
-* ``jobs/<job>.fps``: a job's records, written (temporary name, fsync,
-  rename, directory fsync) before its ``admit``: ``per_record`` identities of
-  16 bytes each (:mod:`privcode.privacy.identities`; the entry names it, 1
-  for a job logged before identities: its sorted fingerprints), records
-  sorted by their exact identity.
-* ``groups/``: a snapshot of the record groups at a WAL position, so a
-  restart reads one index instead of every job's fingerprints.
-* ``lock``: held with ``flock(LOCK_EX)`` by the one writer for its life;
-  ``epoch``: bumped by each writer on start, with the lock held. A writer
-  re-reads the epoch before and after every append and fails closed when
-  another writer took over (a second cluster on the same volume, a stale
-  actor after a network split): it never grants again, and its last line,
-  if any, only over-counts. Replay applies every verified line in order.
+The store's files, the log's entries and how a log is checked before any
+write: :mod:`privcode.privacy.ledger_log`.
 
 Metrics (``ray.util.metrics``, tag ``store``): Gauges
 ``privcode_epsilon_spent`` (the worst record's epsilon) and
@@ -56,11 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,24 +44,30 @@ from privcode.dp.events import DPEvent
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
 from privcode.privacy.groups import RecordGroups, merge_events
 from privcode.privacy.identities import SCHEME, pack_identities, unpack_identities
+from privcode.privacy.ledger_log import (
+    RECORD_ENTRIES,
+    WAL_FORMAT,
+    WAL_NAME,
+    Budget,
+    JobEntry,
+    LoadedLog,
+    admission_reply,
+    load_log,
+    over_cap,
+    pack_fingerprints,
+    read_snapshot,
+)
+from privcode.privacy.ledger_pac import PacLedger
 from privcode.privacy.pac_budgets import PacBudgets
 from privcode.privacy.store import (
     FINGERPRINT_BYTES,
-    JOBS_DIR,
-    PAC_DIR,
-    SNAPSHOT_DIR,
     PrivacyStore,
 )
 from privcode.privacy.wal import (
-    LogContents,
     append_line,
-    check_head,
     genesis_hash,
     legacy_digest,
-    read_head,
-    read_log,
     repair,
-    verify_chain,
     write_chained,
     write_head,
 )
@@ -105,170 +84,8 @@ __all__ = [
 
 log = logging.getLogger("privcode.ledger")
 
-WAL_NAME = "ledger.wal"
-#: The log's header format: 3 since jobs carry several identities per record
-#: (``per_record`` in ``admit`` and ``import`` entries); a format 2 log (one
-#: fingerprint per record) is still read and appended to.
-WAL_FORMAT = 3
-_READ_FORMATS = (2, 3)
-#: Entries naming a ``jobs/<job>.fps`` file of records that joins the record groups.
-RECORD_ENTRIES = ("admit", "import", "pac-records")
-_ENTRY_TYPES = {
-    "header",
-    "budget",
-    "admit",
-    "grant",
-    "finish",
-    "import",
-    "pac-records",
-    "pac-open",
-    "pac-raise",
-    "pac-lease",
-    "chain",
-    "move",
-}
 
-
-def pack_fingerprints(fingerprints: list[bytes]) -> bytes:
-    """Distinct fingerprints, sorted and concatenated (what :meth:`StoreLedger.admit` takes)."""
-    fps = sorted(set(fingerprints))
-    if any(len(fp) != FINGERPRINT_BYTES for fp in fps):
-        raise AccountingError(f"a record fingerprint must be {FINGERPRINT_BYTES} bytes")
-    return b"".join(fps)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A store's budget: every record's epsilon at ``delta`` under ``accountant`` stays <= it."""
-
-    epsilon: float
-    delta: float
-    accountant: str = "rdp"
-
-    def __post_init__(self) -> None:
-        e, d = self.epsilon, self.delta
-        if isinstance(e, bool) or not isinstance(e, int | float) or not math.isfinite(e) or e <= 0:
-            raise AccountingError(f"epsilon budget must be a finite number > 0, got {e!r}")
-        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d < 1:
-            raise AccountingError(f"delta must be a number in (0, 1), got {d!r}")
-        make_accountant(self.accountant)
-        object.__setattr__(self, "epsilon", float(e))
-        object.__setattr__(self, "delta", float(d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon, "delta": self.delta, "accountant": self.accountant}
-
-
-@dataclass
-class _Job:
-    run: str
-    run_key: str
-    plan: DPEvent
-    records: int
-    budget: float
-    cap: float | None = None  #: the job's own epsilon cap (train.epsilon), None: the budget's
-    #: The admitted data's keyed digest (``PrivacyStore.dataset_id_of``); '': not bound.
-    dataset: str = ""
-    granted: int = 0
-    finished: bool = False
-    requests: set[str] = field(default_factory=set)
-
-    def committed(self) -> tuple[DPEvent, ...]:
-        """What the job may have released: its plan while running, its grants once done."""
-        steps = self.granted if self.finished else max(self.granted, self.plan.steps)
-        return (DPEvent(self.plan.noise_multiplier, self.plan.sample_rate, steps),) if steps else ()
-
-
-def _check_entry(record: dict[str, Any], index: int) -> None:
-    kind = record.get("type")
-    if index == 0:
-        if kind != "header" or record.get("format") not in _READ_FORMATS:
-            raise ValueError(f"not a privacy store ledger (format {_READ_FORMATS}) header")
-        return
-    if kind not in _ENTRY_TYPES - {"header"}:
-        raise ValueError(f"unexpected entry type {kind!r}")
-    if not isinstance(record.get("seq"), int) or not isinstance(record.get("epoch"), int):
-        raise ValueError("entry without an integer seq and epoch")
-    if kind in ("admit", "grant", "finish", "pac-records") and not isinstance(
-        record.get("job"), str
-    ):
-        raise ValueError("entry without a job")
-
-
-@dataclass
-class LoadedLog:
-    """A store's log as :func:`load_log` checked it."""
-
-    contents: LogContents | None
-    legacy_entries: int = 0  # its first entries, written before the hash chain
-    lag: int = 0  # entries its head is behind (a crash between an append and the head)
-    head: dict[str, Any] | None = None
-    create: bool = False  # a store from before identity files that never logged
-
-    @property
-    def records(self) -> list[dict[str, Any]]:
-        return self.contents.records if self.contents else []
-
-
-def load_log(store: PrivacyStore) -> LoadedLog:
-    """Read and check a store's log, chain and head; writes nothing.
-
-    :class:`LedgerUnavailableError` naming what is missing or damaged: the log
-    gone, a line corrupt, a broken link (an entry removed or changed, the log
-    of another store), a head missing or disagreeing with the log (a
-    truncated or replaced log). A store from before the chain (no identity,
-    no head, no ``prev_hash``) is accepted for migration (``store.legacy``).
-    """
-    wal, head_path = store.wal_path, store.head_path
-    fix = (
-        f"Nothing may train on this store: restore the file from a backup (`privcode budget "
-        f"verify --store {store.root}` lists every problem); deleting or truncating it grants "
-        "no budget"
-    )
-    if not wal.exists():
-        if store.legacy and not store.present() & {JOBS_DIR, SNAPSHOT_DIR, PAC_DIR}:
-            return LoadedLog(None, create=True)
-        raise LedgerUnavailableError(f"the ledger's log {wal} is missing. {fix}")
-    contents = read_log(wal, _check_entry)
-    if not contents.records:
-        if store.legacy and not store.present() & {JOBS_DIR, SNAPSHOT_DIR, PAC_DIR}:
-            return LoadedLog(contents, create=True)  # only a torn header: nothing was logged
-        raise LedgerUnavailableError(f"the ledger's log {wal} holds no complete entry. {fix}")
-    try:
-        legacy = verify_chain(contents, genesis_hash(store.store_id))
-    except ValueError as why:
-        raise LedgerUnavailableError(
-            f"the hash chain of the ledger {wal} is broken: {why}. {fix}"
-        ) from None
-    chained = legacy < len(contents.records)
-    try:
-        head = read_head(head_path)
-    except ValueError as why:
-        raise LedgerUnavailableError(
-            f"the ledger's head {head_path} is damaged ({why}). {fix}"
-        ) from None
-    if head is None:
-        if store.legacy and not chained:
-            return LoadedLog(contents, legacy_entries=legacy)
-        raise LedgerUnavailableError(
-            f"the ledger's head {head_path} is missing: the length of its log {wal} cannot be "
-            f"checked. {fix}"
-        )
-    if not chained and not store.legacy:
-        raise LedgerUnavailableError(
-            f"the ledger's log {wal} carries no hash chain, but the store has been chained: "
-            f"an older copy of the log was put back. {fix}"
-        )
-    try:
-        lag = check_head(head, contents)
-    except ValueError as why:
-        raise LedgerUnavailableError(
-            f"the ledger's log {wal} disagrees with its head {head_path}: {why}. {fix}"
-        ) from None
-    return LoadedLog(contents, legacy_entries=legacy, lag=lag, head=head)
-
-
-class StoreLedger:
+class StoreLedger(PacLedger):
     """The ledger of one store (module docstring); :func:`open_ledger` runs it as an actor.
 
     Usable as a plain object in one process (tests, offline tools). Not
@@ -282,7 +99,7 @@ class StoreLedger:
         self._last_hash = ""  # the hash of the log's last entry (the next one's prev_hash)
         self._failed: str | None = None
         self._budget: Budget | None = None
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, JobEntry] = {}
         self._pac = PacBudgets()
         self._groups: RecordGroups | None = None
         self._seq = self._lines = 0
@@ -410,7 +227,7 @@ class StoreLedger:
             self._budget = Budget(e["epsilon"], e["delta"], e["accountant"])
         elif kind in ("admit", "import"):
             assert self._budget is not None
-            self._jobs[e["job"]] = _Job(
+            self._jobs[e["job"]] = JobEntry(
                 e.get("run", ""),
                 e.get("run_key", ""),
                 DPEvent.from_dict(e["plan"]),
@@ -434,7 +251,7 @@ class StoreLedger:
     def _load_groups(self, records: list[dict[str, Any]]) -> RecordGroups:
         """The record groups: the snapshot, then every job admitted after it (their files)."""
         budget = self._budget or Budget(1.0, 1e-5)  # no budget yet: no job either
-        snap = self._read_snapshot(records)
+        snap = read_snapshot(self._store, records)
         groups, done = snap if snap else (RecordGroups(budget.accountant, budget.delta), 1)
         later = [e for e in records[done:] if e["type"] in RECORD_ENTRIES]
         for entry in later:
@@ -445,26 +262,6 @@ class StoreLedger:
         if later:
             self._write_snapshot(groups)
         return groups
-
-    def _read_snapshot(self, records: list[dict[str, Any]]) -> tuple[RecordGroups, int] | None:
-        """The snapshot and the log lines it covers, if it is of a prefix of this log."""
-        try:
-            found = self._store.read_groups()
-            if found is None:
-                return None
-            state, index = found
-            n = int(state["wal_records"])
-            jobs = {e["job"] for e in records[1:n] if e["type"] in RECORD_ENTRIES}
-            if not 0 < n <= len(records) or set(state["jobs"]) != jobs:
-                raise ValueError("it is not of this log")
-            if state.get("format", 1) == 1 and any(
-                e.get("per_record", 1) > 1 for e in records[1:n]
-            ):
-                raise ValueError("single fingerprints for jobs with identities (an older writer)")
-            return RecordGroups.from_state(state, index), n
-        except (ValueError, KeyError, TypeError, AccountingError) as exc:
-            log.warning("record-group snapshot unusable (%s); rebuilding from the jobs", exc)
-            return None
 
     def _write_snapshot(self, groups: RecordGroups) -> None:
         self._store.write_groups(
@@ -582,12 +379,12 @@ class StoreLedger:
         """
         b = self._settle_budget(Budget(**budget), explicit, "", write=False)
         event = DPEvent.from_dict(plan)
-        if over := _over_cap([event], b, cap):
+        if over := over_cap([event], b, cap):
             return over
         groups = self._groups if self._budget is not None else RecordGroups(b.accountant, b.delta)
         assert groups is not None
         adm = groups.admission(unpack_identities(fingerprints, per_record), [event], b.epsilon)
-        return _admission_reply(adm, b)
+        return admission_reply(adm, b)
 
     def admit(
         self,
@@ -617,7 +414,7 @@ class StoreLedger:
             raise LedgerUnavailableError(why)
         event = DPEvent.from_dict(plan)
         b = self._settle_budget(Budget(**budget), explicit, f"first job ({run})", write=True)
-        if over := _over_cap([event], b, cap):
+        if over := over_cap([event], b, cap):
             return over
         for job_id, job in list(self._jobs.items()):
             if run_key and job.run_key == run_key and not job.finished:
@@ -625,7 +422,7 @@ class StoreLedger:
         fps = unpack_identities(fingerprints, per_record)
         assert self._groups is not None
         adm = self._groups.admission(fps, [event], b.epsilon)
-        reply = _admission_reply(adm, b)
+        reply = admission_reply(adm, b)
         if not adm.fits:
             return reply
         extra: dict[str, Any] = {"budget": b.epsilon}
@@ -735,7 +532,7 @@ class StoreLedger:
         if total > j.plan.steps:  # past the plan: every record of the job must still fit
             new = DPEvent(event.noise_multiplier, event.sample_rate, total)
             assert self._budget is not None
-            if (capped := _over_cap([new], self._budget, j.cap)) is not None:
+            if (capped := over_cap([new], self._budget, j.cap)) is not None:
                 return self._deny(j, capped["message"])
             try:
                 over = self._groups.check_step(job, [new], j.budget)
@@ -761,7 +558,7 @@ class StoreLedger:
             self._refresh(event.steps, recompute=False)
         return {"granted": True, "position": j.granted, "reason": None}
 
-    def _deny(self, job: _Job | None, reason: str) -> dict:
+    def _deny(self, job: JobEntry | None, reason: str) -> dict:
         return {"granted": False, "position": job.granted if job else 0, "reason": reason}
 
     def finish(self, job: str, reason: str = "") -> dict:
@@ -795,98 +592,6 @@ class StoreLedger:
             "record_epsilon": worst,
             "budget": self._budget.to_dict(),
         }
-
-    # -- PAC deployments (privcode.privacy.pac_budgets) ---------------------------------
-
-    def pac_records(self, dataset: str, fingerprints: bytes, per_record: int = 1) -> dict:
-        """Register the records of PAC ``dataset`` (their identities, as :meth:`admit`'s),
-        once, before worlds trained on them are served: they join the record groups with
-        no DP event, and PAC allowances are then checked per record (pac_budgets)."""
-        if why := self._fenced():
-            raise LedgerUnavailableError(why)
-        if not dataset.startswith("pd-"):
-            raise LedgerConflictError(f"{dataset!r} is not a PAC dataset id (pd-...)")
-        if dataset in self._pac.members:
-            return {"registered": False}
-        fps = unpack_identities(fingerprints, per_record)
-        if not len(fps):
-            raise AccountingError("a PAC dataset of no records")
-        member = "pac-" + uuid.uuid4().hex[:12]
-        packed = pack_identities(fps)
-        entry = {
-            "type": "pac-records",
-            "job": member,
-            "dataset": dataset,
-            "records": len(fps),
-            "fps_sha256": self._store.write_job_records(member, packed),
-            "per_record": fps.shape[1],
-            "identities": SCHEME,
-        }
-        self._pac.apply(self._append(entry))
-        assert self._groups is not None
-        self._groups.add_job(member, fps, ())
-        self._write_snapshot(self._groups)
-        return {"registered": True}
-
-    def _pac_overlaps(self, dataset: str) -> list[frozenset[str]]:
-        """The datasets of every record group ``dataset``'s records are in (itself alone
-        when its records were never registered)."""
-        member = self._pac.members.get(dataset)
-        if member is None or self._groups is None:
-            return [frozenset({dataset})]
-        names = self._pac.datasets
-        return [
-            frozenset(names[m] for m in group if m in names)
-            for group in self._groups.groups_of_job(member)
-        ]
-
-    def pac_open(
-        self, worlds: str, dataset: str, m: int, b: float, scope: str, budget: float
-    ) -> dict:
-        """A curator of ``worlds`` starts: its allowance, and whether they were served before."""
-        if why := self._fenced():
-            raise LedgerUnavailableError(why)
-        entry, reply = self._pac.open(
-            worlds, dataset, int(m), float(b), scope, float(budget), self._pac_overlaps(dataset)
-        )
-        if entry is not None:  # logged before the curator serves anything
-            self._pac.apply(self._append(entry))
-        return reply
-
-    def pac_served(self, worlds: str) -> bool:
-        """Whether a curator of ``worlds`` ever started from this store."""
-        return worlds in self._pac.worlds
-
-    def pac_lease(self, worlds: str, nats: float, holder: str, steps: int = 0) -> dict:
-        """Lease up to ``nats`` of ``worlds``' allowance to the curator ``holder`` (which has
-        spent ``steps`` private steps), logged before it spends them (pac_budgets: leases)."""
-        if why := self._fenced():
-            raise LedgerUnavailableError(why)
-        entry, reply = self._pac.lease(worlds, float(nats), str(holder), int(steps))
-        if entry is not None:
-            self._pac.apply(self._append(entry))
-        return reply
-
-    def pac_worlds_id(self, digest: bytes) -> str:
-        """The keyed id of the worlds whose files hash to ``digest`` (for a PAC server that
-        holds no store key: :func:`privcode.pac.ensemble.worlds_digest`)."""
-        return "pw-" + self._store.opaque("pac-worlds", bytes(digest), 16)
-
-    def pac_raise(self, grant: dict) -> dict:
-        """Raise a set of worlds' deployment allowance (and its data's PAC budget) to the
-        grant's ``to`` nats, on record; the grant as :meth:`raise_budget`'s."""
-        worlds = (
-            str((grant.get("message") or {}).get("worlds", "")) if isinstance(grant, dict) else ""
-        )
-        w = self._pac.worlds.get(worlds)
-        current = w.allowance if w is not None else None
-        message = self._granted(grant, kind="pac", worlds=worlds, **{"from": current})
-        overlaps = self._pac_overlaps(w.dataset) if w is not None else []
-        entry = self._pac.raise_entry(
-            worlds, float(message["to"]), message["who"], message["why"], overlaps
-        )
-        self._pac.apply(self._append({**entry, "grant": grant["signature"]}))
-        return {"worlds": worlds, "allowance_nats": entry["allowance"]}
 
     # -- reading -------------------------------------------------------------------
 
@@ -946,38 +651,3 @@ class StoreLedger:
 
     def ping(self) -> str:
         return "ok"
-
-
-def _over_cap(events: list[DPEvent], budget: Budget, cap: float | None) -> dict | None:
-    """A refusal when the job's own events alone exceed its cap (``train.epsilon``)."""
-    if cap is None:
-        return None
-    acc = make_accountant(budget.accountant)
-    for e in events:
-        acc.compose(e)
-    own = acc.epsilon(budget.delta)
-    if own <= float(cap) * (1 + 1e-9):
-        return None
-    return {
-        "admitted": False,
-        "message": (
-            f"this job alone is epsilon {own:.4g} (delta {budget.delta:g}, {budget.accountant}), "
-            f"over its train.epsilon {float(cap):g}: a job is held to min(train.epsilon, what "
-            "the store has left); set train.noise_multiplier 0 to calibrate, or fewer steps"
-        ),
-        "budget": budget.to_dict(),
-    }
-
-
-def _admission_reply(adm: Any, budget: Budget) -> dict:
-    w = adm.worst
-    return {
-        "admitted": bool(adm.fits),
-        "message": adm.message(),
-        "records": adm.records,
-        "new_records": adm.new_records,
-        "epsilon_spent": w.epsilon,
-        "epsilon_after": w.epsilon_after,
-        "epsilon_left": max(0.0, budget.epsilon - w.epsilon),
-        "budget": budget.to_dict(),
-    }
