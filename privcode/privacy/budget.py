@@ -50,6 +50,7 @@ from privcode.privacy.ledger import (
     load_log,
 )
 from privcode.privacy.ledger_actor import ledger_call, open_ledger
+from privcode.privacy.ledger_client import remote_ledger
 from privcode.privacy.store import (
     HEAD_FILE,
     IDENTITY_FILE,
@@ -88,8 +89,10 @@ def _ray_initialized() -> bool:
 @contextlib.contextmanager
 def _ledger(root: Path) -> Iterator[Any]:
     """(kind, ledger): the actor inside a Ray process or when a cluster holds the store, else
-    a plain one here for the length of the call."""
-    if _ray_initialized():  # a Serve replica, a stage: the cluster's one writer
+    a plain one here for the length of the call; the ledger service when one is named."""
+    if (
+        _ray_initialized() or remote_ledger() is not None
+    ):  # a Serve replica, a stage: the cluster's one writer
         yield "actor", open_ledger(root)
         return
     try:

@@ -9,7 +9,9 @@ the store's log (``--pac WORLDS_ID --nats N``: a PAC deployment's allowance);
 ``budget verify [--json] [--accept-move]`` checks the store's key, identity,
 hash chain, head, job records and groups snapshot (exit status 1 on any
 problem) and records a deliberate move; ``budget wipe --confirm PATH`` deletes
-a store after recording it outside the store. The store is ``--store``, else
+a store after recording it outside the store; ``budget serve-ledger --tokens DIR
+[--listen HOST:PORT]`` is the store's one writer over HTTP
+(:mod:`privcode.privacy.ledger_service`). The store is ``--store``, else
 ``PRIVCODE_PRIVACY_STORE``, else the config's ``privacy.store``, else
 ``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store`` (never from
 ``run.out_dir``).
@@ -165,6 +167,17 @@ def cmd_budget_wipe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_budget_serve_ledger(args: argparse.Namespace) -> int:
+    from privcode.errors import PrivcodeError
+    from privcode.privacy.ledger_service import serve_ledger
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise PrivcodeError(f"budget serve-ledger: --listen HOST:PORT, got {args.listen!r}")
+    serve_ledger(_store(args), args.tokens, host=host, port=int(port))
+    return 0
+
+
 def add_budget_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "budget",
@@ -189,6 +202,11 @@ def add_budget_parser(sub: argparse._SubParsersAction) -> None:
             "on any problem.",
         ),
         ("wipe", cmd_budget_wipe, "Delete a store and every budget in it, on record."),
+        (
+            "serve-ledger",
+            cmd_budget_serve_ledger,
+            "Be the store's one writer over HTTP (a Kubernetes release's ledger Deployment).",
+        ),
     ):
         d = bsub.add_parser(action, help=help_text)
         d.add_argument(
@@ -245,6 +263,15 @@ def add_budget_parser(sub: argparse._SubParsersAction) -> None:
                 action="store_true",
                 help="The store was moved here on purpose: record the move (its log, its "
                 "identity, the store log).",
+            )
+        if action == "serve-ledger":
+            d.add_argument(
+                "--listen", default="127.0.0.1:8790", help="HOST:PORT (default 127.0.0.1:8790)."
+            )
+            d.add_argument(
+                "--tokens",
+                required=True,
+                help="Directory of one bearer token file per role (pipeline, serving, operator).",
             )
         if action == "wipe":
             d.add_argument("--confirm", default=None, help="The store's path, repeated.")

@@ -8,6 +8,11 @@ taking its lock). Calls are serialised (one at a time), so reservations from
 many drivers and workers can never overshoot together. A call in flight when
 the actor dies is re-sent (up to :data:`MAX_TASK_RETRIES`); a grant already
 logged is answered from the log when the call carries a ``request_id``.
+
+Where ``PRIVCODE_LEDGER_URL`` is set (a Kubernetes release: the store's
+ledger is a Deployment, :mod:`privcode.privacy.ledger_service`), every helper
+here returns and calls that ledger instead
+(:class:`~privcode.privacy.ledger_client.RemoteLedger`) and no actor starts.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from privcode.errors import LedgerConflictError, LedgerUnavailableError, PrivcodeError
 from privcode.privacy.ledger import StoreLedger
+from privcode.privacy.ledger_client import RemoteLedger, remote_ledger
 from privcode.privacy.store import PrivacyStore
 
 __all__ = [
@@ -93,6 +99,8 @@ def open_ledger(store_root: str | os.PathLike, *, timeout_s: float = 120.0) -> A
     import ray
 
     root = Path(store_root).expanduser().resolve()
+    if (remote := remote_ledger()) is not None:
+        return _checked(remote, store_id(root), timeout_s)
     if not ray.is_initialized():
         raise LedgerUnavailableError(
             "Ray is not initialized: connect first (privcode.cluster.local.connect)"
@@ -126,6 +134,18 @@ def open_ledger(store_root: str | os.PathLike, *, timeout_s: float = 120.0) -> A
     return handle
 
 
+def _checked(remote: RemoteLedger, expected: str, timeout_s: float) -> RemoteLedger:
+    """``remote`` once it answers as the ledger of store ``expected`` (its keyed id)."""
+    info = remote.call("describe", timeout_s=timeout_s)
+    if info.get("store_id") != expected:
+        raise LedgerConflictError(
+            f"the ledger at {remote.url} serves store {info.get('store_id')}, not {expected}"
+        )
+    if info.get("failed"):
+        raise LedgerUnavailableError(f"the privacy store's ledger is unusable: {info['failed']}")
+    return remote
+
+
 def _unavailable(context: str, exc: BaseException) -> PrivcodeError:
     """The ledger error behind a Ray error (the actor's own message when there is one)."""
     from privcode.privacy.authority import AuthorityError
@@ -147,6 +167,8 @@ def ledger_call(
     handle: Any, method: str, *args: Any, timeout_s: float = 120.0, **kwargs: Any
 ) -> Any:
     """``ray.get(handle.<method>.remote(...))``; every Ray error becomes a ledger error."""
+    if isinstance(handle, RemoteLedger):
+        return handle.call(method, *args, timeout_s=timeout_s, **kwargs)
     import ray
 
     try:
@@ -162,6 +184,8 @@ def ledger_call(
 def get_ledger(name: str) -> Any:
     """Handle of a running ledger by its actor name (:func:`ledger_name`), for Ray Train
     workers and tasks, which need not read the store; no creation."""
+    if (remote := remote_ledger()) is not None:
+        return _checked(remote, name.removeprefix("privcode-store:"), 120.0)
     import ray
 
     try:
@@ -174,6 +198,8 @@ def get_ledger(name: str) -> Any:
 
 def close_ledger(store_root: str | os.PathLike) -> bool:
     """Stop a store's ledger actor (its files stay); True if one was running."""
+    if remote_ledger() is not None:
+        return False  # a ledger Deployment: stopped with it, never from a client
     import ray
 
     name = ledger_name(store_id(Path(store_root).expanduser().resolve()))

@@ -47,7 +47,8 @@ class EnsembleArgs(GuardArgs):
     key_budget_share: float = SERVE_DEFAULTS["pac_key_budget_share"]
     on_exhausted: str = SERVE_DEFAULTS["pac_on_exhausted"]
     privacy_store: str | None = None
-    #: The store's ledger actor (``privcode-store:<store id>``): the server then holds no
+    #: The store's ledger actor (``privcode-store:<store id>``) or ledger service (an
+    #: http(s) URL; token in ``PRIVCODE_LEDGER_TOKEN_FILE``): the server then holds no
     #: store, and its curator state is under ``pac_state`` (:mod:`privcode.serve.pac_ledger`).
     ledger: str | None = None
     #: The curator states' directory (``<pac_state>/<worlds id>/``), holding no store key;
@@ -108,8 +109,11 @@ def parse_args(args: Mapping[str, Any] | None) -> EnsembleArgs:
     if cfg.b > cfg.key_budget_share * cfg.deployment_budget:
         raise bad("key_budget_share", "leaves a key less than b: no key could pay for a token")
     if cfg.ledger is not None:
-        if not cfg.ledger.startswith("privcode-store:"):
-            raise bad("ledger", "must be the store's ledger actor, privcode-store:<store id>")
+        if not cfg.ledger.startswith(("privcode-store:", "http://", "https://")):
+            raise bad(
+                "ledger",
+                "must be the store's ledger actor (privcode-store:<store id>) or its service URL",
+            )
         if cfg.pac_state is None or cfg.privacy_store is not None:
             raise bad("ledger", "needs pac_state and no privacy_store (the server holds no store)")
     if cfg.scope == "session" and not cfg.acknowledge_session_scope:

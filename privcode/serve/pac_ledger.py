@@ -9,6 +9,10 @@ id, whether they were served, their allowance (``pac_open``) and leases
   the actor by name; the server opens no store and reads no store key. The
   curator's own state (its secret world, posterior and charges) is under
   ``pac_state/<worlds id>/``, a directory that must hold no store key;
+* ``ledger`` an http(s) URL: the store's ledger service
+  (:mod:`privcode.privacy.ledger_service`, a Deployment of the chart), with
+  the serving role's token from ``PRIVCODE_LEDGER_TOKEN_FILE``, which may
+  call only the PAC methods; likewise no store, no store key;
 * otherwise the store at ``privacy_store`` (a terminal, tests): calls through
   :func:`privcode.privacy.budget.call` (the actor when Ray is up, else the
   ledger for the length of the call); the state under ``pac_state`` when set,
@@ -58,8 +62,21 @@ class PacLedger:
         from privcode.privacy.ledger_actor import get_ledger, ledger_call
 
         if self._handle is None:
-            self._handle = get_ledger(self.actor)
+            self._handle = self._remote() if "://" in self.actor else get_ledger(self.actor)
         return ledger_call(self._handle, method, *args, timeout_s=self.timeout_s)
+
+    def _remote(self) -> Any:
+        from privcode.errors import LedgerUnavailableError
+        from privcode.privacy.ledger_client import TOKEN_FILE_ENV, RemoteLedger
+
+        path = os.environ.get(TOKEN_FILE_ENV, "")
+        try:
+            token = Path(path).read_text(encoding="utf-8").strip() if path else ""
+        except OSError:
+            token = ""
+        if not token:
+            raise LedgerUnavailableError(f"ledger {self.actor}: no token in ${TOKEN_FILE_ENV}")
+        return RemoteLedger(self.actor, token, timeout_s=self.timeout_s)
 
     def worlds_id(self, digest: bytes) -> str:
         """The worlds' keyed id (the ledger holds the key)."""

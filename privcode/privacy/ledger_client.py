@@ -1,0 +1,138 @@
+"""A client of the store's ledger served over HTTP (:mod:`privcode.privacy.ledger_service`).
+
+On Kubernetes one Deployment holds the privacy store and is its one writer
+for the whole release: the pipeline's Ray clusters, the serving cluster and
+the operator reach it as ``PRIVCODE_LEDGER_URL`` with a bearer token read
+from ``PRIVCODE_LEDGER_TOKEN_FILE`` (a Secret key: each role has its own
+token and may call only its role's methods). :func:`remote_ledger` returns
+the client when both are set, and the ledger helpers
+(:func:`~privcode.privacy.ledger_actor.open_ledger`, ``get_ledger``,
+``ledger_call``, :func:`~privcode.privacy.budget.call`) then use it instead of
+a Ray actor, so no Ray cluster needs to lock the store.
+
+Arguments and results are JSON; ``bytes`` (record identities) travel as
+``{"$b64": ...}``. The ledger's own errors come back as the same classes
+with the same messages; anything else (no answer, a timeout, a 5xx) is a
+:class:`~privcode.errors.LedgerUnavailableError`: nothing may train. A
+call is sent once: a request the server may have applied is never repeated
+here (``reserve`` carries its own request id for that).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
+
+__all__ = [
+    "TOKEN_FILE_ENV",
+    "URL_ENV",
+    "RemoteLedger",
+    "decode",
+    "encode",
+    "remote_ledger",
+]
+
+URL_ENV = "PRIVCODE_LEDGER_URL"
+TOKEN_FILE_ENV = "PRIVCODE_LEDGER_TOKEN_FILE"
+_B64 = "$b64"
+
+
+def encode(value: Any) -> Any:
+    """JSON-ready ``value``: bytes as ``{"$b64": ...}``, tuples as lists."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {_B64: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {str(k): encode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encode(v) for v in value]
+    return value
+
+
+def decode(value: Any) -> Any:
+    """The inverse of :func:`encode`."""
+    if isinstance(value, dict):
+        if set(value) == {_B64} and isinstance(value[_B64], str):
+            return base64.b64decode(value[_B64], validate=True)
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+def _errors() -> dict[str, type[Exception]]:
+    from privcode.privacy.authority import AuthorityError
+
+    return {
+        cls.__name__: cls
+        for cls in (AccountingError, LedgerConflictError, LedgerUnavailableError, AuthorityError)
+    }
+
+
+class RemoteLedger:
+    """The ledger at ``url`` called with ``token`` (module docstring)."""
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 120.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise LedgerUnavailableError(f"{URL_ENV} must be an http(s) URL, got {url!r}")
+        if not token:
+            raise LedgerUnavailableError("the ledger's token is empty")
+        self.url, self._token, self.timeout_s = url.rstrip("/"), token, timeout_s
+
+    def __repr__(self) -> str:  # never the token
+        return f"RemoteLedger({self.url!r})"
+
+    def __reduce__(self) -> Any:  # pickled into Ray tasks: re-read from their own env
+        return (remote_ledger, ())
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` on the ledger; its errors re-raised here."""
+        import requests
+
+        body = {"method": method, "args": encode(list(args)), "kwargs": encode(kwargs)}
+        try:
+            reply = requests.post(
+                f"{self.url}/v1/call",
+                json=body,
+                headers={"Authorization": f"Bearer {self._token}"},
+                timeout=timeout_s or self.timeout_s,
+            )
+        except requests.RequestException as exc:
+            raise LedgerUnavailableError(
+                f"the privacy store's ledger at {self.url} cannot be reached "
+                f"({type(exc).__name__}); nothing may train"
+            ) from None
+        try:
+            payload = reply.json()
+        except ValueError:
+            payload = {}
+        if reply.status_code == 200 and "result" in payload:
+            return decode(payload["result"])
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(error, dict) and error.get("type") in _errors():
+            raise _errors()[error["type"]](str(error.get("message", ""))[:2000])
+        raise LedgerUnavailableError(
+            f"the privacy store's ledger at {self.url} answered {method}() with HTTP "
+            f"{reply.status_code} ({str(error or reply.reason)[:300]}); nothing may train"
+        )
+
+
+def remote_ledger() -> RemoteLedger | None:
+    """The ledger named by ``PRIVCODE_LEDGER_URL`` and ``PRIVCODE_LEDGER_TOKEN_FILE``, or
+    None when the URL is unset (a local store: its Ray actor or a plain ledger)."""
+    url = os.environ.get(URL_ENV, "").strip()
+    if not url:
+        return None
+    path = os.environ.get(TOKEN_FILE_ENV, "").strip()
+    if not path:
+        raise LedgerUnavailableError(f"{URL_ENV} is set but {TOKEN_FILE_ENV} is not")
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise LedgerUnavailableError(
+            f"the ledger token file {path} cannot be read ({exc.strerror})"
+        ) from None
+    return RemoteLedger(url, token)
