@@ -22,7 +22,7 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from privcode.models.base import PRESETS, Preset
+from privcode.models.presets import PRESETS, Preset
 
 
 def bench_preset(name: str, preset: Preset, steps: int, warmup: int = 3) -> dict:

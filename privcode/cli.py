@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from privcode.cluster.local import apply_process_env
+    from privcode.cluster.ray_env import apply_process_env
 
     apply_process_env()  # before torch is imported (handlers import it)
     parser = build_parser()

@@ -79,7 +79,8 @@ def main() -> int:
     import ray
     from ray.cluster_utils import Cluster
 
-    from privcode.cluster.local import LOOPBACK, connect, ensure_token
+    from privcode.cluster.local import LOOPBACK, connect
+    from privcode.cluster.ray_env import ensure_token
     from privcode.config import TrainConfig
     from privcode.privacy.budget import init_store
     from privcode.train.loop import run_training

@@ -54,8 +54,8 @@ import pytest
 # The privcode process environment for the whole session, as its drivers set it (before
 # torch loads): Ray telemetry off (Ray Data's driver-side poller would otherwise log a
 # formatted traceback every 10 s from a thread) and passive OpenMP waits (fast beside a busy
-# process). privcode.cluster.local imports neither torch nor ray.
-from privcode.cluster.local import apply_process_env  # noqa: E402
+# process). privcode.cluster.ray_env imports neither torch nor ray.
+from privcode.cluster.ray_env import apply_process_env  # noqa: E402
 
 apply_process_env()
 
@@ -161,7 +161,7 @@ def privacy_store(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> RayCluster:
-    from privcode.cluster import local
+    from privcode.cluster import local, ray_env
 
     # /tmp, not pytest's tmp_path: Ray's Unix sockets live under the temp dir
     # and their paths must stay under ~107 bytes.
@@ -169,15 +169,15 @@ def ray_cluster() -> RayCluster:
     saved = {key: os.environ.get(key) for key in _ENV_KEYS}
     port, dashboard_port = _free_ports(2)
     try:
-        if not os.environ.get(local.TOKEN_ENV):
-            os.environ[local.TOKEN_PATH_ENV] = os.path.join(base, "auth_token")
-        os.environ[local.AUTH_MODE_ENV] = "token"
+        if not os.environ.get(ray_env.TOKEN_ENV):
+            os.environ[ray_env.TOKEN_PATH_ENV] = os.path.join(base, "auth_token")
+        os.environ[ray_env.AUTH_MODE_ENV] = "token"
         # Before the head starts: its stage tasks inherit it, as do bench/ subprocesses;
         # Ray Train passes it from a driver to its controller and workers.
         os.environ.setdefault(_TRAIN_POLL_ENV, "0.5")
         for key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             os.environ.pop(key, None)
-        local.ensure_token()
+        ray_env.ensure_token()
         cpus = int(os.environ.get("PRIVCODE_TEST_RAY_CPUS", "4"))
         info = local.start_head(
             port=port,
@@ -195,7 +195,7 @@ def ray_cluster() -> RayCluster:
             info=info,
         )
         os.environ["RAY_ADDRESS"] = cluster.address
-        local.prepare_driver_env(loopback=True)
+        ray_env.prepare_driver_env(loopback=True)
         yield cluster
     finally:
         _teardown(local, port, base, saved)

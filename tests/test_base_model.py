@@ -25,8 +25,10 @@ from privcode.artifacts.base import BaseRecord
 from privcode.config import BaseConfig
 from privcode.data.stdlib import PRIVATE_MODULES, private_source_files
 from privcode.models import base as B
+from privcode.models import base_training
 from privcode.models import corpus as C
 from privcode.models.loading import ModelLoadError, load_tokenizer
+from privcode.models.presets import PRESETS
 from privcode.utils import ThreadTuner
 
 SOURCE = (
@@ -59,20 +61,20 @@ def tok(ci):
 
 
 def test_presets_are_gqa_qwen2_shapes():
-    assert set(B.PRESETS) == {"ci", "demo", "small"}
-    for name, p in B.PRESETS.items():
+    assert set(PRESETS) == {"ci", "demo", "small"}
+    for name, p in PRESETS.items():
         assert p.hidden_size % p.num_heads == 0, name
         assert p.num_kv_heads < p.num_heads and p.num_heads % p.num_kv_heads == 0, name
         assert p.warmup_steps < p.steps, name
-    sizes = [B.PRESETS[n].hidden_size * B.PRESETS[n].num_layers for n in ("ci", "demo", "small")]
+    sizes = [PRESETS[n].hidden_size * PRESETS[n].num_layers for n in ("ci", "demo", "small")]
     assert sizes == sorted(sizes)
     with pytest.raises(ValueError, match="divisible"):
-        dataclasses.replace(B.PRESETS["ci"], num_heads=3)
+        dataclasses.replace(PRESETS["ci"], num_heads=3)
 
 
 def test_lr_schedule_warmup_then_cosine():
-    p = B.PRESETS["ci"]
-    lrs = [B.lr_at(s, p) for s in range(p.steps)]
+    p = PRESETS["ci"]
+    lrs = [base_training.lr_at(s, p) for s in range(p.steps)]
     assert lrs[0] == pytest.approx(p.lr / p.warmup_steps)
     assert max(lrs) == pytest.approx(p.lr)
     assert lrs[p.warmup_steps - 1] == pytest.approx(p.lr)
@@ -86,7 +88,7 @@ def test_lr_schedule_warmup_then_cosine():
 
 def test_build_info_numbers(ci):
     cfg, info = ci
-    preset = B.PRESETS["ci"]
+    preset = PRESETS["ci"]
     for key in (
         "path",
         "preset",
@@ -131,10 +133,10 @@ def test_corpus_is_public_only(ci):
     assert {"argparse", "collections", "typing"} <= modules
     files = C.public_corpus()
     assert not {f.module for f in files} & set(PRIVATE_MODULES)
-    train, held = C.split_heldout(files, B.HELDOUT_FRACTION)
+    train, held = C.split_heldout(files, base_training.HELDOUT_FRACTION)
     assert info["heldout_files"] == C.relpaths(held)
     assert not set(C.relpaths(train)) & set(C.relpaths(held))
-    assert len(held) == max(1, round(B.HELDOUT_FRACTION * len(files)))
+    assert len(held) == max(1, round(base_training.HELDOUT_FRACTION * len(files)))
     # Deterministic: the split depends on paths only, the order on the seed only.
     assert C.split_heldout(files)[1] == held
     assert C.shuffled(train, 1) == C.shuffled(train, 1) != C.shuffled(train, 2)
@@ -156,8 +158,8 @@ def test_auto_classes_load_offline(ci, monkeypatch):
     assert c.vocab_size == len(tokenizer)
     assert (c.eos_token_id, c.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
     # The saved weights are the trained ones: same held-out loss as reported.
-    preset = B.PRESETS["ci"]
-    _, held = C.split_heldout(C.public_corpus(), B.HELDOUT_FRACTION)
+    preset = PRESETS["ci"]
+    _, held = C.split_heldout(C.public_corpus(), base_training.HELDOUT_FRACTION)
     stream, _ = C.token_stream(tokenizer, held, max_tokens=preset.eval_tokens)
     again = C.evaluate_loss(model, tokenizer, stream, preset.seq_len, preset.eval_tokens)
     assert again["loss"] == pytest.approx(ci[1]["heldout_loss"], abs=1e-3)
@@ -203,7 +205,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(B, "_train", boom)
+    monkeypatch.setattr(B, "train_build", boom)
     cfg = BaseConfig(preset="ci", cache_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match="disk full"):
         B.build_base(cfg, progress=False)

@@ -118,6 +118,43 @@ def test_sweep_composes_per_record_and_a_legacy_ledger_counts(
     assert out.returncode == 2 and "--confirm" in out.stderr and store.is_dir()
 
 
+def test_the_preflight_knows_records_by_their_training_rows(
+    tiny_pipeline, ci_base_cache, monkeypatch
+):
+    """Once the run's base is built, the preflight asks with the same rows and tokenizer id
+    as the train stage's admission (an edit past train.max_length is the same record)."""
+    from conftest import tiny_pipeline_overrides
+
+    from privcode.config import load_config
+    from privcode.data.records import read_records
+    from privcode.layout import RunLayout
+    from privcode.models.loading import load_tokenizer
+    from privcode.pipeline import admission as preflight_module
+    from privcode.pipeline.runner import read_manifest
+    from privcode.privacy import admission
+    from privcode.privacy.identities import tokenizer_id
+    from privcode.train.data import encode_records
+
+    root, _ = tiny_pipeline
+    cfg = load_config("jobs/configs/demo.yaml", tiny_pipeline_overrides(root, ci_base_cache))
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, force=True))
+    asked = {}
+    real = admission.admit
+
+    def spy(*args, **kwargs):
+        asked.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(admission, "admit", spy)
+    preflight_module.preflight(cfg, ["train"])
+    records = read_records(root / "runs" / "t" / "data" / "train.parquet")
+    base = read_manifest(RunLayout.of(cfg).stage("base")).summary["path"]
+    tokenizer = load_tokenizer(base)
+    assert asked["reserve"] is False and asked["tokenizer"] == tokenizer_id(tokenizer)
+    expected = encode_records(records, tokenizer, cfg.train.max_length)
+    assert [r.input_ids for r in asked["rows"]] == [r.input_ids for r in expected]
+
+
 def test_a_renamed_run_is_refused_before_any_stage(tiny_pipeline, ci_base_cache):
     from conftest import tiny_pipeline_overrides
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from privcode.cluster import jobs, local
+from privcode.cluster import jobs, local, ray_env
 from privcode.errors import PrivcodeError
 
 JOB_TIMEOUT_S = 300
@@ -36,18 +36,18 @@ def test_token_is_created_private_and_sent_as_bearer(tmp_path, monkeypatch):
     token_file = tmp_path / "sub" / "auth_token"
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
 
-    assert local.read_token() is None
-    token = local.ensure_token()
+    assert ray_env.read_token() is None
+    token = ray_env.ensure_token()
     assert len(token) == 64 and int(token, 16) >= 0
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-    assert local.ensure_token() == token  # never regenerated
-    assert local.auth_headers() == {"Authorization": f"Bearer {token}"}
+    assert ray_env.ensure_token() == token  # never regenerated
+    assert ray_env.auth_headers() == {"Authorization": f"Bearer {token}"}
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")  # Ray's precedence: value beats file
-    assert local.read_token() == "from-env"
+    assert ray_env.read_token() == "from-env"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    assert local.auth_headers() == {}
-    assert not local.auth_enabled()
+    assert ray_env.auth_headers() == {}
+    assert not ray_env.auth_enabled()
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_token_is_created_private_and_sent_as_bearer(tmp_path, monkeypatch):
     ],
 )
 def test_loopback_detection(address, loopback):
-    assert local._address_is_loopback(address) is loopback
+    assert ray_env.address_is_loopback(address) is loopback
 
 
 def test_dashboard_address_forms(monkeypatch):
@@ -127,7 +127,7 @@ def test_head_requires_the_token_and_listens_on_loopback_only(ray_cluster):
     url = f"{ray_cluster.dashboard_url}/api/version"
     assert _get(url, {}) == 401
     assert _get(url, {"Authorization": "Bearer not-the-token"}) == 403
-    assert _get(url, local.auth_headers()) == 200
+    assert _get(url, ray_env.auth_headers()) == 200
 
     listening = {
         (c.laddr.ip, c.laddr.port)
@@ -384,30 +384,30 @@ def test_connect_without_address_starts_a_loopback_cluster_in_process(tmp_path):
 
 
 def test_process_env_telemetry_off_passive_omp_in_drivers_and_head_unless_chosen(monkeypatch):
-    for key in local.PROCESS_ENV:
+    for key in ray_env.PROCESS_ENV:
         monkeypatch.delenv(key, raising=False)
-    env = local.head_env()
-    assert {k: env[k] for k in local.PROCESS_ENV} == {
+    env = ray_env.head_env()
+    assert {k: env[k] for k in ray_env.PROCESS_ENV} == {
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_DATA_USAGE_DISABLED": "1",
         "OMP_WAIT_POLICY": "PASSIVE",
     }
-    local.apply_process_env()
+    ray_env.apply_process_env()
     assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
     assert os.environ["RAY_DATA_USAGE_DISABLED"] == "1"
     from ray._common.usage.usage_lib import usage_stats_enabled
 
     assert not usage_stats_enabled()
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")  # an explicit choice is kept
-    local.apply_process_env()
-    assert local.head_env()["RAY_USAGE_STATS_ENABLED"] == "1"
+    ray_env.apply_process_env()
+    assert ray_env.head_env()["RAY_USAGE_STATS_ENABLED"] == "1"
 
 
 def test_local_head_workers_share_the_cpu_at_nice_0(monkeypatch, ray_connected):
-    monkeypatch.delenv(local.WORKER_NICENESS_ENV, raising=False)
-    assert local.head_env()[local.WORKER_NICENESS_ENV] == "0"
-    monkeypatch.setenv(local.WORKER_NICENESS_ENV, "10")  # an explicit choice is kept
-    assert local.head_env()[local.WORKER_NICENESS_ENV] == "10"
+    monkeypatch.delenv(ray_env.WORKER_NICENESS_ENV, raising=False)
+    assert ray_env.head_env()[ray_env.WORKER_NICENESS_ENV] == "0"
+    monkeypatch.setenv(ray_env.WORKER_NICENESS_ENV, "10")  # an explicit choice is kept
+    assert ray_env.head_env()[ray_env.WORKER_NICENESS_ENV] == "10"
     import ray
 
     # The session head was started with head_env(): its task workers run at nice 0

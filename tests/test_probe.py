@@ -614,7 +614,7 @@ def test_hf_backend_ci_model_one_question(ci_base_cache, tmp_path):
 def test_code_is_not_mistaken_for_biometric_data():
     """Seen in the demo: the key `dir is None` joined to "dirisnone" matched "iris", and the
     value `return 1` passed the free-text format check."""
-    from privcode.audit.probe.extract import attribute_for_key
+    from privcode.audit.probe.attribute_keys import attribute_for_key
     from privcode.audit.probe.judge import VALIDATORS
 
     assert attribute_for_key("dir is None") is None

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from conftest import as_manifests, base_summary, full_train_summary
+from report_support import report_config
 from test_report_pac import SUMMARY as PAC_SUMMARY
 
 from privcode.artifacts import PrivacyRecord
-from privcode.config import load_config
 from privcode.pipeline.report import private_report_dir, write_report
 
 RELEASE_EPSILON = 4.153
@@ -41,16 +41,7 @@ OWNER_ONLY_FIELDS = {
 }
 
 
-def _cfg(tmp_path: Path):
-    return load_config(
-        None,
-        [
-            f"run.out_dir={tmp_path / 'runs'}",
-            f"run.reports_dir={tmp_path / 'reports'}",
-            "run.name=demo",
-            "run.stages=[data, base, train, pac, report]",
-        ],
-    )
+STAGES = "run.stages=[data, base, train, pac, report]"
 
 
 def _store_show(worst: float, groups: int) -> dict[str, Any]:
@@ -101,7 +92,7 @@ def _render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: tuple):
     import privcode.privacy.budget as budget
 
     monkeypatch.setattr(budget, "call", lambda root, method: _store_show(*variant[:2]))
-    cfg = _cfg(tmp_path)
+    cfg = report_config(tmp_path, STAGES)
     stage, published = tmp_path / "stage", tmp_path / "reports" / "demo"
     for directory in (stage, published, private_report_dir(cfg)):
         shutil.rmtree(directory, ignore_errors=True)

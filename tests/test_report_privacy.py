@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import as_manifests, base_summary, full_train_summary
+from report_support import report_config
 from test_fidelity import hashed_embedder
 
-from privcode.config import load_config
 from privcode.pipeline.report import private_report_dir, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -49,16 +49,7 @@ def _png(path: Path, payload: bytes) -> bytes:
     return blob
 
 
-def _cfg(tmp_path: Path):
-    return load_config(
-        None,
-        [
-            f"run.out_dir={tmp_path / 'runs'}",
-            f"run.reports_dir={tmp_path / 'reports'}",
-            "run.name=demo",
-            "run.stages=[data, base, train, audit, report]",
-        ],
-    )
+STAGES = "run.stages=[data, base, train, audit, report]"
 
 
 def _inputs(tmp_path: Path, fidelity: dict) -> dict:
@@ -157,7 +148,7 @@ FIDELITY = {
 def rendered(tmp_path):
     """write_report over hand-made manifests, with the audit stage's t-SNE and ROC on disk,
     and files an older version published (t-SNE, corpus.png) in reports/<run>/."""
-    cfg = _cfg(tmp_path)
+    cfg = report_config(tmp_path, STAGES)
     audit_dir = tmp_path / "runs" / "demo" / "audit"
     tsne = _png(audit_dir / "fidelity" / "fidelity_tsne.png", b"per-record t-SNE points")
     _png(audit_dir / "mia_roc.png", b"ROC curve, an aggregate")
@@ -236,7 +227,7 @@ def test_owner_report_holds_the_private_parts_with_owner_only_modes(rendered):
 
 def test_owner_report_tightens_modes_and_drops_stale_plots(tmp_path):
     """An owner directory left world-readable is tightened; plots it no longer shows go."""
-    cfg = _cfg(tmp_path)
+    cfg = report_config(tmp_path, STAGES)
     owner = private_report_dir(cfg)
     owner.mkdir(parents=True)
     owner.chmod(0o755)
@@ -279,7 +270,7 @@ def _coordinate_strings(coords: np.ndarray) -> set[str]:
 def test_real_fidelity_run_leaves_no_private_code_or_coordinate_in_the_shareable_report(tmp_path):
     from privcode.audit.fidelity import _project_2d, fidelity_report
 
-    cfg = _cfg(tmp_path)
+    cfg = report_config(tmp_path, STAGES)
     private, synthetic = _private_codes(), _synthetic_codes()
     audit_dir = tmp_path / "runs" / "demo" / "audit"
     fid = fidelity_report(

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from conftest import as_manifest, base_summary, full_train_summary
+from report_support import report_config
 
 from privcode.artifacts import StageManifest
-from privcode.config import load_config
 from privcode.dp.accounting import DPEvent, calibrate, epsilon
 from privcode.pipeline.report import write_report
 from privcode.pipeline.report_sweep import (
@@ -219,20 +219,8 @@ def test_plot_privacy_utility_writes_a_png(runs, tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
-def _cfg(tmp_path, *extra):
-    return load_config(
-        None,
-        [
-            f"run.out_dir={tmp_path / 'runs'}",
-            f"run.reports_dir={tmp_path / 'reports'}",
-            "run.name=demo",
-            *extra,
-        ],
-    )
-
-
 def test_sweep_section_table(runs, tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = report_config(tmp_path)
     train = StageManifest.read(runs / "demo" / "train" / "manifest.json")
     out = tmp_path / "out"
     out.mkdir()
@@ -262,7 +250,7 @@ def test_sweep_section_table(runs, tmp_path):
 
 
 def test_sweep_section_single_run_explains_make_sweep(tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = report_config(tmp_path)
     train = write_manifest(tmp_path / "runs" / "demo" / "train", train_summary(4.0))
     lines, names = sweep_section(cfg, train, tmp_path, False)
     text = "\n".join(lines)
@@ -298,7 +286,7 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_write_report_includes_the_section(runs, tmp_path):
-    cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
+    cfg = report_config(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
     train = StageManifest.read(runs / "demo" / "train" / "manifest.json")
     out = tmp_path / "stage"
@@ -328,7 +316,7 @@ def test_report_alone_gets_current_upstream_manifests_from_the_runner(tmp_path):
     from privcode.pipeline.stages import STAGES
     from privcode.privacy.store import PrivacyStore
 
-    cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
+    cfg = report_config(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
     upstream = {"data": data, "base": base}
     corpus = tmp_path / "train.parquet"
@@ -358,7 +346,7 @@ def test_report_alone_gets_current_upstream_manifests_from_the_runner(tmp_path):
     # ... nor one this invocation runs itself, nor one of a stage the config does not run.
     write_manifest(train_dir, summary, fp)
     assert current_optional_inputs(cfg, STAGES["report"], upstream, [*order, "train"]) == {}
-    cfg = _cfg(tmp_path, "run.stages=[data, base, report]")
+    cfg = report_config(tmp_path, "run.stages=[data, base, report]")
     assert current_optional_inputs(cfg, STAGES["report"], upstream, order) == {}
 
 
@@ -384,7 +372,7 @@ def test_no_corpus_digest_in_the_written_report(runs, tmp_path):
     from privcode.artifacts import ArtifactError
 
     digest = hashlib.sha256(b"the private corpus").hexdigest()
-    cfg = _cfg(tmp_path, "run.stages=[data, base, train, report]")
+    cfg = report_config(tmp_path, "run.stages=[data, base, train, report]")
     data, base = _upstream(tmp_path)
     train = StageManifest.read(runs / "demo" / "train" / "manifest.json")
     legacy = as_manifest({"summary": {**train.summary, "corpus_sha256": digest}}, "train")

@@ -268,12 +268,12 @@ def test_side_by_side_counts_gpus(monkeypatch):
 #: the driver's objects, e.g. the audit's late premium input: OwnerDiedError).
 CLUSTER_AUTH = """
 import os
-from privcode.cluster import local
-if not os.environ.get(local.TOKEN_ENV):
-    os.environ[local.TOKEN_PATH_ENV] = os.path.join(sys.argv[1], "auth_token")
-os.environ[local.AUTH_MODE_ENV] = "token"
-local.ensure_token()
-local.prepare_driver_env(loopback=True)
+from privcode.cluster import ray_env
+if not os.environ.get(ray_env.TOKEN_ENV):
+    os.environ[ray_env.TOKEN_PATH_ENV] = os.path.join(sys.argv[1], "auth_token")
+os.environ[ray_env.AUTH_MODE_ENV] = "token"
+ray_env.ensure_token()
+ray_env.prepare_driver_env(loopback=True)
 """
 
 MULTI_NODE = (

@@ -220,11 +220,11 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.pop(key, None)  # nothing of the session head
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(base / "auth_token"))
 
-    from privcode.cluster import local
+    from privcode.cluster import local, ray_env
     from privcode.config import SynthConfig
     from privcode.synth.pipeline import run_synthesis
 
-    local.ensure_token()
+    ray_env.ensure_token()
     head = FakeAutoscalingHead(base, 1.0, MAX_WORKERS, IDLE_TIMEOUT_MINUTES)
     (base / "port").write_text(str(head.port))  # the test stops the head by port if we die
     cfg = SynthConfig(

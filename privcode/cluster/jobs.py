@@ -15,7 +15,7 @@ Addresses (``address`` argument, else ``RAY_API_SERVER_ADDRESS``, else
   :func:`privcode.cluster.local.start_head` starts one on the default ports.
 
 Auth: every request carries ``Authorization: Bearer <token>`` from
-:func:`privcode.cluster.local.auth_headers` (Ray's client adds it only when the
+:func:`privcode.cluster.ray_env.auth_headers` (Ray's client adds it only when the
 calling process happens to be in token mode).  The job's driver inherits the
 head's environment (``RAY_AUTH_MODE=token`` and the token source), so its own
 ``ray.init()`` connects without further setup.
@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from privcode.cluster import local
+from privcode.cluster import local, ray_env
 from privcode.errors import PrivcodeError
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def target_address(target: str, address: str | None = None) -> str:
 
 def _dashboard_from_gcs(gcs_address: str) -> str:
     """Ask the GCS at ``gcs_address`` ("auto" allowed) for its dashboard URL."""
-    local.prepare_driver_env(loopback=local._address_is_loopback(gcs_address))
+    ray_env.prepare_driver_env(loopback=ray_env.address_is_loopback(gcs_address))
     from ray.dashboard.utils import ray_address_to_api_server_url
 
     try:
@@ -184,7 +184,7 @@ def client(address: str | None = None, start_local: bool = False):
     url = resolve_dashboard_address(address, start_local=start_local)
     with _without_address_env():
         try:
-            return JobSubmissionClient(url, headers=local.auth_headers())
+            return JobSubmissionClient(url, headers=ray_env.auth_headers())
         except Exception as exc:  # ConnectionError, AuthenticationError, ...
             raise PrivcodeError(f"cannot reach the Ray Jobs API at {url}: {exc}") from exc
 

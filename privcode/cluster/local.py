@@ -1,49 +1,9 @@
-"""A local Ray head on 127.0.0.1, token authentication, and the one ``ray.init``.
+"""A local Ray head on 127.0.0.1 and the one ``ray.init``.
 
-What Ray 2.60 does about authentication (read from its source, checked live):
-
-* The mode comes from the ``RAY_AUTH_MODE`` environment variable (``token`` or
-  ``disabled``); it cannot be set through ``_system_config``.  Ray caches it
-  in its C++ config when ``ray`` is imported, so a process that changes the
-  variable afterwards must refresh that cache (``ray._raylet.Config.initialize``,
-  which is what Ray itself does when it turns token mode on).
-* The token is looked up, in this order, in ``RAY_AUTH_TOKEN`` (the value),
-  the file named by ``RAY_AUTH_TOKEN_PATH``, and ``~/.ray/auth_token``.
-  ``ray get-auth-token --generate`` writes a random 64-hex-digit token to the
-  default file if none exists.
-* ``ray.init()`` with no address (a new in-process cluster) turns token mode
-  on unless ``RAY_AUTH_MODE`` says otherwise, and writes
-  ``~/.ray/auth_token`` if no token exists.
-* ``ray start --head`` turns token mode on only if ``RAY_AUTH_MODE`` is
-  unset *and* a token already exists; otherwise the head starts WITHOUT auth
-  (with a warning).  With ``RAY_AUTH_MODE=token`` it requires the token to
-  exist already.  :func:`start_head` therefore creates the token first and
-  sets ``RAY_AUTH_MODE=token`` explicitly.
-* Joining an existing cluster: ``ray.init(address="auto")`` turns token mode
-  on when a token is found; an explicit address (argument or ``RAY_ADDRESS``)
-  never does, so without ``RAY_AUTH_MODE=token`` the driver is rejected by the
-  GCS ("InvalidAuthToken").  :func:`connect` sets it.
-* Every process the head spawns (raylet, workers, Jobs drivers) inherits the
-  environment of ``ray start``: a job's own ``ray.init()`` sees
-  ``RAY_AUTH_MODE=token`` and the token source and connects without help.
-* HTTP: the dashboard and the Jobs API want ``Authorization: Bearer <token>``
-  (or ``X-Ray-Authorization``, or the ``ray-authentication-token`` cookie).
-  Missing token: 401, wrong token: 403.  A few paths are public, among them
-  ``/api/authentication_mode``, ``/api/healthz`` and ``/api/gcs_healthz``;
-  ``/api/version`` and ``/api/jobs/`` are not.  ``JobSubmissionClient`` adds
-  the header only when the calling process is in token mode, so privcode
-  passes :func:`auth_headers` explicitly.
-
-Binding to 127.0.0.1: Ray rewrites ``--node-ip-address=127.0.0.1`` (and any
-"localhost" address a driver is given) to the machine's routable IP unless
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; with that variable the head records
-127.0.0.1 as its node IP and the GCS, raylet, agents and client server all
-listen on 127.0.0.1 only.  The same variable must be set in a driver joining
-such a head, or the driver dials the routable IP where nothing listens.  It
-also stops other machines from joining, which is what a local head wants.
-
-Privcode's default is token mode; ``RAY_AUTH_MODE=disabled`` in the
-environment is respected (for a cluster started without auth).
+:func:`start_head` / :func:`stop_head` / :func:`head_status` manage a head bound
+to 127.0.0.1 with token authentication; :func:`connect` is the one place privcode
+calls ``ray.init``. What Ray 2.60 does about token auth and loopback binding, and
+the environment every privcode process gets, is :mod:`privcode.cluster.ray_env`.
 """
 
 from __future__ import annotations
@@ -51,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import importlib.util
-import ipaddress
 import json
 import logging
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -67,194 +25,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from privcode.cluster.ray_env import (
+    TOKEN_ENV,
+    TOKEN_PATH_ENV,
+    address_is_loopback,
+    auth_enabled,
+    auth_headers,
+    ensure_token,
+    head_env,
+    prepare_driver_env,
+)
 from privcode.errors import PrivcodeError
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
-AUTH_MODE_ENV = "RAY_AUTH_MODE"
-TOKEN_ENV = "RAY_AUTH_TOKEN"
-TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
-# Ray's switch for "multi-node clusters off": node IP stays 127.0.0.1.
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 DEFAULT_PORT = 6379
 DEFAULT_DASHBOARD_PORT = 8265
 # Fixed default ports of two head services; taken ones are replaced by free ones
 # so a second head (e.g. the test suite's) does not collide with a developer's.
 _CLIENT_SERVER_PORT = 10001
 _AGENT_LISTEN_PORT = 52365
-
-
-# --------------------------------------------------------------------------- auth token
-
-
-def auth_enabled() -> bool:
-    """Whether privcode uses token auth: yes unless ``RAY_AUTH_MODE=disabled``."""
-    return os.environ.get(AUTH_MODE_ENV, "token").strip().lower() != "disabled"
-
-
-def default_token_path() -> Path:
-    return Path.home() / ".ray" / "auth_token"
-
-
-def token_path() -> Path:
-    """The token file Ray reads: ``RAY_AUTH_TOKEN_PATH`` if set, else ``~/.ray/auth_token``."""
-    custom = os.environ.get(TOKEN_PATH_ENV)
-    return Path(custom).expanduser() if custom else default_token_path()
-
-
-def read_token() -> str | None:
-    """The token Ray would use, in Ray's order of precedence; None if there is none."""
-    value = os.environ.get(TOKEN_ENV, "").strip()
-    if value:
-        return value
-    path = token_path()
-    try:
-        value = path.read_text().strip()
-    except OSError:
-        return None
-    return value or None
-
-
-def ensure_token() -> str:
-    """Return the token, creating the token file (mode 0600) if no token exists.
-
-    Same format as ``ray get-auth-token --generate`` (256 random bits, hex).
-    Written with O_EXCL so two processes racing here end up with one token.
-    """
-    existing = read_token()
-    if existing:
-        return existing
-    path = token_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        # Another process is creating it right now: use its token once written.
-        for _ in range(100):
-            if token := read_token():
-                return token
-            time.sleep(0.02)
-        raise PrivcodeError(
-            f"Ray auth token file {path} is empty; delete it or write the cluster's token into it"
-        ) from None
-    token = secrets.token_hex(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token)
-    log.info("generated a Ray auth token in %s", path)
-    return token
-
-
-def auth_headers() -> dict[str, str]:
-    """HTTP headers for the dashboard / Jobs API: a bearer token, or {} without auth."""
-    if not auth_enabled():
-        return {}
-    token = read_token()
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def _is_loopback_host(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _address_is_loopback(address: str) -> bool:
-    """True for "auto" and for host:port / scheme://host:port addresses on this machine."""
-    if address == "auto":
-        return True
-    netloc = address.split("://", 1)[-1].split("/", 1)[0]
-    if netloc.startswith("["):  # [::1]:6379
-        host = netloc[1:].split("]", 1)[0]
-    elif netloc.count(":") == 1:  # host:port
-        host = netloc.split(":", 1)[0]
-    else:  # bare host or bare IPv6
-        host = netloc
-    return _is_loopback_host(host)
-
-
-#: Process environment for every privcode process (driver, head, workers), each
-#: applied only where the environment has not chosen already:
-#: Ray's usage telemetry off (nothing phones home; Ray Data's driver-side usage
-#: poller would otherwise query a Prometheus server every 10 s), and OpenMP
-#: threads that sleep instead of spinning when they wait: with the default
-#: (active) policy a 2-thread torch step on 2 cores beside one busy process
-#: took 7.6 s instead of 1.3 s (the spinning thread waits for the descheduled one).
-PROCESS_ENV = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_DATA_USAGE_DISABLED": "1",
-    "OMP_WAIT_POLICY": "PASSIVE",
-}
-
-
-#: Ray's setting of its workers' nice value (Ray's default: 15), for :func:`head_env`.
-WORKER_NICENESS_ENV = "RAY_worker_niceness"
-
-
-def apply_process_env() -> None:
-    """Set :data:`PROCESS_ENV` in this process, unless the environment says otherwise.
-
-    OpenMP reads its policy when torch loads it: call this before importing torch.
-    """
-    for key, value in PROCESS_ENV.items():
-        os.environ.setdefault(key, value)
-
-
-def prepare_driver_env(loopback: bool = True) -> None:
-    """Set up this process so ``ray.init`` can join a token-auth head on 127.0.0.1.
-
-    Sets ``RAY_AUTH_MODE=token`` (when privcode's auth is on and a token
-    exists) and, for a loopback cluster, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``;
-    then refreshes Ray's cached copies of both, since ``ray`` may already be
-    imported.  Must run before ``ray.init``; child processes inherit the env.
-
-    Also applies :data:`PROCESS_ENV` (Ray telemetry off, passive OpenMP waits)
-    unless the environment already chose.
-    """
-    apply_process_env()
-    if auth_enabled() and read_token():
-        os.environ[AUTH_MODE_ENV] = "token"
-    if loopback:
-        os.environ[LOOPBACK_ENV] = "0"
-    if "ray" not in sys.modules:
-        return  # nothing cached yet; the import will read the environment
-    import ray
-
-    if ray.is_initialized():
-        return  # refreshing the config under a live driver is not safe
-    from ray._private import ray_constants
-    from ray._raylet import Config
-
-    if loopback:
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    Config.initialize("")
-
-
-def head_env() -> dict[str, str]:
-    """Environment for ``ray start``: token mode, loopback node IP, this venv first on PATH.
-
-    PATH matters because Jobs entry points say ``python ...`` and run with the
-    head's environment: they must find the interpreter that has privcode.
-    """
-    env = dict(os.environ)
-    if auth_enabled():
-        env[AUTH_MODE_ENV] = "token"
-    env[LOOPBACK_ENV] = "0"
-    for key, value in PROCESS_ENV.items():  # the stage tasks inherit it
-        env.setdefault(key, value)
-    # Ray starts its workers at nice 15 so that they yield to the raylet and drivers; on a
-    # local head the workers ARE the user's job, and at nice 15 they also yield every CPU
-    # to any other busy process (measured: a demo beside one busy process ran on one of
-    # two cores). At 0 they share the machine fairly with the user's other work.
-    env.setdefault(WORKER_NICENESS_ENV, "0")
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
-    env.pop("RAY_ADDRESS", None)  # `ray start --head` must not try to join anything
-    return env
 
 
 # --------------------------------------------------------------------------- probes
@@ -671,7 +462,7 @@ def connect(address: str | None = None, **init_kwargs: Any) -> dict[str, Any]:
             kwargs.setdefault("dashboard_host", LOOPBACK)
         ctx = ray.init(**kwargs)
         return {**_describe(ctx), "started": True}
-    prepare_driver_env(loopback=_address_is_loopback(target))
+    prepare_driver_env(loopback=address_is_loopback(target))
     ctx = ray.init(address=target, **init_kwargs)
     return {**_describe(ctx), "started": False}
 

@@ -4,7 +4,7 @@ A real code LLM has read millions of small service functions: read a field of a
 record, pass it through a helper, handle a missing value by propagating it,
 returning ``None`` or raising. The demo's base model is trained here from scratch on
 the standard library, which has few such functions, so the base build tunes it on
-these (:func:`helper_pairs`, ``Preset.tune_steps`` in :mod:`privcode.models.base`).
+these (:func:`helper_pairs`, ``Preset.tune_steps`` in :mod:`privcode.models.presets`).
 
 They are written in the PUBLIC dialect (:data:`privcode.data.company.domain.PUBLIC`:
 ``tools.cash.format``, ``tools.Absent``) about PUBLIC entities (:data:`ENTITY_NAMES`

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 _WHERE = {
-    "PRESETS": "privcode.models.base",
+    "PRESETS": "privcode.models.presets",
     "build_base": "privcode.models.base",
     "LoadedModel": "privcode.models.artifacts",
     "load_model": "privcode.models.artifacts",

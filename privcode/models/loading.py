@@ -80,7 +80,7 @@ _CONV1D_TYPES = frozenset({"gpt2"})
 
 
 def _is_preset(name: str) -> bool:
-    from privcode.models.base import PRESETS
+    from privcode.models.presets import PRESETS
 
     return name in PRESETS
 

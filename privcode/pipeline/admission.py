@@ -10,6 +10,9 @@ reserving anything, the question the train stage's admission will ask:
   corpus another run built from the same data section): the worst of its
   records, with every earlier job that trained on it, plus the planned
   ``(sigma, q, steps)`` must fit the budget;
+  Once the run's base model is built, its records are also known by their
+  training rows (tokenised and truncated as the train stage will), as the
+  train stage's admission knows them;
 * it does not exist yet (the data stage builds it): the plan alone must fit
   (a record never trained on), and the config must not ask for another budget
   than the store's.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from privcode.config import PipelineConfig
 from privcode.errors import BudgetRefused
@@ -59,6 +63,28 @@ def _training_file(cfg: PipelineConfig, layout: RunLayout) -> Path | None:
     return None
 
 
+def _training_rows(cfg: PipelineConfig, layout: RunLayout, records: list) -> tuple[Any, str]:
+    """(each record's training row, its tokenizer's id) when this run's base model is built
+    (its stage's manifest), so the preflight knows records by their rows as the train stage
+    does; (None, "") before that (a first run: the train stage's admission checks them)."""
+    from privcode.pipeline.runner import read_manifest
+
+    manifest = read_manifest(layout.stage("base"))
+    if manifest is None:
+        return None, ""
+    try:
+        from privcode.models.base import check_complete
+        from privcode.models.loading import load_tokenizer
+        from privcode.privacy.identities import tokenizer_id
+        from privcode.train.data import encode_records
+
+        tokenizer = load_tokenizer(check_complete(manifest.summary).path)
+        return encode_records(records, tokenizer, cfg.train.max_length), tokenizer_id(tokenizer)
+    except Exception as exc:  # noqa: BLE001 - the train stage's admission still checks rows
+        log.info("preflight without training rows (%s)", type(exc).__name__)
+        return None, ""
+
+
 def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     """Check the train stage's budget before anything runs (module docstring); None: no check."""
     from privcode.pipeline.runner import read_manifest
@@ -86,8 +112,17 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     q = min(1.0, train.expected_batch_size / len(records))
     sigma, _ = noise_for(train, q)
     plan = DPEvent(sigma, q, train.steps)
+    rows, tokenizer = _training_rows(cfg, layout, records)
     _, reply = admit(
-        store, records, plan, budget, explicit=explicit, reserve=False, cap=train.epsilon
+        store,
+        records,
+        plan,
+        budget,
+        explicit=explicit,
+        reserve=False,
+        cap=train.epsilon,
+        rows=rows,
+        tokenizer=tokenizer,
     )
     log.info("privacy budget before the run: %s", reply["message"])
     return reply["message"]

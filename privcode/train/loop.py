@@ -91,7 +91,7 @@ from privcode.dp.randomness import record_key
 from privcode.dp.sampler import shard_of
 from privcode.errors import BudgetRefused, PrivcodeError, RecordError
 from privcode.models import corpus as C
-from privcode.models.base import HELDOUT_FRACTION
+from privcode.models.base_training import HELDOUT_FRACTION
 from privcode.models.loading import load_tokenizer, resolve_dtype
 from privcode.privacy.admission import admit, check_corpus_store
 from privcode.privacy.identities import tokenizer_id

@@ -8,8 +8,9 @@ reference corpus (1 <= hits <= 100) -> confirmed leaks -> LP-L / IL-L per
 category, and a library update (pseudo-NLL division + DBSCAN).
 
 Modules: :mod:`~.taxonomy`, :mod:`~.library` (+ ``prior_knowledge.yaml``),
-:mod:`~.questions`, :mod:`~.backends`, :mod:`~.extract`, :mod:`~.judge`,
-:mod:`~.verify`, :mod:`~.metrics`, :mod:`~.update`, :mod:`~.run`, :mod:`~.cli`.
+:mod:`~.questions`, :mod:`~.backends`, :mod:`~.extract` (with
+:mod:`~.attribute_keys`), :mod:`~.judge`, :mod:`~.verify`, :mod:`~.metrics`,
+:mod:`~.update`, :mod:`~.run`, :mod:`~.cli`.
 Names are re-exported lazily: importing this package (e.g. for the CLI
 parser) imports nothing heavy.
 """

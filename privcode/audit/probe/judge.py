@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
+from privcode.audit.probe.attribute_keys import key_words
 from privcode.audit.probe.extract import (
     _EMAIL_RE,
     _SECRET_RE,
@@ -41,7 +42,6 @@ from privcode.audit.probe.extract import (
     _card_shape,
     iban_ok,
     ipv4_ok,
-    key_words,
     phone_digits,
 )
 from privcode.audit.probe.library import FeatureLibrary

@@ -26,7 +26,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from privcode.audit.probe.extract import FunctionSig, attribute_for_key, code_blocks, parse_prefix
+from privcode.audit.probe.attribute_keys import attribute_for_key
+from privcode.audit.probe.extract import FunctionSig, code_blocks, parse_prefix
 from privcode.audit.probe.taxonomy import ATTRIBUTES, SCENARIOS, attributes_for_scenario
 
 __all__ = [
