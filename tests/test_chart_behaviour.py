@@ -221,6 +221,7 @@ def test_network_policy_denies_by_default(default_objects, ci_objects):
         "rel-privcode-pipeline",
         "rel-privcode-submitter",
         "rel-privcode-executor",
+        "rel-privcode-ledger",
     }
     ci = {p["metadata"]["name"]: p["spec"] for p in by_kind(ci_objects, "NetworkPolicy")}
     serve_rule = [
@@ -407,6 +408,7 @@ def test_set_file_replaces_the_pipeline_config(helm, tmp_path):
         "NetworkPolicy",
         "Service",
         "Deployment",
+        "Secret",  # the ledger's tokens
         "RayJob",
     }
     assert len(by_kind(objects, "RayJob")) == 1
@@ -458,21 +460,36 @@ def test_pvc_outlives_uninstall(default_objects):
     assert store["spec"]["resources"]["requests"]["storage"] == "1Gi"
 
 
-def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, default_objects):
-    """Its own volume and PRIVCODE_PRIVACY_STORE on every Ray pod (they all train or serve)."""
-    for where, template in pod_templates(default_objects):
-        if where.endswith("submitter"):
-            continue
-        container = template["spec"]["containers"][0]
-        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-        claim = volumes[mounts["/mnt/privacy-store"]]["persistentVolumeClaim"]["claimName"]
-        assert claim == "rel-privcode-privacy-store", where
-        assert env_of(container)["PRIVCODE_PRIVACY_STORE"] == "/mnt/privacy-store/store", where
+def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, ci_objects):
+    """Its own volume and PRIVCODE_PRIVACY_STORE on the pipeline's Ray pods, read-only (the
+    ledger Deployment writes it); none on the serving pods (tests/test_chart_ledger.py); and
+    read-write on every Ray pod without the ledger service."""
+    no_ledger = render(helm, "-f", str(CI_VALUES), "--set", "ledger.enabled=false")
+    for objects, ledger in ((ci_objects, True), (no_ledger, False)):
+        seen = set()
+        for where, template in pod_templates(objects):
+            if where.endswith("submitter"):
+                continue
+            container = template["spec"]["containers"][0]
+            mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+            volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+            serving = where.startswith("RayService/")
+            seen.add(serving)
+            if ledger and serving:
+                assert "/mnt/privacy-store" not in mounts, where
+                assert "PRIVCODE_PRIVACY_STORE" not in env_of(container), where
+                continue
+            mount = mounts["/mnt/privacy-store"]
+            claim = volumes[mount["name"]]["persistentVolumeClaim"]
+            assert claim["claimName"] == "rel-privcode-privacy-store", where
+            assert bool(mount.get("readOnly")) == bool(claim.get("readOnly")) == ledger, where
+            assert env_of(container)["PRIVCODE_PRIVACY_STORE"] == "/mnt/privacy-store/store", where
+        assert seen == {True, False}
     objects = render(helm, "--set", "storage.privacyStore.enabled=false")
     for where, template in pod_templates(objects):
         if not where.endswith("submitter"):
             assert "PRIVCODE_PRIVACY_STORE" not in env_of(template["spec"]["containers"][0])
+    assert not by_kind(objects, "Secret")  # no claim of its own: no ledger service either
 
 
 @pytest.mark.parametrize(
@@ -599,7 +616,10 @@ def test_rayservice_serve_config(ci_objects, helm):
         "engine": "transformers",
         **limits,
     }
-    assert not by_kind(objects, "Secret")  # the chart never creates the API key
+    # the chart never creates the API key (its one Secret holds the ledger's tokens)
+    assert [s["metadata"]["name"] for s in by_kind(objects, "Secret")] == [
+        "rel-privcode-ledger-tokens"
+    ]
 
 
 def test_grafana_dashboard(helm, ci_objects, default_objects):
@@ -661,5 +681,8 @@ def test_notes_explain_how_to_follow_the_job(helm):
         "mounted at /etc/privcode/api-keys",
         "helm install kuberay-operator kuberay/kuberay-operator",
         "auth_token",
+        'Ledger "rel-privcode-ledger"',
+        "kubectl exec -n team-a deployment/rel-privcode-ledger -- privcode budget show",
+        "kubectl logs -n team-a deployment/rel-privcode-ledger -c init-store",
     ):
         assert text in notes, f"{text!r} not in NOTES:\n{notes}"

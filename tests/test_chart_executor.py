@@ -90,6 +90,16 @@ def pods_of(objects: list[dict], role: str) -> list[Pod]:
     return found
 
 
+def executor_objects(objects: list[dict], kind: str) -> list[dict]:
+    """The executor's objects of ``kind`` (the ledger has a Deployment and a Service too)."""
+    return [o for o in by_kind(objects, kind) if o["metadata"]["name"].endswith("-executor")]
+
+
+def executor_deployment(objects: list[dict]) -> dict:
+    (deployment,) = executor_objects(objects, "Deployment")
+    return deployment
+
+
 # --------------------------------------------------------------------------- a NetworkPolicy evaluator
 
 
@@ -265,7 +275,9 @@ def test_every_pod_cannot_run_code_or_holds_nothing(rendering):
     executors = 0
     for pod in pods(objects):
         if pod.forbidden():
-            assert pod.role in ("pipeline", "submitter", "serving"), f"{name}: {pod.where}"
+            assert pod.role in ("pipeline", "submitter", "serving", "ledger"), (
+                f"{name}: {pod.where}"
+            )
             continue
         problems = _holds_nothing(pod, policies)
         assert not problems, f"{name}: {pod.where} may run generated code but: {problems}"
@@ -281,14 +293,14 @@ def test_every_pod_cannot_run_code_or_holds_nothing(rendering):
 
 def test_ray_pods_are_sent_to_the_executor_service(default_objects, ci_objects):
     for objects in (default_objects, ci_objects):
-        service = one(objects, "Service")
+        (service,) = executor_objects(objects, "Service")
         url = urllib.parse.urlsplit(
             env_of(pods_of(objects, "pipeline")[0].spec["containers"][0])[EXECUTOR_ENV]
         )
         assert url.scheme == "http"
         assert url.hostname == f"{service['metadata']['name']}.{NAMESPACE}.svc"
         assert url.port == service["spec"]["ports"][0]["port"] == EXECUTOR_PORT
-        executor = one(by_kind(objects, "Deployment"), "Deployment")["spec"]["template"]
+        executor = executor_deployment(objects)["spec"]["template"]
         # the Service selects exactly the executor pods
         assert selects({"matchLabels": service["spec"]["selector"]}, executor["metadata"]["labels"])
         for pod in pods(objects):
@@ -296,7 +308,10 @@ def test_ray_pods_are_sent_to_the_executor_service(default_objects, ci_objects):
                 assert not selects({"matchLabels": service["spec"]["selector"]}, pod.labels)
                 for container in pod.spec["containers"]:
                     env = env_of(container)
-                    assert env[FORBID] == "1" and env[EXECUTOR_ENV] == url.geturl(), pod.where
+                    assert env[FORBID] == "1", pod.where
+                    # the ledger sends no code anywhere (and reaches nothing)
+                    want = None if pod.role == "ledger" else url.geturl()
+                    assert env.get(EXECUTOR_ENV) == want, pod.where
     assert service["metadata"]["name"] == "rel-privcode-executor"
 
 
@@ -307,7 +322,8 @@ def test_ray_pods_are_sent_to_the_executor_service(default_objects, ci_objects):
 def everything(helm) -> list[dict]:
     """The CI values (every role: RayJob + submitter, RayCluster, RayService, executor)."""
     objects = render(helm, "-f", str(CI_VALUES))
-    assert {p.role for p in pods(objects)} == {"pipeline", "submitter", "serving", "executor"}
+    roles = {p.role for p in pods(objects)}
+    assert roles == {"pipeline", "submitter", "serving", "executor", "ledger"}
     return objects
 
 
@@ -434,6 +450,7 @@ def test_the_evaluator_sees_an_open_policy(default_objects):
 def test_private_claims_never_reach_an_executor(helm, extra, claims):
     objects = render(helm, *EVERY_ROLE, *extra)
     store = next(c for c in sorted(claims) if "budget" in c or "privacy" in c)
+    artifacts = claims - {store}
     for pod in pods(objects):
         mounted = {
             v["persistentVolumeClaim"]["claimName"]
@@ -448,9 +465,12 @@ def test_private_claims_never_reach_an_executor(helm, extra, claims):
             assert [v for v in pod.spec["volumes"]] == [
                 {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
             ]
-        elif pod.role in ("pipeline", "serving"):
-            assert mounted == claims, pod.where  # the store (and artifacts) where they are used
-            assert store in mounted
+        elif pod.role == "pipeline":
+            assert mounted == claims, pod.where  # the store (read-only) and the artifacts
+        elif pod.role == "serving":
+            assert mounted == artifacts, pod.where  # no store: the ledger service's PAC calls
+        elif pod.role == "ledger":
+            assert mounted == {store}, pod.where  # the store's one writer
         else:
             assert not mounted, pod.where  # the submitter
 
@@ -459,7 +479,7 @@ def test_private_claims_never_reach_an_executor(helm, extra, claims):
 
 
 def test_executor_pod_in_full_isolation(default_objects, helm):
-    deployment = one(default_objects, "Deployment")
+    deployment = executor_deployment(default_objects)
     assert deployment["metadata"]["name"] == "rel-privcode-executor"
     assert deployment["spec"]["replicas"] == 1
     template = deployment["spec"]["template"]
@@ -511,7 +531,7 @@ def test_executor_pod_in_full_isolation(default_objects, helm):
     assert "privileged" not in sc
     assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
     # before Kubernetes 1.30 AppArmor is an annotation (the field does not exist there)
-    old = one(render(helm, "--kube-version", "1.26.0"), "Deployment")
+    old = executor_deployment(render(helm, "--kube-version", "1.26.0"))
     old_template = old["spec"]["template"]
     assert "appArmorProfile" not in old_template["spec"]["containers"][0]["securityContext"]
     assert old_template["metadata"]["annotations"] == {
@@ -523,7 +543,7 @@ def test_executor_pod_in_full_isolation(default_objects, helm):
 
 def test_executor_runtime_class_and_sizes(helm):
     def executor_spec(*args):
-        return one(render(helm, *args), "Deployment")["spec"]
+        return executor_deployment(render(helm, *args))["spec"]
 
     assert (
         executor_spec("--set", "sandbox.runtimeClassName=gvisor")["template"]["spec"][
@@ -566,7 +586,7 @@ def test_executor_runtime_class_and_sizes(helm):
 
 def test_rlimits_only_runs_unprivileged_and_reaches_the_entrypoint(helm):
     objects = render(helm, *WEAK)
-    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    spec = executor_deployment(objects)["spec"]["template"]["spec"]
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] == 65534
     sc = spec["containers"][0]["securityContext"]
@@ -594,11 +614,14 @@ def test_disabling_the_executor_needs_the_named_acknowledgement(helm):
     stderr = render_error(helm, *DISABLED_ACK)
     assert "executor.isolation=rlimits-only" in stderr, stderr
     objects = render(helm, *DISABLED_ACK, *WEAK, *EVERY_ROLE)
-    assert not by_kind(objects, "Deployment") and not by_kind(objects, "Service")
+    assert not executor_objects(objects, "Deployment") and not executor_objects(objects, "Service")
     assert "rel-privcode-executor" not in {
         p["metadata"]["name"] for p in by_kind(objects, "NetworkPolicy")
     }
     for pod in pods(objects):
+        if pod.role == "ledger":  # runs no code at all, executor or not
+            assert pod.forbidden() and EXECUTOR_ENV not in env_of(pod.spec["containers"][0])
+            continue
         for container in pod.spec["containers"]:
             env = env_of(container)
             assert FORBID not in env and EXECUTOR_ENV not in env, pod.where
@@ -641,8 +664,8 @@ def test_a_serving_only_release_gets_no_executor(helm):
         "--set",
         "cluster.enabled=false",
     )
-    assert not by_kind(objects, "Deployment")
-    assert {p.role for p in pods(objects)} == {"serving"}
+    assert not executor_objects(objects, "Deployment")
+    assert {p.role for p in pods(objects)} == {"serving", "ledger"}
     assert all(p.forbidden() for p in pods(objects))
 
 

@@ -287,16 +287,27 @@ def test_the_chart_mounts_the_pac_state_on_the_serving_pods_only(helm):
         config = yaml.safe_load(one(objects, "RayService")["spec"]["serveConfigV2"])
         return {a["name"]: a for a in config["applications"]}["ensemble"]["args"]
 
-    assert all("pac-state" not in m for _, m in mounts(render(helm, *serving)))
-    assert "pac_state" not in ensemble_args(render(helm, *serving))
-    objects = render(helm, *serving, "--set", "storage.pacState.enabled=true")
-    for where, mounted in mounts(objects):
-        assert mounted.get("pac-state") == ("/mnt/pac-state" if "RayService" in where else None)
-    (claim,) = [c for c in by_kind(objects, "PersistentVolumeClaim") if "pac-state" in str(c)]
-    assert claim["metadata"]["name"] == "rel-privcode-pac-state" and not k8s_problems(claim)
-    args = ensemble_args(objects)
-    assert args["pac_state"] == "/mnt/pac-state/curators"
-    assert parse_args(args).pac_state == "/mnt/pac-state/curators"
+    # off: the curator state in the privacy store's pac/ (only the single-cluster fallback
+    # mounts the store on the serving pods)
+    fallback = (*serving, "--set", "ledger.enabled=false")
+    off = render(helm, *fallback, "--set", "storage.pacState.enabled=false")
+    assert all("pac-state" not in m for _, m in mounts(off))
+    assert "pac_state" not in ensemble_args(off)
+    # on by default, whether the ledger service runs or not
+    for extra in ((), ("--set", "ledger.enabled=false")):
+        objects = render(helm, *serving, *extra)
+        for where, mounted in mounts(objects):
+            want = "/mnt/pac-state" if "RayService" in where else None
+            assert mounted.get("pac-state") == want, where
+        (claim,) = [c for c in by_kind(objects, "PersistentVolumeClaim") if "pac-state" in str(c)]
+        assert claim["metadata"]["name"] == "rel-privcode-pac-state" and not k8s_problems(claim)
+        args = ensemble_args(objects)
+        assert args["pac_state"] == "/mnt/pac-state/curators"
+        assert parse_args(args).pac_state == "/mnt/pac-state/curators"
+    # the RayService without the ensemble has no use for it: no claim, no mount
+    premium_only = render(helm, "--set", "serve.enabled=true", "--set", "apiKey.existingSecret=k")
+    assert all("pac-state" not in m for _, m in mounts(premium_only))
+    assert not [c for c in by_kind(premium_only, "PersistentVolumeClaim") if "pac-state" in str(c)]
     ledger = ("--set", "serve.ensemble.args.ledger=privcode-store:0123456789ab")
-    args = ensemble_args(render(helm, *serving, "--set", "storage.pacState.enabled=true", *ledger))
+    args = ensemble_args(render(helm, *fallback, *ledger))
     assert parse_args(args).ledger == "privcode-store:0123456789ab"

@@ -46,7 +46,17 @@ SERVING = (
 )
 #: Args that name paths or deployment choices, not defaults the chart shares with the config.
 PATHS = frozenset(
-    {"premium", "worlds", "privacy_store", "api_keys_dir", "insecure_no_auth", "device", "model"}
+    {
+        "premium",
+        "worlds",
+        "privacy_store",
+        "ledger",
+        "pac_state",
+        "api_keys_dir",
+        "insecure_no_auth",
+        "device",
+        "model",
+    }
 )
 KEYS_DIR = "/etc/privcode/api-keys"
 #: The premium model on vLLM (Ray Serve LLM): serve.premium.vllm joins its args.
@@ -129,7 +139,9 @@ def test_rendered_args_parse_like_privcode_serves(apps):
         args = apps[name]["args"]
         parsed = module.parse_args(args)
         assert getattr(parsed, path_key) == args[path_key]
-        same_paths = {**expected[name], path_key: args[path_key]}
+        # the ensemble's ledger service and curator state: the chart's (tests/test_chart_ledger.py)
+        where = {k: args[k] for k in ("ledger", "pac_state") if k in args}
+        same_paths = {**expected[name], path_key: args[path_key], **where}
         assert parsed == module.parse_args(same_paths), name
         assert dataclasses.asdict(parsed)["insecure_no_auth"] is False
 
@@ -164,7 +176,8 @@ def test_api_keys_secret_is_mounted_on_the_serving_pods_only(serving):
             assert volumes["api-keys"]["secret"]["secretName"] == SECRET, where
     assert seen >= 2, "the RayService's head and worker containers"
     assert any(not w.startswith(owner) for w, _ in pod_templates(serving)), "no other cluster"
-    assert not by_kind(serving, "Secret"), "the chart never creates the API keys"
+    secrets = [s["metadata"]["name"] for s in by_kind(serving, "Secret")]
+    assert secrets == ["rel-privcode-ledger-tokens"], "the chart never creates the API keys"
 
 
 def test_serving_without_api_keys_is_refused(helm):

@@ -19,9 +19,10 @@ Before anything is created:
    admission, nothing persisted), so a rejected object leaves nothing
    half-applied.
 
-Then the objects are created in order (ServiceAccount, ConfigMap, PVC,
-NetworkPolicy, the sandbox executor's Service and Deployment, RayJob). Existing
-ones: a PVC or ServiceAccount is kept (the artifacts volume outlives jobs), a
+Then the objects are created in order (ServiceAccount, Secret, ConfigMap, PVC,
+NetworkPolicy, the sandbox executor's and the ledger's Services and Deployments,
+RayJob). Existing ones: a PVC, ServiceAccount or Secret (the ledger's tokens) is
+kept (the artifacts volume outlives jobs), a
 ConfigMap, NetworkPolicy, Service (keeping its cluster IP) or Deployment is
 replaced, a finished RayJob of the same name is deleted and created again, a
 running one is an error. :func:`wait_for_rayjob` then polls ``status.jobDeploymentStatus``
@@ -76,6 +77,9 @@ CUSTOM_KINDS = {
 #: Core kinds the job needs: kind -> (API class, method suffix, what to do when it exists).
 CORE_KINDS = {
     "ServiceAccount": ("CoreV1Api", "service_account", "keep"),
+    # the ledger's tokens (templates/ledger.yaml): an existing Secret is kept, so a resubmit
+    # never changes the tokens the running ledger and pods hold
+    "Secret": ("CoreV1Api", "secret", "keep"),
     "ConfigMap": ("CoreV1Api", "config_map", "replace"),
     "PersistentVolumeClaim": ("CoreV1Api", "persistent_volume_claim", "keep"),
     "NetworkPolicy": ("NetworkingV1Api", "network_policy", "replace"),
@@ -85,6 +89,7 @@ CORE_KINDS = {
 }
 APPLY_ORDER = (
     "ServiceAccount",
+    "Secret",
     "ConfigMap",
     "PersistentVolumeClaim",
     "NetworkPolicy",

@@ -74,7 +74,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/*
 The role label of every pod of the release; the NetworkPolicies select pods by it:
 pipeline (RayCluster and RayJob cluster pods), submitter (the RayJob's submitter), serving
-(RayService cluster pods), executor (the sandbox executor, the only pods running generated code).
+(RayService cluster pods), executor (the sandbox executor, the only pods running generated code),
+ledger (the privacy store's ledger service, the store's one writer).
 */}}
 {{- define "privcode.roleKey" -}}
 privcode.io/role
@@ -159,6 +160,49 @@ application then refuses to run generated code in the pod). Nothing when executo
 {{- else }}
 {{- include "privcode.suffixedName" (list . "pac-state") }}
 {{- end }}
+{{- end }}
+
+{{/* The privacy store's directory on its own claim: <storage.privacyStore.mountPath>/store. */}}
+{{- define "privcode.storePath" -}}
+{{- printf "%s/store" (trimSuffix "/" .Values.storage.privacyStore.mountPath) }}
+{{- end }}
+
+{{/*
+"true" when the privacy store's ledger service runs (ledger.enabled, with the store on its own
+claim, storage.privacyStore.enabled), else "". Then the ledger Deployment is the store's one
+writer: the pipeline's Ray pods mount the store read-only and call the service with the
+pipeline token, the serving pods hold no store at all (the serving token: PAC calls only).
+Else every Ray pod mounts the store read-write (the single-cluster fallback).
+*/}}
+{{- define "privcode.ledgerEnabled" -}}
+{{- if and .Values.ledger.enabled .Values.storage.privacyStore.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The ledger's Deployment, Service, ServiceAccount and NetworkPolicy. */}}
+{{- define "privcode.ledgerName" -}}
+{{- include "privcode.suffixedName" (list . "ledger") }}
+{{- end }}
+
+{{/* The Secret of the ledger's bearer tokens: ledger.existingSecret, else the chart's. */}}
+{{- define "privcode.ledgerSecretName" -}}
+{{- if .Values.ledger.existingSecret }}
+{{- .Values.ledger.existingSecret }}
+{{- else }}
+{{- include "privcode.suffixedName" (list . "ledger-tokens") }}
+{{- end }}
+{{- end }}
+
+{{/* The ledger's URL as the Ray pods see it: http://<name>.<namespace>.svc:<port>. */}}
+{{- define "privcode.ledgerUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "privcode.ledgerName" .) .Release.Namespace (int .Values.ledger.port) }}
+{{- end }}
+
+{{/*
+Where a Ray pod finds its role's ledger token (one file, named after the role: a projected
+volume holding only that key of the Secret).
+*/}}
+{{- define "privcode.ledgerTokenDir" -}}
+/etc/privcode/ledger-token
 {{- end }}
 
 {{/* The artifacts mount path without a trailing slash. */}}
@@ -252,6 +296,33 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- range $name, $_ := (dig "env_vars" (dict) (default (dict) .Values.job.runtimeEnv)) }}
 {{- if has $name $reserved }}
 {{- fail (printf "job.runtimeEnv.env_vars sets %s: the chart sets it from executor.* (it decides where generated code may run); remove it" $name) }}
+{{- end }}
+{{- end }}
+{{- if include "privcode.ledgerEnabled" . }}
+{{- $ledgerEnv := list "PRIVCODE_LEDGER_URL" "PRIVCODE_LEDGER_TOKEN_FILE" }}
+{{- range $where, $env := dict "extraEnv" .Values.extraEnv "head.env" .Values.head.env }}
+{{- range $env }}
+{{- if has .name $ledgerEnv }}
+{{- fail (printf "%s sets %s: the chart sets it from ledger.* (which ledger the pods call, with which role's token); remove it" $where .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $name, $_ := (dig "env_vars" (dict) (default (dict) .Values.job.runtimeEnv)) }}
+{{- if has $name $ledgerEnv }}
+{{- fail (printf "job.runtimeEnv.env_vars sets %s: the chart sets it from ledger.* (which ledger the pods call, with which role's token); remove it" $name) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.serve.enabled .Values.serve.ensemble.enabled }}
+{{- $e := default (dict) .Values.serve.ensemble.args }}
+{{- if get $e "privacy_store" }}
+{{- fail "serve.ensemble.args.privacy_store is set, but with ledger.enabled the serving pods hold no privacy store: the ensemble calls the store's ledger service (args.ledger, default the chart's) and keeps its curator state on storage.pacState. Leave privacy_store empty, or set ledger.enabled=false (the single-cluster fallback: every Ray pod mounts the store)" }}
+{{- end }}
+{{- if hasPrefix "privcode-store:" (toString (get $e "ledger")) }}
+{{- fail (printf "serve.ensemble.args.ledger is the ledger actor %q, but with ledger.enabled no pod of the serving cluster holds the store (no actor runs there): leave it empty for the chart's ledger service, or set an http(s) URL" (get $e "ledger")) }}
+{{- end }}
+{{- if and (not .Values.storage.pacState.enabled) (not (get $e "pac_state")) }}
+{{- fail "serve.ensemble with ledger.enabled: the curator state needs a volume of its own (the serving pods hold no privacy store): keep storage.pacState.enabled=true, or set serve.ensemble.args.pac_state to a persistent directory the serving pods mount" }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- range .Values.pipeline.overrides }}
@@ -349,9 +420,17 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
   value: "1"
 - name: OMP_WAIT_POLICY
   value: PASSIVE
-{{- if $root.Values.storage.privacyStore.enabled }}
+{{- $ledger := include "privcode.ledgerEnabled" $root }}
+{{- /* with the ledger service, the serving pods hold no store (no volume, no variable) */}}
+{{- if and $root.Values.storage.privacyStore.enabled (not (and .serving $ledger)) }}
 - name: PRIVCODE_PRIVACY_STORE
-  value: {{ printf "%s/store" (trimSuffix "/" $root.Values.storage.privacyStore.mountPath) | quote }}
+  value: {{ include "privcode.storePath" $root | quote }}
+{{- end }}
+{{- if $ledger }}
+- name: PRIVCODE_LEDGER_URL
+  value: {{ include "privcode.ledgerUrl" $root | quote }}
+- name: PRIVCODE_LEDGER_TOKEN_FILE
+  value: {{ printf "%s/%s" (include "privcode.ledgerTokenDir" $root) (ternary "serving" "pipeline" .serving) | quote }}
 {{- end }}
 {{- if $root.Values.storage.objectStore.uri }}
 - name: PRIVCODE_OBJECT_STORE_URI
@@ -381,6 +460,11 @@ Input: dict "root" . "kind" (head|worker) "group" <values of the group> "groupNa
 {{- $root := .root }}
 {{- $g := .group }}
 {{- $isHead := eq .kind "head" }}
+{{- $ledger := include "privcode.ledgerEnabled" $root }}
+{{- $role := ternary "serving" "pipeline" .serving }}
+{{- /* the store: read-only on the pipeline pods with the ledger service, none on the serving pods */}}
+{{- $store := and $root.Values.storage.privacyStore.enabled (not (and .serving $ledger)) }}
+{{- $pacState := and .serving $root.Values.storage.pacState.enabled $root.Values.serve.ensemble.enabled }}
 {{- $runtimeClass := default $root.Values.sandbox.runtimeClassName $g.runtimeClassName }}
 {{- $resources := deepCopy (default (dict) $g.resources) }}
 {{- if and (not $isHead) (hasKey $g "gpusPerWorker") }}
@@ -470,11 +554,19 @@ spec:
           readOnly: true
         - name: artifacts
           mountPath: {{ include "privcode.mountPath" $root }}
-        {{- if $root.Values.storage.privacyStore.enabled }}
+        {{- if $store }}
         - name: privacy-store
           mountPath: {{ $root.Values.storage.privacyStore.mountPath | trimSuffix "/" }}
+          {{- if $ledger }}
+          readOnly: true
+          {{- end }}
         {{- end }}
-        {{- if and .serving $root.Values.storage.pacState.enabled }}
+        {{- if $ledger }}
+        - name: ledger-token
+          mountPath: {{ include "privcode.ledgerTokenDir" $root }}
+          readOnly: true
+        {{- end }}
+        {{- if $pacState }}
         - name: pac-state
           mountPath: {{ $root.Values.storage.pacState.mountPath | trimSuffix "/" }}
         {{- end }}
@@ -499,12 +591,28 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
-    {{- if $root.Values.storage.privacyStore.enabled }}
+    {{- if $store }}
     - name: privacy-store
       persistentVolumeClaim:
         claimName: {{ include "privcode.storePvcName" $root }}
+        {{- if $ledger }}
+        {{- /* the ledger Deployment is the store's one writer; these pods read its keys */}}
+        readOnly: true
+        {{- end }}
     {{- end }}
-    {{- if and .serving $root.Values.storage.pacState.enabled }}
+    {{- if $ledger }}
+    {{- /* this role's token only: a serving pod cannot present the pipeline's */}}
+    - name: ledger-token
+      projected:
+        defaultMode: {{ ternary 288 292 (hasKey (default (dict) $root.Values.podSecurityContext) "fsGroup") }}
+        sources:
+          - secret:
+              name: {{ include "privcode.ledgerSecretName" $root | quote }}
+              items:
+                - key: {{ $role }}
+                  path: {{ $role }}
+    {{- end }}
+    {{- if $pacState }}
     - name: pac-state
       persistentVolumeClaim:
         claimName: {{ include "privcode.pacStatePvcName" $root }}
