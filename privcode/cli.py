@@ -438,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dp_parser(sub)
     add_budget_parser(sub)
+    from privcode.operator.cli import add_operator_parser
+
+    add_operator_parser(sub)
 
     p = sub.add_parser("cluster", help="A local Ray head on 127.0.0.1: up, down, status.")
     p.add_argument("action", choices=("up", "down", "status"), help="What to do.")

@@ -41,6 +41,12 @@ class PrivacyConfig:
         "driver with the store's absolute path, so every task charges the store the run was "
         "admitted against; set it to refuse any other store. '' = whichever store resolves.",
     )
+    run_key: str = opt(
+        "",
+        "The key of the reservation this run's train stage takes over (set by the privcode "
+        "operator, which reserves the plan before any pod exists): the stage's admission "
+        "replaces that reservation in one ledger call. '' = the run directory's key.",
+    )
 
 
 @dataclass(frozen=True)

@@ -95,10 +95,9 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
         return None
     if read_manifest(layout.stage("train")) is not None and not cfg.run.force:
         return None  # probably current (then skipped); if not, the stage's admission decides
-    from privcode.dp.events import DPEvent
     from privcode.privacy.admission import admit, plan_alone, requested_budget
     from privcode.privacy.store import open_pinned
-    from privcode.train.noise import noise_for
+    from privcode.train.noise import planned_event
 
     store = open_pinned(cfg.privacy.store, cfg.privacy.store_id)
     budget, explicit = requested_budget(cfg.privacy, train)
@@ -109,9 +108,7 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     from privcode.data.records import read_records
 
     records = read_records(data)
-    q = min(1.0, train.expected_batch_size / len(records))
-    sigma, _ = noise_for(train, q)
-    plan = DPEvent(sigma, q, train.steps)
+    plan = planned_event(train, len(records))
     rows, tokenizer = _training_rows(cfg, layout, records)
     _, reply = admit(
         store,
@@ -123,6 +120,7 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
         cap=train.epsilon,
         rows=rows,
         tokenizer=tokenizer,
+        run_key=cfg.privacy.run_key,  # an operator's reservation for this run is not counted twice
     )
     log.info("privacy budget before the run: %s", reply["message"])
     return reply["message"]

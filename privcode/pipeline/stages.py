@@ -186,6 +186,7 @@ class TrainStage(Stage):
             privacy_store=open_pinned(cfg.privacy.store, cfg.privacy.store_id).root,
             budget=budget if explicit else None,
             legacy_ledgers=tuple(legacy),
+            run_key=cfg.privacy.run_key,  # an operator's reservation, taken over
         )
         summary.pop("audit_log", None)  # a path in private storage, removed on success
         return {**summary, "data_path": str(data.resolve())}

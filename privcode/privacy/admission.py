@@ -180,6 +180,8 @@ def admit(
     if reserve:
         _import_legacy(store, ledger, fps, per_record, legacy, budget, run)
         asked |= {"run": run, "run_key": run_key, "dataset": dataset}
+    elif run_key:  # the run's own reservation (an operator's) is what its admit replaces
+        asked["run_key"] = run_key
     method = "admit" if reserve else "admission"  # reserve, or only ask
     reply = ledger_call(ledger, method, fps, plan.to_dict(), budget.to_dict(), **asked)
     if not reply["admitted"]:

@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from privcode.dp.accounting import ACCOUNTANTS, make_accountant
 from privcode.dp.events import DPEvent
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
 from privcode.privacy.groups import RecordGroups, merge_events
@@ -58,6 +57,7 @@ from privcode.privacy.ledger_log import (
     read_snapshot,
 )
 from privcode.privacy.ledger_pac import PacLedger
+from privcode.privacy.ledger_reading import LedgerReading
 from privcode.privacy.pac_budgets import PacBudgets
 from privcode.privacy.store import (
     FINGERPRINT_BYTES,
@@ -85,7 +85,7 @@ __all__ = [
 log = logging.getLogger("privcode.ledger")
 
 
-class StoreLedger(PacLedger):
+class StoreLedger(PacLedger, LedgerReading):
     """The ledger of one store (module docstring); :func:`open_ledger` runs it as an actor.
 
     Usable as a plain object in one process (tests, offline tools). Not
@@ -371,11 +371,14 @@ class StoreLedger(PacLedger):
         explicit: bool = False,
         cap: float | None = None,
         per_record: int = 1,
+        run_key: str = "",
     ) -> dict:
         """Would a job with ``plan`` fit on these records? Nothing is written.
 
         ``fingerprints``: the records' identities, ``per_record`` of 16 bytes each
         (:func:`~privcode.privacy.identities.pack_identities`; 1: fingerprints).
+        ``run_key``: the question :meth:`admit` of that run would answer, which first
+        finishes the run's unfinished job (its reservation counts only its grants).
         """
         b = self._settle_budget(Budget(**budget), explicit, "", write=False)
         event = DPEvent.from_dict(plan)
@@ -383,7 +386,19 @@ class StoreLedger(PacLedger):
             return over
         groups = self._groups if self._budget is not None else RecordGroups(b.accountant, b.delta)
         assert groups is not None
-        adm = groups.admission(unpack_identities(fingerprints, per_record), [event], b.epsilon)
+        held = {
+            k: j
+            for k, j in self._jobs.items()
+            if run_key and j.run_key == run_key and not j.finished
+        }
+        try:  # as admit() would see them once it finished the run's earlier job
+            for k, j in held.items():
+                groups.set_events(k, JobEntry(**{**vars(j), "finished": True}).committed())
+            ids = unpack_identities(fingerprints, per_record)
+            adm = groups.admission(ids, [event], b.epsilon)
+        finally:
+            for k, j in held.items():
+                groups.set_events(k, j.committed())
         return admission_reply(adm, b)
 
     def admit(
@@ -574,67 +589,12 @@ class StoreLedger(PacLedger):
             self._refresh()
         return self.job_spent(job)
 
-    def job_spent(self, job: str) -> dict:
-        """A job's grants (its release's history) and the worst epsilon of its records."""
-        j = self._jobs[job]
-        assert self._groups is not None and self._budget is not None
-        worst = max((self._groups.epsilon(g) for g in self._groups.groups_of_job(job)), default=0.0)
-        granted = (
-            DPEvent(j.plan.noise_multiplier, j.plan.sample_rate, j.granted) if j.granted else None
-        )
-        history = [granted.to_dict()] if granted else []
-        return {
-            "job": job,
-            "run": j.run,
-            "steps": j.granted,
-            "finished": j.finished,
-            "history": history,
-            "record_epsilon": worst,
-            "budget": self._budget.to_dict(),
-        }
-
-    # -- reading -------------------------------------------------------------------
-
-    def show(self) -> dict:
-        """Budget, record groups (epsilon under every accountant), jobs: aggregates only."""
-        b, g = self._budget, self._groups
-        groups = []
-        if b is not None and g is not None:
-            for jobs, n in g.groups().items():
-                by: dict[str, float | None] = {}
-                for name in ACCOUNTANTS:
-                    acc = make_accountant(name)
-                    for e in g.events_of(jobs):
-                        acc.compose(e)
-                    try:
-                        by[name] = float(acc.epsilon(b.delta)) if acc.steps else 0.0
-                    except Exception:  # noqa: BLE001 - informative only
-                        by[name] = None
-                groups.append({"jobs": sorted(jobs), "records": n, "epsilon": by})
-        groups.sort(key=lambda r: -(r["epsilon"].get(b.accountant if b else "rdp") or 0.0))
-        jobs = [
-            {
-                "job": job_id,
-                "run": j.run,
-                "status": "finished" if j.finished else "running",
-                "imported": j.run_key.startswith("import:"),
-                "records": j.records,
-                "plan": j.plan.to_dict(),
-                "steps_granted": j.granted,
-            }
-            for job_id, j in self._jobs.items()
-        ]
-        return {
-            "store": str(self.root),
-            "store_id": self.store_id,
-            "budget": b.to_dict() if b else None,
-            "epsilon_spent": self._worst,
-            "epsilon_left": max(0.0, b.epsilon - self._worst) if b else None,
-            "records": g.records if g else 0,
-            "groups": groups,
-            "jobs": jobs,
-            "pac": self._pac.show(),
-        }
+    def finish_run(self, run_key: str, reason: str = "") -> dict:
+        """Finish every unfinished job of ``run_key`` (its grants stay spent); :meth:`run_spent`."""
+        for job_id, j in list(self._jobs.items()):
+            if run_key and j.run_key == run_key and not j.finished:
+                self.finish(job_id, reason)
+        return self.run_spent(run_key)
 
     def describe(self) -> dict:
         return {

@@ -53,6 +53,8 @@ _TRAIN = frozenset(
         "reserve",
         "finish",
         "job_spent",
+        "run_spent",
+        "finish_run",
         "show",
         "pac_records",
     }

@@ -13,7 +13,7 @@ from typing import Any
 from privcode.config import TrainConfig
 from privcode.dp.accounting import ACCOUNTANTS, DPEvent, calibrate, epsilon
 
-__all__ = ["noise_for", "release_spent"]
+__all__ = ["noise_for", "planned_event", "release_spent"]
 
 
 def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
@@ -21,6 +21,13 @@ def noise_for(cfg: TrainConfig, sample_rate: float) -> tuple[float, bool]:
     if cfg.noise_multiplier > 0:
         return float(cfg.noise_multiplier), False
     return float(calibrate(cfg.epsilon, cfg.delta, sample_rate, cfg.steps, cfg.accountant)), True
+
+
+def planned_event(cfg: TrainConfig, records: int) -> DPEvent:
+    """The job's plan on ``records`` training records: Poisson rate
+    ``q = min(1, expected batch / records)``, its sigma (:func:`noise_for`), ``steps``."""
+    q = min(1.0, cfg.expected_batch_size / records)
+    return DPEvent(noise_for(cfg, q)[0], q, cfg.steps)
 
 
 def release_spent(history: list[dict], cfg: TrainConfig) -> dict[str, Any]:

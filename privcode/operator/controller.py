@@ -1,0 +1,252 @@
+"""The kopf controller: PrivCodeRuns admitted before any pod exists, their status mirrored.
+
+Built on kopf (the Python operator framework: watches, retries, finalizers,
+Events and status patches are kopf's), with the ``kubernetes`` client for
+the children. Handlers (registered on :func:`build_registry`'s registry):
+
+* a run is created, or found again after the operator restarted: unless its
+  status already names its RayJob (idempotent), its spec is parsed, its plan
+  reserved in the privacy store (:func:`~privcode.operator.admission.admit_run`),
+  and only then are its ConfigMap and RayJob created, owned by the run. A
+  run that does not fit is ``Refused`` with a condition and a Warning Event
+  saying what is spent and left, and nothing is created for it. The ledger
+  answers one call at a time, so of two runs racing for the last budget
+  exactly one is admitted;
+* every ``poll_s``, an admitted run's RayJob status becomes its phase
+  (Running, Succeeded, Failed) and its grants its ``epsilon.spent``; once
+  it ends, its ledger jobs are finished (the unused reservation released);
+* a deleted run finishes its ledger jobs: what was granted stays spent.
+* a PrivacyBudget mirrors the store: its budget, its worst record's epsilon
+  and what is left (the operator's view; raising needs the authority's
+  signed grant, ``privcode budget raise --grant``).
+
+The ledger is reached as everywhere else (:mod:`privcode.privacy.ledger_client`:
+``PRIVCODE_LEDGER_URL`` with the operator's token on a cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from privcode.dp.accounting import DPEvent, epsilon
+from privcode.errors import LedgerConflictError, LedgerUnavailableError, PrivcodeError
+from privcode.operator import admission as adm
+from privcode.operator.children import child_name, config_map_for, rayjob_for
+from privcode.operator.spec import BUDGET_PLURAL, GROUP, RUN_PLURAL, VERSION, parse_run
+
+__all__ = ["OperatorConfig", "build_registry"]
+
+log = logging.getLogger("privcode.operator")
+
+RAY = ("ray.io", "v1", "rayjobs")
+_ENDED = {"Refused", "Failed", "Succeeded"}
+
+
+@dataclass
+class OperatorConfig:
+    """What the controller needs (``privcode operator`` fills it from its flags)."""
+
+    store: str  #: the privacy store (mounted read-only: keys for record identities)
+    data_root: str  #: where data claims are mounted (``<data_root>/<claim>``)
+    template: dict[str, Any]  #: the chart's RayJob, rendered (children.rayjob_for)
+    api: Any  #: a kubernetes.client.ApiClient
+    poll_s: float = 10.0
+    delta: float = 1e-5
+    accountant: str = "rdp"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _condition(kind: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True", "reason": reason, "message": message[:1000]}
+
+
+def _create(create: Any, *args: Any) -> None:
+    """Create a child; one that exists already (a retried handler) is kept."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        create(*args)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise kopf.TemporaryError(f"creating a child: HTTP {exc.status}", delay=15) from None
+
+
+def _config_maps(cfg: OperatorConfig, namespace: str, spec: Any) -> dict[str, dict[str, str]]:
+    ref = (spec.get("config") or {}).get("configMapRef")
+    if not ref:
+        return {}
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        found = client.CoreV1Api(cfg.api).read_namespaced_config_map(ref.get("name"), namespace)
+    except ApiException:
+        return {}
+    return {ref.get("name"): dict(found.data or {})}
+
+
+def admit(body: Any, spec: Any, meta: Any, status: Any, patch: Any, memo: Any, **_: Any) -> None:
+    """Create/resume: admit, then create the children (module docstring)."""
+    cfg: OperatorConfig = memo.config
+    if status.get("phase") in _ENDED or status.get("rayJob"):
+        return  # decided before (a resumed operator): never a second reservation
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    try:
+        run = parse_run(spec, _config_maps(cfg, namespace, spec))
+        decided = adm.admit_run(
+            run,
+            name=name,
+            namespace=namespace,
+            uid=uid,
+            store_root=cfg.store,
+            data_root=cfg.data_root,
+        )
+    except LedgerUnavailableError as exc:
+        raise kopf.TemporaryError(f"privacy ledger unavailable: {exc}", delay=30) from None
+    except (PrivcodeError, OSError, ValueError) as exc:
+        message = f"{type(exc).__name__}: {exc}"[:1000]
+        patch.status.update(
+            phase="Failed", conditions=[_condition("Failed", "InvalidRun", message)]
+        )
+        kopf.warn(body, reason="InvalidRun", message=message)
+        return
+    requested = {"requested": run.epsilon, "planned": decided.epsilon_planned, "spent": 0.0}
+    if not decided.admitted:
+        patch.status.update(
+            phase="Refused",
+            epsilon=requested,
+            conditions=[_condition("Refused", "PrivacyBudget", decided.message)],
+        )
+        kopf.warn(body, reason="Refused", message=decided.message)
+        return
+    child = child_name(name, uid)
+    _make_children(cfg, body, run, child, decided.run_key)
+    patch.status.update(
+        phase="Admitted",
+        rayJob=child,
+        epsilon=requested,
+        conditions=[_condition("Admitted", "PrivacyBudget", decided.message)],
+    )
+    kopf.info(body, reason="Admitted", message=decided.message)
+
+
+def _make_children(cfg: OperatorConfig, body: Any, run: Any, child: str, key: str) -> None:
+    from kubernetes import client
+
+    namespace = body["metadata"]["namespace"]
+    data_file = run.data_file(cfg.data_root)
+    overrides = adm.run_overrides(run, body["metadata"]["name"], key, data_file)
+    config_map = config_map_for(body, f"{child}-config", run.config)
+    job = rayjob_for(
+        cfg.template,
+        body,
+        name=child,
+        config_map=f"{child}-config",
+        data_claim=run.data_claim,
+        data_mount=f"{cfg.data_root.rstrip('/')}/{run.data_claim}",
+        overrides=overrides,
+    )
+    core, custom = client.CoreV1Api(cfg.api), client.CustomObjectsApi(cfg.api)
+    _create(core.create_namespaced_config_map, namespace, config_map)
+    _create(custom.create_namespaced_custom_object, *RAY[:2], namespace, RAY[2], job)
+
+
+def _job_phase(job: dict[str, Any] | None) -> str:
+    if job is None:
+        return "Failed"
+    st = job.get("status") or {}
+    status, deploy = str(st.get("jobStatus", "")).upper(), str(st.get("jobDeploymentStatus", ""))
+    if status == "SUCCEEDED":
+        return "Succeeded"
+    if status in ("FAILED", "STOPPED") or deploy in ("Failed", "ValidationFailed"):
+        return "Failed"
+    return "Running" if status == "RUNNING" else "Admitted"
+
+
+def _spent(history: list[dict[str, Any]], cfg: OperatorConfig) -> float:
+    events = [DPEvent.from_dict(e) for e in history]
+    return float(epsilon(events, cfg.delta, cfg.accountant)) if events else 0.0
+
+
+def mirror(body: Any, meta: Any, status: Any, patch: Any, memo: Any, **_: Any) -> None:
+    """Timer: the RayJob's state and the run's grants into the run's status."""
+    cfg: OperatorConfig = memo.config
+    if status.get("phase") in _ENDED or not status.get("rayJob"):
+        return
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        job = client.CustomObjectsApi(cfg.api).get_namespaced_custom_object(
+            *RAY[:2], meta["namespace"], RAY[2], status["rayJob"]
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise kopf.TemporaryError(f"reading the RayJob: HTTP {exc.status}", delay=15) from None
+        job = None
+    phase = _job_phase(job)
+    key = adm.run_key_of(cfg.store, meta["namespace"], meta["name"], meta["uid"])
+    try:
+        if phase in ("Succeeded", "Failed"):
+            spent = adm.release_run(cfg.store, key, f"run {phase.lower()}")
+        else:
+            spent = adm.run_spent(cfg.store, key)
+    except (LedgerUnavailableError, LedgerConflictError) as exc:
+        raise kopf.TemporaryError(f"privacy ledger: {exc}", delay=30) from None
+    eps = dict(status.get("epsilon") or {})
+    patch.status.update(
+        epsilon={**eps, "spent": _spent(spent["history"], cfg)}, steps=spent["steps"]
+    )
+    if phase != status.get("phase"):
+        patch.status["phase"] = phase
+        ended = "RayJob gone" if job is None else f"RayJob {status['rayJob']}"
+        patch.status["conditions"] = [_condition(phase, "RayJob", f"{ended}: {phase.lower()}")]
+        kopf.info(body, reason=phase, message=f"{ended}: {phase.lower()}")
+
+
+def release(meta: Any, status: Any, memo: Any, **_: Any) -> None:
+    """Delete: the run's ledger jobs finish (grants stay spent; the unused plan is freed)."""
+    cfg: OperatorConfig = memo.config
+    if not status.get("rayJob"):
+        return  # refused or invalid: nothing was reserved
+    key = adm.run_key_of(cfg.store, meta["namespace"], meta["name"], meta["uid"])
+    try:
+        adm.release_run(cfg.store, key, "run deleted")
+    except LedgerUnavailableError as exc:
+        raise kopf.TemporaryError(f"privacy ledger unavailable: {exc}", delay=30) from None
+
+
+def mirror_budget(patch: Any, memo: Any, **_: Any) -> None:
+    """Timer on PrivacyBudgets: the store's budget, worst record and what is left."""
+    from privcode.privacy.ledger_actor import ledger_call, open_ledger
+
+    cfg: OperatorConfig = memo.config
+    try:
+        shown = ledger_call(open_ledger(cfg.store), "show")
+    except LedgerUnavailableError as exc:
+        raise kopf.TemporaryError(f"privacy ledger unavailable: {exc}", delay=30) from None
+    budget = shown.get("budget") or {}
+    patch.status.update(
+        budget=budget.get("epsilon"),
+        delta=budget.get("delta"),
+        worstRecordEpsilon=shown.get("epsilon_spent"),
+        left=shown.get("epsilon_left"),
+        jobs=len(shown.get("jobs") or ()),
+    )
+
+
+def build_registry(poll_s: float = 10.0) -> kopf.OperatorRegistry:
+    """A registry holding the controller's handlers (module docstring)."""
+    registry = kopf.OperatorRegistry()
+    run = (GROUP, VERSION, RUN_PLURAL)
+    kopf.on.create(*run, registry=registry, id="admit")(admit)
+    kopf.on.resume(*run, registry=registry, id="admit-resumed")(admit)
+    kopf.timer(*run, registry=registry, interval=poll_s, id="mirror")(mirror)
+    kopf.on.delete(*run, registry=registry, id="release")(release)
+    budget = (GROUP, VERSION, BUDGET_PLURAL)
+    kopf.timer(*budget, registry=registry, interval=poll_s, id="mirror-budget")(mirror_budget)
+    return registry
