@@ -110,7 +110,13 @@ def ledger_service(root: Path, tokens: dict[str, str]) -> Iterator[str]:
 
 
 @contextmanager
-def operator(url: str, store: Path, data_root: Path, template: dict[str, Any]) -> Iterator[None]:
+def operator(
+    url: str,
+    store: Path,
+    data_root: Path,
+    template: dict[str, Any],
+    artifacts_root: Path | None = None,
+) -> Iterator[None]:
     """``privcode operator`` against ``url`` in a thread, until the block ends."""
     from privcode.operator.cli import run_operator
 
@@ -125,6 +131,7 @@ def operator(url: str, store: Path, data_root: Path, template: dict[str, Any]) -
                 namespaces=[NS],
                 server=url,
                 poll_s=0.5,
+                artifacts_root=str(artifacts_root) if artifacts_root else None,
                 stop=stop,
                 ready=ready,
             )

@@ -192,9 +192,13 @@ def test_status_mirrors_the_job_and_a_restart_reserves_nothing_twice(cluster):
             request_id=f"x:{i}",
         )
     kube.patch_status(JOB, name, {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"})
-    with operator(kube.url, store, data, TEMPLATE):
+    artifacts = data.parent / "artifacts"
+    _train_manifest(artifacts / "runs" / "mirrored" / "train")
+    with operator(kube.url, store, data, TEMPLATE, artifacts):
         run = kube.wait(RUN, "mirrored", lambda o: o["status"].get("steps") == 3)
         assert run["status"]["phase"] == "Running" and run["status"]["epsilon"]["spent"] > 0
+        assert run["status"]["stages"] == {"train": "Succeeded"}
+        assert len(run["status"]["releaseDigest"]) == 64 and "report" not in run["status"]
         assert len(pipeline.call("show")["jobs"]) == 2  # resumed: no new reservation
         kube.patch_status(JOB, name, {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"})
         done = kube.wait(RUN, "mirrored", _phase("Succeeded"))
@@ -227,6 +231,13 @@ def test_deleting_a_run_releases_its_unused_reservation_and_refunds_nothing(clus
     assert after["status"] == "finished" and after["steps_granted"] == 1  # kept: no refund
     spent = pipeline.call("show")["epsilon_spent"]
     assert 0 < spent < 3.0  # one step (RDP: 1.94), not the whole plan (4.0)
+
+
+def _train_manifest(stage: Path) -> None:
+    from privcode.artifacts.manifest import StageManifest
+
+    outputs = {"release/adapter.safetensors": "ab" * 32, "release/privacy.json": "cd" * 32}
+    StageManifest("train", "fp", {}, outputs=outputs).write(stage / "manifest.json")
 
 
 def _run_key(store: Path, kube: Kube, name: str) -> str:

@@ -4,7 +4,8 @@ Flags: ``--store`` (the privacy store, read for its keys), ``--data-root``
 (where data claims are mounted), ``--template`` (the chart's rendered RayJob,
 YAML), ``--namespace`` (repeatable; the namespaces it watches), ``--server``
 (an API server URL without credentials, for a local mock; default: the pod's
-service account, or the kubeconfig).
+service account, or the kubeconfig), ``--artifacts-root`` (the artifacts volume,
+read-only: stage progress into status).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run_operator(
     namespaces: list[str],
     server: str | None = None,
     poll_s: float = 10.0,
+    artifacts_root: str | None = None,
     stop: threading.Event | None = None,
     ready: threading.Event | None = None,
 ) -> None:
@@ -60,7 +62,12 @@ def run_operator(
     settings.posting.level = 20  # Events from INFO up
     settings.persistence.finalizer = "privcode.dev/release"
     cfg = OperatorConfig(
-        store=store, data_root=data_root, template=template, api=_api_client(server), poll_s=poll_s
+        store=store,
+        data_root=data_root,
+        template=template,
+        api=_api_client(server),
+        poll_s=poll_s,
+        artifacts_root=artifacts_root,
     )
     asyncio.run(
         kopf.operator(
@@ -93,6 +100,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         namespaces=args.namespace or ["default"],
         server=args.server,
         poll_s=args.poll_s,
+        artifacts_root=args.artifacts_root,
     )
     return 0
 
@@ -113,4 +121,10 @@ def add_operator_parser(sub: argparse._SubParsersAction) -> None:
         "--server", default=None, help="API server URL (a local mock); default: in-cluster."
     )
     p.add_argument("--poll-s", type=float, default=10.0, help="Status mirroring interval.")
+    p.add_argument(
+        "--artifacts-root",
+        default=None,
+        help="The artifacts volume (read-only; runs under runs/, reports under reports/): "
+        "finished stages, the release digest and the report path go into each run's status.",
+    )
     p.set_defaults(func=cmd_operator)

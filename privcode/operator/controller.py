@@ -55,6 +55,8 @@ class OperatorConfig:
     template: dict[str, Any]  #: the chart's RayJob, rendered (children.rayjob_for)
     api: Any  #: a kubernetes.client.ApiClient
     poll_s: float = 10.0
+    #: The artifacts volume, read-only at the Ray pods' path (None: no stage progress).
+    artifacts_root: str | None = None
     delta: float = 1e-5
     accountant: str = "rdp"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -201,11 +203,25 @@ def mirror(body: Any, meta: Any, status: Any, patch: Any, memo: Any, **_: Any) -
     patch.status.update(
         epsilon={**eps, "spent": _spent(spent["history"], cfg)}, steps=spent["steps"]
     )
+    if cfg.artifacts_root:
+        _progress(cfg.artifacts_root, meta["name"], patch)
     if phase != status.get("phase"):
         patch.status["phase"] = phase
         ended = "RayJob gone" if job is None else f"RayJob {status['rayJob']}"
         patch.status["conditions"] = [_condition(phase, "RayJob", f"{ended}: {phase.lower()}")]
         kopf.info(body, reason=phase, message=f"{ended}: {phase.lower()}")
+
+
+def _progress(root: str, name: str, patch: Any) -> None:
+    from privcode.operator.progress import run_progress
+    from privcode.registry import STAGES
+
+    found = run_progress(root, name, tuple(STAGES))
+    patch.status["stages"] = found.stages
+    if found.release_digest:
+        patch.status["releaseDigest"] = found.release_digest
+    if found.report:
+        patch.status["report"] = found.report
 
 
 def release(meta: Any, status: Any, memo: Any, **_: Any) -> None:
