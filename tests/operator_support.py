@@ -43,13 +43,15 @@ def kube_api() -> Iterator[str]:
 
     class ApiServer(kmock.KubernetesEmulator):
         """The emulator plus what an API server does on create: a name for generateName
-        (kopf's Events), a uid and a resourceVersion."""
+        (kopf's Events), the namespace of the URL, a uid and a resourceVersion."""
 
         async def _handle(self, request: Any) -> Any:
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
                 meta = request.data.setdefault("metadata", {})
                 if not meta.get("name") and meta.get("generateName"):
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+                if request.namespace and not meta.get("namespace"):
+                    meta["namespace"] = request.namespace
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("resourceVersion", "1")
             return await super()._handle(request)

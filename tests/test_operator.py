@@ -254,3 +254,46 @@ def _fingerprints(store: Path, path: Path) -> bytes:
 
     pairs = [(r.prompt, r.code) for r in read_records(path)]
     return pack_fingerprints(PrivacyStore(store).record_fingerprints(pairs))
+
+
+def test_submit_job_goes_through_a_privcoderun_when_the_operator_is_installed(cluster):
+    """`make submit-job TARGET=k8s`'s path with the operator: a PrivCodeRun is created and
+    followed to its end; the RayJob exists only once the run is admitted."""
+    from kubernetes import client
+
+    from privcode.cluster import k8s_run
+
+    kube, store, data, _ = cluster
+    conf = client.Configuration()
+    conf.host = kube.url
+    api = client.ApiClient(conf)
+    assert k8s_run.operator_installed(api)
+    config = data.parent / "pipeline.yaml"
+    config.write_text(_config())
+    with pytest.raises(Exception, match="set by the PrivCodeRun"):
+        k8s_run.run_manifest(
+            config,
+            ["privacy.store=/x"],
+            name="x",
+            data_claim="corpus",
+            data_path="train.parquet",
+            epsilon=4.0,
+            stages=[],
+        )
+    run = k8s_run.run_manifest(
+        config,
+        ["train.steps=30"],
+        name="submitted",
+        data_claim="corpus",
+        data_path="train.parquet",
+        epsilon=4.0,
+        stages=["data", "train"],
+    )
+    with operator(kube.url, store, data, TEMPLATE):
+        k8s_run.submit_run(api, run, NS)
+        name = kube.wait(RUN, "submitted", _phase("Admitted"))["status"]["rayJob"]
+        job = kube.get(JOB, name)
+        assert "--set run.stages=[data, train]" in job["spec"]["entrypoint"].replace("'", "")
+        kube.patch_status(JOB, name, {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"})
+        out = k8s_run.follow_run(api, "submitted", NS, timeout_s=60, poll_s=0.2)
+    assert out["status"] == "SUCCEEDED" and out["epsilon"]["requested"] == 4.0
