@@ -50,12 +50,18 @@ CORE_KINDS = {
     "ServiceAccount",
     "Secret",
     "Service",
+    # the operator (templates/operator*.yaml): its RBAC and its admission policy
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 #: Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and a recent one.
 K8S_VERSIONS = ("1.26.0", "1.35.0")
 #: KubeRay's name limits (ray-operator/controllers/ray/utils/constant.go).
 MAX_NAME = {"RayCluster": 53, "RayJob": 47, "RayService": 47}
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: The values ``make submit-job TARGET=k8s`` renders the job with (privcode.cluster.k8s.job_manifests).
 JOB_ONLY = (
     "--set",
     "cluster.enabled=false",
@@ -63,6 +69,8 @@ JOB_ONLY = (
     "serve.enabled=false",
     "--set",
     "job.enabled=true",
+    "--set",
+    "operator.enabled=false",
 )
 #: The value sets every rendering-wide test runs on (the ``rendering`` fixture).
 VALUE_SETS = {

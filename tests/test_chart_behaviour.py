@@ -222,6 +222,7 @@ def test_network_policy_denies_by_default(default_objects, ci_objects):
         "rel-privcode-submitter",
         "rel-privcode-executor",
         "rel-privcode-ledger",
+        "rel-privcode-operator",
     }
     ci = {p["metadata"]["name"]: p["spec"] for p in by_kind(ci_objects, "NetworkPolicy")}
     serve_rule = [
@@ -381,7 +382,10 @@ def test_rayjob_overrides_and_verbatim_entrypoint(helm):
 
 
 def test_config_map_holds_the_demo_config_by_default(default_objects):
-    config_map = one(default_objects, "ConfigMap")
+    # the pipeline's (the operator's template ConfigMap is tests/test_chart_operator.py's)
+    (config_map,) = [
+        c for c in by_kind(default_objects, "ConfigMap") if "pipeline.yaml" in c["data"]
+    ]
     assert config_map["metadata"]["name"] == "rel-privcode-pipeline"
     assert yaml.safe_load(config_map["data"]["pipeline.yaml"]) == yaml.safe_load(
         DEMO_CONFIG.read_text()
@@ -427,6 +431,8 @@ def test_job_disabled_renders_no_rayjob(helm):
         "storage.pvc.enabled=false",
         "--set",
         "storage.privacyStore.enabled=false",
+        "--set",
+        "operator.enabled=false",  # the operator needs the store's ledger service
     )
     assert not by_kind(objects, "RayJob") and not by_kind(objects, "PersistentVolumeClaim")
     spec = one(objects, "RayCluster")["spec"]
@@ -464,7 +470,15 @@ def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, ci_objects):
     """Its own volume and PRIVCODE_PRIVACY_STORE on the pipeline's Ray pods, read-only (the
     ledger Deployment writes it); none on the serving pods (tests/test_chart_ledger.py); and
     read-write on every Ray pod without the ledger service."""
-    no_ledger = render(helm, "-f", str(CI_VALUES), "--set", "ledger.enabled=false")
+    no_ledger = render(
+        helm,
+        "-f",
+        str(CI_VALUES),
+        "--set",
+        "ledger.enabled=false",
+        "--set",
+        "operator.enabled=false",
+    )
     for objects, ledger in ((ci_objects, True), (no_ledger, False)):
         seen = set()
         for where, template in pod_templates(objects):
@@ -485,7 +499,9 @@ def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, ci_objects):
             assert bool(mount.get("readOnly")) == bool(claim.get("readOnly")) == ledger, where
             assert env_of(container)["PRIVCODE_PRIVACY_STORE"] == "/mnt/privacy-store/store", where
         assert seen == {True, False}
-    objects = render(helm, "--set", "storage.privacyStore.enabled=false")
+    objects = render(
+        helm, "--set", "storage.privacyStore.enabled=false", "--set", "operator.enabled=false"
+    )
     for where, template in pod_templates(objects):
         if not where.endswith("submitter"):
             assert "PRIVCODE_PRIVACY_STORE" not in env_of(template["spec"]["containers"][0])

@@ -275,7 +275,7 @@ def test_every_pod_cannot_run_code_or_holds_nothing(rendering):
     executors = 0
     for pod in pods(objects):
         if pod.forbidden():
-            assert pod.role in ("pipeline", "submitter", "serving", "ledger"), (
+            assert pod.role in ("pipeline", "submitter", "serving", "ledger", "operator"), (
                 f"{name}: {pod.where}"
             )
             continue
@@ -309,8 +309,8 @@ def test_ray_pods_are_sent_to_the_executor_service(default_objects, ci_objects):
                 for container in pod.spec["containers"]:
                     env = env_of(container)
                     assert env[FORBID] == "1", pod.where
-                    # the ledger sends no code anywhere (and reaches nothing)
-                    want = None if pod.role == "ledger" else url.geturl()
+                    # the ledger and the operator send no code anywhere
+                    want = None if pod.role in ("ledger", "operator") else url.geturl()
                     assert env.get(EXECUTOR_ENV) == want, pod.where
     assert service["metadata"]["name"] == "rel-privcode-executor"
 
@@ -323,7 +323,7 @@ def everything(helm) -> list[dict]:
     """The CI values (every role: RayJob + submitter, RayCluster, RayService, executor)."""
     objects = render(helm, "-f", str(CI_VALUES))
     roles = {p.role for p in pods(objects)}
-    assert roles == {"pipeline", "submitter", "serving", "executor", "ledger"}
+    assert roles == {"pipeline", "submitter", "serving", "executor", "ledger", "operator"}
     return objects
 
 
@@ -469,8 +469,9 @@ def test_private_claims_never_reach_an_executor(helm, extra, claims):
             assert mounted == claims, pod.where  # the store (read-only) and the artifacts
         elif pod.role == "serving":
             assert mounted == artifacts, pod.where  # no store: the ledger service's PAC calls
-        elif pod.role == "ledger":
-            assert mounted == {store}, pod.where  # the store's one writer
+        elif pod.role in ("ledger", "operator"):
+            # the store's one writer; its reader for the operator (no data claim by default)
+            assert mounted == {store}, pod.where
         else:
             assert not mounted, pod.where  # the submitter
 
@@ -619,7 +620,7 @@ def test_disabling_the_executor_needs_the_named_acknowledgement(helm):
         p["metadata"]["name"] for p in by_kind(objects, "NetworkPolicy")
     }
     for pod in pods(objects):
-        if pod.role == "ledger":  # runs no code at all, executor or not
+        if pod.role in ("ledger", "operator"):  # run no code at all, executor or not
             assert pod.forbidden() and EXECUTOR_ENV not in env_of(pod.spec["containers"][0])
             continue
         for container in pod.spec["containers"]:
@@ -663,6 +664,8 @@ def test_a_serving_only_release_gets_no_executor(helm):
         "apiKey.existingSecret=privcode-api-keys",
         "--set",
         "cluster.enabled=false",
+        "--set",
+        "operator.enabled=false",  # its runs are pipeline jobs
     )
     assert not executor_objects(objects, "Deployment")
     assert {p.role for p in pods(objects)} == {"serving", "ledger"}

@@ -45,7 +45,8 @@ SERVING = (
 )
 #: Every Ray role: the RayJob (and its submitter), the RayCluster and the RayService.
 EVERYTHING = (*SERVING, "--set", "cluster.enabled=true")
-FALLBACK = ("--set", "ledger.enabled=false")
+#: The single-cluster fallback (the operator needs the ledger service: off too).
+FALLBACK = ("--set", "ledger.enabled=false", "--set", "operator.enabled=false")
 NAME = "rel-privcode-ledger"
 SECRET = "rel-privcode-ledger-tokens"
 STORE_CLAIM = "rel-privcode-privacy-store"
@@ -326,7 +327,7 @@ def test_only_pipeline_serving_and_operator_pods_reach_the_ledger(everything):
     callers = 0
     for other in pods(everything):
         for port in ports:
-            allowed = other.role in ("pipeline", "serving") and port == PORT
+            allowed = other.role in ("pipeline", "serving", "operator") and port == PORT
             assert policies.ingress(me, endpoint(other), port) == allowed, (other.where, port)
             assert policies.reach(endpoint(other), me, port) == allowed, (other.where, port)
             callers += allowed
@@ -400,7 +401,14 @@ def test_without_the_ledger_every_ray_pod_holds_the_store_as_before(fallback, he
     args = _ensemble_args(fallback)
     assert "ledger" not in args and args["pac_state"] == "/mnt/pac-state/curators"
     # no store claim of its own: no ledger either (the store on the artifacts volume)
-    objects = render(helm, *EVERYTHING, "--set", "storage.privacyStore.enabled=false")
+    objects = render(
+        helm,
+        *EVERYTHING,
+        "--set",
+        "storage.privacyStore.enabled=false",
+        "--set",
+        "operator.enabled=false",
+    )
     assert not [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == NAME]
     assert "ledger" not in _ensemble_args(objects)
 

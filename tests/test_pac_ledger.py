@@ -289,12 +289,12 @@ def test_the_chart_mounts_the_pac_state_on_the_serving_pods_only(helm):
 
     # off: the curator state in the privacy store's pac/ (only the single-cluster fallback
     # mounts the store on the serving pods)
-    fallback = (*serving, "--set", "ledger.enabled=false")
+    fallback = (*serving, "--set", "ledger.enabled=false", "--set", "operator.enabled=false")
     off = render(helm, *fallback, "--set", "storage.pacState.enabled=false")
     assert all("pac-state" not in m for _, m in mounts(off))
     assert "pac_state" not in ensemble_args(off)
     # on by default, whether the ledger service runs or not
-    for extra in ((), ("--set", "ledger.enabled=false")):
+    for extra in ((), ("--set", "ledger.enabled=false", "--set", "operator.enabled=false")):
         objects = render(helm, *serving, *extra)
         for where, mounted in mounts(objects):
             want = "/mnt/pac-state" if "RayService" in where else None

@@ -3,9 +3,10 @@
 One source of truth for the manifests: the Helm chart. :func:`job_manifests`
 renders ``charts/privcode`` with ``helm template`` and the values that make it
 a pipeline job (``job.enabled=true``, no long-lived RayCluster, no
-RayService), the local pipeline config inlined as ``pipeline.config`` and the
-``--set`` overrides as ``pipeline.overrides``; what ``helm install`` would
-create is exactly what this module sends.
+RayService, no operator: its Deployment, RBAC and admission policy belong to
+``helm install``), the local pipeline config inlined as ``pipeline.config``
+and the ``--set`` overrides as ``pipeline.overrides``; what ``helm install``
+would create is exactly what this module sends.
 
 Before anything is created:
 
@@ -185,6 +186,9 @@ def job_manifests(
         "job": {"enabled": True},
         "cluster": {"enabled": False},
         "serve": {"enabled": False},
+        # the operator (Deployment, RBAC, admission policy) is installed with the chart, never
+        # by a job submission: this submitter sends none of its kinds
+        "operator": {"enabled": False},
     }
     objects = render_chart(values, release=release, namespace=namespace, values_files=values_files)
     unknown = sorted({o.get("kind", "?") for o in objects} - set(APPLY_ORDER))

@@ -29,6 +29,7 @@ __all__ = [
 GROUP, VERSION = "privcode.dev", "v1alpha1"
 RUN_PLURAL, BUDGET_PLURAL = "privcoderuns", "privacybudgets"
 _STAGE = re.compile(r"^[a-z]+$")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class SpecError(PrivcodeError):
@@ -73,8 +74,8 @@ def parse_run(spec: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, st
     else:
         text = str(inline)
     claim, path = _field(spec, "data.claimName"), _field(spec, "data.path")
-    if not isinstance(claim, str) or not claim:
-        raise SpecError("spec.data.claimName: the claim holding the training records")
+    if not isinstance(claim, str) or not _DNS1123.match(claim) or ".." in claim:
+        raise SpecError("spec.data.claimName: the name of the claim holding the records")
     if not isinstance(path, str) or not path or path.startswith("/"):
         raise SpecError("spec.data.path: a path relative to the claim")
     if ".." in posixpath.normpath(path).split("/"):

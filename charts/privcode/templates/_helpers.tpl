@@ -97,7 +97,16 @@ Whether the executor is rendered: enabled, and some pipeline cluster (RayJob or 
 send it code; a serving-only release runs no generated code and gets no root pod.
 */}}
 {{- define "privcode.executorRendered" -}}
-{{- if and .Values.executor.enabled (or .Values.job.enabled .Values.cluster.enabled) }}true{{ end }}
+{{- if and .Values.executor.enabled (include "privcode.pipelineRendered" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when pipeline Ray pods may run in the release: the chart's RayJob (job.enabled), the
+long-lived RayCluster (cluster.enabled) or the RayJobs the operator makes from its template
+(operator.enabled). Their NetworkPolicies and the executor are rendered then.
+*/}}
+{{- define "privcode.pipelineRendered" -}}
+{{- if or .Values.job.enabled .Values.cluster.enabled .Values.operator.enabled }}true{{ end }}
 {{- end }}
 
 {{/* The executor's URL as the Ray pods see it: http://<name>.<namespace>.svc:<port>. */}}
@@ -203,6 +212,40 @@ volume holding only that key of the Secret).
 */}}
 {{- define "privcode.ledgerTokenDir" -}}
 /etc/privcode/ledger-token
+{{- end }}
+
+{{/* The operator's Deployment, ServiceAccount, Role, RoleBinding and NetworkPolicy. */}}
+{{- define "privcode.operatorName" -}}
+{{- include "privcode.suffixedName" (list . "operator") }}
+{{- end }}
+
+{{/* The namespaces the operator watches, as a JSON list: operator.namespaces, else the release's. */}}
+{{- define "privcode.operatorNamespaces" -}}
+{{- default (list .Release.Namespace) .Values.operator.namespaces | uniq | toJson }}
+{{- end }}
+
+{{/*
+The claims no RayJob may mount unless a PrivCodeRun owns it (the admission policy), as a JSON
+list: the privacy store's claim and operator.dataClaims.
+*/}}
+{{- define "privcode.protectedClaims" -}}
+{{- concat (list (include "privcode.storePvcName" .)) .Values.operator.dataClaims | uniq | toJson }}
+{{- end }}
+
+{{/*
+The name of the cluster-scoped admission policy and its binding: <fullname>-<namespace>-rayjob-claims
+(two releases of the same name in two namespaces get two), shortened with a hash to 63 characters.
+*/}}
+{{- define "privcode.admissionPolicyName" -}}
+{{- $base := printf "%s-%s" (include "privcode.fullname" .) .Release.Namespace }}
+{{- $suffix := "rayjob-claims" }}
+{{- if le (len (printf "%s-%s" $base $suffix)) 63 }}
+{{- printf "%s-%s" $base $suffix }}
+{{- else }}
+{{- $hash := printf "%s/%s" .Release.Namespace (include "privcode.fullname" .) | sha256sum | trunc 8 }}
+{{- $keep := int (sub 63 (add (len $suffix) 10)) }}
+{{- printf "%s-%s-%s" ($base | trunc $keep | trimSuffix "-") $hash $suffix }}
+{{- end }}
 {{- end }}
 
 {{/* The artifacts mount path without a trailing slash. */}}
