@@ -5,7 +5,9 @@
 #                             HOST:6379 GCS), e.g. a port-forwarded KubeRay head
 #           k8s             - a KubeRay RayJob in the current kube context, rendered from
 #                             charts/privcode (VALUES=file.yaml for image/storage/workers,
-#                             NAMESPACE, RELEASE)
+#                             NAMESPACE, RELEASE); where the privcode operator is
+#                             installed, a PrivCodeRun it admits first (DATA_CLAIM and
+#                             DATA_PATH: the claim and file of the training records)
 #   CONFIG (default jobs/configs/demo.yaml)
 #   DEMO_STORE: with TARGET=local, the privacy store the job charges (make passes the demo's)
 #   NO_WAIT=1: return right after submitting
@@ -21,7 +23,9 @@ case "$TARGET" in
              echo "submit-job: TARGET=ray needs RAY_ADDRESS (e.g. http://127.0.0.1:8265)" >&2; exit 2; } ;;
     k8s) if [[ -n "${NAMESPACE:-}" ]]; then args+=(--namespace "$NAMESPACE"); fi
          if [[ -n "${RELEASE:-}" ]]; then args+=(--release "$RELEASE"); fi
-         if [[ -n "${VALUES:-}" ]]; then args+=(--values "$VALUES"); fi ;;
+         if [[ -n "${VALUES:-}" ]]; then args+=(--values "$VALUES"); fi
+         if [[ -n "${DATA_CLAIM:-}" ]]; then args+=(--data-claim "$DATA_CLAIM"); fi
+         if [[ -n "${DATA_PATH:-}" ]]; then args+=(--data-path "$DATA_PATH"); fi ;;
     *) echo "submit-job: TARGET must be local, ray or k8s (got '$TARGET')" >&2; exit 2 ;;
 esac
 if [[ -n "${NO_WAIT:-}" ]]; then args+=(--no-wait); fi

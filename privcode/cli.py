@@ -172,6 +172,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             crds=args.crds,
             follow=not args.no_wait,
             stages=args.stages or (),
+            data_claim=args.data_claim,
+            data_path=args.data_path,
         )
     else:
         address = jobs.target_address(args.target, args.address)
@@ -499,6 +501,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="k8s: validate against these KubeRay CRD files instead of the cluster's.",
     )
+    p.add_argument(
+        "--data-claim",
+        default=None,
+        help="k8s with the privcode operator: the PVC holding the training records (the "
+        "submission is then a PrivCodeRun, admitted before any pod exists).",
+    )
+    p.add_argument("--data-path", default=None, help="The training file, relative to the claim.")
     p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
     p.add_argument("--json", action="store_true", help="Print JSON.")
     p.set_defaults(func=cmd_submit)

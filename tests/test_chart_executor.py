@@ -469,9 +469,12 @@ def test_private_claims_never_reach_an_executor(helm, extra, claims):
             assert mounted == claims, pod.where  # the store (read-only) and the artifacts
         elif pod.role == "serving":
             assert mounted == artifacts, pod.where  # no store: the ledger service's PAC calls
-        elif pod.role in ("ledger", "operator"):
-            # the store's one writer; its reader for the operator (no data claim by default)
-            assert mounted == {store}, pod.where
+        elif pod.role == "ledger":
+            assert mounted == {store}, pod.where  # the store's one writer
+        elif pod.role == "operator":
+            # the store's reader, and the artifacts (read-only, for each run's progress); no
+            # data claim by default
+            assert mounted == claims, pod.where
         else:
             assert not mounted, pod.where  # the submitter
 

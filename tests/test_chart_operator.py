@@ -171,6 +171,8 @@ def test_the_operator_pod(default_objects, ci_objects):
         "team-a",
         "--poll-s",
         "10",
+        "--artifacts-root",
+        "/mnt/artifacts",
     ]
     assert container["image"] == "privcode:0.1.0"
     # no probe: the CLI serves no health endpoint (a crashed controller exits and restarts)
@@ -232,6 +234,7 @@ def test_the_operator_pod(default_objects, ci_objects):
         "/mnt/privacy-store": STORE_CLAIM,
         "/mnt/data/corpus-acme": "corpus-acme",
         "/mnt/data/corpus-public": "corpus-public",
+        "/mnt/artifacts": "rel-privcode-artifacts",  # each run's progress, read-only
     }
     assert ci["nodeSelector"] == {"node-role/privacy": "true"}
     assert not k8s_problems(named(ci_objects, "Deployment", NAME))

@@ -280,17 +280,21 @@ def test_submit_job_goes_through_a_privcoderun_when_the_operator_is_installed(cl
             epsilon=4.0,
             stages=[],
         )
-    run = k8s_run.run_manifest(
-        config,
-        ["train.steps=30"],
-        name="submitted",
-        data_claim="corpus",
-        data_path="train.parquet",
-        epsilon=4.0,
-        stages=["data", "train"],
-    )
+    from privcode.cluster.k8s import ManifestError, submit_pipeline_k8s
+
+    submit = {"namespace": NS, "api_client": api, "stages": ["data", "train"]}
+    with pytest.raises(ManifestError, match="DATA_CLAIM"):
+        submit_pipeline_k8s(config, ["run.name=submitted"], **submit)
     with operator(kube.url, store, data, TEMPLATE):
-        k8s_run.submit_run(api, run, NS)
+        submitted = submit_pipeline_k8s(
+            config,
+            ["run.name=submitted", "train.steps=30"],
+            data_claim="corpus",
+            data_path="train.parquet",
+            follow=False,
+            **submit,
+        )
+        assert submitted == {"name": "submitted", "status": "SUBMITTED"}
         name = kube.wait(RUN, "submitted", _phase("Admitted"))["status"]["rayJob"]
         job = kube.get(JOB, name)
         assert "--set run.stages=[data, train]" in job["spec"]["entrypoint"].replace("'", "")

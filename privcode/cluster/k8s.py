@@ -520,18 +520,36 @@ def submit_pipeline_k8s(
     timeout_s: float = 86400.0,
     api_client: Any = None,
     stages: Sequence[str] = (),
+    data_claim: str | None = None,
+    data_path: str | None = None,
 ) -> dict[str, Any]:
-    """Render, validate, create and (with ``follow``) watch the pipeline RayJob.
+    """Render, validate, create and (with ``follow``) watch the pipeline RayJob; or, where
+    the privcode operator is installed, create and follow a PrivCodeRun
+    (:mod:`privcode.cluster.k8s_run`), which needs ``data_claim`` and ``data_path``.
 
     ``stages`` (run only these) becomes the override ``run.stages=[...]``.
     """
     namespace = namespace or _current_namespace(context)
+    api_client = api_client or _load_api_client(context)
+    from privcode.cluster import k8s_run
+
+    if k8s_run.operator_installed(api_client):
+        return _submit_through_operator(
+            config,
+            list(overrides),
+            namespace,
+            api_client,
+            list(stages),
+            data_claim,
+            data_path,
+            follow=follow,
+            timeout_s=timeout_s,
+        )
     if stages:
         overrides = [*overrides, f"run.stages=[{', '.join(stages)}]"]
     objects = job_manifests(
         config, overrides, release=release, namespace=namespace, values_files=values_files
     )
-    api_client = api_client or _load_api_client(context)
     result = submit_manifests(
         objects, namespace=namespace, api_client=api_client, crds=crds, out=sys.stderr
     )
@@ -549,6 +567,49 @@ def submit_pipeline_k8s(
     else:
         result["status"] = "SUBMITTED"
     return result
+
+
+def _submit_through_operator(
+    config: str | os.PathLike,
+    overrides: list[str],
+    namespace: str,
+    api_client: Any,
+    stages: list[str],
+    data_claim: str | None,
+    data_path: str | None,
+    *,
+    follow: bool,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """A PrivCodeRun for the submission, created and (with ``follow``) followed."""
+    from privcode.cluster import k8s_run
+    from privcode.config import load_config
+
+    if not data_claim or not data_path:
+        raise ManifestError(
+            "the privcode operator is installed: a run is admitted on its records before any "
+            "pod exists, so give the claim and file that hold them (DATA_CLAIM=... "
+            "DATA_PATH=..., or --data-claim/--data-path)"
+        )
+    cfg = load_config(config, overrides)
+    run = k8s_run.run_manifest(
+        config,
+        overrides,
+        name=cfg.run.name,
+        data_claim=data_claim,
+        data_path=data_path,
+        epsilon=cfg.train.epsilon,
+        stages=stages,
+    )
+    name = k8s_run.submit_run(api_client, run, namespace)
+    print(
+        f"PrivCodeRun {name} created: kubectl get privcoderun {name} -n {namespace} -w",
+        file=sys.stderr,
+        flush=True,
+    )
+    if not follow:
+        return {"name": name, "status": "SUBMITTED"}
+    return k8s_run.follow_run(api_client, name, namespace, timeout_s=timeout_s, out=sys.stderr)
 
 
 def _kubeconfig() -> str:
