@@ -19,6 +19,7 @@ import requests
 RESOURCES = {
     "privcode.dev/v1alpha1/privcoderuns": ("PrivCodeRun", True, ["status"]),
     "privcode.dev/v1alpha1/privacybudgets": ("PrivacyBudget", True, ["status"]),
+    "privcode.dev/v1alpha1/privacybudgetraises": ("PrivacyBudgetRaise", True, ["status"]),
     "ray.io/v1/rayjobs": ("RayJob", True, ["status"]),
     "v1/configmaps": ("ConfigMap", True, []),
     "v1/events": ("Event", True, []),

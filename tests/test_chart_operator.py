@@ -353,6 +353,13 @@ def test_only_the_operator_may_create_rayjobs(default_objects):
         for group, resource in (("", "pods"), ("", "persistentvolumeclaims"), ("", "secrets")):
             assert not allows(author, group, resource, verb), (resource, verb)
     assert "*" not in str([r.get("verbs") + r.get("resources") for r in author["rules"]])
+    # a run author cannot deliver a budget raise; the budget owner's Role can (the grant
+    # inside must still carry the store authority's signature)
+    assert not allows(author, "privcode.dev", "privacybudgetraises", "create")
+    owner = named(default_objects, "Role", "rel-privcode-budget-owner")
+    assert allows(owner, "privcode.dev", "privacybudgetraises", "create")
+    assert not any(allows(owner, "ray.io", "rayjobs", v) for v in ("create", "get"))
+    assert allows(operator, "privcode.dev", "privacybudgetraises/status", "patch")
     # the operator's binding: its ServiceAccount only
     binding = named(default_objects, "RoleBinding", NAME)
     assert binding["roleRef"] == {

@@ -301,3 +301,50 @@ def test_submit_job_goes_through_a_privcoderun_when_the_operator_is_installed(cl
         kube.patch_status(JOB, name, {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"})
         out = k8s_run.follow_run(api, "submitted", NS, timeout_s=60, poll_s=0.2)
     assert out["status"] == "SUCCEEDED" and out["epsilon"]["requested"] == 4.0
+
+
+def test_a_budget_raise_object_applies_the_authoritys_grant_once(cluster):
+    """A PrivacyBudgetRaise carries the data owner's signed grant: applied once, logged with
+    who and why; a forged or replayed grant is Refused; a PrivacyBudget mirrors the store."""
+    from privcode.privacy.raising import raise_with_authority
+
+    kube, store, data, ledger_url = cluster
+    raises = "privcode.dev/v1alpha1/privacybudgetraises"
+    grant = raise_with_authority(store, None, to=6.0, who="owner", why="study 2", deliver=False)
+    forged = {**grant, "message": {**grant["message"], "to": 60.0}}
+
+    def raise_object(name: str, body: dict) -> dict:
+        meta = {"name": name, "namespace": NS}
+        return {
+            "apiVersion": "privcode.dev/v1alpha1",
+            "kind": "PrivacyBudgetRaise",
+            "metadata": meta,
+            "spec": {"grant": body},
+        }
+
+    with operator(kube.url, store, data, TEMPLATE):
+        kube.create(raises, raise_object("forged", forged))
+        refused = kube.wait(raises, "forged", _phase("Refused"))
+        assert "signature" in refused["status"]["message"]
+        kube.create(raises, raise_object("study-2", grant))
+        applied = kube.wait(raises, "study-2", _phase("Applied"))
+        assert "owner" in applied["status"]["message"]
+        kube.create(raises, raise_object("again", grant))  # a grant raises once
+        assert "already used" in kube.wait(raises, "again", _phase("Refused"))["status"]["message"]
+        kube.create(
+            "privcode.dev/v1alpha1/privacybudgets",
+            {
+                "apiVersion": "privcode.dev/v1alpha1",
+                "kind": "PrivacyBudget",
+                "metadata": {"name": "store", "namespace": NS},
+                "spec": {},
+            },
+        )
+        budget = kube.wait(
+            "privcode.dev/v1alpha1/privacybudgets",
+            "store",
+            lambda o: (o.get("status") or {}).get("budget") == 6.0,
+        )
+        assert budget["status"]["left"] == 6.0 and budget["status"]["jobs"] == 0
+    shown = RemoteLedger(ledger_url, TOKENS["pipeline"]).call("show")
+    assert shown["budget"]["epsilon"] == 6.0

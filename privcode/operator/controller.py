@@ -17,8 +17,11 @@ the children. Handlers (registered on :func:`build_registry`'s registry):
   it ends, its ledger jobs are finished (the unused reservation released);
 * a deleted run finishes its ledger jobs: what was granted stays spent.
 * a PrivacyBudget mirrors the store: its budget, its worst record's epsilon
-  and what is left (the operator's view; raising needs the authority's
-  signed grant, ``privcode budget raise --grant``).
+  and what is left (the operator's view);
+* a PrivacyBudgetRaise carries a grant signed by the store's authority (the
+  data owner's approval, ``privcode budget sign-raise``): the operator hands
+  it to the ledger once, which checks the signature and logs who and why;
+  ``Applied`` or ``Refused`` (a forged, replayed or foreign grant).
 
 The ledger is reached as everywhere else (:mod:`privcode.privacy.ledger_client`:
 ``PRIVCODE_LEDGER_URL`` with the operator's token on a cluster).
@@ -36,7 +39,14 @@ from privcode.dp.accounting import DPEvent, epsilon
 from privcode.errors import LedgerConflictError, LedgerUnavailableError, PrivcodeError
 from privcode.operator import admission as adm
 from privcode.operator.children import child_name, config_map_for, rayjob_for
-from privcode.operator.spec import BUDGET_PLURAL, GROUP, RUN_PLURAL, VERSION, parse_run
+from privcode.operator.spec import (
+    BUDGET_PLURAL,
+    GROUP,
+    RAISE_PLURAL,
+    RUN_PLURAL,
+    VERSION,
+    parse_run,
+)
 
 __all__ = ["OperatorConfig", "build_registry"]
 
@@ -255,6 +265,35 @@ def mirror_budget(patch: Any, memo: Any, **_: Any) -> None:
     )
 
 
+def apply_raise(body: Any, spec: Any, status: Any, patch: Any, memo: Any, **_: Any) -> None:
+    """A PrivacyBudgetRaise: its signed grant to the ledger, once (module docstring)."""
+    from privcode.privacy.authority import AuthorityError
+    from privcode.privacy.ledger_actor import ledger_call, open_ledger
+
+    cfg: OperatorConfig = memo.config
+    if status.get("phase"):
+        return  # applied or refused before: a grant raises once
+    grant = dict(spec.get("grant") or {})
+    message = dict(grant.get("message") or {})
+    method = "pac_raise" if message.get("kind") == "pac" else "raise_budget"
+    try:
+        ledger_call(open_ledger(cfg.store), method, {**grant, "message": message})
+    except LedgerUnavailableError as exc:
+        raise kopf.TemporaryError(f"privacy ledger unavailable: {exc}", delay=30) from None
+    except (AuthorityError, LedgerConflictError, PrivcodeError) as exc:
+        text = str(exc)[:1000]
+        patch.status.update(
+            phase="Refused", message=text, conditions=[_condition("Refused", "Grant", text)]
+        )
+        kopf.warn(body, reason="RaiseRefused", message=text)
+        return
+    text = f"raised to {message.get('to')} by {message.get('who')}: {message.get('why')}"[:1000]
+    patch.status.update(
+        phase="Applied", message=text, conditions=[_condition("Applied", "Grant", text)]
+    )
+    kopf.info(body, reason="Raised", message=text)
+
+
 def build_registry(poll_s: float = 10.0) -> kopf.OperatorRegistry:
     """A registry holding the controller's handlers (module docstring)."""
     registry = kopf.OperatorRegistry()
@@ -265,4 +304,6 @@ def build_registry(poll_s: float = 10.0) -> kopf.OperatorRegistry:
     kopf.on.delete(*run, registry=registry, id="release")(release)
     budget = (GROUP, VERSION, BUDGET_PLURAL)
     kopf.timer(*budget, registry=registry, interval=poll_s, id="mirror-budget")(mirror_budget)
+    raises = (GROUP, VERSION, RAISE_PLURAL)
+    kopf.on.create(*raises, registry=registry, id="apply-raise")(apply_raise)
     return registry

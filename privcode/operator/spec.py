@@ -19,6 +19,7 @@ from privcode.errors import PrivcodeError
 __all__ = [
     "BUDGET_PLURAL",
     "GROUP",
+    "RAISE_PLURAL",
     "RUN_PLURAL",
     "VERSION",
     "RunSpec",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 GROUP, VERSION = "privcode.dev", "v1alpha1"
-RUN_PLURAL, BUDGET_PLURAL = "privcoderuns", "privacybudgets"
+RUN_PLURAL, BUDGET_PLURAL, RAISE_PLURAL = "privcoderuns", "privacybudgets", "privacybudgetraises"
 _STAGE = re.compile(r"^[a-z]+$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
