@@ -119,6 +119,7 @@ def operator(
     data_root: Path,
     template: dict[str, Any],
     artifacts_root: Path | None = None,
+    metrics: Any = None,
 ) -> Iterator[None]:
     """``privcode operator`` against ``url`` in a thread, until the block ends."""
     from privcode.operator.cli import run_operator
@@ -135,6 +136,7 @@ def operator(
                 server=url,
                 poll_s=0.5,
                 artifacts_root=str(artifacts_root) if artifacts_root else None,
+                metrics=metrics,
                 stop=stop,
                 ready=ready,
             )

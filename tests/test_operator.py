@@ -118,8 +118,11 @@ def cluster(tmp_path, monkeypatch):
 
 def test_a_run_is_admitted_before_its_rayjob_exists_and_a_second_is_refused(cluster):
     kube, store, data, ledger_url = cluster
+    from privcode.operator.metrics import OperatorMetrics
+
     ledger = RemoteLedger(ledger_url, TOKENS["pipeline"])
-    with operator(kube.url, store, data, TEMPLATE):
+    metrics = OperatorMetrics()
+    with operator(kube.url, store, data, TEMPLATE, metrics=metrics):
         kube.create(RUN, _run("first", "corpus"))
         run = kube.wait(RUN, "first", _phase("Admitted"))
         assert run["status"]["epsilon"]["requested"] == 4.0
@@ -149,6 +152,14 @@ def test_a_run_is_admitted_before_its_rayjob_exists_and_a_second_is_refused(clus
         (event,) = kube.wait_list("v1/events", lambda e: e.get("reason") == "Refused")
         assert event["type"] == "Warning" and "epsilon" in event["message"]
         assert event["involvedObject"]["name"] == "second"
+    text = metrics.text()
+    for line in (
+        'privcode_operator_admissions_total{result="admitted"} 1.0',
+        'privcode_operator_admissions_total{result="refused"} 1.0',
+        'privcode_operator_runs{phase="Admitted"} 1.0',
+        'privcode_operator_runs{phase="Refused"} 1.0',
+    ):
+        assert line in text, text
     assert len(ledger.call("show")["jobs"]) == 1
 
 

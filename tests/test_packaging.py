@@ -89,7 +89,7 @@ def test_every_import_of_the_package_is_declared_and_every_runtime_dependency_us
     for web in ("fastapi", "pydantic", "starlette", "uvicorn"):
         assert all(f.startswith(web_files) for f in used[web]), web
     # Kubernetes submission and the operator (kopf)
-    assert {"kubernetes", "jsonschema", "kopf"} == _declared("k8s")
+    assert {"kubernetes", "jsonschema", "kopf", "prometheus-client"} == _declared("k8s")
     k8s_files = ("privcode/cluster/k8s", "privcode/operator/")
     assert {
         d for d, files in used.items() if all(f.startswith(k8s_files) for f in files)

@@ -5,7 +5,8 @@ Flags: ``--store`` (the privacy store, read for its keys), ``--data-root``
 YAML), ``--namespace`` (repeatable; the namespaces it watches), ``--server``
 (an API server URL without credentials, for a local mock; default: the pod's
 service account, or the kubeconfig), ``--artifacts-root`` (the artifacts volume,
-read-only: stage progress into status).
+read-only: stage progress into status), ``--metrics-port``
+(:mod:`privcode.operator.metrics`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def run_operator(
     server: str | None = None,
     poll_s: float = 10.0,
     artifacts_root: str | None = None,
+    metrics_port: int | None = None,
+    metrics: Any = None,
     stop: threading.Event | None = None,
     ready: threading.Event | None = None,
 ) -> None:
@@ -61,6 +64,11 @@ def run_operator(
     settings.scanning.disabled = True  # the namespaces are given: no cluster-wide listing
     settings.posting.level = 20  # Events from INFO up
     settings.persistence.finalizer = "privcode.dev/release"
+    if metrics is None and metrics_port is not None:
+        from privcode.operator.metrics import OperatorMetrics
+
+        metrics = OperatorMetrics()
+        metrics.serve(metrics_port)
     cfg = OperatorConfig(
         store=store,
         data_root=data_root,
@@ -68,6 +76,7 @@ def run_operator(
         api=_api_client(server),
         poll_s=poll_s,
         artifacts_root=artifacts_root,
+        metrics=metrics,
     )
     asyncio.run(
         kopf.operator(
@@ -101,6 +110,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         server=args.server,
         poll_s=args.poll_s,
         artifacts_root=args.artifacts_root,
+        metrics_port=args.metrics_port,
     )
     return 0
 
@@ -121,6 +131,12 @@ def add_operator_parser(sub: argparse._SubParsersAction) -> None:
         "--server", default=None, help="API server URL (a local mock); default: in-cluster."
     )
     p.add_argument("--poll-s", type=float, default=10.0, help="Status mirroring interval.")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Serve the operator's metrics (runs by phase, admissions, reconcile errors) here.",
+    )
     p.add_argument(
         "--artifacts-root",
         default=None,

@@ -69,6 +69,7 @@ class OperatorConfig:
     artifacts_root: str | None = None
     delta: float = 1e-5
     accountant: str = "rdp"
+    metrics: Any = None  #: an OperatorMetrics (None: none kept)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,6 +126,7 @@ def admit(body: Any, spec: Any, meta: Any, status: Any, patch: Any, memo: Any, *
             phase="Failed", conditions=[_condition("Failed", "InvalidRun", message)]
         )
         kopf.warn(body, reason="InvalidRun", message=message)
+        _count(cfg, "admissions", "invalid", uid, "Failed")
         return
     requested = {"requested": run.epsilon, "planned": decided.epsilon_planned, "spent": 0.0}
     if not decided.admitted:
@@ -134,6 +136,7 @@ def admit(body: Any, spec: Any, meta: Any, status: Any, patch: Any, memo: Any, *
             conditions=[_condition("Refused", "PrivacyBudget", decided.message)],
         )
         kopf.warn(body, reason="Refused", message=decided.message)
+        _count(cfg, "admissions", "refused", uid, "Refused")
         return
     child = child_name(name, uid)
     _make_children(cfg, body, run, child, decided.run_key)
@@ -144,6 +147,21 @@ def admit(body: Any, spec: Any, meta: Any, status: Any, patch: Any, memo: Any, *
         conditions=[_condition("Admitted", "PrivacyBudget", decided.message)],
     )
     kopf.info(body, reason="Admitted", message=decided.message)
+    # a handler retried after its reservation was logged finds it, and reserves nothing more
+    _count(cfg, "admissions", "admitted" if decided.job else "reserved-before", uid, "Admitted")
+
+
+def _count(cfg: OperatorConfig, kind: str, label: str, uid: str, phase: str | None) -> None:
+    """Update the operator's metrics (if kept) for one event of run ``uid``."""
+    m = cfg.metrics
+    if m is None:
+        return
+    if kind == "admissions":
+        m.admissions.labels(result=label).inc()
+    elif kind == "errors":
+        m.errors.labels(handler=label).inc()
+    if phase is not None or kind == "gone":
+        m.phase(uid, phase)
 
 
 def _make_children(cfg: OperatorConfig, body: Any, run: Any, child: str, key: str) -> None:
@@ -187,6 +205,8 @@ def _spent(history: list[dict[str, Any]], cfg: OperatorConfig) -> float:
 def mirror(body: Any, meta: Any, status: Any, patch: Any, memo: Any, **_: Any) -> None:
     """Timer: the RayJob's state and the run's grants into the run's status."""
     cfg: OperatorConfig = memo.config
+    if cfg.metrics is not None and status.get("phase"):
+        cfg.metrics.phase(meta["uid"], status["phase"])
     if status.get("phase") in _ENDED or not status.get("rayJob"):
         return
     from kubernetes import client
@@ -237,6 +257,8 @@ def _progress(root: str, name: str, patch: Any) -> None:
 def release(meta: Any, status: Any, memo: Any, **_: Any) -> None:
     """Delete: the run's ledger jobs finish (grants stay spent; the unused plan is freed)."""
     cfg: OperatorConfig = memo.config
+    if cfg.metrics is not None:
+        cfg.metrics.phase(meta["uid"], None)
     if not status.get("rayJob"):
         return  # refused or invalid: nothing was reserved
     key = adm.run_key_of(cfg.store, meta["namespace"], meta["name"], meta["uid"])
@@ -294,14 +316,32 @@ def apply_raise(body: Any, spec: Any, status: Any, patch: Any, memo: Any, **_: A
     kopf.info(body, reason="Raised", message=text)
 
 
+def _counted(handler: Any, name: str) -> Any:
+    """``handler``, its failures counted in the operator's metrics (kopf retries them)."""
+
+    def run(**kwargs: Any) -> Any:
+        try:
+            return handler(**kwargs)
+        except Exception:
+            memo = kwargs.get("memo")
+            cfg = getattr(memo, "config", None) if memo is not None else None
+            if cfg is not None:
+                _count(cfg, "errors", name, "", None)
+            raise
+
+    run.__name__ = run.__qualname__ = handler.__name__
+    return run
+
+
 def build_registry(poll_s: float = 10.0) -> kopf.OperatorRegistry:
     """A registry holding the controller's handlers (module docstring)."""
     registry = kopf.OperatorRegistry()
+    admit_, mirror_, release_ = (_counted(f, f.__name__) for f in (admit, mirror, release))
     run = (GROUP, VERSION, RUN_PLURAL)
-    kopf.on.create(*run, registry=registry, id="admit")(admit)
-    kopf.on.resume(*run, registry=registry, id="admit-resumed")(admit)
-    kopf.timer(*run, registry=registry, interval=poll_s, id="mirror")(mirror)
-    kopf.on.delete(*run, registry=registry, id="release")(release)
+    kopf.on.create(*run, registry=registry, id="admit")(admit_)
+    kopf.on.resume(*run, registry=registry, id="admit-resumed")(admit_)
+    kopf.timer(*run, registry=registry, interval=poll_s, id="mirror")(mirror_)
+    kopf.on.delete(*run, registry=registry, id="release")(release_)
     budget = (GROUP, VERSION, BUDGET_PLURAL)
     kopf.timer(*budget, registry=registry, interval=poll_s, id="mirror-budget")(mirror_budget)
     raises = (GROUP, VERSION, RAISE_PLURAL)
