@@ -137,9 +137,10 @@ format: ## Format (ruff format) and autofix lint (ruff check --fix): what make l
 	$(VENV)/bin/ruff check --fix privcode tests jobs bench
 	$(VENV)/bin/ruff format privcode tests jobs bench
 
-helm-lint: ## helm lint --strict the chart, with default values and with charts/ci-values.yaml
+helm-lint: ## helm lint --strict the chart, with default values, charts/ci-values.yaml and charts/paper-values.yaml
 	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) --values charts/ci-values.yaml
+	$(HELM) lint --strict $(CHART) --values charts/paper-values.yaml --set-file pipeline.config=jobs/configs/paper.yaml
 
 helm-template: ## Render the chart (VALUES=file.yaml to add values) to stdout
 	$(HELM) template privcode $(CHART) $(if $(VALUES),--values $(VALUES))

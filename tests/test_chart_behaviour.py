@@ -299,6 +299,7 @@ def test_ray_pods_mount_config_artifacts_and_env(default_objects, ci_objects):
         "dashboard": 8265,
         "client": 10001,
         "serve": 8000,
+        "dash-metrics": 44227,  # the dashboard's own metrics (the PodMonitor's endpoint)
         "metrics": 8080,
     }
     ci_worker = next(c for w, c in ray_containers(ci_objects) if "group cpu" in w)

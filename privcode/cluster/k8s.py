@@ -189,6 +189,10 @@ def job_manifests(
         # the operator (Deployment, RBAC, admission policy) is installed with the chart, never
         # by a job submission: this submitter sends none of its kinds
         "operator": {"enabled": False},
+        # nor the staging Job (a values file's stage.enabled: it fills the data and models
+        # claims once, at install) or the PodMonitor (needs the Prometheus Operator's CRDs)
+        "stage": {"enabled": False},
+        "metrics": {"podMonitor": {"enabled": False}},
     }
     objects = render_chart(values, release=release, namespace=namespace, values_files=values_files)
     unknown = sorted({o.get("kind", "?") for o in objects} - set(APPLY_ORDER))

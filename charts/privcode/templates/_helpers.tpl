@@ -171,6 +171,35 @@ application then refuses to run generated code in the pod). Nothing when executo
 {{- end }}
 {{- end }}
 
+{{/* The claim of the training data (storage.data): existingClaim, else <fullname>-data. */}}
+{{- define "privcode.dataPvcName" -}}
+{{- if .Values.storage.data.existingClaim }}
+{{- .Values.storage.data.existingClaim }}
+{{- else }}
+{{- include "privcode.suffixedName" (list . "data") }}
+{{- end }}
+{{- end }}
+
+{{/* The claim of the model weights (storage.models): existingClaim, else <fullname>-models. */}}
+{{- define "privcode.modelsPvcName" -}}
+{{- if .Values.storage.models.existingClaim }}
+{{- .Values.storage.models.existingClaim }}
+{{- else }}
+{{- include "privcode.suffixedName" (list . "models") }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when two absolute paths are the same directory or one lies inside the other (a mount
+there would hide, or be hidden by, the other), else "". Usage: include "privcode.pathsOverlap"
+(list a b)
+*/}}
+{{- define "privcode.pathsOverlap" -}}
+{{- $a := printf "%s/" (trimSuffix "/" (index . 0)) }}
+{{- $b := printf "%s/" (trimSuffix "/" (index . 1)) }}
+{{- if or (hasPrefix $a $b) (hasPrefix $b $a) }}true{{ end }}
+{{- end }}
+
 {{/* The privacy store's directory on its own claim: <storage.privacyStore.mountPath>/store. */}}
 {{- define "privcode.storePath" -}}
 {{- printf "%s/store" (trimSuffix "/" .Values.storage.privacyStore.mountPath) }}
@@ -226,10 +255,15 @@ volume holding only that key of the Secret).
 
 {{/*
 The claims no RayJob may mount unless a PrivCodeRun owns it (the admission policy), as a JSON
-list: the privacy store's claim and operator.dataClaims.
+list: the privacy store's claim, operator.dataClaims and the chart's own data claim
+(storage.data, mounted only by the chart's RayJob, which the policy exempts by name).
 */}}
 {{- define "privcode.protectedClaims" -}}
-{{- concat (list (include "privcode.storePvcName" .)) .Values.operator.dataClaims | uniq | toJson }}
+{{- $claims := concat (list (include "privcode.storePvcName" .)) .Values.operator.dataClaims }}
+{{- if .Values.storage.data.enabled }}
+{{- $claims = append $claims (include "privcode.dataPvcName" .) }}
+{{- end }}
+{{- $claims | uniq | toJson }}
 {{- end }}
 
 {{/*
@@ -368,6 +402,16 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- end }}
 {{- end }}
 {{- end }}
+{{- /* the Ray dashboard's Grafana / Prometheus variables come from metrics.* when set there */}}
+{{- $metricsEnv := dict "RAY_GRAFANA_HOST" .Values.metrics.grafanaHost "RAY_PROMETHEUS_HOST" .Values.metrics.prometheusHost "RAY_GRAFANA_IFRAME_HOST" .Values.metrics.grafanaIframeHost }}
+{{- range $where, $env := dict "extraEnv" .Values.extraEnv "head.env" .Values.head.env }}
+{{- range $env }}
+{{- if get $metricsEnv .name }}
+{{- fail (printf "%s sets %s, which the chart sets on the heads from metrics.* (grafanaHost, prometheusHost, grafanaIframeHost): set it in one place" $where .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- include "privcode.validateMounts" . }}
 {{- range .Values.pipeline.overrides }}
 {{- if or (hasPrefix "sandbox.isolation=" .) (hasPrefix "sandbox.executor=" .) }}
 {{- fail (printf "pipeline.overrides: %q: the chart sets sandbox.isolation from executor.isolation and the executor's address from executor.*; set those instead" .) }}
@@ -405,6 +449,39 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- if and (eq .Values.serve.premium.deploymentName "PremiumServer") (gt (float64 $gpus) 0.0) }}
 {{- fail (printf "serve.premium.rayActorOptions.num_gpus is %v but serve.premium.args.engine=vllm: PremiumServer is then only the CPU ingress (set num_gpus: 0); the vLLM replicas take their GPUs (vllm_tensor_parallel_size each) from the gpu worker group" $gpus) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The data and models claims (storage.data, storage.models) each get a directory of their own on
+the Ray pods: neither may be, hold or lie inside another mount of those pods (the artifacts,
+the privacy store, the PAC state, /tmp, /etc/privcode, /dev/shm, /app) or the other claim, and
+with the operator, the models claim (on its runs' pods too) must stay out of operator.dataRoot,
+where the operator mounts each run's data claim. storage.data never meets operator.dataRoot on
+one pod (the operator's runs do not get it), so both may be /mnt/data.
+*/}}
+{{- define "privcode.validateMounts" -}}
+{{- $s := .Values.storage }}
+{{- $taken := list (list "storage.mountPath" (include "privcode.mountPath" .)) (list "/tmp (Ray's emptyDir)" "/tmp") (list "/etc/privcode (the pipeline config)" "/etc/privcode") (list "/dev/shm" "/dev/shm") (list "/app (the image's privcode)" "/app") }}
+{{- if $s.privacyStore.enabled }}
+{{- $taken = append $taken (list "storage.privacyStore.mountPath" $s.privacyStore.mountPath) }}
+{{- end }}
+{{- if and .Values.serve.enabled .Values.serve.ensemble.enabled $s.pacState.enabled }}
+{{- $taken = append $taken (list "storage.pacState.mountPath" $s.pacState.mountPath) }}
+{{- end }}
+{{- range $key := list "data" "models" }}
+{{- $claim := index $s $key }}
+{{- if $claim.enabled }}
+{{- range $taken }}
+{{- if include "privcode.pathsOverlap" (list $claim.mountPath (index . 1)) }}
+{{- fail (printf "storage.%s.mountPath %q overlaps %s (%q): give the %s claim a directory of its own" $key $claim.mountPath (index . 0) (index . 1) $key) }}
+{{- end }}
+{{- end }}
+{{- $taken = append $taken (list (printf "storage.%s.mountPath" $key) $claim.mountPath) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.operator.enabled $s.models.enabled (include "privcode.pathsOverlap" (list $s.models.mountPath .Values.operator.dataRoot)) }}
+{{- fail (printf "storage.models.mountPath %q overlaps operator.dataRoot %q, where the operator mounts each run's data claim (<dataRoot>/<claim>) beside the models: move one of them" $s.models.mountPath .Values.operator.dataRoot) }}
 {{- end }}
 {{- end }}
 
@@ -483,6 +560,21 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
 - name: PRIVCODE_API_KEYS_DIR
   value: {{ include "privcode.apiKeysDir" $root | quote }}
 {{- end }}
+{{- if eq .kind "head" }}
+{{- /* the Ray dashboard's Metrics tab: where its backend and your browser find Grafana / Prometheus */}}
+{{- with $root.Values.metrics.grafanaHost }}
+- name: RAY_GRAFANA_HOST
+  value: {{ . | quote }}
+{{- end }}
+{{- with $root.Values.metrics.prometheusHost }}
+- name: RAY_PROMETHEUS_HOST
+  value: {{ . | quote }}
+{{- end }}
+{{- with $root.Values.metrics.grafanaIframeHost }}
+- name: RAY_GRAFANA_IFRAME_HOST
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- if and (eq .kind "head") $root.Values.head.env }}
 {{ toYaml $root.Values.head.env }}
 {{- end }}
@@ -497,7 +589,8 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
 {{/*
 The pod template of a Ray node (head or one worker group).
 Input: dict "root" . "kind" (head|worker) "group" <values of the group> "groupName" name
-"serving" bool.
+"serving" bool "operatorTemplate" bool (the operator's RayJob template: no storage.data, its
+runs get their own data claim).
 */}}
 {{- define "privcode.rayPodTemplate" -}}
 {{- $root := .root }}
@@ -508,6 +601,10 @@ Input: dict "root" . "kind" (head|worker) "group" <values of the group> "groupNa
 {{- /* the store: read-only on the pipeline pods with the ledger service, none on the serving pods */}}
 {{- $store := and $root.Values.storage.privacyStore.enabled (not (and .serving $ledger)) }}
 {{- $pacState := and .serving $root.Values.storage.pacState.enabled $root.Values.serve.ensemble.enabled }}
+{{- /* the chart's training data: pipeline pods of the chart's own runs only */}}
+{{- $data := and $root.Values.storage.data.enabled (not .serving) (not .operatorTemplate) }}
+{{- /* public model weights: every pipeline pod, the serving pods with storage.models.serving */}}
+{{- $models := and $root.Values.storage.models.enabled (or (not .serving) $root.Values.storage.models.serving) }}
 {{- $runtimeClass := default $root.Values.sandbox.runtimeClassName $g.runtimeClassName }}
 {{- $resources := deepCopy (default (dict) $g.resources) }}
 {{- if and (not $isHead) (hasKey $g "gpusPerWorker") }}
@@ -525,6 +622,12 @@ metadata:
     {{- end }}
   annotations:
     checksum/pipeline: {{ include "privcode.configChecksum" $root }}
+    {{- if and $root.Values.metrics.scrapeAnnotations (not $root.Values.metrics.podMonitor.enabled) }}
+    # Ray's metrics (privcode's included) for a Prometheus that finds pods by annotation.
+    prometheus.io/scrape: "true"
+    prometheus.io/port: "8080"
+    prometheus.io/path: /metrics
+    {{- end }}
 spec:
   serviceAccountName: {{ include "privcode.serviceAccountName" $root }}
   automountServiceAccountToken: {{ or $root.Values.serviceAccount.automountServiceAccountToken (and $isHead $root.Values.autoscaling.enableInTreeAutoscaling) }}
@@ -574,6 +677,15 @@ spec:
         - name: serve
           containerPort: {{ int $root.Values.serve.port }}
           protocol: TCP
+        # the dashboard's own metrics (and the autoscaler sidecar's): the PodMonitor's endpoints
+        - name: dash-metrics
+          containerPort: 44227
+          protocol: TCP
+        {{- if $root.Values.autoscaling.enableInTreeAutoscaling }}
+        - name: as-metrics
+          containerPort: 44217
+          protocol: TCP
+        {{- end }}
         {{- end }}
         - name: metrics
           containerPort: 8080
@@ -612,6 +724,16 @@ spec:
         {{- if $pacState }}
         - name: pac-state
           mountPath: {{ $root.Values.storage.pacState.mountPath | trimSuffix "/" }}
+        {{- end }}
+        {{- if $data }}
+        - name: data
+          mountPath: {{ $root.Values.storage.data.mountPath | trimSuffix "/" }}
+          readOnly: true
+        {{- end }}
+        {{- if $models }}
+        - name: models
+          mountPath: {{ $root.Values.storage.models.mountPath | trimSuffix "/" }}
+          readOnly: true
         {{- end }}
         {{- if and .serving $root.Values.apiKey.existingSecret }}
         - name: api-keys
@@ -660,6 +782,18 @@ spec:
       persistentVolumeClaim:
         claimName: {{ include "privcode.pacStatePvcName" $root }}
     {{- end }}
+    {{- if $data }}
+    - name: data
+      persistentVolumeClaim:
+        claimName: {{ include "privcode.dataPvcName" $root }}
+        readOnly: true
+    {{- end }}
+    {{- if $models }}
+    - name: models
+      persistentVolumeClaim:
+        claimName: {{ include "privcode.modelsPvcName" $root }}
+        readOnly: true
+    {{- end }}
     {{- if and .serving $root.Values.apiKey.existingSecret }}
     - name: api-keys
       secret:
@@ -679,11 +813,13 @@ spec:
 The RayCluster spec, defined once and used by the RayCluster (spec), the RayJob
 (spec.rayClusterSpec) and the RayService (spec.rayClusterConfig).
 Input: dict "root" . "serving" bool (the RayService's cluster: API key env, and the gpu worker
-group when the premium model runs on vLLM).
+group when the premium model runs on vLLM) "operatorTemplate" bool (the operator's RayJob
+template: no storage.data).
 */}}
 {{- define "privcode.rayClusterSpec" -}}
 {{- $root := .root }}
 {{- $serving := .serving }}
+{{- $operatorTemplate := .operatorTemplate }}
 {{- include "privcode.validate" $root }}
 rayVersion: {{ $root.Values.rayVersion | quote }}
 enableInTreeAutoscaling: {{ $root.Values.autoscaling.enableInTreeAutoscaling }}
@@ -732,7 +868,7 @@ headGroupSpec:
     {{- else }} {}
     {{- end }}
   template:
-    {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "head" "group" $root.Values.head "serving" $serving) | trim | nindent 4 }}
+    {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "head" "group" $root.Values.head "serving" $serving "operatorTemplate" $operatorTemplate) | trim | nindent 4 }}
 {{- $groups := list }}
 {{- /* the RayService's vLLM replicas need GPU nodes: its cluster has the gpu group anyway */}}
 {{- $vllm := and $serving (include "privcode.premiumVllm" $root) }}
@@ -759,7 +895,7 @@ workerGroupSpecs:
       {{- else }} {}
       {{- end }}
     template:
-      {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "worker" "group" $g "groupName" $name "serving" $serving) | trim | nindent 6 }}
+      {{- include "privcode.rayPodTemplate" (dict "root" $root "kind" "worker" "group" $g "groupName" $name "serving" $serving "operatorTemplate" $operatorTemplate) | trim | nindent 6 }}
   {{- end }}
 {{- end }}
 {{- end }}

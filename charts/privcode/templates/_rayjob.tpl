@@ -3,8 +3,23 @@ The pipeline's RayJob (jobs/pipeline.py on its own Ray cluster), defined once: t
 renders it with job.enabled, and templates/operator.yaml puts the same rendering into the
 operator's template ConfigMap (key rayjob-template.yaml, also with job.enabled=false), from which
 `privcode operator` makes each admitted PrivCodeRun's RayJob (privcode/operator/children.py).
+The template differs from the chart's own RayJob in one thing only: it leaves out the chart's
+data claim (storage.data), as each run gets the data claim it names (mounted by the operator at
+<operator.dataRoot>/<claim>).
 */}}
 {{- define "privcode.rayjob" -}}
+{{- include "privcode.rayjobFor" (dict "root" . "operatorTemplate" false) }}
+{{- end }}
+
+{{/* The operator's template: privcode.rayjob without storage.data. */}}
+{{- define "privcode.rayjobTemplate" -}}
+{{- include "privcode.rayjobFor" (dict "root" . "operatorTemplate" true) }}
+{{- end }}
+
+{{/* Input: dict "root" . "operatorTemplate" bool. */}}
+{{- define "privcode.rayjobFor" -}}
+{{- $operatorTemplate := .operatorTemplate }}
+{{- with .root -}}
 apiVersion: ray.io/v1
 kind: RayJob
 metadata:
@@ -76,5 +91,6 @@ spec:
         {{- include "privcode.tmpVolume" . | trim | nindent 8 }}
   {{- end }}
   rayClusterSpec:
-    {{- include "privcode.rayClusterSpec" (dict "root" . "serving" false) | trim | nindent 4 }}
+    {{- include "privcode.rayClusterSpec" (dict "root" . "serving" false "operatorTemplate" $operatorTemplate) | trim | nindent 4 }}
+{{- end }}
 {{- end }}
