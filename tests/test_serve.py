@@ -664,3 +664,27 @@ def test_an_unexpected_error_is_a_500_that_names_nothing(caplog):
     assert "request failed: Boom" in caplog.text
     status, body, _ = _call(api, "POST", "/v1/completions", {"prompt": "refuse"})
     assert status == 400 and body["error"]["param"] == "prompt"
+
+
+def test_a_release_without_a_dp_guarantee_is_not_served_unless_named(tmp_path, caplog):
+    """issue 42 point 3: a premium release whose premium.json says dp: false (tuned on data
+    not synthesised from a DP release) is refused by the app, on every engine, unless
+    serve_non_dp_release names the risk; then each replica logs that it is NOT PRIVATE."""
+    from conftest import premium_json
+
+    from privcode.serve.premium import ServeError, check_release_privacy, parse_args
+
+    dp, no_dp = tmp_path / "dp", tmp_path / "no-dp"
+    for root, flag in ((dp, True), (no_dp, False)):
+        root.mkdir()
+        (root / "premium.json").write_text(premium_json("/base", dp=flag))
+    check_release_privacy(parse_args({"premium": str(dp), "insecure_no_auth": True}))
+    with pytest.raises(ServeError, match="NO differential-privacy guarantee"):
+        check_release_privacy(parse_args({"premium": str(no_dp), "insecure_no_auth": True}))
+    named = {"premium": str(no_dp), "insecure_no_auth": True, "serve_non_dp_release": True}
+    check_release_privacy(parse_args(named))
+    assert "NOT PRIVATE" in caplog.text
+    from privcode.serve.premium_llm import model_source
+
+    with pytest.raises(ServeError, match="NO differential-privacy guarantee"):
+        model_source(parse_args({"premium": str(no_dp), "insecure_no_auth": True}))

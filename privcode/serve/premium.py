@@ -96,6 +96,8 @@ class ServeArgs(GuardArgs):
     vllm_max_replicas: int = SERVE_DEFAULTS["vllm_max_replicas"]
     vllm_accelerator_type: str | None = None
     vllm_lora_store: str | None = None
+    #: UNSAFE: serve a release whose premium.json says no DP guarantee holds (refused otherwise).
+    serve_non_dp_release: bool = False
 
 
 _DEVICES = ("auto", "cpu", "cuda")
@@ -170,6 +172,29 @@ def _resolve_device(device: str):
             "replica (set ray_actor_options.num_gpus, or use 'auto' / 'cpu')"
         )
     return torch.device(device)
+
+
+def check_release_privacy(cfg: ServeArgs) -> None:
+    """Refuse a premium release whose ``premium.json`` says no DP guarantee holds (it was
+    tuned on data that is not synthesised from a DP release) unless ``serve_non_dp_release``
+    asks for it by name; then every replica logs that it serves a NOT PRIVATE model. An
+    unreadable record is left to the loader, which names what is wrong."""
+    from privcode.artifacts.premium import PremiumRecord
+
+    try:
+        record = PremiumRecord.read(Path(cfg.premium).expanduser() / PremiumRecord.FILE)
+    except Exception:  # noqa: BLE001 - reported by _check_release / the loader
+        return
+    if record.privacy.dp:
+        return
+    warning = record.privacy.privacy_warning or "no differential-privacy guarantee holds"
+    if not cfg.serve_non_dp_release:
+        raise ServeError(
+            f"{cfg.premium}: its premium.json says NO differential-privacy guarantee holds "
+            f"({warning}); refusing to serve it. Set serve_non_dp_release: true to serve it "
+            "anyway (UNSAFE: the model may reproduce the private records)"
+        )
+    log.error("serving a NOT PRIVATE premium model (serve_non_dp_release): %s", warning)
 
 
 def _check_release(release: Path) -> None:
@@ -447,6 +472,7 @@ class PremiumServer:
     def __init__(self, args: dict[str, Any]):
         cfg = parse_args(args)
         self.limits = guard_limits(cfg, ServeError)  # no key, no app (before loading weights)
+        check_release_privacy(cfg)
         self.model = PremiumModel(
             cfg.premium,
             model=cfg.model,

@@ -89,7 +89,9 @@ def model_source(cfg: ServeArgs, *, merge: bool = True) -> str:
     checkpoint (written here from ``adapter/`` when missing and ``merge``)."""
     from privcode.models.artifacts import MERGED_DIR, export_merged
     from privcode.models.loading import ModelLoadError
+    from privcode.serve.premium import check_release_privacy
 
+    check_release_privacy(cfg)
     release = Path(cfg.premium).expanduser()
     record = _release_record(release)
     if cfg.vllm_lora_store:
