@@ -86,3 +86,37 @@ def test_the_preflight_of_an_operator_run_does_not_count_its_reservation_twice(t
         assert ledger.run_spent("k")["jobs"] == 2 and ledger.run_spent("k")["running"]
     finally:
         ledger.close()
+
+
+def test_a_queued_run_is_created_suspended_for_kueue():
+    """spec.queueName composes with Kueue: the admitted run's RayJob carries the queue label
+    and starts suspended (Kueue unsuspends it on quota); without it, it starts at once."""
+    from privcode.operator.children import KUEUE_LABEL, rayjob_for
+    from privcode.operator.spec import SpecError, parse_run
+
+    base = {
+        "config": {"inline": "run: {name: x}\n"},
+        "data": {"claimName": "corpus", "path": "train.parquet"},
+        "privacy": {"epsilon": 2.0},
+    }
+    assert parse_run({**base, "queueName": "team-gpus"}, {}).queue_name == "team-gpus"
+    with pytest.raises(SpecError, match="queueName"):
+        parse_run({**base, "queueName": "Not A Queue"}, {})
+    with pytest.raises(SpecError, match="claimName"):
+        parse_run({**base, "data": {"claimName": "../privacy-store", "path": "x"}}, {})
+    template = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "t"},
+        "spec": {
+            "entrypoint": "python x.py",
+            "rayClusterSpec": {"headGroupSpec": {"template": {"spec": {"containers": [{}]}}}},
+        },
+    }
+    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u1"}}
+    kw = {"name": "r-u1", "config_map": "c", "data_claim": "corpus", "data_mount": "/mnt/data/c"}
+    queued = rayjob_for(template, run, overrides=[], queue_name="team-gpus", **kw)
+    assert queued["spec"]["suspend"] is True
+    assert queued["metadata"]["labels"][KUEUE_LABEL] == "team-gpus"
+    now = rayjob_for(template, run, overrides=[], **kw)
+    assert "suspend" not in now["spec"] and KUEUE_LABEL not in now["metadata"]["labels"]

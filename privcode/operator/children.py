@@ -23,6 +23,7 @@ from privcode.operator.spec import GROUP, VERSION
 __all__ = ["child_name", "config_map_for", "owner_reference", "rayjob_for"]
 
 RUN_LABEL = f"{GROUP}/run"
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _CONFIG_VOLUME = "pipeline-config"
 
 
@@ -81,16 +82,23 @@ def rayjob_for(
     data_claim: str,
     data_mount: str,
     overrides: list[str],
+    queue_name: str = "",
 ) -> dict[str, Any]:
-    """The run's RayJob from the chart's ``template`` (module docstring)."""
+    """The run's RayJob from the chart's ``template`` (module docstring). With
+    ``queue_name`` it is created suspended and labelled for that Kueue LocalQueue: Kueue
+    unsuspends it when the queue's quota admits it (after the privacy admission)."""
     job = copy.deepcopy(dict(template))
     labels = {**(job.get("metadata", {}).get("labels") or {}), **_meta(run, name)["labels"]}
+    if queue_name:
+        labels[KUEUE_LABEL] = queue_name
     job["metadata"] = {**_meta(run, name), "labels": labels}
     spec = job["spec"]
     spec["entrypoint"] = " ".join(
         [spec["entrypoint"], *(f"--set {shlex.quote(o)}" for o in overrides)]
     )
     spec.pop("suspend", None)
+    if queue_name:
+        spec["suspend"] = True
     for pod in _pod_specs(job):
         volumes = pod.setdefault("volumes", [])
         for volume in volumes:

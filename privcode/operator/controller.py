@@ -179,6 +179,7 @@ def _make_children(cfg: OperatorConfig, body: Any, run: Any, child: str, key: st
         data_claim=run.data_claim,
         data_mount=f"{cfg.data_root.rstrip('/')}/{run.data_claim}",
         overrides=overrides,
+        queue_name=run.queue_name,
     )
     core, custom = client.CoreV1Api(cfg.api), client.CustomObjectsApi(cfg.api)
     _create(core.create_namespaced_config_map, namespace, config_map)

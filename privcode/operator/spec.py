@@ -48,6 +48,7 @@ class RunSpec:
     delta: float | None  #: train.delta; None: the config's
     stages: tuple[str, ...]  #: run.stages; () = the config's
     overrides: tuple[str, ...]  #: more ``--set`` overrides, key=value
+    queue_name: str = ""  #: a Kueue LocalQueue: the RayJob is created suspended for Kueue
 
     def data_file(self, mount_root: str) -> str:
         """The training file where the claim is mounted under ``mount_root``."""
@@ -98,7 +99,11 @@ def parse_run(spec: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, st
                 f"spec.overrides: {item!r}: key=value, and not privacy.* or the run's epsilon "
                 "and delta (spec.privacy sets them)"
             )
+    queue = spec.get("queueName") or ""
+    if queue and (not isinstance(queue, str) or not _DNS1123.match(queue)):
+        raise SpecError("spec.queueName: the name of a Kueue LocalQueue")
     return RunSpec(
+        queue_name=queue,
         config=text,
         data_claim=claim,
         data_path=posixpath.normpath(path),
