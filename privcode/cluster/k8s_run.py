@@ -94,11 +94,13 @@ def follow_run(
     *,
     timeout_s: float = 86400.0,
     poll_s: float = 5.0,
-    out: IO[str] = sys.stderr,
+    out: IO[str] | None = None,
 ) -> dict[str, Any]:
-    """Poll the run until it ends; ``{"status": phase, "epsilon": ..., "message": ...}``."""
+    """Poll the run until it ends; ``{"status": phase, "epsilon": ..., "message": ...}``
+    (progress on ``out``, default the current standard error)."""
     from kubernetes import client
 
+    out = out or sys.stderr
     group, version, plural = RUN_API
     api = client.CustomObjectsApi(api_client)
     deadline, seen = time.monotonic() + timeout_s, None
