@@ -418,3 +418,32 @@ def test_read_snapshot_hashes_and_parses_one_buffer(tmp_path, suffix, monkeypatc
     write_records(recs[:1], path)
     with pytest.raises(RecordError, match="changed since the job was admitted"):
         read_snapshot(path, expected_sha256=digest)
+
+
+def test_deep_json_and_duplicate_keys_are_clear_errors(tmp_path):
+    """issue 43 point 10: a row nested past the parser's recursion limit is a RecordError
+    (not a RecursionError that kills the reader), and a key twice in one object is refused
+    (which value would train depended on the reader); neither message holds the row's text."""
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "a", "prompt": "p", "code": "c", "metadata": ' + "[" * 100_000 + "\n")
+    with pytest.raises(RecordError, match="row 0: malformed JSON") as caught:
+        read_records(deep)
+    assert len(str(caught.value)) < 300
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"id": "a", "prompt": "p", "code": "secret-1", "code": "secret-2"}\n')
+    with pytest.raises(RecordError, match="'code' appears twice") as caught:
+        read_records(twice)
+    assert "secret" not in str(caught.value)
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text('{"id": "a", "prompt": "p", "code": "c", "metadata": {"k": 1, "k": 2}}\n')
+    with pytest.raises(RecordError, match="appears twice"):
+        read_records(nested)
+    deeper = tmp_path / "deeper.jsonl"
+    deeper.write_text(
+        '{"id": "a", "prompt": "p", "code": "c", "metadata": '
+        + "[" * 100_000
+        + "]" * 100_000
+        + "}\n"
+    )
+    with pytest.raises(RecordError, match="nested too deeply"):
+        read_records(deeper)

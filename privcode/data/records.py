@@ -331,6 +331,31 @@ def read_snapshot(
     return list(_validated(io.BytesIO(data), path.name, kind, max_record_bytes)), digest
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
+def loads_record(text: str) -> Any:
+    """``json.loads`` for a record: a key twice in one object is an error (which value trains
+    would depend on the reader), and so is nesting too deep for the parser (RecursionError),
+    each a ValueError naming what is wrong and never the text."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ValueError(f"the key {str(exc)[:64]!r} appears twice in one object") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def _iter_jsonl(fh: Any, source: str) -> Iterator[tuple[int, Any]]:
     # bytes: decode ourselves to report invalid UTF-8 by row
     for row, line in enumerate(fh):
@@ -345,11 +370,13 @@ def _iter_jsonl(fh: Any, source: str) -> Iterator[tuple[int, Any]]:
             text = line.decode("utf-8", errors="surrogateescape")
             strict = False
         try:
-            obj = json.loads(text)
+            obj = loads_record(text)
         except json.JSONDecodeError as exc:
             # exc.msg is the parser's description ("Expecting ',' delimiter"), never the text.
             detail = "invalid UTF-8" if not strict else f"{exc.msg} at column {exc.colno}"
             raise RecordError(f"{source}: row {row}: malformed JSON ({detail})") from None
+        except ValueError as exc:
+            raise RecordError(f"{source}: row {row}: malformed JSON ({exc})") from None
         yield row, obj
 
 
@@ -424,11 +451,15 @@ def _iter_parquet(fh: Any, source: str) -> Iterator[tuple[int, Any]]:
                 )
             if isinstance(raw.get("metadata"), str):
                 try:
-                    raw["metadata"] = json.loads(raw["metadata"])
+                    raw["metadata"] = loads_record(raw["metadata"])
                 except json.JSONDecodeError as exc:
                     raise RecordError(
                         f"{_where(source, row, rid)}: field 'metadata' is not valid "
                         f"JSON ({exc.msg})"
+                    ) from None
+                except ValueError as exc:
+                    raise RecordError(
+                        f"{_where(source, row, rid)}: field 'metadata' is not valid JSON ({exc})"
                     ) from None
             yield row, raw
         base += table.num_rows
