@@ -213,6 +213,22 @@ def test_parse_limits_defaults_and_types():
         parse_limits([1])
     with pytest.raises(ValueError, match="number"):
         parse_limits({"cpus": True})
+    # issue 43 point 7: JSON's -Infinity, Infinity and NaN are a 422 naming the field, not an
+    # OverflowError that closed the connection with no answer
+    import json
+
+    for text in ("-Infinity", "Infinity", "NaN"):
+        limits = json.loads('{"wall_seconds": ' + text + ', "memory_mb": 64}')
+        with pytest.raises(ValueError, match="limits.wall_seconds must be a finite number"):
+            parse_limits(limits)
+    server = object.__new__(ExecutorServer)
+    server.max_batch = 4
+    from privcode.sandbox.executor import _Refused
+
+    body = json.loads('{"programs": [{"code": "print(1)"}], "limits": {"wall_seconds": -Infinity}}')
+    with pytest.raises(_Refused) as refused:
+        server.run_batch(body)
+    assert refused.value.status == 422
 
 
 def test_the_charts_executor_capabilities_are_enough_for_the_full_sandbox():

@@ -91,6 +91,8 @@ def parse_limits(raw: object, caps: SandboxLimits = MAX_LIMITS) -> SandboxLimits
     for k, v in raw.items():
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError(f"limits.{k} must be a number")
+        if not math.isfinite(v):  # JSON's Infinity and NaN: int() would raise OverflowError
+            raise ValueError(f"limits.{k} must be a finite number")
         if v > getattr(caps, k):
             raise ValueError(f"limits.{k}={v} exceeds this executor's cap {getattr(caps, k)}")
     typed = {
