@@ -84,8 +84,9 @@ def kube_api() -> Iterator[str]:
 
 
 @contextmanager
-def ledger_service(root: Path, tokens: dict[str, str]) -> Iterator[str]:
-    """The store at ``root`` served by its ledger service; its URL."""
+def ledger_service(root: Path, tokens: dict[str, str], **limits: Any) -> Iterator[str]:
+    """The store at ``root`` served by its ledger service (``limits``: build_ledger_app's);
+    its URL."""
     import uvicorn
 
     from privcode.privacy.ledger import StoreLedger
@@ -95,7 +96,10 @@ def ledger_service(root: Path, tokens: dict[str, str]) -> Iterator[str]:
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            build_ledger_app(ledger, tokens), host="127.0.0.1", port=port, log_level="error"
+            build_ledger_app(ledger, tokens, **limits),
+            host="127.0.0.1",
+            port=port,
+            log_level="error",
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

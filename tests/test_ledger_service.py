@@ -11,16 +11,12 @@ and holds no lock of its own.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import init_store
 
 pytest.importorskip("fastapi")
-import uvicorn  # noqa: E402
 
 from privcode.dp.accounting import DPEvent  # noqa: E402
 from privcode.errors import (  # noqa: E402
@@ -34,7 +30,7 @@ from privcode.privacy.ledger_client import (  # noqa: E402
     URL_ENV,
     RemoteLedger,
 )
-from privcode.privacy.ledger_service import build_ledger_app, load_tokens  # noqa: E402
+from privcode.privacy.ledger_service import load_tokens  # noqa: E402
 from privcode.privacy.store import PrivacyStore  # noqa: E402
 
 TOKENS = {"pipeline": "p" * 32, "serving": "s" * 32}
@@ -47,32 +43,14 @@ def _fps(root: Path, n: int) -> bytes:
     return pack_fingerprints(PrivacyStore(root).record_fingerprints(rows))
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def service(tmp_path):
-    """(url, store root, ledger) of a served store; stopped after the test."""
+    """(url, store root) of a served store; stopped after the test."""
+    from operator_support import ledger_service
+
     root = init_store(tmp_path / "store")
-    ledger = StoreLedger(root)
-    port = _port()
-    app = build_ledger_app(ledger, TOKENS, max_body_bytes=1 << 20)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started:
-        assert time.time() < deadline, "the ledger service did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", root, ledger
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        ledger.close()
+    with ledger_service(root, TOKENS, max_body_bytes=1 << 20) as url:
+        yield url, root
 
 
 def _env(monkeypatch, tmp_path: Path, url: str, role: str) -> None:
@@ -83,7 +61,7 @@ def _env(monkeypatch, tmp_path: Path, url: str, role: str) -> None:
 
 
 def test_the_pipeline_token_admits_and_reserves_with_a_plain_ledgers_answers(service, tmp_path):
-    url, root, _ = service
+    url, root = service
     remote = RemoteLedger(url, TOKENS["pipeline"])
     reply = remote.call("admit", _fps(root, 30), PLAN, BUDGET, run="a", run_key="k")
     assert reply["admitted"] and reply["records"] == 30
@@ -104,7 +82,7 @@ def test_the_pipeline_token_admits_and_reserves_with_a_plain_ledgers_answers(ser
 
 
 def test_tokens_roles_and_limits(service):
-    url, root, _ = service
+    url, root = service
     with pytest.raises(LedgerUnavailableError, match="HTTP 401"):
         RemoteLedger(url, "x" * 32).call("describe")
     serving = RemoteLedger(url, TOKENS["serving"])
@@ -124,7 +102,7 @@ def test_tokens_roles_and_limits(service):
 
 
 def test_the_ledgers_errors_come_back_as_their_class(service):
-    url, _, _ = service
+    url, _ = service
     serving = RemoteLedger(url, TOKENS["serving"])
     assert serving.call("pac_open", "pw-a", "pd-a", 4, 2.0**-10, "deployment", 2.0**-4)
     with pytest.raises(LedgerConflictError, match="were served with m=4"):
@@ -137,7 +115,7 @@ def test_with_a_ledger_url_every_helper_uses_the_service(service, tmp_path, monk
     from privcode.privacy.budget import call
     from privcode.privacy.ledger_actor import open_ledger
 
-    url, root, _ = service
+    url, root = service
     _env(monkeypatch, tmp_path, url, "pipeline")
     # The service holds the store's lock: a plain ledger here could not open it.
     with pytest.raises(LedgerUnavailableError):
@@ -153,7 +131,7 @@ def test_a_pac_server_reaches_the_service_with_the_serving_token(service, tmp_pa
     from privcode.serve.pac_args import parse_args
     from privcode.serve.pac_ledger import PacLedger
 
-    url, _, _ = service
+    url, _ = service
     _env(monkeypatch, tmp_path, url, "serving")
     cfg = parse_args(
         {"worlds": str(tmp_path), "ledger": url, "pac_state": str(tmp_path / "pac-state")}

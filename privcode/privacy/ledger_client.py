@@ -120,19 +120,20 @@ class RemoteLedger:
         )
 
 
-def remote_ledger() -> RemoteLedger | None:
-    """The ledger named by ``PRIVCODE_LEDGER_URL`` and ``PRIVCODE_LEDGER_TOKEN_FILE``, or
-    None when the URL is unset (a local store: its Ray actor or a plain ledger)."""
-    url = os.environ.get(URL_ENV, "").strip()
+def remote_ledger(url: str | None = None, *, timeout_s: float = 120.0) -> RemoteLedger | None:
+    """The ledger at ``url`` (default ``PRIVCODE_LEDGER_URL``) with the token read from
+    ``PRIVCODE_LEDGER_TOKEN_FILE``, or None when no URL is set (a local store: its Ray
+    actor or a plain ledger)."""
+    url = (url if url is not None else os.environ.get(URL_ENV, "")).strip()
     if not url:
         return None
     path = os.environ.get(TOKEN_FILE_ENV, "").strip()
     if not path:
-        raise LedgerUnavailableError(f"{URL_ENV} is set but {TOKEN_FILE_ENV} is not")
+        raise LedgerUnavailableError(f"the ledger {url} needs a token: {TOKEN_FILE_ENV} is unset")
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise LedgerUnavailableError(
             f"the ledger token file {path} cannot be read ({exc.strerror})"
         ) from None
-    return RemoteLedger(url, token)
+    return RemoteLedger(url, token, timeout_s=timeout_s)

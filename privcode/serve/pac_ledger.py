@@ -62,21 +62,13 @@ class PacLedger:
         from privcode.privacy.ledger_actor import get_ledger, ledger_call
 
         if self._handle is None:
-            self._handle = self._remote() if "://" in self.actor else get_ledger(self.actor)
+            if "://" in self.actor:  # the ledger service: the serving role's token
+                from privcode.privacy.ledger_client import remote_ledger
+
+                self._handle = remote_ledger(self.actor, timeout_s=self.timeout_s)
+            else:
+                self._handle = get_ledger(self.actor)
         return ledger_call(self._handle, method, *args, timeout_s=self.timeout_s)
-
-    def _remote(self) -> Any:
-        from privcode.errors import LedgerUnavailableError
-        from privcode.privacy.ledger_client import TOKEN_FILE_ENV, RemoteLedger
-
-        path = os.environ.get(TOKEN_FILE_ENV, "")
-        try:
-            token = Path(path).read_text(encoding="utf-8").strip() if path else ""
-        except OSError:
-            token = ""
-        if not token:
-            raise LedgerUnavailableError(f"ledger {self.actor}: no token in ${TOKEN_FILE_ENV}")
-        return RemoteLedger(self.actor, token, timeout_s=self.timeout_s)
 
     def worlds_id(self, digest: bytes) -> str:
         """The worlds' keyed id (the ledger holds the key)."""
