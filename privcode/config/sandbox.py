@@ -13,12 +13,15 @@ class SandboxConfig:
 
     isolation: str = opt(
         "full",
-        "Weakest isolation accepted. full: namespaces + unprivileged uid + seccomp (+ a "
-        "cgroup per snippet where writable); without it (not root, namespaces denied, no "
-        "libseccomp) Stage II and eval stop with what is missing. rlimits-only: must be "
-        "asked for by name; weak isolation, verdicts only, no protection; written into "
-        "every verdict, the synth stats, pass@k results and the report.",
-        choices=("full", "rlimits-only"),
+        "Weakest isolation accepted. full: namespaces + unprivileged uid + seccomp + a cgroup "
+        "per snippet (a writable cgroup, or CAP_SYS_ADMIN to mount a private one); without "
+        "it (not root, namespaces denied, no libseccomp, no cgroup) Stage II and eval stop "
+        "with what is missing. full-no-cgroup: must be asked for by name; the same layers "
+        "without a cgroup (memory bounded per process only), written into every verdict. "
+        "rlimits-only: must be asked for by name; weak isolation, verdicts only, no "
+        "protection; written into every verdict, the synth stats, pass@k results and the "
+        "report.",
+        choices=("full", "full-no-cgroup", "rlimits-only"),
     )
     executor: str = opt(
         "",

@@ -145,10 +145,10 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     box.add_argument("--workers", type=int, default=None, help="Sandbox slots (default: CPUs).")
     box.add_argument(
         "--isolation",
-        choices=("full", "rlimits-only"),
+        choices=("full", "full-no-cgroup", "rlimits-only"),
         default="full",
-        help="Weakest isolation accepted (default full); rlimits-only = weak, verdicts only, "
-        "no protection.",
+        help="Weakest isolation accepted (default full, with a cgroup); full-no-cgroup = the "
+        "same layers without a cgroup; rlimits-only = weak, verdicts only, no protection.",
     )
     box.add_argument(
         "--executor",

@@ -15,20 +15,33 @@ run, daemonised or double-forked, is charged to it, tmpfs and memfd pages includ
 cgroup v2 (one unified hierarchy: ``memory.max``, ``memory.swap.max``, ``pids.max``,
 ``cpu.max``, ``cgroup.kill``) is used when it has the memory and pids controllers; else
 v1 (``memory.limit_in_bytes``, ``memory.memsw.limit_in_bytes``, ``pids.max``,
-``cpu.cfs_quota_us``), one leaf per hierarchy.  Unavailable (not root, read-only cgroup
-filesystem as in an unprivileged container, missing controllers): :func:`probe` says why,
-and the verdicts' isolation level says "no-cgroup".  The kill at the deadline does not
-depend on this: it ends the run's pid namespace.
+``cpu.cfs_quota_us``), one leaf per hierarchy.
+
+Where the standard mounts are not writable (a Kubernetes pod gets /sys/fs/cgroup
+read-only) but the process has CAP_SYS_ADMIN in its user namespace (``hostUsers: false``),
+it mounts its own: a private cgroup2 (or the v1 hierarchies of memory, pids and cpu) under
+``<state dir>/cgroup/`` (:func:`_private_mounts`), as nsjail and systemd-in-container do.
+In a cgroup2 whose root holds processes (a container's own cgroup, seen through its cgroup
+namespace) the controllers cannot be enabled for children until those processes move to a
+leaf (the "no internal processes" rule): :func:`_enable_v2` moves them to
+``privcode-server`` first.  Neither (not root, no CAP_SYS_ADMIN, missing controllers):
+:func:`probe` says why, and isolation "full" is refused (``full-no-cgroup`` must be asked
+for by name).  The kill at the deadline does not depend on this: it ends the run's pid
+namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
+import stat
+import tempfile
 from dataclasses import dataclass
 
 ROOT_NAME = "privcode-sandbox"
+SERVER_LEAF = "privcode-server"  # where the processes of a delegated v2 root go
 PERIOD_US = 100_000
 
 
@@ -123,13 +136,8 @@ def _leaf(parent: str, name: str) -> str:
 
 
 def _v2(mount: str, name: str, cpus: float) -> SlotCgroup:
-    with open(os.path.join(mount, "cgroup.controllers"), encoding="utf-8") as fh:
-        have = set(fh.read().split())
-    if not {"memory", "pids"} <= have:
-        raise OSError(f"cgroup v2 at {mount} lacks the memory/pids controllers ({sorted(have)})")
-    wanted = [c for c in ("memory", "pids", "cpu") if c in have]
+    wanted = _enable_v2(mount)
     enable = " ".join("+" + c for c in wanted)
-    _write(os.path.join(mount, "cgroup.subtree_control"), enable)  # EBUSY: a non-root with tasks
     base = os.path.join(mount, ROOT_NAME)
     os.makedirs(base, mode=0o755, exist_ok=True)
     _write(os.path.join(base, "cgroup.subtree_control"), enable)
@@ -144,6 +152,44 @@ def _v2(mount: str, name: str, cpus: float) -> SlotCgroup:
         (os.path.join(leaf, "memory.events"), "oom_kill"),
         kill if os.path.exists(kill) else None,
     )
+
+
+def _enable_v2(mount: str) -> list[str]:
+    """Enable memory, pids (and cpu) for the children of ``mount``'s root; the list enabled.
+
+    A non-root cgroup with processes refuses (EBUSY: no internal processes): they move to
+    the leaf ``privcode-server`` first, then the write is retried.
+    """
+    with open(os.path.join(mount, "cgroup.controllers"), encoding="utf-8") as fh:
+        have = set(fh.read().split())
+    if not {"memory", "pids"} <= have:
+        raise OSError(f"cgroup v2 at {mount} lacks the memory/pids controllers ({sorted(have)})")
+    wanted = [c for c in ("memory", "pids", "cpu") if c in have]
+    control = os.path.join(mount, "cgroup.subtree_control")
+    try:
+        _write(control, " ".join("+" + c for c in wanted))
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        _evacuate(mount, os.path.join(mount, SERVER_LEAF))
+        _write(control, " ".join("+" + c for c in wanted))
+    return wanted
+
+
+def _evacuate(mount: str, leaf: str) -> None:
+    """Move every process of ``mount``'s root cgroup (ours: the server's) into ``leaf``."""
+    os.makedirs(leaf, mode=0o755, exist_ok=True)
+    for _ in range(100):  # a process may fork meanwhile: its child lands in the root too
+        with open(os.path.join(mount, "cgroup.procs"), encoding="ascii") as fh:
+            pids = fh.read().split()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                _write(os.path.join(leaf, "cgroup.procs"), pid)
+            except ProcessLookupError:
+                continue
+    raise OSError(f"the processes of {mount} could not all move to {leaf}")
 
 
 def _v1(mounts: dict[str, str], name: str, cpus: float) -> SlotCgroup:
@@ -175,9 +221,19 @@ def create(name: str, memory_bytes: int, max_tasks: int, cpus: float) -> SlotCgr
 
 
 def _create(name: str, cpus: float) -> SlotCgroup:
+    """The leaf in the standard cgroup mounts, else in mounts of our own (module doc)."""
     if os.geteuid() != 0:
         raise OSError("not root")
-    mounts = _mounts()
+    errors = []
+    for where, mounts in (("mounted", _mounts), ("private", _private_mounts)):
+        try:
+            return _create_in(mounts(), name, cpus)
+        except OSError as exc:
+            errors.append(f"{where}: {exc}")
+    raise OSError("; ".join(errors))
+
+
+def _create_in(mounts: list[tuple[str, str, set[str]]], name: str, cpus: float) -> SlotCgroup:
     errors = []
     for point, fstype, _ in mounts:
         if fstype == "cgroup2":
@@ -195,7 +251,78 @@ def _create(name: str, cpus: float) -> SlotCgroup:
             return _v1(v1, name, cpus)
         except OSError as exc:
             errors.append(f"v1: {exc}")
-    raise OSError("; ".join(errors) or "no cgroup filesystem mounted")
+    raise OSError(", ".join(errors) or "no cgroup filesystem mounted")
+
+
+def _private_mounts() -> list[tuple[str, str, set[str]]]:
+    """Mount (once) a cgroup2 and the v1 hierarchies of memory, pids and cpu of our own.
+
+    Under ``<state dir>/cgroup/``: ``unified``, and one directory per v1 hierarchy named
+    by its controllers (as /proc/cgroups groups them: ``cpu,cpuacct`` mount together).
+    """
+    base = os.path.join(_state_dir(), "cgroup")
+    wanted: dict[str, tuple[str, str]] = {"unified": ("cgroup2", "")}
+    for names in _v1_hierarchies(("memory", "pids", "cpu")):
+        wanted[",".join(names)] = ("cgroup", ",".join(names))
+    out, errors = [], []
+    for dirname, (fstype, opts) in wanted.items():
+        point = os.path.join(base, dirname)
+        try:
+            os.makedirs(point, mode=0o755, exist_ok=True)
+            if not os.path.ismount(point):
+                _mount(fstype, point, fstype, _NOSUID | _NODEV | _NOEXEC, opts)
+        except OSError as exc:
+            errors.append(f"{fstype}{f' ({opts})' if opts else ''} at {point}: {exc}")
+            continue
+        out.append((point, fstype, set(opts.split(",")) if opts else set()))
+    if not out:
+        hint = "" if _has_sys_admin() else " (no CAP_SYS_ADMIN in this user namespace)"
+        raise OSError(f"could not mount a cgroup of our own{hint}: " + "; ".join(errors))
+    return out
+
+
+def _v1_hierarchies(controllers: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The v1 hierarchies holding ``controllers``, each as all the controllers it holds."""
+    by_id: dict[str, list[str]] = {}
+    with open("/proc/cgroups", encoding="ascii") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) == 4 and fields[1] != "0" and fields[3] == "1":
+                by_id.setdefault(fields[1], []).append(fields[0])
+    return [tuple(n) for n in by_id.values() if set(n) & set(controllers)]
+
+
+def _state_dir() -> str:
+    """Our 0700 directory (as the pool's: /run/privcode-sandbox, else in the temp dir)."""
+    for base in ("/run", tempfile.gettempdir()):
+        path = os.path.join(base, ROOT_NAME)
+        with contextlib.suppress(OSError):  # it exists, or the base is not writable
+            os.mkdir(path, 0o700)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return path
+    raise OSError("no state directory of ours for a private cgroup mount")
+
+
+_NOSUID, _NODEV, _NOEXEC = 2, 4, 8
+
+
+def _mount(src: str, target: str, fstype: str, flags: int, data: str) -> None:
+    """mount(2) through libc: the standard library has no binding (nor a package we trust)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    if libc.mount(src.encode(), target.encode(), fstype.encode(), flags, data.encode() or None):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _has_sys_admin() -> bool:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        caps = next((ln.split()[1] for ln in fh if ln.startswith("CapEff:")), "0")
+    return bool(int(caps, 16) >> 21 & 1)
 
 
 def probe() -> str | None:

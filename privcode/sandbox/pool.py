@@ -9,21 +9,30 @@ daemonise or kill other processes.  Snippets may use the standard library only
 
 API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`check_file`,
 :func:`isolation_level`; :class:`Verdict`, :class:`SandboxLimits`.  Each slot owns an
-exclusive uid (an ``flock`` per uid in /run/privcode-sandbox, across processes too), a
-cgroup leaf (:mod:`privcode.sandbox.cgroups`) and a zygote process
-(:mod:`privcode.sandbox.zygote`, which lists the isolation layers) that forks each snippet.
+exclusive uid (``base + index`` from a random base per pool, inside this user namespace's
+uid map, :mod:`privcode.sandbox.uids`; an ``flock`` per uid in /run/privcode-sandbox,
+across processes too), a cgroup leaf (:mod:`privcode.sandbox.cgroups`) and a zygote
+process (:mod:`privcode.sandbox.zygote`, which lists the isolation layers) whose template
+forks each snippet.  Nothing here counts or kills processes by uid: a run ends with its pid
+namespace and cgroup leaf, and processes of the same uid elsewhere (another pod) are
+neither a failure nor a target.
 
 ``isolation`` (``sandbox.isolation``) is the weakest level accepted:
 
-* ``"full"`` (the default): namespaces + uid + seccomp (:mod:`privcode.sandbox.seccomp`),
-  which needs root with namespace support and libseccomp.  Missing, it is a
-  :class:`SandboxError` saying what is missing and how to get it.  Every verdict's
-  ``isolation`` names the layers: ``namespaces+uid+seccomp+cgroup``, or ``...+no-cgroup``
-  where the cgroup filesystem is not writable (limits are then per process only).
+* ``"full"`` (the default): namespaces + uid + seccomp (:mod:`privcode.sandbox.seccomp`)
+  and a cgroup per slot (:mod:`privcode.sandbox.cgroups`), which needs root with namespace
+  support, libseccomp, and a writable cgroup or CAP_SYS_ADMIN to mount one.  Missing, it
+  is a :class:`SandboxError` saying what is missing and how to get it.  Every verdict's
+  ``isolation`` names the layers: ``namespaces+uid+seccomp+cgroup``.
+* ``"full-no-cgroup"``, asked for by name: the same layers without a cgroup where none can
+  be had (memory and processes are then bounded per process only); every verdict says
+  ``namespaces+uid+seccomp+no-cgroup``.
 * ``"rlimits-only"``, asked for by name: the full sandbox when it can be had, else (not
   root, a laptop) rlimits, own session and process group, a temp dir and a scrubbed
-  environment only: the code can use the network, read what you can read, write where
-  you can, and a daemon escapes the kill.  It warns (a ``RuntimeWarning`` and an error
+  environment only: VERDICTS CAN BE FORGED.  The code runs as your user: it can use the
+  network (an executor's port included), read what you can read, write where you can and
+  signal your processes (the zygote is not dumpable, and every descendant of a run,
+  daemons included, is killed after it, but that stops nothing else).  It warns (a ``RuntimeWarning`` and an error
   log, once per process) and every verdict says ``rlimits-only`` (:data:`WEAK_NOTE`).
   Root without namespace support is refused either way.
 
@@ -35,7 +44,6 @@ executor service (:mod:`privcode.sandbox.executor`).
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import logging
 import math
@@ -53,17 +61,23 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from privcode.sandbox import cgroups, seccomp, zygote
+from privcode.sandbox import cgroups, seccomp, uids, zygote
 
-FULL, RLIMITS_ONLY = "full", "rlimits-only"
-ISOLATIONS = (FULL, RLIMITS_ONLY)
+FULL, FULL_NO_CGROUP, RLIMITS_ONLY = "full", "full-no-cgroup", "rlimits-only"
+ISOLATIONS = (FULL, FULL_NO_CGROUP, RLIMITS_ONLY)
 #: The layers every full level starts with; then "+cgroup" or "+no-cgroup".
 FULL_LAYERS = "namespaces+uid+seccomp"
 WEAK_NOTE = "weak isolation: verdicts only, no protection"
 NO_CGROUP_NOTE = "no cgroup: memory and processes bounded per process only"
+HOW_TO_GET_CGROUP = (
+    "give the process a writable cgroup filesystem (memory and pids controllers), or "
+    "CAP_SYS_ADMIN in its own user namespace to mount a private one (Kubernetes: "
+    "hostUsers: false, as the Helm chart's executor pods run); or accept per-process limits "
+    "by name: sandbox.isolation: full-no-cgroup (CLI: --isolation full-no-cgroup)"
+)
 FORBID_ENV = "PRIVCODE_SANDBOX_FORBID_LOCAL"
 STATUSES = ("ok", "error", "timeout", "cpu", "memory", "output", "killed", "syntax")
-UID_BASE, UID_SPAN = 61000, 1000
+UID_SPAN = uids.SPAN
 _log = logging.getLogger(__name__)
 
 
@@ -153,35 +167,29 @@ def _state_dir() -> str:
 
 
 class _Slot:
-    """One sandbox slot: an exclusive uid and a zygote (started on first use), one run at a time."""
+    """One sandbox slot: an exclusive uid (``base + index``, or the next free one) and a
+    zygote (started on first use), one run at a time.  ``base``: the pool's uid base
+    (:class:`privcode.sandbox.uids.UidBase`); None: that of this process's ``run_code`` slots."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, base: uids.UidBase | None = None) -> None:
         self.index, self.owner, self.lock = index, os.getpid(), threading.Lock()
+        self.base = base or uids.PROCESS_BASE
         self.proc: subprocess.Popen | None = None
         self.uid: int | None = None
         self.level: str | None = None
         self.cgroup: cgroups.SlotCgroup | None = None
         self._lock_fd: int | None = None
+        self._lock_dir = ""
 
     def _start(self, level: str, limits: SandboxLimits) -> None:
         mnt, ns, layers = "-", level.startswith("namespaces"), {}
-        if ns:  # uid = first free of 61000+index, 61000+index+1, ...
+        if ns:  # uid = first free of base+index, base+index+1, ...
             lock_dir, mnt = _state_dir(), os.path.join(_state_dir(), "mnt")
-            for i in range(UID_SPAN):
-                uid = UID_BASE + (self.index + i) % UID_SPAN
-                fd = os.open(
-                    os.path.join(lock_dir, f"uid-{uid}.lock"),
-                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                )
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by us and the zygote
-                    self.uid, self._lock_fd = uid, fd
-                    break
-                except BlockingIOError:
-                    os.close(fd)
-            else:
-                raise SandboxError(f"all {UID_SPAN} sandbox uids from {UID_BASE} are in use")
+            try:  # the lock is held by us and the zygote
+                self.uid, self._lock_fd = uids.claim(lock_dir, self.base.get(), self.index)
+            except OSError as exc:
+                raise SandboxError(f"sandbox setup failed ({level}): {exc}") from exc
+            self._lock_dir = lock_dir
         try:  # the real binary: a pyenv shim would not start as another uid
             if "+seccomp" in level:
                 layers["seccomp"] = seccomp.filter_program().hex()
@@ -211,8 +219,6 @@ class _Slot:
                 start_new_session=True,
             )
             self.level = level
-            if self.uid is not None:  # leftovers of a crashed previous owner of this uid
-                self._request({"sweep": self.uid}, 60.0)
         except (OSError, seccomp.SeccompUnavailable) as exc:
             self.close(kill=True)
             raise SandboxError(f"sandbox setup failed ({level}): {exc}") from exc
@@ -234,7 +240,7 @@ class _Slot:
 
     def run(self, code: str, stdin: str, limits: SandboxLimits, level: str) -> dict:
         if self.owner != os.getpid():  # forked: the zygote and the uid are the parent's
-            self.__init__(self.index)
+            self.__init__(self.index, self.base)
         with self.lock:
             try:
                 if self.proc is None or self.proc.poll() is not None or self.level != level:
@@ -254,8 +260,6 @@ class _Slot:
             except BaseException:
                 self.close(kill=True)  # a fresh zygote next time
                 raise
-        if res.get("survivors"):
-            _log.error("processes of sandbox uid %s outlived their pid namespace; killed", self.uid)
         return res
 
     def close(self, kill: bool = False) -> None:
@@ -275,7 +279,7 @@ class _Slot:
             self.cgroup.remove()
             self.cgroup = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            uids.release(self._lock_dir, self.uid, self._lock_fd)
             self.uid, self._lock_fd = None, None
         self.level = None
 
@@ -288,6 +292,7 @@ def _cgroup_limits(limits: SandboxLimits) -> tuple[int, int]:
 
 _LEVEL: str | None = None
 _MISSING: str | None = None  # why the full level cannot be had here
+_NO_CGROUP: str | None = None  # why it has no cgroup here
 _WARNED: set[str] = set()
 _LEVEL_LOCK, _SLOTS_LOCK = threading.Lock(), threading.Lock()
 _SLOTS: dict[int, _Slot] = {}
@@ -295,15 +300,17 @@ HOW_TO_GET_FULL = (
     "run as root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID, CAP_SYS_CHROOT and CAP_KILL "
     "(in a container: those capabilities and an AppArmor profile that allows mount, or a "
     "gVisor RuntimeClass; the Helm chart's executor pods are set up so), with libseccomp2 "
-    "and pyseccomp installed; or, for verdicts without protection, ask for the weak mode "
-    "by name: sandbox.isolation: rlimits-only (CLI: --isolation rlimits-only)"
+    "and pyseccomp installed, and a cgroup (a writable one, or CAP_SYS_ADMIN in the "
+    "process's user namespace to mount its own); or, for verdicts without protection, ask "
+    "for the weak mode by name: sandbox.isolation: rlimits-only (CLI: --isolation "
+    "rlimits-only)"
 )
 
 
 def isolation_level() -> str:
     """The strongest level here: ``namespaces+uid+seccomp+cgroup`` (or ``+no-cgroup``; root,
     and one trivial snippet ran so) or ``rlimits-only``.  Probed once per process."""
-    global _LEVEL, _MISSING
+    global _LEVEL, _MISSING, _NO_CGROUP
     with _LEVEL_LOCK:
         if _LEVEL is None:
             _LEVEL = RLIMITS_ONLY
@@ -312,10 +319,10 @@ def isolation_level() -> str:
             elif (why := seccomp.available()) is not None:
                 _MISSING = why
             else:
-                no_cgroup = cgroups.probe()
-                level = FULL_LAYERS + ("+no-cgroup" if no_cgroup else "+cgroup")
-                if no_cgroup:
-                    _log.warning("sandbox: %s (%s)", NO_CGROUP_NOTE, no_cgroup)
+                _NO_CGROUP = cgroups.probe()
+                level = FULL_LAYERS + ("+no-cgroup" if _NO_CGROUP else "+cgroup")
+                if _NO_CGROUP:
+                    _log.warning("sandbox: %s (%s)", NO_CGROUP_NOTE, _NO_CGROUP)
                 probe = _Slot(UID_SPAN - 1)
                 try:
                     res = probe.run("pass", "", SandboxLimits(wall_seconds=30), level)
@@ -330,6 +337,14 @@ def isolation_level() -> str:
             if _MISSING:
                 _log.error("the full sandbox is not available: %s", _MISSING)
         return _LEVEL
+
+
+def meets(level: str, isolation: str) -> bool:
+    """True if a sandbox at ``level`` is one that ``isolation`` (the weakest accepted) takes:
+    "full" wants the full layers and a cgroup, "full-no-cgroup" the layers, "rlimits-only" any."""
+    if isolation == FULL:
+        return is_full(level) and level.endswith("+cgroup")
+    return is_full(level) if isolation == FULL_NO_CGROUP else isolation == RLIMITS_ONLY
 
 
 def _layer_level(level: str, layers: SandboxLayers) -> str:
@@ -355,16 +370,21 @@ def _checked_level(isolation: str = FULL, layers: SandboxLayers | None = None) -
         )
     level = isolation_level()
     if is_full(level):
+        if not meets(level, isolation):
+            raise SandboxError(
+                f"sandbox.isolation is 'full' but no cgroup can be had here ({_NO_CGROUP}): "
+                f"memory would be bounded per process only. To get one: {HOW_TO_GET_CGROUP}"
+            )
         level = _layer_level(level, layers or SandboxLayers())
-        if isolation == FULL and not is_full(level):
-            raise ValueError(f"seccomp switched off gives {level}: not isolation 'full'")
+        if not meets(level, isolation):  # a layer switched off (measurements only)
+            raise ValueError(f"layers {layers} give {level}: not isolation {isolation!r}")
         if level.endswith("+no-cgroup") and (layers is None or layers.cgroup):
-            _warn_once(f"privcode sandbox: {NO_CGROUP_NOTE} ({level})")
+            _warn_once(f"privcode sandbox: {NO_CGROUP_NOTE} ({level}, asked for by name)")
         return level
-    if isolation == FULL:
+    if isolation != RLIMITS_ONLY:
         raise SandboxError(
-            f"sandbox.isolation is 'full' but the full sandbox cannot be had here: {_MISSING}. "
-            f"To get it: {HOW_TO_GET_FULL}"
+            f"sandbox.isolation is {isolation!r} but the full sandbox cannot be had here: "
+            f"{_MISSING}. To get it: {HOW_TO_GET_FULL}"
         )
     if os.geteuid() == 0:
         raise SandboxError(
@@ -492,7 +512,8 @@ class SandboxPool:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.limits, self.level = limits, _checked_level(isolation, layers)
-        self._slots = [_Slot(i) for i in range(self.workers)]
+        base = uids.UidBase()  # this pool's own uids (drawn on first use)
+        self._slots = [_Slot(i, base) for i in range(self.workers)]
         self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         for s in self._slots:
             self._free.put(s)

@@ -1,47 +1,61 @@
-"""The sandbox's zygote and snippet processes: standard library only.
+"""The sandbox's zygote, template and snippet processes: standard library only.
 
-Everything here runs in a zygote or a snippet; the parent (:mod:`privcode.sandbox.pool`)
+Everything here runs in a zygote or below it; the parent (:mod:`privcode.sandbox.pool`)
 uses only BOOT, ENV, send and recv.  A slot's zygote is
-``python -S -s -P -c BOOT <this file> ns|plain <mnt> <layers JSON>``, which loads this file by path (no
-site-packages; privcode is not importable there), serves one request per snippet on stdin
-and answers on stdout (:func:`send`/:func:`recv`: one JSON line each), and forks each
-snippet's process tree.  Hence the rules for this file: standard library only (an
-import-linter contract in pyproject.toml), and few imports: each one is start-up time of
-every zygote, and modules with at-fork hooks (random, threading: ``tempfile``,
-``concurrent.futures``...) would triple the cost of each of its forks.
+``python -S -s -P -c BOOT <this file> ns|plain <mnt> <layers JSON>``, which loads this file by
+path (no site-packages; privcode is not importable there), serves one request per snippet on
+stdin and answers on stdout (:func:`send`/:func:`recv`: one JSON line each).  Hence the rules
+for this file: standard library only (an import-linter contract in pyproject.toml), and few
+imports: each one is start-up time of every zygote, and modules with at-fork hooks (random,
+threading: ``tempfile``, ``concurrent.futures``...) would triple the cost of each fork.
+
+Processes of a slot: the zygote (talks to the parent, holds requests and output) forks, before
+its first request, a *template* that never handles request data: per run it gets only the
+limits, uid and work dir, and the run's fds over a socketpair (memfds with the code and the
+stdin, the output and status pipes), and forks the run's first process.  A run is a copy of
+the template, so nothing of an earlier run's code, stdin or output is in its memory (the
+zygote's heap is never copied into a run).  The template hands the zygote a pidfd of the run's
+pid 1, ``wait4``s it and reports its end; the zygote reads the output, enforces the limits
+and answers.  The run's code lives in :mod:`privcode.sandbox.spawn`, loaded beside this file.
 
 Isolation layers (``isolation == "namespaces+uid"``, mode ``ns``: the parent runs as root):
 
-* Zygote: each slot has a long-lived ``python -S -s -P`` (scrubbed environment,
-  stdlib-only imports) that forks per snippet: no interpreter start-up per snippet.
+* Zygote and template: a long-lived ``python -S -s -P`` (scrubbed environment, stdlib-only
+  imports) per slot: no interpreter start-up per snippet.
 * Network: the zygote lives in a network namespace without interfaces (loopback
   down): no TCP/UDP, 127.0.0.1 included, no host abstract unix sockets.  Nothing
   persists there between runs (no process outlives a run; the uid cannot configure it).
-* Fresh pid, mount and IPC namespaces per snippet: /proc is mounted anew with
-  ``hidepid=invisible`` (no other process, nor its environ, is visible); SysV IPC
-  objects die with the run.
+* Fresh pid, mount, IPC and cgroup namespaces per snippet: /proc is mounted anew with
+  ``hidepid=invisible,subset=pid`` (Linux 5.8+: only the run's own processes, nothing of the
+  host: no cmdline, config.gz, boot_id, loadavg, pressure, key-users...; older kernels:
+  ``hidepid`` and runc-style masks, /dev/null over files and an empty read-only tmpfs over
+  directories, :data:`privcode.sandbox.spawn._MASKED`); /proc/self/cgroup says "/" (the cgroup namespace is made
+  after the run joins its leaf).  SysV IPC objects die with the run.  Still readable:
+  /proc/self/mountinfo (the bind sources of the read-only mounts, e.g. the interpreter's
+  prefix, and the root filesystem's mount options, e.g. an overlay's layer paths).
 * Filesystem: a plain chroot (the kernel then also refuses it user namespaces) into a
   minimal root: read-only nosuid binds of /usr, /etc, /bin, /sbin, /lib* and the
   interpreter's prefix; /dev with null, zero, full, random, urandom only; /tmp = the
   work dir (also HOME, TMPDIR, /dev/shm), a fresh size-limited tmpfs of the sandbox
   uid, mode 0700, gone with the run.  /work, /root, /home, /var, /run, /sys, the
   host's /tmp (Ray's sockets), Kubernetes tokens: absent.
-* Unprivileged uid/gid ``61000 + slot``, no groups, ``PR_SET_NO_NEW_PRIVS`` (setuid
-  binaries and ``setuid(0)`` do not help).  A slot owns its uid exclusively, across
-  processes too (the parent holds an ``flock`` per uid in /run/privcode-sandbox, and
-  passes it to the zygote): concurrent sandboxes cannot signal each other nor share an
-  RLIMIT_NPROC count.
-* rlimits before the code runs: CPU, AS (memory), NPROC, FSIZE, NOFILE, CORE=0.
+* An unprivileged uid/gid per slot from a random base of the pool (inside this user
+  namespace's uid map; :func:`privcode.sandbox.pool.random_uid_base`), no groups,
+  ``PR_SET_NO_NEW_PRIVS`` (setuid binaries and ``setuid(0)`` do not help).
+* rlimits before the code runs: CPU, AS (memory), FSIZE, NOFILE, CORE=0, and NPROC where no
+  cgroup bounds the run's tasks (RLIMIT_NPROC counts every process of the uid on the node).
+  ``oom_score_adj`` 1000 for every process of a run: the OOM killer takes them first.
 * A cgroup leaf per slot (:mod:`privcode.sandbox.cgroups`, when the cgroup filesystem is
   writable): the run's pid 1 joins it first, so memory (tmpfs and memfd pages included),
   tasks and CPU are bounded for the whole process tree, not per process.
 * seccomp, last before the code runs: the BPF program the parent built with libseccomp
-  (:mod:`privcode.sandbox.seccomp`: io_uring, bpf, userfaultfd, keys, perf, ptrace,
-  namespaces, mounts, kexec, modules, handle-based opens... fail with EPERM).
-* Wall clock: the zygote SIGKILLs the run's pid 1; the kernel then kills every
-  process of the pid namespace, daemonised grandchildren included (pid 1 also dies
-  with the zygote: parent-death signal); after a kill the zygote checks from the host
-  that no process of the uid is left.
+  (:mod:`privcode.sandbox.seccomp`).
+* Wall clock: the zygote SIGKILLs the run's pid 1 (and ``cgroup.kill``s the leaf); the kernel
+  then kills every process of the pid namespace, daemonised grandchildren included; pid 1's
+  pidfd (and the template's ``wait4``) signal its end only once the namespace is empty.  After a kill the zygote
+  checks that the leaf's ``cgroup.procs`` are empty (only this slot's runs join it); it never
+  looks at, nor kills, other processes of the uid (they may belong to another pod).  pid 1
+  dies with the template, the template with the zygote (parent-death signals).
 * Environment: only PATH=/usr/bin:/bin, LANG=C.UTF-8, HOME=TMPDIR=the work dir,
   PYTHONDONTWRITEBYTECODE=1, PYTHONHASHSEED=0.
 * Output is read incrementally; past ``output_bytes`` on a stream the run is killed
@@ -50,31 +64,26 @@ Isolation layers (``isolation == "namespaces+uid"``, mode ``ns``: the parent run
 
 NOT covered: kernel exploits (one shared kernel), side channels, denial of service
 within the limits, the uid's kernel keyring (a channel between runs of one slot only).
-/etc is readable: keep secrets out of world-readable files there.  On Kubernetes add
-depth: execution pods with no network (deny-all NetworkPolicy), no service-account
-token, ``readOnlyRootFilesystem``, capabilities dropped to SYS_ADMIN, SETUID, SETGID,
-KILL (or ``runAsNonRoot`` and the fallback), optionally gVisor (``runtimeClassName``).
+/etc is readable: keep secrets out of world-readable files there.
 
 Mode ``plain`` (the rlimits-only fallback, not root): rlimits, own session and process
-group, a temp dir and the scrubbed environment only.
+group, a temp dir and the scrubbed environment only, and VERDICTS CAN BE FORGED: the code
+runs as the caller's user, so it can use the network (the executor's port included), read
+and write what that user can, and signal its processes.  What is still done: the zygote and
+template are not dumpable (``PR_SET_DUMPABLE`` 0: a snippet cannot open their
+/proc/<pid>/mem), both are child subreapers, and after each run every descendant is
+SIGKILLed, daemons that ``setsid`` or double-fork included.
 """
 
 from __future__ import annotations
 
-import atexit
-import builtins
 import contextlib
-import ctypes
 import gc
 import json
-import math
 import os
-import resource
 import select
 import signal
-import sys
 import time
-import types
 
 ENV = {
     "PATH": "/usr/bin:/bin",
@@ -82,53 +91,20 @@ ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONHASHSEED": "0",
 }
-_TOP_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-_NEWNS, _NEWUTS, _NEWIPC, _NEWPID, _NEWNET = 0x20000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
-_RDONLY, _NOSUID, _NODEV, _NOEXEC, _REMOUNT = 1, 2, 4, 8, 32
-_BIND, _REC, _PRIVATE = 4096, 16384, 1 << 18
-_PDEATHSIG, _DUMPABLE, _NO_NEW_PRIVS, _SET_SECCOMP = 1, 4, 38, 22  # prctl options
-_SECCOMP_MODE_FILTER = 2
 _TAIL = 4096
-# The zygote's entry: load this file by path and serve.  Only a forked snippet process
-# gets past _zygote_main: it runs the code as __main__.
+# The zygote's entry: load this file, then spawn.py beside it, by path and serve.  Only a
+# snippet process (a fork of the template) gets past _zygote_main: it runs the code as __main__.
 BOOT = (
     "import sys\nb = frozenset(sys.modules)\nimport importlib.util as u\n"
-    "s = u.spec_from_file_location('_privcode_sandbox_zygote', sys.argv[1])\n"
-    "m = u.module_from_spec(s)\nsys.modules[s.name] = m\ns.loader.exec_module(m)\n"
-    "job = m._zygote_main(sys.argv[2], sys.argv[3], sys.argv[4], b)\n"
-    "if job is not None:\n    m._snippet_main(*job)\n"
+    "def load(name, path):\n    s = u.spec_from_file_location(name, path)\n"
+    "    m = u.module_from_spec(s)\n    sys.modules[name] = m\n    s.loader.exec_module(m)\n"
+    "    return m\n"
+    "z = load('_privcode_sandbox_zygote', sys.argv[1])\n"
+    "p = load('_privcode_sandbox_spawn', sys.argv[1].rpartition('/')[0] + '/spawn.py')\n"
+    "job = z._zygote_main(p, sys.argv[2], sys.argv[3], sys.argv[4], b)\n"
+    "if job is not None:\n    p.snippet_main(*job)\n"
 )
-
-
-_LIBC = None
-# The layers this zygote applies (set once by _zygote_main): the seccomp program as a ready
-# ``struct sock_fprog`` (and its buffer, kept alive) and the slot's cgroup leaf.
-_LAYERS: dict = {"fprog": None, "cgroup": None}
-
-
-def _sys(name: str, *args) -> None:
-    """Call a libc function; raise OSError on failure."""
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-        _LIBC.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-        _LIBC.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    if getattr(_LIBC, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}{args[:2]}: {os.strerror(err)}")
-
-
-def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None):
-    _sys(
-        "mount",
-        *(x.encode() if x else None for x in (src, dst, fstype)),
-        flags,
-        data.encode() if data else None,
-    )
-
-
-def _unshare(flags: int) -> None:
-    os.unshare(flags) if hasattr(os, "unshare") else _sys("unshare", flags)  # 3.12+ / ctypes
+sp = None  # privcode.sandbox.spawn, in the zygote (_zygote_main); unused by the parent
 
 
 def send(fd: int, obj: dict) -> None:
@@ -153,241 +129,70 @@ def recv(fd: int, deadline: float | None = None) -> dict | None:
     return json.loads(data)
 
 
-def _setup_zygote_namespaces(mnt: str) -> int:
-    """Once per zygote: own net/uts/mount namespaces, the read-only skeleton root at ``mnt``.
-
-    Returns an fd of the zygote's own pid namespace (to reset after each run's unshare).
-    """
-    _unshare(_NEWNS | _NEWNET | _NEWUTS)
-    _sys("sethostname", b"sandbox", 7)
-    _mount(None, "/", None, _REC | _PRIVATE)
-    _mount("tmpfs", mnt, "tmpfs", _NOSUID | _NODEV, "mode=0755,size=1m,nr_inodes=1024")
-    bound: list[str] = []
-    prefixes = (
-        sys.base_prefix,
-        sys.base_exec_prefix,
-        os.path.dirname(os.path.dirname(sys.executable)),
-    )
-    for path in ["/" + d for d in _TOP_DIRS] + [os.path.realpath(p) for p in prefixes]:
-        if os.path.islink(path) and path.count("/") == 1:  # merged /usr: /bin -> usr/bin
-            os.symlink(os.readlink(path), mnt + path)
-        elif (
-            os.path.isdir(path)
-            and path != "/"
-            and not any(path == b or path.startswith(b + "/") for b in bound)
-        ):
-            os.makedirs(mnt + path, exist_ok=True)
-            _mount(path, mnt + path, None, _BIND)
-            _mount(None, mnt + path, None, _BIND | _REMOUNT | _RDONLY | _NOSUID | _NODEV)
-            bound.append(path)
-    os.mkdir(mnt + "/dev", 0o755)
-    for name in ("null", "zero", "full", "random", "urandom"):
-        os.close(os.open(f"{mnt}/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
-        _mount("/dev/" + name, f"{mnt}/dev/{name}", None, _BIND)
-    for name, target in (
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-        ("shm", "/tmp"),
-    ):
-        os.symlink(target, f"{mnt}/dev/{name}")
-    os.mkdir(mnt + "/tmp", 0o700)
-    os.mkdir(mnt + "/proc", 0o555)
-    _mount(None, mnt, None, _REMOUNT | _RDONLY | _NOSUID | _NODEV)
-    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-
-
-def _become_snippet(spec: dict, baseline: frozenset) -> tuple:
-    """In the snippet process: session, stdio, rlimits, uid, cwd, env.  Nothing hostile ran yet."""
-    lim, uid, workdir = spec["limits"], spec["uid"], spec["workdir"]
-    os.setsid()
-    for fd, target in zip(spec["fds"], (0, 1, 2, 3), strict=True):  # stdin, out, err, status
-        os.dup2(fd, target)
-    os.closerange(4, 1 << 20)
-    mb, cpu = 1 << 20, max(1, math.ceil(lim["cpu_seconds"]))
-    for res, soft, hard in (
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
-        (resource.RLIMIT_AS, lim["memory_mb"] * mb, None),
-        (resource.RLIMIT_NPROC, spec["nproc_base"] + lim["max_processes"], None),
-        (resource.RLIMIT_FSIZE, lim["file_size_mb"] * mb, None),
-        (resource.RLIMIT_NOFILE, lim["open_files"], None),
-        (resource.RLIMIT_CORE, 0, None),
-    ):
-        cur = resource.getrlimit(res)[1]
-        hard = soft if hard is None else hard
-        hard = hard if cur == resource.RLIM_INFINITY else min(hard, cur)
-        resource.setrlimit(res, (min(soft, hard), hard))
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        if os.getresuid() != (uid,) * 3 or os.getresgid() != (uid,) * 3 or os.getgroups():
-            raise OSError("could not drop privileges")
-        _sys("prctl", _DUMPABLE, 1, 0, 0, 0)  # its own /proc/self, as after an exec
-    _sys("prctl", _NO_NEW_PRIVS, 1, 0, 0, 0)
-    os.chdir(workdir)
-    os.umask(0o077)
-    os.environ.clear()
-    os.environ.update(ENV, HOME=workdir, TMPDIR=workdir)
-    if _LAYERS["fprog"] is not None:  # last: the calls above (setgroups...) are never denied
-        _sys("prctl", _SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(_LAYERS["fprog"]), 0, 0)
-    os.write(3, b'{"ready": true}\n')
-    os.close(3)
-    return spec["code"], os.path.join(workdir, "snippet.py"), baseline
-
-
-def _child(st_w: int, fn, *args):
-    """Run a forked child's role; on failure report it and _exit, never unwind into the zygote."""
-    try:
-        return fn(*args)
-    except BaseException as exc:
-        try:
-            os.write(
-                st_w, json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n"
-            )
-        finally:
-            os._exit(70)
-
-
-def _ns_init(spec: dict, baseline: frozenset):
-    """pid 1 of the run's pid namespace: new mount + IPC namespaces, a fresh /tmp and /proc,
-    chroot; then fork the snippet, reap, report its status and exit (killing the rest)."""
-    _sys("prctl", _PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    for procs in (_LAYERS["cgroup"] or {}).get("procs", ()):  # first: all that follows counts
-        fd = os.open(procs, os.O_WRONLY)
-        os.write(fd, b"0")
-        os.close(fd)
-    mnt, uid = spec["mnt"], spec["uid"]
-    _unshare(_NEWNS | _NEWIPC)
-    _mount(
-        "tmpfs",
-        mnt + "/tmp",
-        "tmpfs",
-        _NOSUID | _NODEV,
-        f"mode=0700,uid={uid},gid={uid},size={spec['limits']['disk_mb']}m,nr_inodes=16384",
-    )
-    for opts in ("hidepid=invisible", "hidepid=2", ""):  # invisible: Linux 5.8+
-        try:
-            _mount("proc", mnt + "/proc", "proc", _NOSUID | _NODEV | _NOEXEC, opts)
-            break
-        except OSError:
-            if not opts:
-                raise
-    os.chroot(mnt)  # a plain chroot: the kernel then refuses it new user namespaces
-    os.chdir("/")
-    pid = os.fork()
-    if pid == 0:
-        return _child(spec["fds"][3], _become_snippet, spec, baseline)
-    for fd in spec["fds"][:3]:
-        os.close(fd)
-    status, cpu = None, 0.0
-    while status is None:
-        try:
-            child, st, ru = os.wait4(-1, 0)
-        except ChildProcessError:
-            break
-        if child == pid:
-            status, cpu = st, ru.ru_utime + ru.ru_stime
-    os.write(spec["fds"][3], json.dumps({"wait_status": status, "cpu": cpu}).encode() + b"\n")
-    os._exit(0)  # the kernel now kills whatever else is left in the namespace
-
-
-def _reap(block_s: float = 0.0) -> None:
-    """Reap whatever children of the zygote have finished (waiting up to ``block_s``)."""
-    end = time.monotonic() + block_s
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] != 0 or time.monotonic() < end:
-            time.sleep(0.001)
-    except ChildProcessError:
-        pass
-
-
-def _sweep(uid: int) -> bool:
-    """From the host: SIGKILL every process of ``uid`` until none is left.  True if any was.
-
-    Detection: a child running as ``uid`` with RLIMIT_NPROC=2 can fork iff no other process
-    (zombies included) of ``uid`` exists.  (kill(-1) cannot tell: it returns 0 regardless.)
-    """
-    for attempt in range(1000):
-        pid = os.fork()
-        if pid == 0:
-            code = 2
-            try:
-                resource.setrlimit(resource.RLIMIT_NPROC, (2, 2))
-                os.setresuid(uid, uid, uid)
-                try:
-                    code = 0 if os.fork() == 0 else os.wait()[1] and 2
-                except BlockingIOError:
-                    os.kill(-1, signal.SIGKILL)
-                    code = 1
-            finally:
-                os._exit(code)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if code != 1:
-            if code != 0:
-                raise RuntimeError(f"cannot check the processes of sandbox uid {uid}")
-            return attempt > 0
-        _reap(0.002)
-    raise RuntimeError(f"processes of sandbox uid {uid} survive SIGKILL")
-
-
-def _monitor(pid: int, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
-    """Read capped output, enforce the wall clock, reap.  Returns the raw result."""
+def _monitor(tpl, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
+    """Read capped output, enforce the wall clock, until the run is over: its pid 1 gone (mode
+    ns: its pidfd, readable once its pid namespace is empty) or the template's report (mode
+    plain: sent after it killed the run's daemons).  Returns the raw result."""
     cap, t0, grace = lim["output_bytes"], time.monotonic(), 5.0 if mode == "ns" else 0.3
     bufs, sizes, tail = {out_r: bytearray(), err_r: bytearray()}, {out_r: 0, err_r: 0}, bytearray()
     reason, exited, status, cpu, poller = None, None, None, 0.0, select.poll()
+    run: dict = {"pid": None, "pidfd": None}
 
-    def kill() -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL) if mode == "ns" else os.killpg(pid, signal.SIGKILL)
-        if (_LAYERS["cgroup"] or {}).get("kill"):  # v2: every task of the leaf at once
+    def kill() -> None:  # before the template said which pid: when it does
+        if run["pidfd"] is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(run["pidfd"], signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run["pid"], signal.SIGKILL) if mode != "ns" else None  # its group
+        if (sp.LAYERS["cgroup"] or {}).get("kill"):  # v2: every task of the leaf at once
             with contextlib.suppress(OSError):
-                fd = os.open(_LAYERS["cgroup"]["kill"], os.O_WRONLY)
-                os.write(fd, b"1")
-                os.close(fd)
+                sp.write_file(sp.LAYERS["cgroup"]["kill"], b"1")
 
-    try:
-        pidfd = os.pidfd_open(pid)  # Linux 5.3+: wakes us at exit; else 10 ms ticks
-        poller.register(pidfd, select.POLLIN)
-    except (AttributeError, OSError):
-        pidfd = None
-    for fd in (out_r, err_r, 0):  # 0: the parent's requests; an event mid-run = it is gone
+    # 0: the parent's requests (an event mid-run = it is gone); tpl: the template's reports
+    for fd in (out_r, err_r, 0, tpl.fileno()):
         poller.register(fd, select.POLLIN)
     open_fds = {out_r, err_r}
-    while exited is None or (open_fds and time.monotonic() < exited + grace):
-        now = time.monotonic()  # after the exit, plain mode stops soon: a daemon may hold a pipe
-        if exited is None and reason is None and now >= t0 + lim["wall_seconds"]:
-            reason = "timeout"
-            kill()
-        end = exited + grace if exited is not None else t0 + lim["wall_seconds"]
-        wait = end - now if exited is not None or reason is None else 0.05
-        for fd, _ in poller.poll(max(0.0, wait if pidfd is not None else min(wait, 0.01)) * 1000):
-            if fd == 0:
-                poller.unregister(0)
-                reason = reason or "killed"
-                if exited is None:
-                    kill()
-            elif fd != pidfd and not (chunk := os.read(fd, 65536)):
-                poller.unregister(fd)
-                open_fds.discard(fd)
-            elif fd != pidfd:
-                sizes[fd] += len(chunk)
-                bufs[fd] += chunk[: max(0, cap - len(bufs[fd]))]
-                tail = (tail + chunk)[-_TAIL:] if fd == err_r else tail
-                if sizes[fd] > cap and reason is None:
-                    reason = "output"
+    try:
+        while exited is None or (open_fds and time.monotonic() < exited + grace):
+            now = time.monotonic()
+            if exited is None and reason is None and now >= t0 + lim["wall_seconds"]:
+                reason = "timeout"
+                kill()
+            end = exited + grace if exited is not None else t0 + lim["wall_seconds"]
+            wait = end - now if exited is not None or reason is None else 0.05
+            for fd, _ in poller.poll(max(0.0, wait) * 1000):
+                if fd == 0:
+                    poller.unregister(0)
+                    reason = reason or "killed"
                     if exited is None:
                         kill()
-        if exited is None and (done := os.wait4(pid, os.WNOHANG))[0]:
-            exited, status, cpu = time.monotonic(), done[1], done[2].ru_utime + done[2].ru_stime
-            if pidfd is not None:
-                poller.unregister(pidfd)
-                os.close(pidfd)
-                pidfd = None
-            if mode != "ns":
-                kill()  # the rest of its process group
-            _reap()
+                elif fd == tpl.fileno():
+                    msg = _template_report(tpl, run)
+                    if "pid" in msg and mode == "ns":
+                        poller.register(run["pidfd"], select.POLLIN)
+                    if "pid" in msg and reason is not None:
+                        kill()
+                    elif "cpu" in msg:
+                        poller.unregister(fd)
+                        exited = exited or time.monotonic()
+                        status, cpu = msg["wait_status"], msg["cpu"]
+                elif fd == run["pidfd"]:
+                    poller.unregister(fd)
+                    exited = exited or time.monotonic()
+                elif not (chunk := os.read(fd, 65536)):
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                else:
+                    sizes[fd] += len(chunk)
+                    bufs[fd] += chunk[: max(0, cap - len(bufs[fd]))]
+                    tail = (tail + chunk)[-_TAIL:] if fd == err_r else tail
+                    if sizes[fd] > cap and reason is None:
+                        reason = "output"
+                        if exited is None:
+                            kill()
+    finally:
+        if run["pidfd"] is not None:
+            os.close(run["pidfd"])
     return {
         "reason": reason,
         "seconds": exited - t0,
@@ -399,50 +204,72 @@ def _monitor(pid: int, out_r: int, err_r: int, lim: dict, mode: str) -> dict:
     }
 
 
-def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: frozenset):
-    """One snippet: fork its process tree, monitor it, collect the result (in the zygote)."""
-    lim, uid = req["limits"], (req["uid"] if mode == "ns" else None)
-    (out_r, out_w), (err_r, err_w), (st_r, st_w) = os.pipe(), os.pipe(), os.pipe()
-    mfd = os.memfd_create("privcode-sandbox-stdin", os.MFD_CLOEXEC)
-    os.write(mfd, (req.get("stdin") or "").encode("utf-8", "surrogatepass"))
-    in_fd = os.open(f"/proc/self/fd/{mfd}", os.O_RDONLY | os.O_CLOEXEC)  # read-only for it
-    os.close(mfd)
-    workdir, nproc = "/tmp", 0
-    if mode != "ns":
-        import tempfile  # plain mode only: it imports random (an at-fork hook per fork)
+# Reports the template still owes (one per run, after the run's pid and its end): mode ns
+# answers at its pid 1's end, and takes the run's report before the next run.
+_OWED = {"reports": 0}
 
-        workdir = tempfile.mkdtemp(prefix="privcode-sbx-")
-        if os.getuid() != 0:  # RLIMIT_NPROC counts all the user's processes: add them
-            for p in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    nproc += os.stat(f"/proc/{p}").st_uid == os.getuid()
-                except OSError:
-                    pass
+
+def _template_report(tpl, run: dict) -> dict:
+    """The template's next report of a run: its pid (and pidfd, into ``run``) or its end."""
+    msg, fds = sp.recv_msg(tpl)
+    if msg is None or "fatal" in msg:
+        raise RuntimeError(f"sandbox template: {(msg or {}).get('fatal', 'exited')}")
+    if "pid" in msg:
+        if len(fds) != 1:
+            raise RuntimeError("sandbox template: no pidfd with the pid")
+        run["pid"], run["pidfd"] = msg["pid"], fds[0]
+    else:
+        _OWED["reports"] -= 1
+    return msg
+
+
+def _memfd(text: str) -> int:
+    """A read-only fd of a memfd holding ``text`` (the run cannot change it for the next)."""
+    mfd = os.memfd_create("privcode-sandbox", os.MFD_CLOEXEC)
+    try:
+        os.write(mfd, text.encode("utf-8", "surrogatepass"))
+        return os.open(f"/proc/self/fd/{mfd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(mfd)
+
+
+def _plain_workdir() -> tuple[str, int]:
+    """Mode plain: a temp dir, and the processes of this user (RLIMIT_NPROC counts them)."""
+    import tempfile  # plain mode only: it imports random (an at-fork hook)
+
+    nproc = 0
+    if os.getuid() != 0:
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                nproc += os.stat(f"/proc/{p}").st_uid == os.getuid()
+    return tempfile.mkdtemp(prefix="privcode-sbx-"), nproc
+
+
+def _zygote_run(req: dict, mode: str, mnt: str, tpl) -> dict:
+    """One snippet: hand its fds to the template, monitor the run, collect the result."""
+    lim, uid = req["limits"], (req["uid"] if mode == "ns" else None)
+    workdir, nproc = ("/tmp", 0) if mode == "ns" else _plain_workdir()
     spec = {
-        "code": req["code"],
         "limits": lim,
         "uid": uid,
         "workdir": workdir,
-        "fds": (in_fd, out_w, err_w, st_w),
         "nproc_base": nproc,
         "mnt": mnt,
+        "env": ENV,
     }
-    oom_before = _oom_kills()
-    if mode == "ns":
-        _unshare(_NEWPID)  # the next child is pid 1 of a new pid namespace
+    (out_r, out_w), (err_r, err_w), (st_r, st_w) = os.pipe(), os.pipe(), os.pipe()
     try:
-        pid = os.fork()
-    finally:
-        if mode == "ns" and os.getpid() != 1:
-            _sys("setns", pidns, _NEWPID)  # the zygote's later children stay in its own
-    if pid == 0:
-        for fd in (out_r, err_r, st_r) + ((pidns,) if pidns is not None else ()):
-            os.close(fd)
-        return _child(st_w, _ns_init if mode == "ns" else _become_snippet, spec, baseline)
-    for fd in (in_fd, out_w, err_w, st_w):
-        os.close(fd)
-    try:
-        res, lines = _monitor(pid, out_r, err_r, lim, mode), b""
+        theirs = [_memfd(req["code"]), _memfd(req.get("stdin") or ""), out_w, err_w, st_w]
+        while _OWED["reports"]:  # the end of the previous run (its pid 1 is gone already)
+            _template_report(tpl, {})
+        oom_before = _oom_kills()
+        try:
+            sp.send_msg(tpl, spec, theirs)
+            _OWED["reports"] = 1
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        res, lines = _monitor(tpl, out_r, err_r, lim, mode), b""
         while chunk := os.read(st_r, 65536):
             lines += chunk
     finally:
@@ -453,8 +280,8 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
 
             shutil.rmtree(workdir, onerror=lambda f, p, e: os.path.isdir(p) and os.chmod(p, 0o700))
             shutil.rmtree(workdir, ignore_errors=True)
-    if uid is not None and res["reason"] is not None:
-        res["survivors"] = _sweep(uid)
+    if res["reason"] is not None:
+        _drain_cgroup()
     res["oom"] = _oom_kills() > oom_before
     records = [json.loads(line) for line in lines.splitlines() if line.strip()]
     res["ready"] = any(r.get("ready") for r in records)
@@ -466,9 +293,30 @@ def _zygote_run(req: dict, mode: str, mnt: str, pidns: int | None, baseline: fro
     return res
 
 
+def _drain_cgroup() -> None:
+    """After a kill: the slot's leaf must be empty.  Only this slot's runs join it, so what is
+    left there is the run's: SIGKILL it (``cgroup.kill`` too) until the leaf is empty."""
+    cg = sp.LAYERS["cgroup"]
+    for _ in range(500 if cg else 0):
+        pids = set()
+        for procs in cg["procs"]:
+            with open(procs, "rb") as fh:
+                pids.update(int(p) for p in fh.read().split())
+        if not pids:
+            return
+        if cg.get("kill"):
+            sp.write_file(cg["kill"], b"1")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    if cg:
+        raise RuntimeError("processes of a run outlive it in the slot's cgroup leaf")
+
+
 def _oom_kills() -> int:
     """OOM kills so far in the slot's cgroup leaf (0 without one)."""
-    cg = _LAYERS["cgroup"]
+    cg = sp.LAYERS["cgroup"]
     if not cg:
         return 0
     try:
@@ -482,88 +330,43 @@ def _oom_kills() -> int:
     return 0
 
 
-def _set_layers(conf: str) -> None:
-    """The seccomp program (hex of ``struct sock_filter[]``) and cgroup leaf of this zygote."""
-    layers = json.loads(conf)
-    if layers.get("seccomp"):
-        prog = bytes.fromhex(layers["seccomp"])
-
-        class SockFprog(ctypes.Structure):
-            _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
-
-        buf = ctypes.create_string_buffer(prog, len(prog))
-        fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
-        fprog._buf = buf  # type: ignore[attr-defined]  # the filter's memory lives with it
-        _LAYERS["fprog"] = fprog
-    _LAYERS["cgroup"] = layers.get("cgroup")
-
-
-def _zygote_main(mode: str, mnt: str, conf: str, baseline: frozenset) -> tuple | None:
-    """The zygote's loop: one request in, one result out, per snippet, until EOF."""
-
-    me = os.getpid()
-    _set_layers(conf)
+def _zygote_main(spawn, mode: str, mnt: str, conf: str, base: frozenset) -> tuple | None:
+    """The zygote: set up, fork the template, then one request in, one result out, per
+    snippet, until EOF.  Returns only in a snippet process (a fork of the template).
+    ``spawn``: :mod:`privcode.sandbox.spawn`, loaded by BOOT."""
+    global sp
+    sp = spawn
+    sp.prctl(sp.DUMPABLE, 0)  # no /proc/<pid>/mem, environ... of the zygote for its own uid
+    sp.prctl(sp.SUBREAPER, 1)  # the template's orphans, should it die, come back here
+    sp.set_layers(conf)
     os.umask(0o022)
-    pidns = _setup_zygote_namespaces(mnt) if mode == "ns" else None
-    gc.freeze()  # forked snippets' collections skip the zygote's objects (fewer copied pages)
-    while (req := recv(0)) is not None:
-        try:
-            out = (
-                {"survivors": _sweep(req["sweep"])}
-                if "sweep" in req
-                else _zygote_run(req, mode, mnt, pidns, baseline)
-            )
-        except BaseException as exc:
-            if os.getpid() != me:  # never let a forked child carry on as a zygote
-                os._exit(70)
-            out = {"fatal": f"{type(exc).__name__}: {exc}"}
-        if isinstance(out, tuple):
-            return out  # the snippet process, on its way to _snippet_main
-        try:
-            send(1, out)
-        except OSError:  # the parent is gone
-            return None
-    return None
-
-
-_KEPT_MODULES: list = []
-
-
-def _snippet_main(code: str, path: str, baseline: frozenset) -> None:
-    """Top level of the snippet process (uid dropped, limits set): run the code as __main__."""
-    # A fresh interpreter's module table: the zygote's imports leave it (kept alive, so
-    # nothing is torn down here) and are imported afresh if the code wants them.
-    _KEPT_MODULES.extend(sys.modules.pop(n) for n in list(sys.modules) if n not in baseline)
-    atexit._clear()  # the zygote's exit handlers are not the snippet's
-    try:  # the source, for tracebacks
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(fd, code.encode("utf-8", "surrogatepass"))
-        os.close(fd)
-    except (OSError, ValueError):
-        pass
-    main = types.ModuleType("__main__")
-    main.__file__, main.__builtins__ = path, builtins
-    sys.modules["__main__"], sys.argv[:] = main, [path]
-    compiled, status = compile(code, path, "exec", dont_inherit=True), 0
+    pidns = sp.setup_namespaces(mnt) if mode == "ns" else None
+    gc.freeze()  # forked runs' collections skip the zygote's objects (fewer copied pages)
+    tpl, theirs = sp.channel()
+    me, template = os.getpid(), os.fork()
+    if template == 0:  # before any request: the template's memory holds none
+        tpl.close()
+        return sp.template_main(theirs, me, mode, pidns, base)
+    theirs.close()
+    if pidns is not None:
+        os.close(pidns)
     try:
-        exec(compiled, main.__dict__)
-    except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    except BaseException as exc:
-        import traceback  # on failure only; the module table is fresh anyway
-
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        status = 1
-    # What the interpreter does at exit, minus tearing down the zygote's heap (slow):
-    # join non-daemon threads, run the snippet's atexit handlers, flush, exit.
-    if "threading" in sys.modules:
-        sys.modules["threading"]._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            status = status or 120
-    os._exit(status & 0xFF)
+        while (req := recv(0)) is not None:
+            try:
+                out = _zygote_run(req, mode, mnt, tpl)
+            except BaseException as exc:
+                out = {"fatal": f"{type(exc).__name__}: {exc}"}
+            if "fatal" in out or mode != "ns":  # none, unless the template died
+                try:
+                    sp.kill_children(keep=(template,))
+                except RuntimeError as exc:
+                    out = {"fatal": str(exc)}
+            try:
+                send(1, out)
+            except OSError:  # the parent is gone
+                return None
+    finally:  # EOF to the template: it exits, and its CPU time rolls up into ours
+        tpl.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(template, 0)
+    return None
