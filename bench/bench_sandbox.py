@@ -14,7 +14,7 @@ number that bounds throughput on a busy machine.
 Then, as root, the layers side by side (rounds interleaved so that load drifts hit all
 alike): the pool without seccomp and cgroups, with each, with both (the default), each
 as a ratio to the bare namespaces; and the same pool behind the executor service
-(``privcode sandbox serve`` on 127.0.0.1, batches of 64 over HTTP).
+(``privcode sandbox serve`` on 127.0.0.1 with a bearer token, batches of 64 over HTTP).
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import secrets
+import tempfile
 import threading
 import time
 
 from privcode import sandbox
 from privcode.sandbox import SandboxLayers, SandboxPool, is_full, isolation_level, run_code
 from privcode.sandbox.executor import ExecutorClient, ExecutorServer
+from privcode.sandbox.executor_protocol import CLIENT_TOKEN_ENV
 
 SNIPPET = (
     "def f(n):\n    return sum(i * i for i in range(n))\n\nassert f(10) == 285\nprint(f(100))\n"
@@ -94,18 +97,26 @@ def bench_layers(n: int, workers: int, rounds: int = 3) -> dict[str, float]:
 
 
 def bench_executor(n: int, workers: int) -> float:
-    server = ExecutorServer(("127.0.0.1", 0), workers=workers, max_batch=64)
+    """snippets/s through the executor service: a bearer token, batches of 64 over HTTP."""
+    token = secrets.token_urlsafe(32)
+    server = ExecutorServer(("127.0.0.1", 0), workers=workers, max_batch=64, token=token)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    try:
-        client = ExecutorClient(f"http://127.0.0.1:{server.server_address[1]}")
-        client.map([SNIPPET] * (2 * workers))
-        t0 = time.perf_counter()
-        verdicts = client.map([SNIPPET] * n)
-        rate = n / (time.perf_counter() - t0)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w", encoding="utf-8") as f:
+            f.write(token)
+        os.environ[CLIENT_TOKEN_ENV] = token_file
+        try:
+            client = ExecutorClient(f"http://127.0.0.1:{server.server_address[1]}")
+            client.map([SNIPPET] * (2 * workers))
+            t0 = time.perf_counter()
+            verdicts = client.map([SNIPPET] * n)
+            rate = n / (time.perf_counter() - t0)
+        finally:
+            del os.environ[CLIENT_TOKEN_ENV]
+            server.shutdown()
+            server.server_close()
     assert all(v.passed for v in verdicts), verdicts[0]
     return rate
 

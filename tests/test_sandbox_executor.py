@@ -18,10 +18,28 @@ import urllib.request
 import pytest
 
 from privcode.cli import main as cli_main
-from privcode.sandbox import SandboxError, SandboxLimits, SandboxPool, is_full, isolation_level
-from privcode.sandbox.executor import ExecutorClient, ExecutorServer, open_sandbox, parse_limits
+from privcode.sandbox import (
+    SandboxError,
+    SandboxLimits,
+    SandboxPool,
+    Verdict,
+    is_full,
+    isolation_level,
+)
+from privcode.sandbox.executor import (
+    MAX_LIMITS,
+    ExecutorClient,
+    ExecutorServer,
+    open_sandbox,
+    parse_limits,
+    preflight,
+)
+from privcode.sandbox.executor_protocol import clamp_limits
 
 MARK = "privcode-private-marker-51c2"
+TOKEN = "sandbox-executor-test-token-0c9d"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+RAW_AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
 
 
 def require_full() -> None:
@@ -30,11 +48,20 @@ def require_full() -> None:
 
 
 @pytest.fixture
-def server(request):
-    """A running executor; ``request.param`` may override its settings."""
+def token_file(tmp_path, monkeypatch):
+    """The clients' token file (``PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE``)."""
+    path = tmp_path / "executor-token"
+    path.write_text(TOKEN + "\n")
+    monkeypatch.setenv("PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE", str(path))
+    return path
+
+
+@pytest.fixture
+def server(request, token_file):
+    """A running executor with a token; ``request.param`` may override its settings."""
     require_full()
     kw = getattr(request, "param", {})
-    srv = ExecutorServer(("127.0.0.1", 0), workers=2, **kw)
+    srv = ExecutorServer(("127.0.0.1", 0), workers=2, token=TOKEN, **kw)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -45,7 +72,7 @@ def server(request):
 
 def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict, dict]:
     req = urllib.request.Request(
-        url + "/v1/run", body, {"Content-Type": "application/json", **(headers or {})}
+        url + "/v1/run", body, {"Content-Type": "application/json", **AUTH, **(headers or {})}
     )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -110,15 +137,18 @@ def test_hostile_clients_get_clear_refusals(server):
             url, json.dumps({"programs": [{"code": "1"}], "limits": limits}).encode()
         )
         assert status == 422 and msg in body["error"], (limits, body)
-    assert b" 411 " in raw_request(port, b"POST /v1/run HTTP/1.1\r\nHost: x\r\n\r\n")
-    big = b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+    no_length = b"POST /v1/run HTTP/1.1\r\nHost: x\r\n" + RAW_AUTH + b"\r\n"
+    assert b" 411 " in raw_request(port, no_length)
+    chunked = no_length[:-2] + b"Transfer-Encoding: chunked\r\n\r\n"
+    assert b" 411 " in raw_request(port, chunked)
+    big = no_length[:-2] + b"Content-Length: 999999999\r\n\r\n"
     assert b" 413 " in raw_request(port, big)
     assert b" 404 " in raw_request(port, b"GET /v1/other HTTP/1.1\r\nHost: x\r\n\r\n", 2)
     assert b" 405 " in raw_request(port, b"GET /v1/run HTTP/1.1\r\nHost: x\r\n\r\n", 2)
     assert post(url, ok)[0] == 200  # and it still serves
 
 
-@pytest.mark.parametrize("server", [{"read_timeout_s": 1.0}], indirect=True)
+@pytest.mark.parametrize("server", [{"request_deadline_s": 1.0}], indirect=True)
 def test_a_stalled_client_is_dropped(server):
     t0 = time.monotonic()
     got = raw_request(server.server_address[1], b"POST /v1/run HTTP/1.1\r\nContent-Le", 10)
@@ -147,7 +177,7 @@ def test_nothing_private_in_logs_or_errors(server, caplog):
     bad = json.dumps({"programs": [{"code": MARK, "stdin": 1}]}).encode()
     status, body, _ = post(server.url, bad)
     assert status == 400 and MARK not in json.dumps(body)
-    assert MARK not in caplog.text
+    assert MARK not in caplog.text and TOKEN not in caplog.text
     assert "POST /v1/run -> 200" in caplog.text
 
 
@@ -214,21 +244,90 @@ def test_parse_limits_defaults_and_types():
     with pytest.raises(ValueError, match="number"):
         parse_limits({"cpus": True})
     # issue 43 point 7: JSON's -Infinity, Infinity and NaN are a 422 naming the field, not an
-    # OverflowError that closed the connection with no answer
-    import json
-
+    # OverflowError that closed the connection with no answer (over HTTP:
+    # tests/test_executor_hostile.py)
     for text in ("-Infinity", "Infinity", "NaN"):
         limits = json.loads('{"wall_seconds": ' + text + ', "memory_mb": 64}')
         with pytest.raises(ValueError, match="limits.wall_seconds must be a finite number"):
             parse_limits(limits)
-    server = object.__new__(ExecutorServer)
-    server.max_batch = 4
-    from privcode.sandbox.executor import _Refused
 
-    body = json.loads('{"programs": [{"code": "print(1)"}], "limits": {"wall_seconds": -Infinity}}')
-    with pytest.raises(_Refused) as refused:
-        server.run_batch(body)
-    assert refused.value.status == 422
+
+def test_the_caps_are_clamped_to_the_pods_budget():
+    """workers x (memory_mb + disk_mb) + the server's reserve fit --memory-budget-mb;
+    workers x disk_mb fits --disk-budget-mb (issue 43, point 3)."""
+    assert clamp_limits(2) == MAX_LIMITS  # no budget: the static caps
+    got = clamp_limits(2, memory_budget_mb=4096, disk_budget_mb=1024, reserve_mb=448)
+    assert (got.memory_mb, got.disk_mb) == (1568, 256)  # the chart's defaults
+    assert 2 * (got.memory_mb + got.disk_mb) + 448 <= 4096
+    small = clamp_limits(4, memory_budget_mb=3000, disk_budget_mb=300, reserve_mb=200)
+    assert (small.memory_mb, small.disk_mb) == (625, 75)
+    assert 4 * (small.memory_mb + small.disk_mb) + 200 <= 3000 and 4 * small.disk_mb <= 300
+    with pytest.raises(SandboxError, match="memory-budget-mb >= 1352 \\(got 1000\\)"):
+        clamp_limits(2, memory_budget_mb=1000, reserve_mb=200)
+    with pytest.raises(SandboxError, match="disk-budget-mb >= 128 \\(got 100\\)"):
+        clamp_limits(2, disk_budget_mb=100)
+
+
+class _StandIn:
+    workers, level = 2, "stand-in"
+
+    def run(self, code, stdin="", limits=None):
+        return Verdict(True, "ok", 0.0, 0, "", "", self.level, None)
+
+    def close(self):
+        pass
+
+
+def test_the_server_reports_and_enforces_its_clamped_caps():
+    srv = ExecutorServer(
+        ("127.0.0.1", 0), pool=_StandIn(), memory_budget_mb=4096, disk_budget_mb=1024
+    )
+    try:
+        caps = srv.health()["max_limits"]
+        assert (caps["memory_mb"], caps["disk_mb"]) == (1568, 256)
+        status, answer = srv._answer(
+            json.dumps({"programs": [{"code": "1"}], "limits": {"memory_mb": 2048}}).encode()
+        )
+        assert (
+            status == 422 and "memory_mb=2048 exceeds this executor's cap 1568" in answer["error"]
+        )
+    finally:
+        srv.server_close()
+    with pytest.raises(SandboxError, match="cannot hold its default limits"):
+        ExecutorServer(("127.0.0.1", 0), pool=_StandIn(), memory_budget_mb=1024)
+
+
+def test_serve_needs_a_token_or_insecure_no_auth_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PRIVCODE_EXECUTOR_TOKEN_FILE", raising=False)
+    args = ["sandbox", "serve", "--port", "1", "--isolation", "rlimits-only"]
+    assert cli_main(args) == 2
+    assert "--token-file PATH" in capsys.readouterr().err
+    weak = tmp_path / "weak"
+    weak.write_text("short")
+    assert cli_main([*args, "--token-file", str(weak)]) == 2
+    err = capsys.readouterr().err
+    assert "at least 16" in err and "short" not in err.replace(str(weak), "")
+    monkeypatch.setenv("PRIVCODE_EXECUTOR_TOKEN_FILE", str(tmp_path / "missing"))
+    assert cli_main(args) == 2 and "missing" in capsys.readouterr().err
+    tight = [*args, "--insecure-no-auth", "--memory-budget-mb", "900", "--disk-budget-mb", "900"]
+    monkeypatch.delenv("PRIVCODE_EXECUTOR_TOKEN_FILE")
+    assert cli_main(tight) == 2
+    assert "cannot hold its default limits" in capsys.readouterr().err
+
+
+def test_the_client_sends_its_token_and_a_wrong_one_is_a_clear_error(server, tmp_path, monkeypatch):
+    assert preflight("full", server.url) == isolation_level()  # token checked: accepted
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-executor-token-at-all")
+    monkeypatch.setenv("PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE", str(wrong))
+    with pytest.raises(SandboxError, match="refused the token \\(401\\); token file: .*wrong"):
+        preflight("full", server.url)
+    with pytest.raises(SandboxError, match="401") as exc:
+        ExecutorClient(server.url).map(["print(1)"])
+    assert "not-the-executor-token" not in str(exc.value)
+    monkeypatch.delenv("PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE")
+    with pytest.raises(SandboxError, match="PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE is unset"):
+        ExecutorClient(server.url).run("print(1)")
 
 
 def test_the_charts_executor_capabilities_are_enough_for_the_full_sandbox():

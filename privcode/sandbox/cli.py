@@ -4,7 +4,8 @@
 ``--executor URL`` / ``PRIVCODE_SANDBOX_EXECUTOR``) and reports verdicts: exit code 0 when
 every file ran (whatever its verdict), 2 on usage errors (a missing or unreadable file is
 named).  ``--json`` prints one JSON object per file per line.  ``serve`` runs the executor
-service (:mod:`privcode.sandbox.executor`), the process of the chart's executor pods.
+service (:mod:`privcode.sandbox.executor_server`), the process of the chart's executor pods:
+it needs a bearer token file (``--token-file``) or ``--insecure-no-auth`` by name.
 """
 
 from __future__ import annotations
@@ -109,6 +110,40 @@ def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--port", type=_positive(int), default=8700, help="Port (default 8700).")
     s.add_argument("--workers", type=_positive(int), default=2, help="Sandbox slots (default 2).")
     _isolation_arg(s)
+    s.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="File holding the bearer token clients must send (default: "
+        "$PRIVCODE_EXECUTOR_TOKEN_FILE); without one the server refuses to start.",
+    )
+    s.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="Serve without a token (tests, a laptop): anyone who reaches the port runs code.",
+    )
+    s.add_argument(
+        "--memory-budget-mb",
+        type=_positive(int),
+        help="The pod's memory limit: the limits' caps are clamped so that workers x "
+        "(memory_mb + disk_mb) and the server fit (refused if the defaults do not).",
+    )
+    s.add_argument(
+        "--disk-budget-mb",
+        type=_positive(int),
+        help="The pod's /tmp size: workers x disk_mb is clamped to fit.",
+    )
+    s.add_argument(
+        "--max-inflight", type=_positive(int), default=4, help="Batches admitted at once (4)."
+    )
+    s.add_argument(
+        "--max-connections", type=_positive(int), default=64, help="Open connections (64)."
+    )
+    s.add_argument(
+        "--request-deadline-s",
+        type=_positive(float),
+        default=30.0,
+        help="Seconds for a request's headers and body to arrive (default 30).",
+    )
     s.set_defaults(func=cmd_sandbox_serve)
     return p
 
@@ -116,9 +151,10 @@ def add_sandbox_parser(subparsers) -> argparse.ArgumentParser:
 def _isolation_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--isolation",
-        choices=("full", "rlimits-only"),
+        choices=("full", "full-no-cgroup", "rlimits-only"),  # pool.ISOLATIONS, not imported here
         default="full",
         help="Weakest isolation accepted (default full: refuse to run without it); "
+        "full-no-cgroup = the same without a cgroup, by name; "
         "rlimits-only = weak, verdicts only, no protection.",
     )
 
@@ -131,7 +167,19 @@ def cmd_sandbox_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        serve(args.host, args.port, workers=args.workers, isolation=args.isolation)
+        serve(
+            args.host,
+            args.port,
+            workers=args.workers,
+            isolation=args.isolation,
+            token_file=args.token_file,
+            insecure_no_auth=args.insecure_no_auth,
+            memory_budget_mb=args.memory_budget_mb,
+            disk_budget_mb=args.disk_budget_mb,
+            max_inflight=args.max_inflight,
+            max_connections=args.max_connections,
+            request_deadline_s=args.request_deadline_s,
+        )
     except SandboxError as exc:
         raise PrivcodeError(f"sandbox serve: {exc}") from None
     except KeyboardInterrupt:
