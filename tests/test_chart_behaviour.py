@@ -280,14 +280,16 @@ def test_ray_pods_mount_config_artifacts_and_env(default_objects, ci_objects):
             container = template["spec"]["containers"][0]
             mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
             assert mounts["/etc/privcode"]["readOnly"] is True, where
-            assert mount_path in mounts, where
+            # serving: the release's directories only (tests/test_chart_pss.py, point 9)
+            mounted = f"{mount_path}/cache" if where.startswith("RayService") else mount_path
+            assert mounted in mounts, where
             volumes = {v["name"]: v for v in template["spec"]["volumes"]}
             assert (
                 volumes[mounts["/etc/privcode"]["name"]]["configMap"]["name"]
                 == "rel-privcode-pipeline"
             )
             assert (
-                volumes[mounts[mount_path]["name"]]["persistentVolumeClaim"]["claimName"]
+                volumes[mounts[mounted]["name"]]["persistentVolumeClaim"]["claimName"]
                 == "rel-privcode-artifacts"
             )
             env = env_of(container)
@@ -506,7 +508,10 @@ def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, ci_objects):
     for where, template in pod_templates(objects):
         if not where.endswith("submitter"):
             assert "PRIVCODE_PRIVACY_STORE" not in env_of(template["spec"]["containers"][0])
-    assert not by_kind(objects, "Secret")  # no claim of its own: no ledger service either
+    # no claim of its own: no ledger service either (the executor's token is its own Secret)
+    assert not [
+        s for s in by_kind(objects, "Secret") if "executor-token" not in s["metadata"]["name"]
+    ]
 
 
 @pytest.mark.parametrize(
@@ -519,8 +524,8 @@ def test_the_privacy_store_has_its_own_claim_on_the_ray_pods(helm, ci_objects):
 )
 def test_names_fit_kubernetes_and_kuberay_limits(helm, release, extra):
     objects = render(helm, "-f", str(CI_VALUES), *extra, release=release)
-    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
-    for kind, name in names:
+    names = [(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objects]
+    for kind, name, _ in names:
         assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), (
             kind,
             name,
@@ -634,8 +639,11 @@ def test_rayservice_serve_config(ci_objects, helm):
         **limits,
     }
     # the chart never creates the API key (its one Secret holds the ledger's tokens)
+    # (and the executor's bearer token, with its copy in the executor's namespace)
     assert [s["metadata"]["name"] for s in by_kind(objects, "Secret")] == [
-        "rel-privcode-ledger-tokens"
+        "rel-privcode-executor-token",
+        "rel-privcode-executor-token",
+        "rel-privcode-ledger-tokens",
     ]
 
 

@@ -2,47 +2,39 @@
 
 Every pod the chart renders either is marked unable to run generated code
 (``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` on each container) or holds nothing: no
-volume but emptyDir, no Secret, no ConfigMap, no service-account token, and no
-network egress at all. A small NetworkPolicy evaluator (below) computes what the
-rendered policies allow together, so the network claims are about reachability,
-not the shape of one policy. Helpers: tests/chart_support.py; fixtures
-(``helm``, ``rendering``, ``default_objects``, ``ci_objects``): tests/conftest.py.
+volume but emptyDir and its own bearer token, no other Secret, no ConfigMap, no
+service-account token, and no network egress at all. A small NetworkPolicy
+evaluator (below; namespace-aware: the executor has a namespace of its own)
+computes what the rendered policies allow together, so the network claims are
+about reachability, not the shape of one policy. The executor pod itself:
+tests/test_chart_executor_pod.py; Pod Security of every Ray pod:
+tests/test_chart_pss.py. Helpers: tests/chart_support.py; fixtures (``helm``,
+``rendering``, ``default_objects``, ``ci_objects``): tests/conftest.py.
 """
 
 from __future__ import annotations
 
 import copy
-import shlex
+import ipaddress
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from chart_support import (
-    CHART,
-    CI_VALUES,
-    all_pod_templates,
-    by_kind,
-    cluster_specs,
-    env_of,
-    k8s_problems,
-    one,
-    render,
-    render_error,
-    run_helm,
-)
+from chart_support import CI_VALUES, all_pod_templates, by_kind, cluster_specs, env_of, render
 
 FORBID = "PRIVCODE_SANDBOX_FORBID_LOCAL"
 EXECUTOR_ENV = "PRIVCODE_SANDBOX_EXECUTOR"
 ROLE = "privcode.io/role"
 NAMESPACE = "team-a"
+#: Where the executor's objects render by default: <release namespace>-executor.
+EXECUTOR_NAMESPACE = "team-a-executor"
+TOKEN_SECRET = "rel-privcode-executor-token"
 EXECUTOR_PORT = 8700
 #: Volume sources that bring data or credentials into a pod.
 HOLDING_VOLUMES = ("persistentVolumeClaim", "secret", "configMap", "hostPath", "projected")
 #: Ports probed when a test claims "on no port" (Ray's, the executor's, the usual suspects).
 PORTS = (22, 53, 443, 6379, 8000, 8080, 8265, 8700, 10001, 44217, 52365)
-DISABLED_ACK = ("--set", "executor.enabled=false", "--set", "sandbox.runInRayPods=true")
-WEAK = ("--set", "executor.isolation=rlimits-only")
 EVERY_ROLE = (
     "--set",
     "cluster.enabled=true",
@@ -62,6 +54,7 @@ class Pod:
     labels: dict[str, str]
     spec: dict[str, Any]
     annotations: dict[str, str] = field(default_factory=dict)
+    namespace: str = NAMESPACE
 
     @property
     def role(self) -> str:
@@ -73,12 +66,18 @@ class Pod:
 
 
 def pods(objects: list[dict]) -> list[Pod]:
+    """Every pod template, with the namespace its owner renders into (the release's by default)."""
+    namespaces = {
+        f"{o['kind']}/{o['metadata']['name']}": o["metadata"].get("namespace", NAMESPACE)
+        for o in objects
+    }
     return [
         Pod(
             where,
             template["metadata"].get("labels", {}),
             template["spec"],
             template["metadata"].get("annotations", {}),
+            namespaces.get(where.split(" ")[0], NAMESPACE),
         )
         for where, template in all_pod_templates(objects)
     ]
@@ -105,18 +104,20 @@ def executor_deployment(objects: list[dict]) -> dict:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A party to a connection: a pod (labels, namespace), or an address outside the cluster."""
+    """A party to a connection: a pod (labels, namespace), or an address outside the cluster
+    (``ip``: None stands for any address, which every ipBlock is taken to contain)."""
 
     namespace: str | None
     labels: tuple[tuple[str, str], ...] = ()
+    ip: str | None = None
 
     @staticmethod
     def pod(labels: dict[str, str], namespace: str = NAMESPACE) -> Endpoint:
         return Endpoint(namespace, tuple(sorted(labels.items())))
 
     @staticmethod
-    def outside() -> Endpoint:
-        return Endpoint(None)
+    def outside(ip: str | None = None) -> Endpoint:
+        return Endpoint(None, ip=ip)
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -145,7 +146,7 @@ def peer_matches(peer: dict, other: Endpoint, policy_namespace: str) -> bool:
     """NetworkPolicyPeer semantics: ipBlock is outside the cluster, a podSelector alone is the
     policy's namespace, a namespaceSelector (with or without podSelector) other namespaces."""
     if "ipBlock" in peer:
-        return other.namespace is None
+        return other.namespace is None and in_block(peer["ipBlock"], other.ip)
     if other.namespace is None:
         return False
     if "namespaceSelector" in peer:
@@ -155,6 +156,16 @@ def peer_matches(peer: dict, other: Endpoint, policy_namespace: str) -> bool:
     elif other.namespace != policy_namespace:
         return False
     return "podSelector" not in peer or selects(peer["podSelector"], other.label_map)
+
+
+def in_block(block: dict, ip: str | None) -> bool:
+    """An IPBlock (cidr, except) against an address; None is any address: taken as inside."""
+    if ip is None:
+        return True
+    address = ipaddress.ip_address(ip)
+    if address not in ipaddress.ip_network(block["cidr"]):
+        return False
+    return not any(address in ipaddress.ip_network(e) for e in block.get("except", []))
 
 
 def port_matches(rule_ports: list[dict] | None, protocol: str, port: int) -> bool:
@@ -172,18 +183,21 @@ def port_matches(rule_ports: list[dict] | None, protocol: str, port: int) -> boo
 
 
 class Policies:
-    """The rendered NetworkPolicies of the release's namespace."""
+    """The rendered NetworkPolicies, each in its namespace (the release's unless it names one)."""
 
     def __init__(self, objects: list[dict]):
-        self.specs = [p["spec"] for p in by_kind(objects, "NetworkPolicy")]
+        self.specs = [
+            (p["metadata"].get("namespace", NAMESPACE), p["spec"])
+            for p in by_kind(objects, "NetworkPolicy")
+        ]
 
-    def _selecting(self, pod: Endpoint, kind: str) -> list[dict]:
-        if pod.namespace != NAMESPACE:
-            return []  # the chart's policies live in the release namespace only
+    def _selecting(self, pod: Endpoint, kind: str) -> list[tuple[str, dict]]:
+        """(namespace, spec) of the ``kind`` policies that select ``pod`` (in its namespace)."""
         return [
-            s
-            for s in self.specs
-            if kind in s.get("policyTypes", ["Ingress"])
+            (ns, s)
+            for ns, s in self.specs
+            if ns == pod.namespace
+            and kind in s.get("policyTypes", ["Ingress"])
             and selects(s["podSelector"], pod.label_map)
         ]
 
@@ -193,18 +207,19 @@ class Policies:
     def rules(self, pod: Endpoint, kind: str) -> list[dict]:
         """The union of the ``kind`` rules (ingress / egress) of the policies selecting ``pod``."""
         key = kind.lower()
-        return [r for s in self._selecting(pod, kind) for r in s.get(key) or []]
+        return [r for _, s in self._selecting(pod, kind) for r in s.get(key) or []]
 
     def _allows(self, pod: Endpoint, kind: str, other: Endpoint, protocol: str, port: int) -> bool:
         if not self.isolated(pod, kind):
             return True
         side = "from" if kind == "Ingress" else "to"
-        for rule in self.rules(pod, kind):
-            peers = rule.get(side)
-            if peers and not any(peer_matches(p, other, NAMESPACE) for p in peers):
-                continue
-            if port_matches(rule.get("ports"), protocol, port):
-                return True
+        for namespace, spec in self._selecting(pod, kind):
+            for rule in spec.get(kind.lower()) or []:
+                peers = rule.get(side)
+                if peers and not any(peer_matches(p, other, namespace) for p in peers):
+                    continue
+                if port_matches(rule.get("ports"), protocol, port):
+                    return True
         return False
 
     def egress(self, src: Endpoint, dst: Endpoint, port: int, protocol: str = "TCP") -> bool:
@@ -221,7 +236,7 @@ class Policies:
 
 
 def endpoint(pod: Pod) -> Endpoint:
-    return Endpoint.pod(pod.labels)
+    return Endpoint.pod(pod.labels, pod.namespace)
 
 
 #: Parties outside the release: cluster DNS, the KubeRay operator, monitoring, an ingress
@@ -245,6 +260,8 @@ def _holds_nothing(pod: Pod, policies: Policies) -> list[str]:
     problems = []
     for volume in pod.spec.get("volumes", []):
         kinds = set(volume) - {"name"}
+        if volume.get("secret", {}).get("secretName") == TOKEN_SECRET:
+            continue  # its own bearer token: it opens this service, nothing else
         if kinds & set(HOLDING_VOLUMES) or kinds != {"emptyDir"}:
             problems.append(f"volume {volume['name']}: {sorted(kinds)}")
     for container in pod.spec["containers"] + pod.spec.get("initContainers", []):
@@ -298,7 +315,9 @@ def test_ray_pods_are_sent_to_the_executor_service(default_objects, ci_objects):
             env_of(pods_of(objects, "pipeline")[0].spec["containers"][0])[EXECUTOR_ENV]
         )
         assert url.scheme == "http"
-        assert url.hostname == f"{service['metadata']['name']}.{NAMESPACE}.svc"
+        # the FQDN in the executor's own namespace, where the Service is
+        assert service["metadata"]["namespace"] == EXECUTOR_NAMESPACE
+        assert url.hostname == f"{service['metadata']['name']}.{EXECUTOR_NAMESPACE}.svc"
         assert url.port == service["spec"]["ports"][0]["port"] == EXECUTOR_PORT
         executor = executor_deployment(objects)["spec"]["template"]
         # the Service selects exactly the executor pods
@@ -420,7 +439,7 @@ def test_the_evaluator_sees_an_open_policy(default_objects):
         }
     )
     policies = Policies(objects)
-    executor = endpoint(pods_of(objects, "executor")[0])
+    executor = Endpoint.pod(pods_of(objects, "executor")[0].labels)  # as in the old layout
     head = endpoint(next(p for p in pods(objects) if p.where.endswith("head")))
     assert policies.reach(executor, head, 6379)
     assert policies.ingress(executor, OTHERS["neighbour"], 8700) is False
@@ -460,15 +479,24 @@ def test_private_claims_never_reach_an_executor(helm, extra, claims):
         if pod.role == "executor":
             assert not mounted, pod.where
             assert {m["mountPath"] for c in pod.spec["containers"] for m in c["volumeMounts"]} == {
-                "/tmp"
+                "/tmp",
+                "/var/run/privcode/executor-token",
             }
-            assert [v for v in pod.spec["volumes"]] == [
-                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
-            ]
+            assert {v["name"]: v for v in pod.spec["volumes"]}["tmp"] == {
+                "name": "tmp",
+                "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"},
+            }
         elif pod.role == "pipeline":
             assert mounted == claims, pod.where  # the store (read-only) and the artifacts
         elif pod.role == "serving":
-            assert mounted == artifacts, pod.where  # no store: the ledger service's PAC calls
+            # no store (the ledger service's PAC calls); of the artifacts, the release's
+            # directories only, read-only (tests/test_chart_pss.py)
+            assert mounted == artifacts, pod.where
+            assert all(
+                v["persistentVolumeClaim"].get("readOnly") is True
+                for v in pod.spec["volumes"]
+                if "persistentVolumeClaim" in v
+            ), pod.where
         elif pod.role == "ledger":
             assert mounted == {store}, pod.where  # the store's one writer
         elif pod.role == "operator":
@@ -477,238 +505,3 @@ def test_private_claims_never_reach_an_executor(helm, extra, claims):
             assert mounted == claims, pod.where
         else:
             assert not mounted, pod.where  # the submitter
-
-
-# --------------------------------------------------------------------------- 4. the executor pod
-
-
-def test_executor_pod_in_full_isolation(default_objects, helm):
-    deployment = executor_deployment(default_objects)
-    assert deployment["metadata"]["name"] == "rel-privcode-executor"
-    assert deployment["spec"]["replicas"] == 1
-    template = deployment["spec"]["template"]
-    spec = template["spec"]
-    assert template["metadata"]["labels"][ROLE] == "executor"
-    assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "sandbox-executor"
-    assert selects(deployment["spec"]["selector"], template["metadata"]["labels"])
-    assert spec["automountServiceAccountToken"] is False
-    assert spec["enableServiceLinks"] is False
-    # its own ServiceAccount: no token, no annotation (no cloud identity such as IRSA)
-    account = next(
-        a
-        for a in by_kind(default_objects, "ServiceAccount")
-        if a["metadata"]["name"] == spec["serviceAccountName"]
-    )
-    assert account["automountServiceAccountToken"] is False
-    assert not account["metadata"].get("annotations")
-    assert "runtimeClassName" not in spec
-    (container,) = spec["containers"]
-    assert container["command"] == [
-        "privcode",
-        "sandbox",
-        "serve",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "8700",
-        "--workers",
-        "2",
-        "--isolation",
-        "full",
-    ]
-    assert container["env"] == [
-        {"name": "HOME", "value": "/tmp"},
-        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-    ]
-    assert container["ports"] == [{"name": "http", "containerPort": 8700, "protocol": "TCP"}]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
-    sc = container["securityContext"]
-    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {
-        "drop": ["ALL"],
-        "add": ["SYS_ADMIN", "SETUID", "SETGID", "SYS_CHROOT", "KILL"],
-    }
-    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert sc["appArmorProfile"] == {"type": "Unconfined"}  # helm's default: Kubernetes 1.35
-    assert "privileged" not in sc
-    assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
-    # before Kubernetes 1.30 AppArmor is an annotation (the field does not exist there)
-    old = executor_deployment(render(helm, "--kube-version", "1.26.0"))
-    old_template = old["spec"]["template"]
-    assert "appArmorProfile" not in old_template["spec"]["containers"][0]["securityContext"]
-    assert old_template["metadata"]["annotations"] == {
-        "container.apparmor.security.beta.kubernetes.io/executor": "unconfined"
-    }
-    assert not k8s_problems(old, ("1.26.0",))
-    assert "annotations" not in template["metadata"]
-
-
-def test_executor_runtime_class_and_sizes(helm):
-    def executor_spec(*args):
-        return executor_deployment(render(helm, *args))["spec"]
-
-    assert (
-        executor_spec("--set", "sandbox.runtimeClassName=gvisor")["template"]["spec"][
-            "runtimeClassName"
-        ]
-        == "gvisor"
-    )
-    spec = executor_spec(
-        "--set",
-        "sandbox.runtimeClassName=gvisor",
-        "--set",
-        "executor.runtimeClassName=kata",
-        "--set",
-        "executor.replicas=3",
-        "--set",
-        "executor.workers=8",
-        "--set",
-        "executor.port=9000",
-    )
-    assert spec["replicas"] == 3
-    pod = spec["template"]["spec"]
-    assert pod["runtimeClassName"] == "kata"
-    command = pod["containers"][0]["command"]
-    assert command[command.index("--workers") + 1] == "8"
-    assert command[command.index("--port") + 1] == "9000"
-    objects = render(helm, "--set", "executor.port=9000")
-    policy = next(
-        p
-        for p in by_kind(objects, "NetworkPolicy")
-        if p["metadata"]["name"] == "rel-privcode-executor"
-    )
-    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9000}]
-    assert env_of(pods_of(objects, "pipeline")[0].spec["containers"][0])[EXECUTOR_ENV].endswith(
-        ":9000"
-    )
-    assert Policies(objects).reach(
-        endpoint(pods_of(objects, "pipeline")[0]), endpoint(pods_of(objects, "executor")[0]), 9000
-    )
-
-
-def test_rlimits_only_runs_unprivileged_and_reaches_the_entrypoint(helm):
-    objects = render(helm, *WEAK)
-    spec = executor_deployment(objects)["spec"]["template"]["spec"]
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    assert spec["securityContext"]["runAsUser"] == 65534
-    sc = spec["containers"][0]["securityContext"]
-    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65534
-    assert sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    assert "appArmorProfile" not in sc
-    command = spec["containers"][0]["command"]
-    assert command[command.index("--isolation") + 1] == "rlimits-only"
-    entry = shlex.split(one(objects, "RayJob")["spec"]["entrypoint"])
-    assert entry[entry.index("sandbox.isolation=rlimits-only") - 1] == "--set"
-    assert "sandbox.isolation=full" not in entry
-    # still behind FORBID and the same policies
-    assert all(p.forbidden() for p in pods(objects) if p.role != "executor")
-
-
-# --------------------------------------------------------------------------- 5. refusals
-
-
-def test_disabling_the_executor_needs_the_named_acknowledgement(helm):
-    stderr = render_error(helm, "--set", "executor.enabled=false")
-    assert "executor.enabled=false" in stderr and "sandbox.runInRayPods=true" in stderr, stderr
-    assert "privacy store" in stderr
-    # acknowledged, but the Ray pods cannot have the full sandbox: refused, naming the way out
-    stderr = render_error(helm, *DISABLED_ACK)
-    assert "executor.isolation=rlimits-only" in stderr, stderr
-    objects = render(helm, *DISABLED_ACK, *WEAK, *EVERY_ROLE)
-    assert not executor_objects(objects, "Deployment") and not executor_objects(objects, "Service")
-    assert "rel-privcode-executor" not in {
-        p["metadata"]["name"] for p in by_kind(objects, "NetworkPolicy")
-    }
-    for pod in pods(objects):
-        if pod.role in ("ledger", "operator"):  # run no code at all, executor or not
-            assert pod.forbidden() and EXECUTOR_ENV not in env_of(pod.spec["containers"][0])
-            continue
-        for container in pod.spec["containers"]:
-            env = env_of(container)
-            assert FORBID not in env and EXECUTOR_ENV not in env, pod.where
-    done = run_helm(
-        helm,
-        "install",
-        "rel",
-        str(CHART),
-        "--dry-run=client",
-        "--namespace",
-        NAMESPACE,
-        *DISABLED_ACK,
-        *WEAK,
-    )
-    assert done.returncode == 0, done.stderr
-    notes = done.stdout.split("NOTES:", 1)[1]
-    assert "WARNING: executor.enabled=false with sandbox.runInRayPods=true" in notes
-
-
-def test_notes_name_the_executor(helm):
-    done = run_helm(
-        helm, "install", "rel", str(CHART), "--dry-run=client", "--namespace", NAMESPACE
-    )
-    assert done.returncode == 0, done.stderr
-    notes = done.stdout.split("NOTES:", 1)[1]
-    assert 'Sandbox executor "rel-privcode-executor"' in notes
-    assert "http://rel-privcode-executor.team-a.svc:8700" in notes
-    assert "executor.runtimeClassName=gvisor" in notes  # the recommendation, none set
-
-
-def test_a_serving_only_release_gets_no_executor(helm):
-    objects = render(
-        helm,
-        "--set",
-        "job.enabled=false",
-        "--set",
-        "serve.enabled=true",
-        "--set",
-        "apiKey.existingSecret=privcode-api-keys",
-        "--set",
-        "cluster.enabled=false",
-        "--set",
-        "operator.enabled=false",  # its runs are pipeline jobs
-    )
-    assert not executor_objects(objects, "Deployment")
-    assert {p.role for p in pods(objects)} == {"serving", "ledger"}
-    assert all(p.forbidden() for p in pods(objects))
-
-
-@pytest.mark.parametrize(
-    "setting, field, extra",
-    [
-        ("executor.isolation=weak", "executor.isolation", "rlimits-only"),
-        ("executor.port=80", "executor.port", "minimum"),
-        ("executor.workers=0", "executor.workers", "1"),
-        ("executor.replicas=0", "executor.replicas", "1"),
-        ("executor.privileged=true", "executor", "privileged"),
-        ("executor.securityContext.appArmorProfile.type=Off", "appArmorProfile", "Unconfined"),
-        ("sandbox.runInRayPods=yes", "sandbox.runInRayPods", "boolean"),
-    ],
-)
-def test_schema_rejects_bad_executor_values(helm, setting, field, extra):
-    stderr = render_error(helm, "--set-string" if "=yes" in setting else "--set", setting)
-    assert "schema" in stderr, stderr
-    assert field in stderr or "/" + field.replace(".", "/") in stderr, stderr
-    assert extra in stderr, stderr
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (
-            ("--set", f"extraEnv[0].name={FORBID}", "--set-string", "extraEnv[0].value=0"),
-            "extraEnv sets",
-        ),
-        (
-            ("--set", f"head.env[0].name={EXECUTOR_ENV}", "--set", "head.env[0].value=x"),
-            "head.env sets",
-        ),
-        (("--set", f"job.runtimeEnv.env_vars.{FORBID}=0"), "job.runtimeEnv.env_vars sets"),
-        (("--set", "pipeline.overrides={sandbox.isolation=rlimits-only}"), "pipeline.overrides"),
-    ],
-)
-def test_the_sandbox_settings_cannot_be_overridden_around_the_chart(helm, args, message):
-    stderr = render_error(helm, *args)
-    assert message in stderr, stderr

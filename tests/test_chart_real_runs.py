@@ -586,7 +586,10 @@ def test_paper_pipeline_pods_mount_data_and_models_read_only_executors_do_not(pa
     executor = next(
         d for d in by_kind(paper, "Deployment") if d["metadata"]["name"].endswith("-executor")
     )
-    assert all("emptyDir" in v for v in executor["spec"]["template"]["spec"]["volumes"])
+    assert all(
+        "emptyDir" in v or v.get("secret", {}).get("secretName", "").endswith("-executor-token")
+        for v in executor["spec"]["template"]["spec"]["volumes"]
+    )
     # GPU workers as paper.yaml asks for them (the tests below check that its stages fit)
     gpu = next(
         g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu"

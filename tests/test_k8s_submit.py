@@ -55,7 +55,10 @@ def test_job_manifests_come_from_the_chart(objects):
     shipped = yaml.safe_load(config_maps[0]["data"]["pipeline.yaml"])
     assert shipped == yaml.safe_load((ROOT / "jobs/configs/demo.yaml").read_text())
     for obj in objects:
-        assert obj["metadata"].get("namespace", "team-a") == "team-a"
+        # the sandbox executor's objects go to a namespace of their own (the chart's default)
+        executor = "executor" in obj["metadata"]["name"]
+        want = {"team-a", "team-a-executor"} if executor else {"team-a"}
+        assert obj["metadata"].get("namespace", "team-a") in want
         assert len(obj["metadata"]["name"]) <= 63
 
 
@@ -234,6 +237,8 @@ def test_submit_dry_runs_everything_then_creates_and_waits(fake, objects, capsys
     assert "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies" in paths
     assert "/apis/apps/v1/namespaces/team-a/deployments" in paths
     assert "/api/v1/namespaces/team-a/services" in paths
+    # the executor into its own namespace (k8s._create follows metadata.namespace)
+    assert "/apis/apps/v1/namespaces/team-a-executor/deployments" in paths
     assert paths[-1] == "/apis/ray.io/v1/namespaces/team-a/rayjobs"
     assert all(p["query"].get("fieldManager") == "privcode" for p in posts)
     # the CRD schema came from the cluster

@@ -177,7 +177,10 @@ def test_api_keys_secret_is_mounted_on_the_serving_pods_only(serving):
     assert seen >= 2, "the RayService's head and worker containers"
     assert any(not w.startswith(owner) for w, _ in pod_templates(serving)), "no other cluster"
     secrets = [s["metadata"]["name"] for s in by_kind(serving, "Secret")]
-    assert secrets == ["rel-privcode-ledger-tokens"], "the chart never creates the API keys"
+    assert sorted(set(secrets)) == [
+        "rel-privcode-executor-token",
+        "rel-privcode-ledger-tokens",
+    ], "the chart never creates the API keys"
 
 
 def test_serving_without_api_keys_is_refused(helm):

@@ -348,6 +348,8 @@ def _create(api_client: Any, obj: dict[str, Any], namespace: str, dry_run: bool)
     from kubernetes import client
 
     kind, name = obj["kind"], obj["metadata"]["name"]
+    # an object that names its namespace goes there (the chart's executor: a namespace of its own)
+    namespace = obj["metadata"].get("namespace") or namespace
     extra = {"dry_run": "All"} if dry_run else {}
     if kind in CUSTOM_KINDS:
         client.CustomObjectsApi(api_client).create_namespaced_custom_object(

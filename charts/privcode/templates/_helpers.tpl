@@ -109,9 +109,47 @@ long-lived RayCluster (cluster.enabled) or the RayJobs the operator makes from i
 {{- if or .Values.job.enabled .Values.cluster.enabled .Values.operator.enabled }}true{{ end }}
 {{- end }}
 
-{{/* The executor's URL as the Ray pods see it: http://<name>.<namespace>.svc:<port>. */}}
+{{/*
+The executor's namespace: executor.namespace, else <release namespace>-executor. The executor
+needs capabilities (Pod Security `privileged`); a namespace of its own lets the release's
+namespace, where every Ray pod runs, enforce `restricted`.
+*/}}
+{{- define "privcode.executorNamespace" -}}
+{{- default (printf "%s-executor" .Release.Namespace) .Values.executor.namespace | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The executor's URL as the Ray pods see it: http://<name>.<executor namespace>.svc:<port>. */}}
 {{- define "privcode.executorUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "privcode.executorName" .) .Release.Namespace (int .Values.executor.port) }}
+{{- printf "http://%s.%s.svc:%d" (include "privcode.executorName" .) (include "privcode.executorNamespace" .) (int .Values.executor.port) }}
+{{- end }}
+
+{{/*
+The executor's bearer token: Secret <fullname>-executor-token (key `token`), generated once and
+copied into the executor's namespace. Mounted read-only at this directory in the executor pods
+and the pipeline's Ray pods only (never serving pods, the submitter or the autoscaler).
+*/}}
+{{- define "privcode.executorTokenSecret" -}}
+{{- include "privcode.suffixedName" (list . "executor-token") }}
+{{- end }}
+
+{{- define "privcode.executorTokenDir" -}}
+/var/run/privcode/executor-token
+{{- end }}
+
+{{/*
+A Kubernetes quantity in MiB, rounded down (the executor's --memory-budget-mb and
+--disk-budget-mb). Usage: include "privcode.quantityMiB" (list "4Gi" "executor.resources.limits.memory")
+*/}}
+{{- define "privcode.quantityMiB" -}}
+{{- $q := toString (index . 0) }}
+{{- $where := index . 1 }}
+{{- $number := regexFind "^[+]?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?" $q }}
+{{- $suffix := trimPrefix $number $q }}
+{{- $mult := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 }}
+{{- if or (not $number) (not (hasKey $mult $suffix)) }}
+{{- fail (printf "%s: %q is not a memory quantity the chart can read (e.g. 4Gi, 4096Mi, 4G)" $where $q) }}
+{{- end }}
+{{- divf (mulf (float64 (trimPrefix "+" $number)) (get $mult $suffix)) 1048576.0 | floor | int64 }}
 {{- end }}
 
 {{/*
@@ -282,6 +320,49 @@ The name of the cluster-scoped admission policy and its binding: <fullname>-<nam
 {{- end }}
 {{- end }}
 
+{{/*
+What the serving pods see of the artifacts volume, as a JSON list of paths relative to
+storage.mountPath (read-only subPath mounts): serve.artifactPaths, and the directories the
+enabled apps' args name there (premium: args.premium, args.model; ensemble: args.worlds,
+args.model). Never the whole volume: it holds the private corpus, the runs' non-DP stages and
+the owner-only reports. Nested paths collapse into the outer one. Empty without the PVC.
+*/}}
+{{- define "privcode.servingArtifactPaths" -}}
+{{- $m := printf "%s/" (include "privcode.mountPath" . | trimSuffix "/") }}
+{{- $paths := list }}
+{{- range .Values.serve.artifactPaths }}
+{{- $paths = append $paths (trimSuffix "/" (trimPrefix "/" .)) }}
+{{- end }}
+{{- range $key, $arg := dict "premium" (list "premium" "model") "ensemble" (list "worlds" "model") }}
+{{- $app := index $.Values.serve $key }}
+{{- if $app.enabled }}
+{{- range $arg }}
+{{- $p := toString (get (default (dict) $app.args) .) }}
+{{- if hasPrefix $m $p }}
+{{- $paths = append $paths (trimSuffix "/" (trimPrefix $m $p)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $kept := list }}
+{{- range $p := $paths | uniq | sortAlpha }}
+{{- if or (not $p) (has ".." (splitList "/" $p)) }}
+{{- fail (printf "serve: %q is not a path inside storage.mountPath (the serving pods mount directories of the artifacts volume, never the whole volume or anything above it)" $p) }}
+{{- end }}
+{{- $inside := false }}
+{{- range $kept }}
+{{- if hasPrefix (printf "%s/" .) $p }}{{ $inside = true }}{{ end }}
+{{- end }}
+{{- if not $inside }}
+{{- $kept = append $kept $p }}
+{{- end }}
+{{- end }}
+{{- if not .Values.storage.pvc.enabled }}
+{{- $kept = list }}
+{{- end }}
+{{- $kept | toJson }}
+{{- end }}
+
 {{/* The artifacts mount path without a trailing slash. */}}
 {{- define "privcode.mountPath" -}}
 {{- $p := trimSuffix "/" .Values.storage.mountPath }}
@@ -362,7 +443,7 @@ includes it, so a bad combination fails the whole rendering with a clear message
 {{- fail "sandbox.runInRayPods=true with executor.isolation=full: the Ray containers run without the capabilities the full sandbox needs (non-root, all capabilities dropped), so the pipeline would refuse to run any snippet. Set executor.isolation=rlimits-only (weak: verdicts only, no protection) or enable the executor" }}
 {{- end }}
 {{- end }}
-{{- $reserved := list "PRIVCODE_SANDBOX_EXECUTOR" "PRIVCODE_SANDBOX_FORBID_LOCAL" }}
+{{- $reserved := list "PRIVCODE_SANDBOX_EXECUTOR" "PRIVCODE_SANDBOX_FORBID_LOCAL" "PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE" }}
 {{- range $where, $env := dict "extraEnv" .Values.extraEnv "head.env" .Values.head.env "autoscaling.autoscalerOptions.env" .Values.autoscaling.autoscalerOptions.env }}
 {{- range $env }}
 {{- if has .name $reserved }}
@@ -584,6 +665,10 @@ Environment of every Ray container. Input: dict "root" . "kind" (head|worker) "s
 {{- with include "privcode.sandboxEnv" $root }}
 {{ . | trim }}
 {{- end }}
+{{- if and (not .serving) (include "privcode.executorRendered" $root) }}
+- name: PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE
+  value: {{ printf "%s/token" (include "privcode.executorTokenDir" $root) | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -606,6 +691,13 @@ runs get their own data claim).
 {{- /* public model weights: every pipeline pod, the serving pods with storage.models.serving */}}
 {{- $models := and $root.Values.storage.models.enabled (or (not .serving) $root.Values.storage.models.serving) }}
 {{- $runtimeClass := default $root.Values.sandbox.runtimeClassName $g.runtimeClassName }}
+{{- /* the executor's token: the pipeline pods only (they send it code) */}}
+{{- $executorToken := and (not .serving) (include "privcode.executorRendered" $root) }}
+{{- /* the serving pods see only the release's paths of the artifacts volume, read-only */}}
+{{- $servingPaths := list }}
+{{- if .serving }}
+{{- $servingPaths = include "privcode.servingArtifactPaths" $root | fromJsonArray }}
+{{- end }}
 {{- $resources := deepCopy (default (dict) $g.resources) }}
 {{- if and (not $isHead) (hasKey $g "gpusPerWorker") }}
 {{- $gpus := toString (int $g.gpusPerWorker) }}
@@ -707,8 +799,21 @@ spec:
         - name: pipeline-config
           mountPath: /etc/privcode
           readOnly: true
+        {{- if not .serving }}
         - name: artifacts
           mountPath: {{ include "privcode.mountPath" $root }}
+        {{- end }}
+        {{- range $servingPaths }}
+        - name: artifacts
+          mountPath: {{ printf "%s/%s" (include "privcode.mountPath" $root | trimSuffix "/") . | quote }}
+          subPath: {{ . | quote }}
+          readOnly: true
+        {{- end }}
+        {{- if $executorToken }}
+        - name: executor-token
+          mountPath: {{ include "privcode.executorTokenDir" $root }}
+          readOnly: true
+        {{- end }}
         {{- if $store }}
         - name: privacy-store
           mountPath: {{ $root.Values.storage.privacyStore.mountPath | trimSuffix "/" }}
@@ -749,6 +854,7 @@ spec:
     - name: pipeline-config
       configMap:
         name: {{ include "privcode.configMapName" $root }}
+    {{- if not .serving }}
     - name: artifacts
       {{- if $root.Values.storage.pvc.enabled }}
       persistentVolumeClaim:
@@ -756,6 +862,22 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
+    {{- else if $servingPaths }}
+    {{- /* the release's directories only (subPath mounts above), never the whole volume */}}
+    - name: artifacts
+      persistentVolumeClaim:
+        claimName: {{ include "privcode.pvcName" $root }}
+        readOnly: true
+    {{- end }}
+    {{- if $executorToken }}
+    - name: executor-token
+      secret:
+        secretName: {{ include "privcode.executorTokenSecret" $root | quote }}
+        items:
+          - key: token
+            path: token
+        defaultMode: {{ ternary 288 292 (hasKey (default (dict) $root.Values.podSecurityContext) "fsGroup") }}
+    {{- end }}
     {{- if $store }}
     - name: privacy-store
       persistentVolumeClaim:
