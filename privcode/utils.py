@@ -4,7 +4,8 @@ Every artifact privcode writes goes through :func:`atomic_path` so that a
 crash or a validation error half-way through never leaves a truncated file
 under the final name: data is written to a temporary sibling, flushed,
 fsynced and then renamed (``os.replace`` is atomic on POSIX within one
-filesystem).
+filesystem). Files are private (0600, directories 0700) unless the caller
+publishes them, whatever the process umask.
 """
 
 from __future__ import annotations
@@ -19,27 +20,53 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: File and directory modes inside the private boundary (the run directory: the private
+#: corpus, checkpoints, the non-DP comparison, audit data; the privacy store): the default.
+PRIVATE_FILE_MODE, PRIVATE_DIR_MODE = 0o600, 0o700
+#: For what is meant to be read by others: the published report, a DP release.
+PUBLIC_FILE_MODE, PUBLIC_DIR_MODE = 0o644, 0o755
+
+
+def dir_mode_for(file_mode: int) -> int:
+    """The directory mode that goes with ``file_mode``: search (x) wherever read is set."""
+    return file_mode | ((file_mode & 0o444) >> 2)
+
+
+def make_dirs(path: str | os.PathLike, mode: int = PRIVATE_DIR_MODE) -> Path:
+    """``mkdir -p path``, each directory it creates getting ``mode`` whatever the umask.
+
+    Existing directories keep their mode. ``os.umask`` is process-global and racy under
+    threads, so each new directory is chmod-ed instead.
+    """
+    path = Path(path)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another writer made it first: its mode
+            directory.mkdir(mode=mode)
+            os.chmod(directory, mode)
+    return path
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, mode: int = 0o644) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, mode: int = PRIVATE_FILE_MODE) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it over ``path`` on success.
 
     On any exception the temporary file is removed and ``path`` is untouched
-    (an existing file keeps its old content). The file gets ``mode`` (0600 for
-    private state).
+    (an existing file keeps its old content). The file gets ``mode`` whatever the
+    umask: private (0600) unless a caller publishes (:data:`PUBLIC_FILE_MODE`);
+    missing parent directories get the matching :func:`dir_mode_for` mode.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(final.parent, dir_mode_for(mode))
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    # mkstemp creates 0600; artifacts get the usual 0644 (os.umask is process-global
-    # and racy under threads, so it is not consulted).
-    os.chmod(tmp_path, mode)
+    os.chmod(tmp_path, mode)  # and again before the rename: a writer may re-create the file
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), mode)
         os.replace(tmp_path, final)
         fsync_dir(final.parent)
     except BaseException:
@@ -83,13 +110,13 @@ def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int = PRIVATE_FILE_MODE) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 def canonical_json(obj: Any) -> str:
@@ -97,8 +124,8 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, canonical_json(obj))
+def atomic_write_json(path: str | os.PathLike, obj: Any, mode: int = PRIVATE_FILE_MODE) -> None:
+    atomic_write_text(path, canonical_json(obj), mode)
 
 
 def read_json_object(

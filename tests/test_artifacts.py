@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 from conftest import privacy_record
@@ -149,3 +151,54 @@ def test_the_nondp_marker_cannot_claim_privacy(tmp_path):
     (tmp_path / "nondp.json").write_text(json.dumps({**on_disk, "dp": True}))
     with pytest.raises(ArtifactError, match="must say dp false"):
         NondpRecord.read(tmp_path)
+
+
+# --------------------------------------------------------------------------- file modes
+
+
+@pytest.fixture(params=[0o000, 0o022], ids=["umask-000", "umask-022"])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def _modes(root):
+    return {p.relative_to(root).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in root.rglob("*")}
+
+
+def test_atomic_writes_are_private_unless_published_whatever_the_umask(tmp_path, umask):
+    from privcode.utils import PUBLIC_FILE_MODE, atomic_path, atomic_write_json
+
+    atomic_write_json(tmp_path / "run" / "a" / "x.json", {"k": 1})
+    atomic_write_json(tmp_path / "pub" / "y.json", {"k": 1}, mode=PUBLIC_FILE_MODE)
+    with atomic_path(tmp_path / "run" / "z.bin") as tmp:
+        tmp.unlink()  # a writer that re-creates its file gets the umask's mode, then ours
+        tmp.write_bytes(b"z")
+    assert _modes(tmp_path) == {
+        "run": 0o700,
+        "run/a": 0o700,
+        "run/a/x.json": 0o600,
+        "run/z.bin": 0o600,
+        "pub": 0o755,
+        "pub/y.json": 0o644,
+    }
+
+
+def test_a_stage_writes_an_owner_only_run_directory_whatever_the_umask(tmp_path, umask):
+    """The real data stage, through the runner: run root, stage dir and every file."""
+    from privcode.config import load_config
+    from privcode.layout import RunLayout
+    from privcode.pipeline import runner
+
+    overrides = [f"run.out_dir={tmp_path / 'runs'}", "run.name=m", "data.size=30"]
+    overrides += ["data.canary_kinds=[email]", "data.canary_placements=[joint]"]
+    cfg = load_config("jobs/configs/demo.yaml", [*overrides, "data.canary_repetitions=[1]"])
+    layout = RunLayout.of(cfg)
+    runner.execute_stage("data", cfg, str(layout.stage("data")), "fp", {})
+    modes = _modes(layout.out_dir)
+    assert {"m/data/train.parquet", "m/data/manifest.json", "m/data/canaries.json"} <= set(modes)
+    assert stat.S_IMODE(layout.out_dir.stat().st_mode) == 0o700
+    for rel, mode in modes.items():
+        expected = 0o700 if (layout.out_dir / rel).is_dir() else 0o600
+        assert mode == expected, (rel, oct(mode))

@@ -41,12 +41,12 @@ def test_token_is_created_private_and_sent_as_bearer(tmp_path, monkeypatch):
     assert len(token) == 64 and int(token, 16) >= 0
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert ray_env.ensure_token() == token  # never regenerated
-    assert ray_env.auth_headers() == {"Authorization": f"Bearer {token}"}
+    assert ray_env.auth_headers("http://127.0.0.1:8265") == {"Authorization": f"Bearer {token}"}
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")  # Ray's precedence: value beats file
     assert ray_env.read_token() == "from-env"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    assert ray_env.auth_headers() == {}
+    assert ray_env.auth_headers("http://127.0.0.1:8265") == {}
     assert not ray_env.auth_enabled()
 
 
@@ -127,7 +127,7 @@ def test_head_requires_the_token_and_listens_on_loopback_only(ray_cluster):
     url = f"{ray_cluster.dashboard_url}/api/version"
     assert _get(url, {}) == 401
     assert _get(url, {"Authorization": "Bearer not-the-token"}) == 403
-    assert _get(url, ray_env.auth_headers()) == 200
+    assert _get(url, ray_env.auth_headers(url)) == 200
 
     listening = {
         (c.laddr.ip, c.laddr.port)

@@ -170,9 +170,9 @@ def test_make_demo_initialises_its_store_outside_what_make_clean_deletes(tmp_pat
         check=True,
     ).stdout
     store = f"{repo}/privacy-store"
-    assert f"budget init --store {store} --if-absent" in text
+    assert f"budget init --store '{store}' --if-absent" in text  # quoted: see the Makefile
     runs = [line for line in text.splitlines() if " run --config " in line]
-    assert runs and all(f"--set privacy.store={store}" in line for line in runs)
+    assert runs and all(f"--set 'privacy.store={store}'" in line for line in runs)
     clean = subprocess.run(
         ["make", "-s", "-n", "-C", str(repo), "clean"], capture_output=True, text=True, check=True
     ).stdout

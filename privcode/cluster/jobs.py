@@ -14,16 +14,19 @@ Addresses (``address`` argument, else ``RAY_API_SERVER_ADDRESS``, else
 * nothing at all: ``http://127.0.0.1:8265``; when no head answers there,
   :func:`privcode.cluster.local.start_head` starts one on the default ports.
 
-Auth: every request carries ``Authorization: Bearer <token>`` from
-:func:`privcode.cluster.ray_env.auth_headers` (Ray's client adds it only when the
-calling process happens to be in token mode).  The job's driver inherits the
-head's environment (``RAY_AUTH_MODE=token`` and the token source), so its own
-``ray.init()`` connects without further setup.
+Auth: requests to the cluster the token belongs to (the local head on loopback,
+or the one ``RAY_ADDRESS`` / ``RAY_API_SERVER_ADDRESS`` names) carry
+``Authorization: Bearer <token>`` from :func:`privcode.cluster.ray_env.auth_headers`;
+any other address gets no token (a 401 there is an error that says so).  The
+job's driver inherits the head's environment (``RAY_AUTH_MODE=token`` and the
+token source), so its own ``ray.init()`` connects without further setup.
 
 The pipeline job uploads the repository root (the directory holding
 ``jobs/``) as the job's working directory, minus virtualenvs, VCS data, run
-outputs and caches; the entry point is ``python jobs/pipeline.py --config
-<config> [--set k=v ...]`` run with the head's ``python``.
+outputs and caches, and in a git checkout minus every untracked file (only
+what ``git ls-files`` lists goes up: :mod:`privcode.cluster.git_files`); the
+entry point is ``python jobs/pipeline.py --config <config> [--set k=v ...]``
+run with the head's ``python``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from privcode.cluster import local, ray_env
+from privcode.cluster import git_files, local, ray_env
 from privcode.errors import PrivcodeError
 
 log = logging.getLogger(__name__)
@@ -178,15 +181,39 @@ def _without_address_env() -> Iterator[None]:
 
 
 def client(address: str | None = None, start_local: bool = False):
-    """A ``JobSubmissionClient`` for ``address`` that sends the auth token."""
+    """A ``JobSubmissionClient`` for ``address`` that sends the token only where it belongs.
+
+    The token goes to the local head or the cluster ``RAY_ADDRESS`` names
+    (:func:`~privcode.cluster.ray_env.token_bound_to`); any other URL gets none (an empty
+    ``Authorization`` header, which also stops Ray's client from adding its own), and a
+    401 from it is a :class:`PrivcodeError` that says how to bind the token there.
+    """
     from ray.job_submission import JobSubmissionClient
 
     url = resolve_dashboard_address(address, start_local=start_local)
+    headers = ray_env.auth_headers(url) or {"Authorization": ""}
     with _without_address_env():
         try:
-            return JobSubmissionClient(url, headers=ray_env.auth_headers())
+            return JobSubmissionClient(url, headers=headers)
         except Exception as exc:  # ConnectionError, AuthenticationError, ...
+            if not ray_env.token_bound_to(url) and _is_auth_refusal(exc):
+                raise PrivcodeError(
+                    f"the Ray cluster at {url} wants a token, and privcode sends the Ray "
+                    "token only to the cluster it belongs to (the local head on 127.0.0.1, "
+                    "or the one RAY_ADDRESS / RAY_API_SERVER_ADDRESS names); set "
+                    f"RAY_ADDRESS={url} and that cluster's token (RAY_AUTH_TOKEN or "
+                    "RAY_AUTH_TOKEN_PATH) to submit there"
+                ) from None
             raise PrivcodeError(f"cannot reach the Ray Jobs API at {url}: {exc}") from exc
+
+
+def _is_auth_refusal(exc: Exception) -> bool:
+    """Whether ``exc`` is Ray's client reporting an HTTP 401/403 (a missing or wrong token)."""
+    from ray.exceptions import AuthenticationError
+
+    return isinstance(exc, AuthenticationError) or any(
+        f"status code {code}" in str(exc) for code in (401, 403)
+    )
 
 
 # --------------------------------------------------------------------------- jobs
@@ -318,11 +345,16 @@ def pipeline_runtime_env(runtime_env: dict[str, Any] | None = None) -> dict[str,
     """The pipeline job's runtime_env: the repo root as working_dir, merged with ``runtime_env``.
 
     Keys in ``runtime_env`` win, except ``excludes``, which is appended to
-    :data:`WORKING_DIR_EXCLUDES`.
+    :data:`WORKING_DIR_EXCLUDES`.  Where the working dir is a git checkout, every
+    untracked path in it (ignored or not) is excluded too, so the upload holds
+    git's tracked files only (:mod:`privcode.cluster.git_files`).
     """
     env: dict[str, Any] = {"working_dir": str(repo_root()), "excludes": list(WORKING_DIR_EXCLUDES)}
     for key, value in (runtime_env or {}).items():
         env[key] = env["excludes"] + list(value) if key == "excludes" else value
+    untracked = git_files.untracked_excludes(env["working_dir"])
+    if untracked is not None:
+        env["excludes"] = env["excludes"] + untracked
     return env
 
 
@@ -342,14 +374,23 @@ def _config_in_working_dir(config: str | os.PathLike, working_dir: Path) -> str:
     """``config`` as a path relative to the uploaded working dir (where the job runs).
 
     A relative ``config`` is looked up in the working dir, then in the cwd;
-    either way it must lie inside the working dir, or the job would not see it.
+    either way it must lie inside the working dir, and be tracked by git where the
+    working dir is a checkout, or the job would not see it.
     """
     path = Path(config)
     candidates = [path] if path.is_absolute() else [working_dir / path, Path.cwd() / path]
     for candidate in candidates:
         if candidate.is_file():
             with contextlib.suppress(ValueError):
-                return candidate.resolve().relative_to(working_dir.resolve()).as_posix()
+                rel = candidate.resolve().relative_to(working_dir.resolve()).as_posix()
+                if git_files.is_checkout(working_dir) and not git_files.is_tracked(
+                    working_dir, rel
+                ):
+                    raise PrivcodeError(
+                        f"config {rel!r} is not tracked by git, and the job's working dir "
+                        "uploads tracked files only: git add it (or name a tracked config)"
+                    )
+                return rel
     raise PrivcodeError(
         f"config {str(config)!r} is not a file inside {working_dir}, the job's working directory"
     )

@@ -80,7 +80,7 @@ def free_port() -> int:
 
 def _http_get(url: str, timeout: float = 3.0, auth: bool = True) -> tuple[int, Any]:
     """GET ``url``; (status, parsed JSON or text).  Status 0 means no HTTP answer."""
-    req = urllib.request.Request(url, headers=auth_headers() if auth else {})
+    req = urllib.request.Request(url, headers=auth_headers(url) if auth else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             status, body = resp.status, resp.read().decode("utf-8", "replace")

@@ -32,8 +32,9 @@ What Ray 2.60 does about authentication (read from its source, checked live):
   Missing token: 401, wrong token: 403.  A few paths are public, among them
   ``/api/authentication_mode``, ``/api/healthz`` and ``/api/gcs_healthz``;
   ``/api/version`` and ``/api/jobs/`` are not.  ``JobSubmissionClient`` adds
-  the header only when the calling process is in token mode, so privcode
-  passes :func:`auth_headers` explicitly.
+  the header only when the calling process is in token mode (and then to any
+  URL), so privcode passes :func:`auth_headers` explicitly: the token only to
+  the cluster it belongs to (:func:`token_bound_to`).
 
 Binding to 127.0.0.1: Ray rewrites ``--node-ip-address=127.0.0.1`` (and any
 "localhost" address a driver is given) to the machine's routable IP unless
@@ -128,9 +129,44 @@ def ensure_token() -> str:
     return token
 
 
-def auth_headers() -> dict[str, str]:
-    """HTTP headers for the dashboard / Jobs API: a bearer token, or {} without auth."""
-    if not auth_enabled():
+#: Environment variables that name the cluster a token from the environment belongs to.
+ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+
+
+def _host_of(address: str) -> str:
+    """The host part of ``scheme://host:port/...``, ``host:port``, ``[v6]:port`` or ``host``."""
+    netloc = address.strip().split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if netloc.startswith("["):
+        return netloc[1:].split("]", 1)[0].lower()
+    return (netloc.split(":", 1)[0] if netloc.count(":") == 1 else netloc).lower()
+
+
+def token_hosts() -> tuple[str, ...]:
+    """The non-loopback hosts the token belongs to: those of ``RAY_ADDRESS`` /
+    ``RAY_API_SERVER_ADDRESS`` (the cluster the environment set the token up for)."""
+    hosts = (_host_of(os.environ.get(name, "")) for name in ADDRESS_ENVS)
+    return tuple(h for h in hosts if h and h != "auto")
+
+
+def token_bound_to(url: str) -> bool:
+    """Whether the token may be sent to ``url``.
+
+    Yes for loopback hosts (the local head, which :func:`~privcode.cluster.local.start_head`
+    always binds to 127.0.0.1, or a port-forwarded head) and for the hosts of
+    :func:`token_hosts`; an address given any other way (``--address``, a config, a
+    dashboard URL read back from a GCS) never widens that set.
+    """
+    host = _host_of(url)
+    return _is_loopback_host(host) or host in token_hosts()
+
+
+def auth_headers(url: str) -> dict[str, str]:
+    """HTTP headers for a request to the dashboard / Jobs API at ``url``.
+
+    A bearer token when auth is on, a token exists and :func:`token_bound_to` ``url``;
+    else ``{}``: the token never goes to a host it does not belong to.
+    """
+    if not auth_enabled() or not token_bound_to(url):
         return {}
     token = read_token()
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -148,16 +184,7 @@ def _is_loopback_host(host: str) -> bool:
 
 def address_is_loopback(address: str) -> bool:
     """True for "auto" and for host:port / scheme://host:port addresses on this machine."""
-    if address == "auto":
-        return True
-    netloc = address.split("://", 1)[-1].split("/", 1)[0]
-    if netloc.startswith("["):  # [::1]:6379
-        host = netloc[1:].split("]", 1)[0]
-    elif netloc.count(":") == 1:  # host:port
-        host = netloc.split(":", 1)[0]
-    else:  # bare host or bare IPv6
-        host = netloc
-    return _is_loopback_host(host)
+    return address == "auto" or _is_loopback_host(_host_of(address))
 
 
 # --------------------------------------------------------------------------- process environment

@@ -352,6 +352,12 @@ class Curator:
         with self._lock:
             return self._unpaid(_Session(self.session_budget, owner=owner))
 
+    def owner_info(self, owner: str) -> dict[str, Any]:
+        """``owner``'s own charged private tokens and open sessions (never another's)."""
+        with self._lock:
+            mine = sum(1 for s in self._sessions.values() if s.owner == owner)
+            return {"owner_private_tokens": self._owners.get(owner, 0), "owner_sessions_open": mine}
+
     def deployment_info(self) -> dict[str, Any]:
         """Deployment-wide parameters and budget (never the posterior or the secret)."""
         with self._lock:

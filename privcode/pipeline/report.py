@@ -43,7 +43,7 @@ from privcode.layout import RunLayout
 from privcode.pipeline.report_audit import OWNER_ONLY_PLOTS as AUDIT_OWNER_ONLY_PLOTS
 from privcode.pipeline.sections import ReportContext, Section, fmt, private_dir
 from privcode.pipeline.stages import STAGES
-from privcode.utils import atomic_path, atomic_write_json, atomic_write_text
+from privcode.utils import PUBLIC_FILE_MODE, atomic_path, atomic_write_json, atomic_write_text
 
 #: report.json's entries that sections fill (null when their stage is not an input).
 REPORT_KEYS = (
@@ -185,7 +185,7 @@ def write_report(
     publish = RunLayout.of(cfg).public_reports
     publish.mkdir(parents=True, exist_ok=True)
     for name in ["report.md", "report.html", "report.json", *plots]:
-        with atomic_path(publish / name) as tmp:
+        with atomic_path(publish / name, PUBLIC_FILE_MODE) as tmp:
             shutil.copyfile(out_dir / name, tmp)
     for name in OWNER_ONLY_PLOTS:  # published by an older version: withdrawn
         (publish / name).unlink(missing_ok=True)

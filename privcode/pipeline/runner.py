@@ -45,7 +45,7 @@ from privcode.layout import RunLayout
 from privcode.pipeline.placement import cluster_nodes, stage_resources
 from privcode.pipeline.stages import STAGES, PendingInput, Stage
 from privcode.pipeline.summary import run_summary
-from privcode.utils import replace_dir, stable_hash, torch_threads
+from privcode.utils import make_dirs, replace_dir, stable_hash, torch_threads
 
 log = logging.getLogger("privcode.pipeline")
 
@@ -216,7 +216,7 @@ def execute_stage(
     This function is what runs inside the Ray task.
     """
     final = Path(final_dir)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(final.parent)  # the run directory: owner-only (0700), whatever the umask
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     started = time.time()
     try:

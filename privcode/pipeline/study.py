@@ -421,7 +421,7 @@ def write_results(
     reference: str | None = None,
 ) -> Path:
     """Collect, judge, plot (``<path stem>_privacy_utility.png``) and write ``path`` atomically."""
-    from privcode.utils import atomic_write_text
+    from privcode.utils import PUBLIC_FILE_MODE, atomic_write_text
 
     points = collect(out_dir, runs, reference)
     if not points:
@@ -431,6 +431,8 @@ def write_results(
     png = target.with_name(f"{target.stem}_privacy_utility.png")
     plotted = plot_study(points, png)
     atomic_write_text(
-        target, render(points, directions(points), png.name if plotted else None, notes)
+        target,
+        render(points, directions(points), png.name if plotted else None, notes),
+        PUBLIC_FILE_MODE,  # a document (docs/results.md), not run data
     )
     return target

@@ -50,6 +50,7 @@ from privcode.artifacts.record import ArtifactError
 from privcode.errors import PrivcodeError
 from privcode.registry import METHODS
 from privcode.utils import (
+    PUBLIC_FILE_MODE,
     atomic_write_text,
     canonical_json,
     fsync_dir,
@@ -294,12 +295,12 @@ def write_release(
         _copy_adapter(adapter_dir, tmp / ADAPTER)
         if prefix_decoder is not None:
             _write_decoder(tmp / PREFIX_FILE, prefix_decoder, meta["prefix"])
-        atomic_write_text(tmp / PRIVACY_JSON, canonical_json(privacy.to_json()))
+        atomic_write_text(tmp / PRIVACY_JSON, canonical_json(privacy.to_json()), PUBLIC_FILE_MODE)
         for rel in _listing(tmp):
             with open(tmp / rel, "rb+") as fh:
                 os.fsync(fh.fileno())
         meta["files"] = {rel: sha256_file(tmp / rel) for rel in _listing(tmp)}
-        atomic_write_text(tmp / RELEASE_JSON, canonical_json(meta))
+        atomic_write_text(tmp / RELEASE_JSON, canonical_json(meta), PUBLIC_FILE_MODE)
         fsync_dir(tmp / ADAPTER)
         fsync_dir(tmp)
         replace_dir(tmp, out)  # the old release moved aside, restored if the rename fails

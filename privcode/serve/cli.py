@@ -2,14 +2,22 @@
 
 Routes, keys and client limits come from the config's ``serve`` section, the PAC mechanism
 from its ``pac`` section (docs/serving.md). Without an API key the command stops before
-anything starts; ``--insecure-no-auth`` serves without one, on 127.0.0.1 only.
+anything starts; ``--insecure-no-auth`` serves without one, on 127.0.0.1 only, and is refused
+on a cluster whose Serve proxy already listens elsewhere (Ray keeps a running proxy's host
+and ignores a new one). A key handed to the replicas lives in a private directory that goes
+on every way out: return, exception, SIGINT, SIGTERM, SIGHUP, and ``atexit`` behind them.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import shutil
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from privcode.config import PipelineConfig, load_config
@@ -35,20 +43,80 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     cfg = load_config(args.config, args.overrides)
     guard = guard_args(cfg.serve, insecure_no_auth=args.insecure_no_auth)
-    keys_dir = _keys_dir_for_replicas(guard)
-    if keys_dir is not None:
-        import signal
-
-        guard["api_keys_dir"] = keys_dir
-        # A TERM (a supervisor, `kill`) unwinds too, so the key directory goes with us.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        return _serve_apps(args, cfg, guard)
-    finally:
+    with replica_keys_dir(guard) as keys_dir:
         if keys_dir is not None:
-            import shutil
+            guard["api_keys_dir"] = keys_dir
+        return _serve_apps(args, cfg, guard)
 
-            shutil.rmtree(keys_dir, ignore_errors=True)
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+#: How ``privcode serve`` ends on each signal: by unwinding, so the replicas' key directory
+#: is removed: SIGHUP and SIGTERM exit with 128 + the signal, SIGINT is Ctrl-C (even where
+#: the process was started with it ignored), which also deletes the apps.
+EXIT_HANDLERS = {
+    signal.SIGHUP: _exit_on_signal,
+    signal.SIGTERM: _exit_on_signal,
+    signal.SIGINT: signal.default_int_handler,
+}
+
+
+@contextlib.contextmanager
+def replica_keys_dir(guard: dict) -> Iterator[str | None]:
+    """:func:`_keys_dir_for_replicas` for the block; removed on every way out.
+
+    SIGHUP and SIGTERM (whose default would kill the process where it stands) and SIGINT
+    unwind instead (:data:`EXIT_HANDLERS`), ``atexit`` removes the directory should the
+    unwinding be cut short, and the previous handlers come back afterwards.
+    """
+    folder = _keys_dir_for_replicas(guard)
+    if folder is None:
+        yield None
+        return
+
+    def remove() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signal.signal's rule
+        previous = {sig: signal.signal(sig, handler) for sig, handler in EXIT_HANDLERS.items()}
+    try:
+        yield folder
+    finally:
+        remove()
+        atexit.unregister(remove)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def running_proxy_host() -> str | None:
+    """The host the cluster's running Serve proxies listen on; None when Serve is not running.
+
+    Read from the Serve controller's client (Ray has no public call for it). A running
+    proxy keeps its host: ``serve.start`` only warns that new HTTP options are ignored.
+    """
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return None if client is None else str(client.http_config.host)
+
+
+def check_proxy_host(insecure_no_auth: bool, wanted: str, running: str | None) -> None:
+    """Refuse ``--insecure-no-auth`` where the running Serve proxy listens beyond loopback.
+
+    Without a key the apps must not be reachable from other machines; on such a cluster
+    they would be, whatever ``--host`` says.
+    """
+    if insecure_no_auth and running is not None and running not in LOOPBACK:
+        raise PrivcodeError(
+            f"serve: --insecure-no-auth refused: this Ray cluster's Serve proxy already "
+            f"listens on {running!r}, not on {wanted}, and Ray keeps that host, so the apps "
+            "would be open to other machines without a key; set PRIVCODE_API_KEY (or "
+            "serve.api_keys_dir), or shut Serve down first (`serve shutdown`)"
+        )
 
 
 def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> int:
@@ -103,6 +171,7 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
 
     guard_limits(GuardArgs(**guard), PrivcodeError)
     connect(args.address)
+    check_proxy_host(args.insecure_no_auth, args.host, running_proxy_host())
     serve.start(http_options={"host": args.host, "port": args.port})
     for name, prefix, application, what in apps:
         if isinstance(application, partial):

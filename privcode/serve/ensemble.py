@@ -28,7 +28,9 @@ Routes (a FastAPI ingress; the schema at ``/openapi.json``; an API key on all bu
 * ``POST /v1/completions``: the OpenAI body plus an optional ``"session"`` (without one, a
   one-shot session is opened and closed around the request); the answer adds a ``privacy``
   object (charges, token counts, what the key has left).
-* ``GET /v1/privacy``: the deployment's public accounting and attacker bounds;
+* ``GET /v1/privacy``: the calling key's own budget, charge, tokens and sessions (``key_*``),
+  the deployment's totals rounded up to coarse steps (one key cannot follow another's usage),
+  and the attacker bounds;
   ``GET /v1/models[/{id}]``, ``GET /healthz``.
 
 Budgets, per client: one key may spend ``key_budget_share`` of the deployment budget, all
@@ -211,8 +213,8 @@ def build_api(service: PacService, limits: Limits, logger: logging.Logger | None
         return await service.close_session(principal(request), sid)
 
     @api.get("/v1/privacy", responses=ERRORS, tags=["privacy"])
-    async def privacy() -> dict[str, Any]:
-        return await asyncio.to_thread(service.privacy)
+    async def privacy(request: Request) -> dict[str, Any]:
+        return await asyncio.to_thread(service.privacy, principal(request))
 
     async def completions(request: Request, body: body_model) -> dict[str, Any]:  # type: ignore[valid-type]
         req = to_request(body, cfg.max_tokens_limit)

@@ -14,7 +14,8 @@ class PacMetrics:
     Counter ``privcode_pac_tokens`` (tag ``kind``: private / free /
     fallback), Gauges ``privcode_pac_charged_nats``,
     ``privcode_pac_budget_nats`` and ``privcode_pac_sessions_open``, all
-    tagged ``app``. The deployment's charge is public (``GET /v1/privacy``).
+    tagged ``app``: exact, for the operator (the dashboard); API keys see the
+    deployment's totals only rounded up (``GET /v1/privacy``).
     """
 
     def __init__(self, app_name: str):

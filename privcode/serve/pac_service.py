@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
@@ -117,6 +118,36 @@ def _open_on_ledger(cfg: EnsembleArgs, curator: Any, ledger: Any, worlds: str, d
     curator.owner_budget = cfg.key_budget_share * curator.deployment_budget
     block = block_steps(cfg.b, cfg.session_budget, curator.deployment_budget)
     curator.use_leases(Leases(ledger.lease_fn(worlds), cfg.b, block))
+
+
+#: The deployment's totals in ``GET /v1/privacy`` move in steps of 1/TOTAL_STEPS of its budget.
+TOTAL_STEPS = 100
+#: ... and its open sessions in steps of 1/SESSION_STEPS of ``max_sessions``.
+SESSION_STEPS = 10
+
+
+def _round_up(value: float, step: float) -> float:
+    return math.ceil(value / step - 1e-9) * step if value > 0 else 0.0
+
+
+def coarse_totals(info: Mapping[str, Any], max_sessions: int) -> dict[str, Any]:
+    """The deployment's live totals as every key sees them: rounded UP to coarse steps.
+
+    Exact totals would let one key learn another's usage by difference; rounded up, the
+    charged nats still bound what was released (the attacker bounds stay valid) and the
+    remaining nats never overstate what is left. ``totals_step`` names the steps.
+    """
+    nats = info["deployment_budget"] / TOTAL_STEPS
+    tokens = max(1, math.ceil(nats / info["b"] - 1e-9))
+    sessions = max(1, math.ceil(max_sessions / SESSION_STEPS))
+    charged = min(_round_up(info["deployment_charged"], nats), info["deployment_budget"])
+    return {
+        "deployment_charged_nats": charged,
+        "deployment_remaining_nats": max(info["deployment_budget"] - charged, 0.0),
+        "private_tokens": int(_round_up(info["private_tokens"], tokens)),
+        "sessions_open": int(_round_up(info["sessions_open"], sessions)),
+        "totals_step": {"nats": nats, "private_tokens": tokens, "sessions": sessions},
+    }
 
 
 class PacService:
@@ -277,12 +308,15 @@ class PacService:
 
     # -- privacy
 
-    def privacy(self) -> dict[str, Any]:
-        """Deployment-wide public accounting and attacker bounds (never the secret or posterior)."""
+    def privacy(self, principal: str) -> dict[str, Any]:
+        """Public accounting and attacker bounds for ``principal`` (an API key): its own figures
+        exactly (``key_*``), the deployment's live totals only coarsely (:func:`coarse_totals`),
+        so one key cannot follow another's usage. Never the secret or posterior."""
         from privcode.pac.bounds import mia_success_bound, world_identification_bound
 
         info = self.curator.deployment_info()
         m = info["m"]
+        totals = coarse_totals(info, self.cfg.max_sessions)
 
         def bounds(mi: float) -> dict[str, float]:
             return {
@@ -297,10 +331,8 @@ class PacService:
                 "one posterior over the worlds is shared by all sessions, so the "
                 "bound holds against an attacker who sees all of them"
             )
-            current, at_budget = (
-                bounds(info["deployment_charged"]),
-                bounds(info["deployment_budget"]),
-            )
+            current = bounds(totals["deployment_charged_nats"])  # rounded up: still a bound
+            at_budget = bounds(info["deployment_budget"])
         else:
             guarantee = (
                 "PER SESSION ONLY: each session has its own posterior, so "
@@ -319,10 +351,8 @@ class PacService:
             "per_token_budget_nats": info["b"],
             "session_budget_nats": info["session_budget"],
             "deployment_budget_nats": info["deployment_budget"],
-            "deployment_charged_nats": info["deployment_charged"],
-            "deployment_remaining_nats": info["deployment_remaining"],
-            "private_tokens": info["private_tokens"],
-            "sessions_open": info["sessions_open"],
+            **self._key_figures(principal),
+            **totals,
             "guarantee": guarantee,
             "bounds": {
                 "current": current,
@@ -334,6 +364,19 @@ class PacService:
                 "membership_prior": 0.5,
                 "world_prior": 1.0 / m,
             },
+        }
+
+    def _key_figures(self, principal: str) -> dict[str, Any]:
+        """The calling key's own budget, charge, private tokens and open sessions, exactly."""
+        mine = self.curator.owner_info(principal)
+        charged = self.curator.b * mine["owner_private_tokens"]
+        budget = self.curator.owner_budget
+        return {
+            "key_budget_nats": budget,
+            "key_charged_nats": charged,
+            "key_remaining_nats": max(budget - charged, 0.0),
+            "key_private_tokens": mine["owner_private_tokens"],
+            "key_sessions_open": mine["owner_sessions_open"],
         }
 
     # -- completions
