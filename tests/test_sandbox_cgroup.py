@@ -220,3 +220,33 @@ def test_v1_hierarchies_mount_with_their_companions(monkeypatch, tmp_path):
         lambda f, *a, **k: real_open(table if f == "/proc/cgroups" else f, *a, **k),
     )
     assert cgroups._v1_hierarchies(("memory", "pids", "cpu")) == [("cpu", "cpuacct"), ("memory",)]
+
+
+@pytest.mark.heavy
+def test_leaves_of_dead_pools_are_pruned_and_live_ones_kept():
+    """A pool killed without closing leaves its slots' leaves behind (uids are random per
+    pool: nothing reuses them); the next pool's start removes those whose uid lock is free,
+    and keeps the leaf of a slot whose lock is held (another live pool)."""
+    if not isolation_level().endswith("+cgroup"):
+        pytest.skip(f"needs the full sandbox with a cgroup; here: {isolation_level()}")
+    with sb.SandboxPool(1) as pool:
+        assert pool.run("print(1)").status == "ok"
+        cg = pool._slots[0].cgroup
+        assert cg is not None
+        parents = {Path(d).parent for d in cg.dirs.values()}
+    lock_dir = sb._state_dir()
+    dead, live = "slot-4000000001", "slot-4000000002"
+    for parent in parents:
+        (parent / dead).mkdir(exist_ok=True)
+        (parent / live).mkdir(exist_ok=True)
+    held = sb.uids.try_lock(lock_dir, 4000000002)
+    assert held is not None
+    try:
+        with sb.SandboxPool(1) as pool:
+            assert pool.run("print(1)").status == "ok"
+        assert all(not (p / dead).exists() for p in parents), parents
+        assert all((p / live).is_dir() for p in parents), parents
+    finally:
+        sb.uids.release(lock_dir, 4000000002, held)
+        for parent in parents:
+            (parent / live).rmdir()

@@ -553,7 +553,7 @@ class Curator:
 
     def _write(self, state: dict[str, Any]) -> None:
         with atomic_path(self._path) as tmp:
-            os.chmod(tmp, 0o600)  # the file holds the secret (atomic_path makes it 0644)
+            os.chmod(tmp, 0o600)  # the file holds the secret: 0600 whatever atomic_path's mode
             tmp.write_text(canonical_json(state), encoding="utf-8")
 
     def _load(self, path: Path) -> None:

@@ -41,6 +41,7 @@ import tempfile
 from dataclasses import dataclass
 
 ROOT_NAME = "privcode-sandbox"
+SLOT_PREFIX = "slot-"  # a slot's leaf: slot-<uid>
 SERVER_LEAF = "privcode-server"  # where the processes of a delegated v2 root go
 PERIOD_US = 100_000
 
@@ -93,6 +94,25 @@ class SlotCgroup:
         for d in self.dirs.values():
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+
+    def siblings(self) -> list[str]:
+        """The names of the other leaves beside this one (``slot-<uid>`` of other slots)."""
+        names: set[str] = set()
+        for d in self.dirs.values():
+            parent, own = os.path.split(d)
+            with contextlib.suppress(OSError):
+                names.update(n for n in os.listdir(parent) if n.startswith(SLOT_PREFIX))
+            names.discard(own)
+        return sorted(names)
+
+    def remove_sibling(self, name: str) -> None:
+        """rmdir the leaf ``name`` beside this one in every hierarchy (only an empty leaf
+        goes: the kernel refuses to remove a cgroup with processes)."""
+        if not name.startswith(SLOT_PREFIX) or "/" in name:
+            raise ValueError(f"not a slot leaf: {name!r}")
+        for d in self.dirs.values():
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(os.path.dirname(d), name))
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:

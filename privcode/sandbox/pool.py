@@ -195,8 +195,9 @@ class _Slot:
                 layers["seccomp"] = seccomp.filter_program().hex()
             if "+cgroup" in level:
                 self.cgroup = cgroups.create(
-                    f"slot-{self.uid}", *_cgroup_limits(limits), cpus=limits.cpus
+                    f"{cgroups.SLOT_PREFIX}{self.uid}", *_cgroup_limits(limits), cpus=limits.cpus
                 )
+                _prune_stale_leaves(self.cgroup, self._lock_dir)
                 layers["cgroup"] = self.cgroup.to_dict()
             self.proc = subprocess.Popen(
                 [
@@ -282,6 +283,21 @@ class _Slot:
             uids.release(self._lock_dir, self.uid, self._lock_fd)
             self.uid, self._lock_fd = None, None
         self.level = None
+
+
+def _prune_stale_leaves(cg: cgroups.SlotCgroup, lock_dir: str) -> None:
+    """Remove the leaves of slots whose pool died without closing them (a killed server):
+    uids are random per pool, so nothing else would reuse them.  A leaf goes only while
+    its uid's lock is free and held by us (no slot can claim it meanwhile) and only if
+    empty (the kernel keeps a cgroup with processes)."""
+    for name in cg.siblings():
+        uid = name.removeprefix(cgroups.SLOT_PREFIX)
+        if not uid.isdigit() or (fd := uids.try_lock(lock_dir, int(uid))) is None:
+            continue
+        try:
+            cg.remove_sibling(name)
+        finally:
+            uids.release(lock_dir, int(uid), fd)
 
 
 def _cgroup_limits(limits: SandboxLimits) -> tuple[int, int]:

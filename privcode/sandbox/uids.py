@@ -64,7 +64,7 @@ class UidBase:
 PROCESS_BASE = UidBase()  # the base of this process's run_code slots
 
 
-def _lock(lock_dir: str, uid: int) -> int | None:
+def try_lock(lock_dir: str, uid: int) -> int | None:
     """An fd holding an exclusive ``flock`` on ``uid``, or None if another process has it.
     A lock won on a file that its last owner unlinked meanwhile (:func:`release`) does not
     count."""
@@ -86,7 +86,7 @@ def claim(lock_dir: str, base: int, index: int) -> tuple[int, int]:
     :data:`SPAN`); OSError if all are taken."""
     for i in range(SPAN):
         uid = base + (index + i) % SPAN
-        if (fd := _lock(lock_dir, uid)) is not None:
+        if (fd := try_lock(lock_dir, uid)) is not None:
             return uid, fd
     raise OSError(f"all {SPAN} sandbox uids from {base} are in use")
 
