@@ -131,7 +131,7 @@ def _batch(part: Part, vocab: int, rows: int) -> dict:
     """Random token ids, every token a code token (the DP objective's and premium loss' input)."""
     import torch
 
-    from privcode.train.data import CODE, PAD
+    from privcode.models.encoding import CODE, PAD
 
     gen = torch.Generator().manual_seed(rows)
     ids = torch.randint(2, vocab, (rows, part.args.length), generator=gen).to(part.device)

@@ -66,8 +66,8 @@ def worker(args: argparse.Namespace) -> dict:
     from privcode.dp.dpsgd import PerSampleClipper, apply_flat_gradient, privatize
     from privcode.dp.randomness import SecretRandomness, secure_poisson_mask
     from privcode.dp.sampler import PoissonSchedule
+    from privcode.models.encoding import CODE, PAD
     from privcode.models.loading import attach_lora, load_causal_lm
-    from privcode.train.data import CODE, PAD
     from privcode.train.methods import MethodContext, Objective, get_method
 
     torch.set_num_threads(args.threads)
@@ -172,9 +172,9 @@ def micro_worker(args: argparse.Namespace) -> dict:
 
     from privcode.config import TrainConfig
     from privcode.dp.engine import Privacy, make_private
+    from privcode.models.encoding import CODE, PAD
     from privcode.models.loading import attach_lora
     from privcode.models.shapes import random_causal_lm
-    from privcode.train.data import CODE, PAD
     from privcode.train.methods import MethodContext, Objective, get_method
 
     torch.set_num_threads(args.threads)

@@ -1,6 +1,9 @@
 """The ``privcode`` command line: one subcommand per stage, each a thin wrapper.
 
-Heavy imports (torch, ray, transformers) happen inside the handlers so that
+:func:`build_parser` only wires one ``add_<command>_parser`` per command; the
+packages with a command group of their own (serve, audit probe, data ingest,
+sandbox, eval, dp, budget, operator) bring their ``add_*_parser``. Handlers import
+their stage inside (ray, torch, transformers, pyarrow: 50 ms to 2 s) so that
 ``privcode --help`` and config errors answer instantly.
 """
 
@@ -11,8 +14,19 @@ import json
 import sys
 from pathlib import Path
 
+from privcode import __version__
+from privcode.audit.probe.cli import add_probe_parser
+from privcode.cluster.ray_env import apply_process_env
 from privcode.config import SECTIONS, describe, load_config
+from privcode.data.ingest.cli import add_ingest_parser
+from privcode.dp.cli import add_dp_parser
 from privcode.errors import PrivcodeError
+from privcode.eval.cli import add_eval_parser
+from privcode.layout import RunLayout
+from privcode.operator.cli import add_operator_parser
+from privcode.privacy.cli import add_budget_parser
+from privcode.sandbox.cli import add_sandbox_parser
+from privcode.serve.cli import add_serve_parser
 
 
 def _add_config_args(
@@ -218,7 +232,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     """docs/results.md from the study's runs (manifests only): table, plot, directions."""
-    from privcode.layout import RunLayout
     from privcode.pipeline.study import write_results
 
     cfg = load_config(args.config, list(args.overrides))
@@ -232,30 +245,60 @@ def cmd_study(args: argparse.Namespace) -> int:
 cmd_train = _stage_command("train", "train", ("method",))
 cmd_synthesize = _stage_command("synth", "synth", ("release", "num_samples"))
 cmd_premium = _stage_command("premium", "premium", ("model", "data"))
+cmd_audit = _stage_command("audit", "audit", ())
+cmd_pac = _stage_command("pac", "pac", ())
 
 
 # --------------------------------------------------------------------------- parser
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``privcode`` parser: one ``add_<command>_parser`` per command, in help order."""
     parser = argparse.ArgumentParser(
         prog="privcode",
         description="Differentially private code LLMs on Ray: private corpus -> DP junior model "
         "-> synthetic data -> premium model, with audits and a report.",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"privcode {__import__('privcode').__version__}"
-    )
+    parser.add_argument("--version", action="version", version=f"privcode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_parser(sub)
+    add_plan_parser(sub)
+    add_config_parser(sub)
+    add_data_parser(sub)
+    add_base_parser(sub)
+    add_train_parser(sub)
+    add_synthesize_parser(sub)
+    add_premium_parser(sub)
+    add_serve_parser(sub, _add_config_args)
+    add_audit_parser(sub)
+    add_pac_parser(sub)
+    add_report_parser(sub)
+    add_study_parser(sub)
+    add_sandbox_parser(sub)
+    add_eval_parser(sub)
+    add_dp_parser(sub)
+    add_budget_parser(sub)
+    add_operator_parser(sub)
+    add_cluster_parser(sub)
+    add_submit_parser(sub)
+    return parser
 
+
+def _add_json_flag(p: argparse.ArgumentParser, what: str = "the run summary as JSON") -> None:
+    p.add_argument("--json", action="store_true", help=f"Print {what}.")
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="Run the configured pipeline stages in order (skips unchanged ones)."
     )
     _add_config_args(p)
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    _add_json_flag(p)
     p.set_defaults(func=cmd_run)
 
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="Without running any model: each stage's Ray resources and workers, whether the "
@@ -283,9 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Plan for this running Ray cluster (GCS host:port or 'auto'; no --node).",
     )
-    p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    _add_json_flag(p, "the plan as JSON")
     p.set_defaults(func=cmd_plan)
 
+
+def add_config_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "config", help="Show config sections, their fields and help, or a resolved config."
     )
@@ -294,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(c, default=None)
     c.set_defaults(func=cmd_config_show)
 
+
+def add_data_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "data", help="Private data: ingest your code, build the demo corpus, validate a file."
     )
@@ -306,17 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, help="Output directory.")
     d.add_argument("--seed", type=int, help="Random seed (overrides data.seed).")
     d.add_argument("--size", type=int, help="Number of ordinary records (overrides data.size).")
-    d.add_argument("--json", action="store_true", help="Print the manifest as JSON.")
+    _add_json_flag(d, "the manifest as JSON")
     _add_config_args(d, default=None)
     d.set_defaults(func=cmd_data_demo)
-    from privcode.data.ingest.cli import add_ingest_parser
-
     add_ingest_parser(dsub, _add_config_args)
     d = dsub.add_parser("validate", help="Validate a JSONL or Parquet dataset row by row.")
     d.add_argument("file", help="Dataset file (.jsonl or .parquet).")
     d.add_argument("--max-record-bytes", type=int, default=65_536, help="Size limit per record.")
     d.set_defaults(func=cmd_data_validate)
 
+
+def add_base_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("base", help="The public base model trained offline from public code.")
     bsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     b = bsub.add_parser(
@@ -327,10 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--seed", type=int, help="Seed (overrides base.seed).")
     b.add_argument("--out", help="Output directory (default: the cache directory).")
-    b.add_argument("--json", action="store_true", help="Print the build info as JSON.")
+    _add_json_flag(b, "the build info as JSON")
     _add_config_args(b, default=None)
     b.set_defaults(func=cmd_base_build)
 
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="Stage I: DP-SGD training of the junior model (runs the train "
@@ -338,9 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
     p.add_argument("--method", help="Training method (overrides train.method), e.g. dpft.")
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    _add_json_flag(p)
     p.set_defaults(func=cmd_train)
 
+
+def add_synthesize_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synthesize",
         help="Stage II: synthesise (prompt, code) pairs from the "
@@ -358,9 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="Samples to generate (overrides synth.num_samples).",
     )
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    _add_json_flag(p)
     p.set_defaults(func=cmd_synthesize)
 
+
+def add_premium_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "premium",
         help="Fine-tune the premium model (LoRA, no DP) on the synthetic data (the premium stage).",
@@ -370,13 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help="Premium base: local HF model dir or preset (overrides premium.model)."
     )
     p.add_argument("--data", help="Synthetic Parquet (overrides premium.data).")
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    _add_json_flag(p)
     p.set_defaults(func=cmd_premium)
 
-    from privcode.serve.cli import add_serve_parser
 
-    add_serve_parser(sub, _add_config_args)
-
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "audit",
         help="Privacy audits of a trained run (canary leakage, "
@@ -384,13 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
         "`audit probe` runs leak probing alone on any model.",
     )
     _add_config_args(p)
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
-    p.set_defaults(func=_stage_command("audit", "audit", ()))
+    _add_json_flag(p)
+    p.set_defaults(func=cmd_audit)
     asub = p.add_subparsers(dest="audit_command", required=False, metavar="AUDIT")
-    from privcode.audit.probe.cli import add_probe_parser
-
     add_probe_parser(asub)
 
+
+def add_pac_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "pac",
         help="PAC-private generation: train the m LoRA worlds (WITHOUT "
@@ -398,9 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
         "utility and leakage; `privcode serve --pac` serves them.",
     )
     _add_config_args(p)
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
-    p.set_defaults(func=_stage_command("pac", "pac", ()))
+    _add_json_flag(p)
+    p.set_defaults(func=cmd_pac)
 
+
+def add_report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="Write reports/<run>/report.md and report.html from the "
@@ -408,9 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
         "runs' epsilons feed its privacy-utility curve).",
     )
     _add_config_args(p)
-    p.add_argument("--json", action="store_true", help="Print the run summary as JSON.")
+    _add_json_flag(p)
     p.set_defaults(func=cmd_report)
 
+
+def add_study_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "study",
         help="Write the study's results (docs/results.md: pass@1 with intervals, leakage, "
@@ -428,22 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_study)
 
-    from privcode.sandbox.cli import add_sandbox_parser
 
-    add_sandbox_parser(sub)
-    from privcode.eval.cli import add_eval_parser
-
-    add_eval_parser(sub)
-
-    from privcode.dp.cli import add_dp_parser
-    from privcode.privacy.cli import add_budget_parser
-
-    add_dp_parser(sub)
-    add_budget_parser(sub)
-    from privcode.operator.cli import add_operator_parser
-
-    add_operator_parser(sub)
-
+def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cluster", help="A local Ray head on 127.0.0.1: up, down, status.")
     p.add_argument("action", choices=("up", "down", "status"), help="What to do.")
     p.add_argument("--port", type=int, default=6379, help="GCS port (default %(default)s).")
@@ -453,9 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-cpus", type=int, default=None, help="CPUs the head offers (default: all)."
     )
-    p.add_argument("--json", action="store_true", help="Print JSON.")
+    _add_json_flag(p, "JSON")
     p.set_defaults(func=cmd_cluster)
 
+
+def add_submit_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "submit",
         help="Submit the pipeline as a Ray Job (local head, any Ray "
@@ -477,6 +520,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default RAY_ADDRESS).",
     )
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
+    _add_k8s_submit_args(p)
+    p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
+    _add_json_flag(p, "JSON")
+    p.set_defaults(func=cmd_submit)
+
+
+def _add_k8s_submit_args(p: argparse.ArgumentParser) -> None:
+    """``submit``'s options for ``--target k8s``."""
     p.add_argument(
         "--namespace",
         default=None,
@@ -508,15 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
         "submission is then a PrivCodeRun, admitted before any pod exists).",
     )
     p.add_argument("--data-path", default=None, help="The training file, relative to the claim.")
-    p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
-    p.add_argument("--json", action="store_true", help="Print JSON.")
-    p.set_defaults(func=cmd_submit)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from privcode.cluster.ray_env import apply_process_env
-
     apply_process_env()  # before torch is imported (handlers import it)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -13,7 +13,8 @@ are validated the way a cluster would: core objects with ``kubernetes-validate``
 (strict: unknown fields are errors), Ray custom resources with
 :func:`privcode.cluster.k8s.custom_resource_problems` against the ``v1``
 openAPIV3Schema of the KubeRay CRDs in ../shared/kuberay/crds/
-(``PRIVCODE_KUBERAY_CRDS`` overrides the path): JSON-schema validation plus
+(``PRIVCODE_KUBERAY_CRDS`` overrides the path; skipped without them unless
+``PRIVCODE_REQUIRE_CRDS=1``): JSON-schema validation plus
 every field the schema does not declare (the API server would prune it
 silently). helm runs once per distinct command line.
 """
@@ -28,8 +29,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from gates import REQUIRE_CRDS, REQUIRE_HELM, require_or_skip
 
 from privcode.cluster import k8s
 from privcode.errors import PrivcodeError
@@ -105,17 +106,16 @@ def require_helm() -> str:
     try:
         return k8s.helm_binary()
     except PrivcodeError:
-        if os.environ.get("PRIVCODE_REQUIRE_HELM") == "1":
-            pytest.fail("helm not found: run `make tools`")
-        pytest.skip("helm not found: run `make tools`")
+        require_or_skip(REQUIRE_HELM, "helm not found: run `make tools`")
 
 
 def require_crds() -> Path:
-    """The KubeRay CRD folder; skip the test when it is absent."""
+    """The KubeRay CRD folder; skip the test without it (fail with ``PRIVCODE_REQUIRE_CRDS=1``)."""
     if not (CRDS / "ray.io_rayjobs.yaml").is_file():
-        pytest.skip(
+        require_or_skip(
+            REQUIRE_CRDS,
             f"KubeRay CRDs not found at {CRDS} (the shared folder is absent; set "
-            "PRIVCODE_KUBERAY_CRDS)"
+            "PRIVCODE_KUBERAY_CRDS)",
         )
     return CRDS
 

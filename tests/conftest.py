@@ -299,7 +299,7 @@ def ci_release(ci_model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     import torch
 
     from privcode.models.loading import attach_lora, load_causal_lm
-    from privcode.release import write_release
+    from privcode.train.release import write_release
 
     work = tmp_path_factory.mktemp("release")
     torch.manual_seed(0)
@@ -425,7 +425,8 @@ def helm() -> str:
 
 @pytest.fixture(scope="module")
 def crds() -> os.PathLike:
-    """The KubeRay CRD folder (``PRIVCODE_KUBERAY_CRDS``): skips when it is absent."""
+    """The KubeRay CRD folder (``PRIVCODE_KUBERAY_CRDS``): skips when it is absent, fails
+    instead with ``PRIVCODE_REQUIRE_CRDS=1`` (tests/gates.py)."""
     return require_crds()
 
 

@@ -195,9 +195,9 @@ def _records(codes, tag):
 def planted_dir(base_path, tmp_path_factory) -> Path:
     """The ci base fully fine-tuned WITHOUT DP by the audits' nondpft trainer (100 steps,
     every record in every batch) on the six canary snippets."""
-    from privcode.audit.nondp import MARKER, train_nondp_comparison
     from privcode.config import load_config
     from privcode.data.records import write_records
+    from privcode.train.nondp import MARKER, train_nondp_comparison
 
     root = tmp_path_factory.mktemp("planted")
     write_records(_records(_TRAIN, "m"), root / "train.jsonl")
@@ -234,10 +234,10 @@ def planted(planted_dir) -> ScoredModel:
 
 def test_nondp_lora_trains_the_junior_adapter_only(base_path, tmp_path):
     """'lora' mode trains exactly the DP run's LoRA parameters; 'full' trains every weight."""
-    from privcode.audit.nondp import train_nondp_comparison
     from privcode.config import load_config
     from privcode.data.records import write_records
     from privcode.models.loading import attach_lora, count_parameters, load_causal_lm
+    from privcode.train.nondp import train_nondp_comparison
 
     write_records(_records(_TRAIN, "m"), tmp_path / "train.jsonl")
     cfg = load_config(
@@ -405,7 +405,7 @@ def test_record_losses_members_below_unseen(planted, base_path):
 
 def test_load_scored_model_detects_what_a_path_holds(planted, base_path, tmp_path):
     from privcode.models.loading import attach_lora, load_causal_lm
-    from privcode.release import write_release
+    from privcode.train.release import write_release
 
     planted.model.save_pretrained(tmp_path / "plain")
     planted.tokenizer.save_pretrained(tmp_path / "plain")

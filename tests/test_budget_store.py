@@ -128,12 +128,12 @@ def test_the_preflight_knows_records_by_their_training_rows(
     from privcode.config import load_config
     from privcode.data.records import read_records
     from privcode.layout import RunLayout
+    from privcode.models.encoding import encode_records
     from privcode.models.loading import load_tokenizer
     from privcode.pipeline import admission as preflight_module
     from privcode.pipeline.runner import read_manifest
     from privcode.privacy import admission
     from privcode.privacy.identities import tokenizer_id
-    from privcode.train.data import encode_records
 
     root, _ = tiny_pipeline
     cfg = load_config("jobs/configs/demo.yaml", tiny_pipeline_overrides(root, ci_base_cache))

@@ -228,7 +228,7 @@ def test_audit_with_use_gpu_and_no_cuda_fails_before_any_model(no_cuda, ci_relea
 
 
 def test_nondp_comparison_with_use_gpu_and_no_cuda_names_the_key(no_cuda, tmp_path):
-    from privcode.audit.nondp import train_nondp_comparison
+    from privcode.train.nondp import train_nondp_comparison
 
     cfg = load_config(None, overrides=["train.use_gpu=true", "audit.compare_nondp=true"])
     with pytest.warns(RuntimeWarning, match="WITHOUT differential privacy"):
@@ -251,7 +251,7 @@ def test_pac_eval_and_worlds_with_use_gpu_and_no_cuda_name_the_key(no_cuda, tmp_
 
 
 def test_release_loads_bf16_weights_and_generates(ci_release):
-    from privcode.release import load_release
+    from privcode.models.junior import load_release
     from privcode.synth.operators import Generate
 
     full = load_release(ci_release)

@@ -16,7 +16,7 @@ from privcode.config import TrainConfig
 from privcode.dp import dpsgd
 from privcode.dp.dpsgd import PerSampleClipper
 from privcode.dp.engine import Privacy, make_private
-from privcode.train.data import CODE, PROMPT, Encoded, collate
+from privcode.models.encoding import CODE, PROMPT, Encoded, collate
 from privcode.train.methods import MethodContext, Objective, get_method
 
 pytestmark = pytest.mark.heavy
@@ -288,9 +288,9 @@ def test_dp_overhead_memory_table_smallest():
 def test_a_bf16_junior_trains_fp32_adapters_over_bf16_base_weights(ci_model):
     """train.dtype bfloat16: the frozen base in bf16, LoRA and PrivLC in fp32, a micro-batched
     autocast step updates them (finite), and the update is close to the fp32 junior's."""
+    from privcode.models.encoding import encode_records
     from privcode.models.loading import resolve_dtype
     from privcode.train.build import build_objective
-    from privcode.train.data import encode_records
 
     class Rec:
         def __init__(self, prompt, code):

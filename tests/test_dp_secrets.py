@@ -28,9 +28,9 @@ from privcode.config import BaseConfig, TrainConfig
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.dpsgd import PerSampleClipper, gaussian_noise
 from privcode.dp.randomness import SecretRandomness, record_key, record_seeds, secure_poisson_mask
+from privcode.models.encoding import CODE, PROMPT, Encoded, collate, encode_records
 from privcode.privacy.store import ENV_VAR, PrivacyStore, StoreError, resolve_store
 from privcode.train.build import build_objective
-from privcode.train.data import CODE, PROMPT, Encoded, collate, encode_records
 from privcode.train.methods import get_method
 
 # --------------------------------------------------------------------------- 1. history

@@ -17,7 +17,7 @@ from privcode.dp.dpsgd import (
     privatize,
 )
 from privcode.dp.sampler import PoissonSchedule, shard_of
-from privcode.train.data import CODE, PROMPT, Encoded, collate
+from privcode.models.encoding import CODE, PROMPT, Encoded, collate
 from privcode.train.methods import MethodContext, Objective, get_method
 
 # --------------------------------------------------------------------------- sampler

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import premium_json, privacy_record
+from gates import REQUIRE_SANDBOX, require_or_skip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +42,7 @@ def sandbox_ok() -> None:
     try:
         SandboxPool(workers=1).close()
     except SandboxError as exc:
-        pytest.skip(f"the sandbox refuses to run here: {exc}")
+        require_or_skip(REQUIRE_SANDBOX, f"the sandbox refuses to run here: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +420,7 @@ def test_sampling_is_seeded_and_adapters_load(ci_base, tmp_path, humaneval):
 
     from privcode.eval.completions import generate_completions, load_generator
     from privcode.models.loading import attach_lora, load_causal_lm
-    from privcode.release import write_release
+    from privcode.train.release import write_release
 
     problems = humaneval.select(2)
     gen = load_generator(ci_base)

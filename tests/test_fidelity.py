@@ -285,6 +285,6 @@ def test_minilm_embedder_reads_its_training_window_of_128_word_pieces(minilm):
     assert np.allclose(a, b, atol=1e-6)  # they differ only after the window
     assert float(a @ short) < 0.99
     with pytest.raises(ValueError, match="max_seq_length"):
-        from privcode.synth.roundtrip import EmbeddingScorer
+        from privcode.models.embedding import EmbeddingScorer
 
         EmbeddingScorer(max_seq_length=0)

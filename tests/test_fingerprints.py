@@ -78,8 +78,8 @@ def test_the_report_reads_the_run_name_and_reports_dir_only():
 
 
 def test_the_nondp_declaration_covers_what_its_code_reads():
-    """Every ``cfg.train.X`` in audit/nondp.py is declared (a new read cannot be missed)."""
-    import privcode.audit.nondp as nondp
+    """Every ``cfg.train.X`` in train/nondp.py is declared (a new read cannot be missed)."""
+    import privcode.train.nondp as nondp
 
     tree = ast.parse(Path(nondp.__file__).read_text(encoding="utf-8"))
     read = {

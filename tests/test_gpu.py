@@ -71,9 +71,9 @@ def _dp_step(base: str, records_path, device: str, dtype: str) -> torch.Tensor:
     """The weight update of one engine step: clipped per-record sum (C = 1), noise off."""
     from privcode.data.records import read_records
     from privcode.dp.engine import Privacy, make_private
+    from privcode.models.encoding import collate, encode_records
     from privcode.models.loading import resolve_dtype
     from privcode.train.build import build_objective
-    from privcode.train.data import collate, encode_records
     from privcode.train.methods import get_method
 
     cfg = TrainConfig(method="dpft", lora_r=4, lora_alpha=8, lora_dropout=0.0, dtype=dtype, seed=0)
@@ -139,7 +139,7 @@ def test_dp_sgd_bf16_autocast_step_on_gpu_is_close_to_fp32(ci_model, corpus, no_
 
 
 def test_ray_train_gpu_worker_uses_nccl(ray_connected, tmp_path):
-    from privcode.train.ray_train import fit, torch_trainer
+    from privcode.models.ray_train import fit, torch_trainer
 
     def loop(config):
         import json
@@ -181,7 +181,7 @@ def test_ray_train_gpu_worker_uses_nccl(ray_connected, tmp_path):
 
 
 def test_release_generates_on_cuda_in_bf16(ci_release):
-    from privcode.release import load_release
+    from privcode.models.junior import load_release
     from privcode.synth.operators import Generate
 
     rel = load_release(ci_release, device="cuda", dtype=torch.bfloat16)

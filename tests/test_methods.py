@@ -9,8 +9,8 @@ import torch
 
 from privcode.config import BaseConfig, TrainConfig, load_config
 from privcode.errors import ConfigError
+from privcode.models.encoding import CODE, PROMPT, collate, encode_records, segment_rows
 from privcode.train.build import build_objective
-from privcode.train.data import CODE, PROMPT, collate, encode_records, segment_rows
 from privcode.train.methods import METHODS, get_method
 
 CFG = TrainConfig(

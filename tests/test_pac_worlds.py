@@ -41,9 +41,9 @@ def test_mixed_adapter_gradients_equal_separate_trainings(base, corpus):
     from peft import get_peft_model
 
     from privcode.data.records import read_records
+    from privcode.models.encoding import collate, encode_records
     from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
     from privcode.pac.worlds import _row_losses
-    from privcode.train.data import collate, encode_records
 
     tok = load_tokenizer(base)
     enc = encode_records(read_records(corpus)[:6], tok, 32)
@@ -78,9 +78,9 @@ def test_train_worlds_writes_m_adapters_that_learn_their_members(base, corpus, t
     from peft import PeftModel
 
     from privcode.data.records import read_records
+    from privcode.models.encoding import collate, encode_records
     from privcode.models.loading import load_causal_lm, load_tokenizer
     from privcode.pac.worlds import MANIFEST, train_worlds
-    from privcode.train.data import collate, encode_records
 
     cfg = PacConfig(worlds=4, steps=40, batch_size=3, lr=1e-2, max_length=32, lora_r=4)
     with pytest.warns(RuntimeWarning, match="WITHOUT DP"):

@@ -299,8 +299,8 @@ def test_every_rank_joins_the_heldout_forward_and_the_mean_is_the_one_rank_mean(
     single-rank mean of the batch losses."""
     import torch
 
+    from privcode.models.encoding import Encoded
     from privcode.premium import train as pt
-    from privcode.train.data import Encoded
 
     calls: dict[int, int] = {}
     current = {"rank": 0}

@@ -50,9 +50,9 @@ def _one_process_heldout_loss(base: str, adapter: Path, data: Path, cfg: Premium
     """The held-out loss of ``adapter`` over ``base``, evaluated in this process (one rank)."""
     from peft import PeftModel
 
+    from privcode.models.encoding import encode_records
     from privcode.models.loading import load_causal_lm, load_tokenizer
     from privcode.premium import train as pt
-    from privcode.train.data import encode_records
 
     tokenizer = load_tokenizer(base)
     pairs = pt._read_synthetic(data)
@@ -131,9 +131,9 @@ def test_gradient_checkpointing_keeps_the_loss_and_the_lora_gradients(base_path)
     """premium.gradient_checkpointing (HF, non-reentrant): each decoder layer's attention runs
     again in the backward pass (its activations recomputed, not stored), and the loss and LoRA
     gradients equal those without it (fp32 on the CPU)."""
+    from privcode.models.encoding import collate, encode_records
     from privcode.models.loading import load_tokenizer
     from privcode.premium.train import _code_loss, _Pair, _premium_model
-    from privcode.train.data import collate, encode_records
 
     tokenizer = load_tokenizer(base_path)
     rows = encode_records(

@@ -107,7 +107,7 @@ def tokenizer():
 
 
 def rows_of(records, tokenizer):
-    from privcode.train.data import encode_records
+    from privcode.models.encoding import encode_records
 
     return encode_records(records, tokenizer, MAX_LENGTH)
 

@@ -13,11 +13,11 @@ from privcode.errors import ConfigError
 
 
 def test_every_implementation_table_is_keyed_by_the_registry_names():
+    from privcode.artifacts.junior import METHOD_CONDITIONING
     from privcode.dp.accounting import ACCOUNTANTS
     from privcode.dp.dpsgd import GRAD_SAMPLE_MODES
     from privcode.eval.benchmarks import BENCHMARKS
     from privcode.pipeline.stages import STAGES
-    from privcode.release.junior import METHOD_CONDITIONING
     from privcode.train import methods
 
     assert tuple(ACCOUNTANTS) == registry.ACCOUNTANTS

@@ -1,4 +1,7 @@
-"""The junior release (privcode.release): format, atomic writes, verification, loading, sampling.
+"""The junior release: format, atomic writes, verification, loading, sampling.
+
+Format and checks: privcode.artifacts.junior; writer: privcode.train.release; loader:
+privcode.models.junior.
 
 Built on the session's ``ci`` base model with a small LoRA adapter whose
 ``lora_B`` weights are perturbed (so the adapter changes the logits) and a
@@ -21,17 +24,12 @@ import torch
 from conftest import privacy_record
 from safetensors.torch import load_file, save_file
 
+from privcode.artifacts.junior import ReleaseError, scan_release, verify_release
 from privcode.config import BaseConfig
 from privcode.models import ModelLoadError, attach_lora, load_causal_lm
 from privcode.models.base import build_base
-from privcode.release import (
-    JuniorRelease,
-    ReleaseError,
-    load_release,
-    scan_release,
-    verify_release,
-    write_release,
-)
+from privcode.models.junior import JuniorRelease, load_release
+from privcode.train.release import write_release
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -151,7 +149,7 @@ def test_round_trip_in_a_fresh_process(env, latent_rel):
     script = (
         "import hashlib, json, sys, warnings\n"
         "warnings.simplefilter('ignore')\n"
-        "from privcode.release import load_release\n"
+        "from privcode.models.junior import load_release\n"
         "rel = load_release(sys.argv[1], merge=False)\n"
         "h = hashlib.sha256()\n"
         "for name, p in sorted(rel.model.named_parameters()):\n"

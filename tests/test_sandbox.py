@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from gates import REQUIRE_SANDBOX, require_or_skip
 
 from privcode.cli import main as cli_main
 from privcode.sandbox import (
@@ -59,7 +60,10 @@ HOST_MARKERS = [
 
 def require_namespaces() -> None:
     if not is_full(isolation_level()):
-        pytest.skip(f"hostile code needs the full sandbox (root); here: {isolation_level()}")
+        require_or_skip(
+            REQUIRE_SANDBOX,
+            f"hostile code needs the full sandbox (root); here: {isolation_level()}",
+        )
 
 
 def uid_processes(uids: set[int]) -> list[str]:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gates import REQUIRE_SANDBOX, require_or_skip
 
 from privcode.config import load_config
 from privcode.eval.cli import add_eval_parser
@@ -74,7 +75,9 @@ print(json.dumps(out))
 
 def run_child(mode: str) -> dict:
     if not is_full(isolation_level()):
-        pytest.skip(f"needs the full sandbox (root); here: {isolation_level()}")
+        require_or_skip(
+            REQUIRE_SANDBOX, f"needs the full sandbox (root); here: {isolation_level()}"
+        )
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, mode, str(HOSTILE)],
         capture_output=True,

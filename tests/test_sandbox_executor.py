@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from gates import REQUIRE_SANDBOX, require_or_skip
 
 from privcode.cli import main as cli_main
 from privcode.sandbox import (
@@ -44,7 +45,9 @@ RAW_AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
 
 def require_full() -> None:
     if not is_full(isolation_level()):
-        pytest.skip(f"needs the full sandbox (root); here: {isolation_level()}")
+        require_or_skip(
+            REQUIRE_SANDBOX, f"needs the full sandbox (root); here: {isolation_level()}"
+        )
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gates import REQUIRE_SANDBOX, require_or_skip
 
 from privcode.sandbox import SandboxLimits, SandboxPool, is_full, isolation_level, spawn, uids
 from privcode.sandbox import pool as sb
@@ -32,7 +33,7 @@ HOSTILE = Path(__file__).parent / "hostile"
 def require_full(cgroup: bool = False) -> None:
     level = isolation_level()
     if not is_full(level):
-        pytest.skip(f"needs the full sandbox (root); here: {level}")
+        require_or_skip(REQUIRE_SANDBOX, f"needs the full sandbox (root); here: {level}")
     if cgroup and not level.endswith("+cgroup"):
         pytest.skip(f"needs a cgroup leaf per slot; here: {level}")
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from gates import REQUIRE_SANDBOX, require_or_skip
 
 from privcode.sandbox import SandboxLimits, SandboxPool, is_full, isolation_level, seccomp
 
@@ -78,7 +79,9 @@ def runs():
     """The review's syscalls, the socket families, memfd at 900 MB and the stdlib workload,
     through one pool with the filter (with or without a cgroup: the filter is under test)."""
     if not is_full(isolation_level()):
-        pytest.skip(f"needs the full sandbox (root); here: {isolation_level()}")
+        require_or_skip(
+            REQUIRE_SANDBOX, f"needs the full sandbox (root); here: {isolation_level()}"
+        )
     names = ("syscall_allowlist", "socket_families", "memfd_memory")
     codes = [(HOSTILE / f"{n}.py").read_text() for n in names] + [WORKLOAD]
     with SandboxPool(workers=2, limits=LIMITS, isolation="full-no-cgroup") as pool:  # any

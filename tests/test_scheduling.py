@@ -171,7 +171,7 @@ def test_gpu_stages_reserve_a_gpu_on_a_node_that_has_one():
     assert [(w.count, w.cpus, w.gpus) for w in STAGES["audit"].workers(per_model)] == [
         (3, 1.0, 1.0)  # junior, premium, nondpft
     ]
-    # The non-DP comparison trains on train.use_gpu's device (privcode.audit.nondp).
+    # The non-DP comparison trains on train.use_gpu's device (privcode.train.nondp).
     gpu_train = _demo("train.use_gpu=true", "train.num_workers=2")
     assert stage_resources(STAGES["nondp"], gpu_train, nodes) == on
     assert STAGES["nondp"].gpu_key(gpu_train) == "train.use_gpu"
@@ -207,7 +207,7 @@ def test_a_gpu_stage_on_a_cluster_without_gpus_fails_fast_naming_the_key():
 def test_ray_train_stages_get_gpus_through_the_scaling_config(tmp_path):
     """train/premium with use_gpu: the stage task holds no GPU; Ray Train's ScalingConfig gives
     each worker one, as the stage's Workers declare (and the GPU footprint counts)."""
-    from privcode.train.ray_train import torch_trainer
+    from privcode.models.ray_train import torch_trainer
 
     cfg = _demo(
         "train.num_workers=3",

@@ -23,7 +23,6 @@ from privcode.serve.api import CompletionRequest, RequestError, parse_completion
 from privcode.serve.args import guard_limits
 from privcode.serve.guard import GuardError, KeyRing
 from privcode.serve.premium import (
-    Completion,
     PremiumModel,
     ServeError,
     app,
@@ -311,12 +310,13 @@ def test_stop_strings_truncate_and_finish_with_stop(premium):
 
 
 def test_eos_finishes_with_stop_and_counts_the_eos_token(premium):
-    item = premium.prepare(_req(PROMPTS[0], max_tokens=10))
-    words = premium.tokenizer("x = 1", add_special_tokens=False)["input_ids"]
-    eos = premium.eos_ids[0]
-    got = premium._finish(item, [*words, eos, premium.pad_id, premium.pad_id], None)
-    assert got == Completion("x = 1", "stop", len(item.ids), len(words) + 1)
-    got = premium._finish(item, [*words] * 5, None)
+    from privcode.models.generate import _finish  # how generate ends each of serve's rows
+
+    tok, eos_ids = premium.tokenizer, premium.eos_ids
+    words = tok("x = 1", add_special_tokens=False)["input_ids"]
+    got = _finish(tok, [*words, eos_ids[0], premium.pad_id, premium.pad_id], 10, eos_ids, ())
+    assert (got.text, got.finish_reason, got.completion_tokens) == ("x = 1", "stop", len(words) + 1)
+    got = _finish(tok, [*words] * 5, 10, eos_ids, ())
     assert got.finish_reason == "length" and got.completion_tokens == 10
 
 

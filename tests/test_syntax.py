@@ -15,13 +15,8 @@ import textwrap
 import pytest
 import torch
 
-from privcode.train.syntax import (
-    STRUCTURAL_NAMES,
-    ast_lambda,
-    kl_at_positions,
-    structural_flags,
-    structural_spans,
-)
+from privcode.models.encoding import STRUCTURAL_NAMES, structural_flags, structural_spans
+from privcode.train.syntax import ast_lambda, kl_at_positions
 
 
 def texts(code: str, spans: list[tuple[int, int]]) -> list[str]:
@@ -401,8 +396,6 @@ def test_kl_rejects_shape_mismatch():
 def test_structural_tokens_of_other_languages_come_from_their_grammar():
     """Ingested Go / Rust / JavaScript records: keywords, operators, punctuation only."""
     import re
-
-    from privcode.train.syntax import structural_flags
 
     for lang, code, want in (
         (

@@ -44,7 +44,7 @@ def _light_release(root: Path, *, dp: bool) -> Path:
     for the release checks and for finalising shards already on disk (no model is loaded)."""
     from safetensors.torch import save_file
 
-    from privcode.release import write_release
+    from privcode.train.release import write_release
 
     adapter = root / "adapter"
     adapter.mkdir(parents=True)

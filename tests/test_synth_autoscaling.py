@@ -303,7 +303,7 @@ def _light_release(root: Path) -> Path:
     from conftest import privacy_record
     from safetensors.numpy import save_file
 
-    from privcode.release import write_release
+    from privcode.train.release import write_release
 
     adapter = root / "adapter"
     adapter.mkdir(parents=True)

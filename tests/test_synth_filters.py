@@ -15,10 +15,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from gates import REQUIRE_SANDBOX, require_or_skip
 
 from privcode.config import BaseConfig
 from privcode.data.public import public_pairs
 from privcode.models.base import build_base
+from privcode.models.embedding import EmbeddingScorer, default_embedding_model
 from privcode.synth.dedup import Deduplicator, _shingle_hashes, normalize_code
 from privcode.synth.extract import (
     EXTRACTORS,
@@ -30,10 +32,8 @@ from privcode.synth.extract import (
 from privcode.synth.roundtrip import (
     DEFAULT_THRESHOLDS,
     BERTScoreScorer,
-    EmbeddingScorer,
     OfflineSummarizer,
     RoundTripFilter,
-    default_embedding_model,
     make_scorer,
     make_summarizer,
 )
@@ -373,7 +373,7 @@ def test_execution_filter_parse_checks_other_languages():
     from privcode.synth.operators import ExecutionFilter
 
     if not is_full(isolation_level()):
-        pytest.skip("needs the full sandbox")
+        require_or_skip(REQUIRE_SANDBOX, f"needs the full sandbox; here: {isolation_level()}")
     f = ExecutionFilter({"wall_seconds": 5.0}, 2, parse_check=("go", "rust"))
     codes = [
         "func Add(a, b int) int {\n\treturn a + b\n}\n",
@@ -393,7 +393,7 @@ def test_execution_filter_parse_checks_other_languages():
 
 
 def test_row_int8_linear_is_batch_independent_and_matches_a_numpy_reference():
-    from privcode.synth.rowint8 import RowInt8Linear, quantize_rows
+    from privcode.models.rowint8 import RowInt8Linear, quantize_rows
 
     gen = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(48, 24)
@@ -423,7 +423,7 @@ def test_row_int8_linear_is_batch_independent_and_matches_a_numpy_reference():
 
 
 def test_length_batches_cover_every_text_within_the_budget():
-    from privcode.synth.roundtrip import length_batches
+    from privcode.models.embedding import length_batches
 
     lengths = [5, 130, 7, 7, 60, 3, 128, 12, 9, 1000]
     batches = length_batches(lengths, budget=128, cap=3)

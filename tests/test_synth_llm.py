@@ -18,7 +18,8 @@ import pytest
 
 from privcode.config import SynthConfig
 from privcode.errors import ConfigError
-from privcode.synth.llm_endpoint import EndpointError, EndpointGenerator, check_endpoint_url
+from privcode.models.endpoint import EndpointError, check_endpoint_url
+from privcode.synth.llm_endpoint import EndpointGenerator
 
 SECRET_CODE = "def leak_7f3a():\n    return 'SECRET-SAMPLE-7f3a'\n"
 
@@ -78,7 +79,7 @@ def test_endpoint_urls():
     assert check_endpoint_url("http://localhost:9000/v1") == "http://localhost:9000"
     for bad in ("ftp://x", "llm:8000", "http://10.0.0.7:8000", "http://llm.internal"):
         with pytest.raises(EndpointError, match="synth.llm_endpoint"):
-            check_endpoint_url(bad)
+            check_endpoint_url(bad, "synth.llm_endpoint")
 
 
 def test_generate_batches_by_concurrency_in_order_with_the_token(server, monkeypatch):
@@ -109,9 +110,10 @@ def test_retries_transient_errors_then_fails_naming_only_the_url(server):
     with pytest.raises(EndpointError, match=r"failed 3 times \(last: HTTP 503\)") as err:
         gen.generate([SECRET_CODE])
     assert "SECRET" not in str(err.value)
-    server.script = [401]
-    with pytest.raises(EndpointError, match="HTTP 401 \\(not retried\\)"):
+    server.script, sent = [401], len(server.bodies)
+    with pytest.raises(EndpointError, match="HTTP 401: Unauthorized"):
         gen.generate(["x"])
+    assert len(server.bodies) == sent + 1  # not retried
 
 
 def test_hostile_answers_are_bounded_and_never_echoed(server):

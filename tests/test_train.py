@@ -260,10 +260,10 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     assert "PUBLIC" in privacy["objective"]["alignment"]
     assert privacy["objective"]["privlc"]["never_released"] == ["code_encoder", "prompt_encoder"]
 
-    # The release loads in a fresh process with peft (privcode.release) and generates.
+    # The release loads in a fresh process with peft (privcode.models.junior) and generates.
     code = (
         "import json, sys, torch\n"
-        "from privcode.release import load_release\n"
+        "from privcode.models.junior import load_release\n"
         "r = load_release(sys.argv[1], merge=False)\n"
         "out = r.generate(z=r.sample_z(2, seed=0), max_new_tokens=8, temperature=0.0)\n"
         "print(json.dumps({'n': len(out), 'dz': r.dz, 'k': r.num_virtual_tokens,\n"
@@ -292,8 +292,8 @@ def test_train_stage_releases_adapter_and_privacy_report(tiny_pipeline, ci_base_
     canaries = json.loads((root / "runs" / "t" / "data" / "canaries.json").read_text())
     secrets = [c["value"] for c in canaries["canaries"]]
     # ... nor any record's code or prompt line (long enough not to occur by chance).
+    from privcode.artifacts.junior import scan_release
     from privcode.data.records import read_records
-    from privcode.release import scan_release
 
     records = read_records(root / "runs" / "t" / "data" / "train.parquet")
     secrets += [r.code[:200] for r in records if len(r.code) >= 80]
@@ -440,8 +440,8 @@ def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(
     """
     from privcode.data.demo import build_demo_corpus
     from privcode.data.records import read_records
+    from privcode.models.junior import load_release
     from privcode.models.loading import load_causal_lm
-    from privcode.release import load_release
 
     corpus = tmp_path_factory.mktemp("corpus400")
     build_demo_corpus(
@@ -496,7 +496,8 @@ def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, ba
     """Each registered method: 2 steps on Ray Train, epsilon from the ledger, a loadable release."""
     import warnings
 
-    from privcode.release import load_release, verify_release
+    from privcode.artifacts.junior import verify_release
+    from privcode.models.junior import load_release
     from privcode.train.methods import METHODS
 
     method = METHODS[name]

@@ -5,7 +5,7 @@ Each format is a frozen dataclass with ``read``/``write`` (and ``from_json``/
 renamed or mistyped key is an :class:`ArtifactError` naming the file and the
 key (:mod:`privcode.artifacts.record`). The formats of whole directories
 (the junior release, the premium release) verify their files in
-:mod:`privcode.release` and :mod:`privcode.premium`; the records they hold
+:mod:`privcode.artifacts.junior` and :mod:`privcode.premium`; the records they hold
 live here:
 
 * :class:`PrivacyRecord`: a junior release's ``privacy.json``.

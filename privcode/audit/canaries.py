@@ -140,10 +140,10 @@ def sample_continuations(
 ) -> list[list[str]]:
     """``n`` sampled continuations (text after the context, up to EOS) per context.
 
-    Reproducible: each context's samples come from a generator seeded by
-    ``seed`` and the context text (the global RNG state is restored).
+    Reproducible: each context's samples come from one generator seeded by ``seed`` and the
+    context text, continued over its batches.
     """
-    from transformers import GenerationConfig
+    from privcode.models.generate import generate  # transformers: heavy
 
     sm = as_scored(model, tokenizer)
     if type(n) is not int or n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0 < top_p <= 1:
@@ -152,18 +152,14 @@ def sample_continuations(
             f"(got {n}, {max_new_tokens}, {temperature}, {top_p})"
         )
     tok, device = sm.tokenizer, sm.device
-    config = GenerationConfig(
-        do_sample=True,
-        temperature=float(temperature),
-        top_p=float(top_p),
-        top_k=0,
-        max_new_tokens=int(max_new_tokens),
-        eos_token_id=sm.eos_id,
-        pad_token_id=sm.pad_id,
-        bos_token_id=tok.bos_token_id,
-    )
     emb = sm.model.get_input_embeddings()
-    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    options = {
+        "max_new_tokens": int(max_new_tokens),
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "eos_ids": [sm.eos_id],
+        "pad_id": sm.pad_id,
+    }
     out: list[list[str]] = []
     for text in contexts:
         text = text.rstrip(" \t")
@@ -171,35 +167,23 @@ def sample_continuations(
         if sm.conditioning == "none" or (sm.conditioning == "prompt" and not ids):
             ids = [sm.eos_id] + ids
         cseed = _context_seed(seed, text)
-        rows: list[list[int]] = []
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
-            torch.manual_seed(cseed)
-            for s in range(0, n, batch_size):
-                b = min(batch_size, n - s)
-                if sm.conditioning == "latent":
-                    prefix = sm.prefix_embeds(sm.latents(b, seed=cseed + s + 1))
-                    parts = [prefix]
-                    if ids:
-                        tokens = torch.tensor([ids], device=device)
-                        parts.append(emb(tokens).expand(b, -1, -1).to(prefix.dtype))
-                    embeds = torch.cat(parts, dim=1)
-                    mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=device)
-                    new = sm.model.generate(
-                        inputs_embeds=embeds, attention_mask=mask, generation_config=config
-                    )
-                else:
-                    input_ids = torch.tensor([ids] * b, device=device)
-                    new = sm.model.generate(
-                        input_ids=input_ids,
-                        attention_mask=torch.ones_like(input_ids),
-                        generation_config=config,
-                    )[:, len(ids) :]
-                rows += new.tolist()
-        texts = []
-        for r in rows:
-            if sm.eos_id in r:
-                r = r[: r.index(sm.eos_id)]
-            texts.append(tok.decode(r, skip_special_tokens=True))
+        stream = torch.Generator(device=device).manual_seed(cseed)
+        texts: list[str] = []
+        for s in range(0, n, batch_size):
+            b = min(batch_size, n - s)
+            if sm.conditioning == "latent":
+                prefix = sm.prefix_embeds(sm.latents(b, seed=cseed + s + 1))
+                parts = [prefix]
+                if ids:
+                    with torch.inference_mode():
+                        tokens = emb(torch.tensor([ids], device=device))
+                    parts.append(tokens.expand(b, -1, -1).to(prefix.dtype))
+                rows = generate(
+                    sm.model, tok, inputs_embeds=torch.cat(parts, dim=1), seed=stream, **options
+                )
+            else:
+                rows = generate(sm.model, tok, input_ids=[ids] * b, seed=stream, **options)
+            texts += [g.text for g in rows]
         out.append(texts)
     return out
 

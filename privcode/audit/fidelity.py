@@ -46,7 +46,7 @@ comparable with, the paper's Table 10.
   see :func:`centroid_cosine`.
 
 Embeddings default to the bundled all-MiniLM-L6-v2 sentence encoder
-(:class:`privcode.synth.roundtrip.EmbeddingScorer`: offline, unit-norm
+(:class:`privcode.models.embedding.EmbeddingScorer`: offline, unit-norm
 rows; inputs longer than its 256 word pieces are truncated). The paper uses
 a frozen CodeBERT-style encoder; any ``texts -> (n, d) array`` callable can
 be passed as ``embedder``.
@@ -166,7 +166,7 @@ FIDELITY_WINDOW = 128
 def default_embedder() -> Embedder:
     """The offline MiniLM of the round-trip filter (unit-norm rows, lazy load), reading the
     first :data:`FIDELITY_WINDOW` word pieces of each snippet."""
-    from privcode.synth.roundtrip import EmbeddingScorer
+    from privcode.models.embedding import EmbeddingScorer
 
     return EmbeddingScorer(max_seq_length=FIDELITY_WINDOW).embed
 

@@ -3,7 +3,7 @@
 Audited models: the DP junior release (``train/release``), the premium model
 when its stage ran, and, with ``audit.compare_nondp``, a ``nondpft``
 comparison fine-tuned on the same private corpus WITHOUT DP
-(:mod:`privcode.audit.nondp`). That comparison shows what the audits detect
+(:mod:`privcode.train.nondp`). That comparison shows what the audits detect
 when nothing protects the data; it is written under ``audit/nondpft/`` only,
 is marked NOT PRIVATE, and is never released.
 

@@ -30,7 +30,7 @@ in float32. :func:`sequence_logprobs` returns ``sum_t log p`` over the
 tokens of a continuation; :func:`record_losses` returns the mean token
 negative log-likelihood over the tokens the training objective put its loss
 on (code tokens and the final EOS; prompt tokens too for ``dpft`` /
-``nondpft``), exactly :func:`privcode.train.data.encode_records`' rows cut
+``nondpft``), exactly :func:`privcode.models.encoding.encode_records`' rows cut
 to ``max_length``. Rows are right-padded within a batch; with causal
 attention a padded row computes exactly what the unpadded row does.
 
@@ -51,7 +51,10 @@ import torch
 
 from privcode.checks import check_number
 from privcode.errors import PrivcodeError
-from privcode.train.data import _ids_offsets
+from privcode.models.artifacts import load_model
+from privcode.models.encoding import CODE, PAD, encode_records, token_ids_offsets
+from privcode.models.loading import ModelLoadError
+from privcode.registry import METHODS
 
 log = logging.getLogger("privcode.audit")
 
@@ -164,10 +167,6 @@ def load_scored_model(
     ``device``/``dtype`` as in ``load_model`` (None: float32); log-probabilities are
     computed from float32 logits whatever the weights' dtype.
     """
-    from privcode.models.artifacts import load_model
-    from privcode.models.loading import ModelLoadError
-    from privcode.train.methods import METHODS
-
     root = Path(path).expanduser()
     info: dict[str, Any] = {"path": str(root)}
     try:
@@ -338,7 +337,7 @@ def tokenize_pairs(
         raise AuditError(f"{len(prefixes)} prefixes but {len(continuations)} continuations")
     if any(not c for c in continuations):
         raise AuditError("continuations must be non-empty strings")
-    encoded = _ids_offsets(
+    encoded = token_ids_offsets(
         sm.tokenizer, [p + c for p, c in zip(prefixes, continuations, strict=True)]
     )
     rows, masks = [], []
@@ -394,8 +393,6 @@ def record_losses(
     record with no loss token left after truncation gets NaN. ``cache``: see
     :func:`_masked_sums` (one audit run's dict, in memory only).
     """
-    from privcode.train.data import CODE, PAD, encode_records
-
     sm = as_scored(model, tokenizer)
     fmt = fmt or {"prompt": "prompt+code", "none": "code", "latent": "latent"}[sm.conditioning]
     if fmt not in ("prompt+code", "code", "latent") or (fmt == "latent") != (

@@ -14,7 +14,7 @@ class SynthConfig:
 
     release: str = opt(
         "",
-        "Released Stage I artifact (a privcode.release directory). '' = the "
+        "Released Stage I artifact (a junior release directory, privcode.artifacts.junior). '' = the "
         "train stage's release/. Private corpora are refused.",
     )
     num_samples: int = opt(

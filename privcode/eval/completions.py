@@ -5,7 +5,7 @@ Models (:func:`load_generator`), detected by the files present:
 * a Hugging Face causal-LM directory or a preset name (``ci``, ``demo``, ``small``);
 * that plus ``adapter``: a peft adapter directory (``adapter_config.json``), a premium
   release (``premium.json`` + ``adapter/``) or a DP junior release (``release.json``:
-  loaded and verified by :func:`privcode.release.load_release`, its base overridden by
+  loaded and verified by :func:`privcode.models.junior.load_release`, its base overridden by
   ``model``);
 * a premium or junior release alone as ``model`` (their recorded base is used).
 
@@ -14,12 +14,12 @@ base): latent releases are sampled WITHOUT their prefix ``D(z)`` here, since a b
 asks for a given prompt, not a random latent (noted in the result).
 
 Decoding (:func:`generate_completions`): prompts are tokenised with the tokenizer's
-special tokens, left-padded and batched (sorted by length to pad little), decoded with
-``model.generate`` (KV cache).  ``temperature == 0`` is greedy (pass@1; ``n > 1`` greedy
-samples would be identical, so one is decoded and copied); otherwise temperature +
-nucleus sampling, reproducible for a seed (batch ``b`` runs under ``seed + b``; the
-global RNG is restored afterwards).  Each row stops at EOS or once it contains a stop
-sequence, and the completion is cut before the first stop sequence.  A prompt longer
+special tokens, batched (sorted by length to pad little) and decoded with
+:func:`privcode.models.generate.generate`.  ``temperature == 0`` is greedy (pass@1;
+``n > 1`` greedy samples would be identical, so one is decoded and copied); otherwise
+temperature + nucleus sampling, reproducible for a seed (batch ``b`` draws from a generator
+seeded ``seed + b``).  Each row stops at EOS or once it contains a stop sequence, and the
+completion is cut before the first stop sequence.  A prompt longer
 than the model's positions minus ``max_new_tokens`` keeps its LAST tokens (counted in
 the result's notes).
 
@@ -213,27 +213,6 @@ def load_generator(
 # --------------------------------------------------------------------------- decoding
 
 
-class _StopOnSequences:
-    """Per-row stopping criterion: a row is done once its new text holds a stop sequence.
-
-    Only the last ``window`` new tokens are decoded each step: a stop sequence that has
-    just completed lies in them (every token is at least one character; stop sequences
-    are shorter than the window), and each step is checked.
-    """
-
-    def __init__(self, tokenizer: Any, context: int, stop: Sequence[str], window: int = 24):
-        self.tokenizer, self.context, self.stop = tokenizer, context, tuple(s for s in stop if s)
-        self.window = max(window, max((len(s) for s in self.stop), default=1) + 1)
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        new = input_ids[:, self.context :]
-        tails = self.tokenizer.batch_decode(new[:, -self.window :], skip_special_tokens=True)
-        done = [any(s in t for s in self.stop) for t in tails]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-
 def generate_completions(
     gen: Generator,
     problems: Sequence[Problem],
@@ -248,8 +227,9 @@ def generate_completions(
     progress: bool = True,
 ) -> list[Sample]:
     """``n`` completions per problem (problem order, then sample order)."""
-    import torch
-    from transformers import StoppingCriteriaList
+    from tqdm import tqdm
+
+    from privcode.models.generate import generate  # torch and transformers: heavy
 
     if type(n) is not int or n < 1:
         raise EvalError(f"n (samples per problem) must be a positive int, got {n!r}")
@@ -290,37 +270,22 @@ def generate_completions(
         key=lambda r: -len(encoded[r[0]]),
     )
     texts: dict[tuple[int, int], str] = {}
-    options: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "do_sample": not greedy,
-        "pad_token_id": pad,
-        "eos_token_id": tok.eos_token_id,
-    }
-    if not greedy:
-        options.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
-    cuda = str(gen.device).startswith("cuda")
-    from tqdm import tqdm
-
     bar = tqdm(total=len(rows), desc="generating", unit="sample", disable=not progress)
     for b, start in enumerate(range(0, len(rows), batch_size)):
         batch = rows[start : start + batch_size]
-        context = max(len(encoded[i]) for i, _ in batch)
-        ids = [[pad] * (context - len(encoded[i])) + encoded[i] for i, _ in batch]
-        mask = [[0] * (context - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch]
-        criteria = StoppingCriteriaList([_StopOnSequences(tok, context, stop)]) if stop else None
-        devices = list(range(torch.cuda.device_count())) if cuda else []
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
-            torch.manual_seed(int(seed) + b)
-            out = model.generate(
-                input_ids=torch.tensor(ids, device=gen.device),
-                attention_mask=torch.tensor(mask, device=gen.device),
-                stopping_criteria=criteria,
-                **options,
-            )
-        for row, new in zip(batch, out[:, context:].tolist(), strict=True):
-            if tok.eos_token_id is not None and tok.eos_token_id in new:
-                new = new[: new.index(tok.eos_token_id)]
-            texts[row] = truncate_at_stop(tok.decode(new, skip_special_tokens=True), stop)
+        out = generate(
+            model,
+            tok,
+            input_ids=[encoded[i] for i, _ in batch],
+            max_new_tokens=max_new_tokens,
+            temperature=float(temperature),
+            top_p=float(top_p),
+            seed=int(seed) + b,
+            stop=stop,
+            eos_ids=[tok.eos_token_id] if tok.eos_token_id is not None else [],
+            pad_id=pad,
+        )
+        texts.update((row, g.text) for row, g in zip(batch, out, strict=True))
         bar.update(len(batch))
     bar.close()
     return [

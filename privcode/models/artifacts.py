@@ -6,7 +6,7 @@ adapter merged and its privacy status recorded in one way. What a directory
 holds is told by its marker file, checked in this order:
 
 =================  ===============================================================
-``release.json``   a Stage I junior release (:func:`privcode.release.load_release`:
+``release.json``   a Stage I junior release (:func:`privcode.models.junior.load_release`:
                    checksums verified, prefix decoder D loaded)
 ``premium.json``   a premium release: ``adapter/`` on the base model it names
 ``adapter_config`` a peft adapter on ``base_model`` (default: its recorded base)
@@ -34,6 +34,7 @@ from privcode.artifacts import ArtifactError
 from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.nondp import NondpRecord
 from privcode.artifacts.premium import PremiumRecord
+from privcode.models.junior import load_release
 from privcode.models.loading import ModelLoadError, load_causal_lm, load_tokenizer
 from privcode.utils import read_json_object, replace_dir
 
@@ -69,7 +70,7 @@ class LoadedModel:
 
     ``kind`` is one of :data:`MODEL_KINDS` (``base-stage`` loads as ``model``);
     ``base_model`` the base it was built on (None for a plain model); ``meta``
-    the marker file's JSON; ``release`` the :class:`~privcode.release.JuniorRelease`
+    the marker file's JSON; ``release`` the :class:`~privcode.models.junior.JuniorRelease`
     of a junior (its privacy record, prefix decoder and conditioning).
     """
 
@@ -167,13 +168,11 @@ def load_model(
     :func:`~privcode.models.loading.load_causal_lm` (a junior release merges its
     adapter in float32, the precision its DP update was made in, then casts). Raises
     :class:`ModelLoadError` naming the file at fault; a junior release that
-    fails verification raises :class:`~privcode.release.ReleaseError`.
+    fails verification raises :class:`~privcode.artifacts.junior.ReleaseError`.
     """
     root = Path(str(path)).expanduser()
     kind = model_kind(root)
     if kind == "junior":
-        from privcode.release.junior import load_release
-
         rel = load_release(root, device=str(device), base_model=base_model, dtype=dtype)
         return LoadedModel(
             kind,

@@ -87,31 +87,48 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0) -> dict[str, Any]:
 
 
 class RowSampler(LogitsProcessor):
-    """Each row of one greedy ``generate`` sampled at its own settings, from its own generator.
+    """Each row of one greedy ``generate`` sampled at its own settings, from its generator.
 
     ``rows[i] = (temperature, top_p, generator)``: a row with temperature 0 keeps its scores
     (greedy); any other draws its next token from ``softmax(scores / temperature)`` restricted
-    to the nucleus (:meth:`NucleusFilter.keep_threshold`, as ``sampling_kwargs`` does) with
-    ``torch.multinomial(generator=...)``, and leaves only that token finite, so greedy decoding
-    picks it. One ``generate`` then serves any mix of greedy, sampled and seeded requests, and
-    a seeded row draws from its own stream whatever else shares its batch (reproducible up to
-    float noise in the logits that a different batch can bring). The generators must live on
+    to the nucleus (:meth:`NucleusFilter.keep_threshold`, as :func:`sampling_kwargs` does) and
+    leaves only that token finite, so greedy decoding picks it. Rows that share a generator
+    (or all use the global one: None) are drawn by ONE ``torch.multinomial`` over their rows,
+    as Hugging Face's ``do_sample`` draws a batch: a batch whose rows share a generator seeded
+    ``s`` draws exactly what ``torch.manual_seed(s)`` + ``do_sample`` drew. A row with a
+    generator of its own draws from its own stream whatever shares its batch (reproducible up
+    to float noise in the logits that a different batch can bring). Generators must live on
     the scores' device.
     """
 
     def __init__(self, rows: list[tuple[float, float, torch.Generator | None]]):
         self.rows = rows
+        groups: dict[int, tuple[torch.Generator | None, list[int]]] = {}
+        for r, (temperature, _, generator) in enumerate(rows):
+            if temperature != 0.0:
+                groups.setdefault(id(generator), (generator, []))[1].append(r)
+        self.groups = list(groups.values())
+
+    def _filtered(self, scores: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """``rows``' float scores divided by their temperature, outside their nucleus -inf."""
+        out = scores[rows].float()
+        settings = [self.rows[r][:2] for r in rows]
+        for temperature, top_p in dict.fromkeys(settings):
+            at = [i for i, s in enumerate(settings) if s == (temperature, top_p)]
+            part = out[at] / temperature
+            if top_p < 1.0:
+                part = part.masked_fill(
+                    part < NucleusFilter(top_p).keep_threshold(part), -float("inf")
+                )
+            out[at] = part
+        return out
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         out = scores.clone()
-        for r, (temperature, top_p, generator) in enumerate(self.rows):
-            if temperature == 0.0:
-                continue
-            row = scores[r : r + 1].float() / temperature
-            if top_p < 1.0:
-                keep = NucleusFilter(top_p).keep_threshold(row)
-                row = row.masked_fill(row < keep, -float("inf"))
-            token = torch.multinomial(row.softmax(dim=-1), 1, generator=generator)
-            out[r] = -float("inf")
-            out[r, token[0, 0]] = 0.0
+        for generator, rows in self.groups:
+            probs = self._filtered(scores, rows).softmax(dim=-1)
+            tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            index = torch.tensor(rows, device=scores.device)
+            out[index] = -float("inf")
+            out[index, tokens] = 0.0
         return out  # type: ignore[return-value]

@@ -62,11 +62,10 @@ from privcode.config import PacConfig
 from privcode.data.records import read_records
 from privcode.dp.engine import Privacy, make_private
 from privcode.errors import PrivcodeError
+from privcode.models.encoding import collate, encode_records, token_ce
 from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
 from privcode.models.placement import gpu_options, placement
 from privcode.pac.mechanism import assign_worlds
-from privcode.train.data import collate, encode_records
-from privcode.train.methods import token_ce
 
 log = logging.getLogger("privcode.pac")
 

@@ -74,9 +74,9 @@ def _training_rows(cfg: PipelineConfig, layout: RunLayout, records: list) -> tup
         return None, ""
     try:
         from privcode.models.base import check_complete
+        from privcode.models.encoding import encode_records
         from privcode.models.loading import load_tokenizer
         from privcode.privacy.identities import tokenizer_id
-        from privcode.train.data import encode_records
 
         tokenizer = load_tokenizer(check_complete(manifest.summary).path)
         return encode_records(records, tokenizer, cfg.train.max_length), tokenizer_id(tokenizer)

@@ -31,7 +31,7 @@ __all__ = [
     "wait_input",
 ]
 
-#: The train fields the non-DP comparison reads (:func:`privcode.audit.nondp.train_nondp_comparison`
+#: The train fields the non-DP comparison reads (:func:`privcode.train.nondp.train_nondp_comparison`
 #: and the ``nondpft`` objective it builds); a test scans that module so none is missed.
 NONDP_TRAIN_FIELDS = (
     "train.steps",

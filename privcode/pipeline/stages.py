@@ -126,7 +126,7 @@ class BaseStage(Stage):
 class TrainStage(Stage):
     """Stage I: DP-SGD training of the junior model (LoRA + the method's modules) on Ray Train.
 
-    The artifact is the DP release in ``release/`` (:mod:`privcode.release`:
+    The artifact is the DP release in ``release/`` (:mod:`privcode.artifacts.junior`:
     ``adapter/``, ``prefix_decoder.safetensors`` for latent methods,
     ``privacy.json`` with epsilon, delta, the DP events, C, q, sigma, steps, an
     opaque dataset id, and ``release.json``), the only thing Stage II may read;
@@ -141,7 +141,7 @@ class TrainStage(Stage):
 
     name = "train"
     summary_type = TrainSummary
-    # 2: release/ directory (privcode.release format), Stage I methods;
+    # 2: release/ directory (privcode.artifacts.junior format), Stage I methods;
     # 3: DP events only in the history, opaque dataset id, secret per-record randomness
     version = 3
     sections = ("train", "privacy.store_id")
@@ -295,7 +295,7 @@ class SynthStage(Stage):
 
         # An external release may change under the same path.
         try:
-            from privcode.release import verify_release
+            from privcode.artifacts.junior import verify_release
 
             meta = verify_release(summary.get("release", ""))
         except Exception:  # noqa: BLE001 - gone or corrupt: run again

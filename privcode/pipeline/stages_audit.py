@@ -60,7 +60,7 @@ class AuditStage(Stage):
     @classmethod
     def gpu_key(cls, cfg):
         # Inline audits (no per-model tasks) score on the task's GPU; the non-DP comparison
-        # trained in the task uses train.use_gpu (privcode.audit.nondp).
+        # trained in the task uses train.use_gpu (privcode.train.nondp).
         if cfg.audit.use_gpu and cfg.audit.cpus_per_model == 0:
             return "audit.use_gpu"
         if cls._inline_nondp(cfg) and cfg.train.use_gpu:
@@ -83,8 +83,8 @@ class AuditStage(Stage):
         return cfg.audit.cpus_per_model if cls.cpus(cfg) == 0 else None
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.audit.nondp import train_nondp_comparison
         from privcode.audit.run import run_audits
+        from privcode.train.nondp import train_nondp_comparison
 
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
@@ -206,7 +206,7 @@ class NondpStage(Stage):
     """The audits' non-DP comparison, trained as soon as the data and base exist.
 
     NOT PRIVATE: the base fine-tuned WITHOUT differential privacy on the same
-    private records (:mod:`privcode.audit.nondp`), for the audit stage to show
+    private records (:mod:`privcode.train.nondp`), for the audit stage to show
     what its attacks find when nothing protects the data; never released.
     Its own stage so that it trains beside Stage I and II rather than after
     them; without it in ``run.stages`` the audit stage trains it itself.
@@ -232,10 +232,10 @@ class NondpStage(Stage):
     def cpus(cls, cfg):
         return cfg.audit.nondp_cpus or None
 
-    gpu_flag = "train.use_gpu"  # privcode.audit.nondp trains on it
+    gpu_flag = "train.use_gpu"  # privcode.train.nondp trains on it
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.audit.nondp import train_nondp_comparison
+        from privcode.train.nondp import train_nondp_comparison
 
         layout = RunLayout.of(cfg)
         data = Path(cfg.train.data) if cfg.train.data else layout.train_data

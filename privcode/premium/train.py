@@ -17,7 +17,7 @@ layer of the premium base, AdamW, data parallel over Ray Train workers:
 plain DDP (gloo on CPU, NCCL on GPU), or DeepSpeed ZeRO-1/2/3
 (``jobs/configs/deepspeed/zero{1,2,3}.json``) for large models on GPUs; with
 ``num_workers`` 0, Ray Train's local mode (one rank in the calling process,
-:mod:`privcode.train.ray_train`). A held-out fraction of the synthetic data
+:mod:`privcode.models.ray_train`). A held-out fraction of the synthetic data
 gives an eval loss per epoch.
 
 Release (``out_dir``): ``adapter/`` (peft) and ``premium.json`` (base model,
@@ -50,10 +50,9 @@ from privcode.artifacts.premium import PremiumPrivacy, PremiumRecord
 from privcode.cluster.local import connect
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError, import_extra
+from privcode.models.encoding import CODE, collate, encode_records, token_ce
 from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer, resolve_dtype
-from privcode.train.data import CODE, collate, encode_records
-from privcode.train.methods import token_ce
-from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
+from privcode.models.ray_train import fit, report_checkpoint, torch_trainer
 from privcode.utils import atomic_write_json, sha256_file
 
 log = logging.getLogger("privcode.premium")

@@ -148,7 +148,7 @@ def admit(
     record's numbers when the plan does not fit; nothing is reserved then.
 
     ``rows``: each record's encoded training row (``.input_ids``, ``.segments``:
-    ``privcode.train.data.encode_records``), ``tokenizer`` its tokenizer's
+    ``privcode.models.encoding.encode_records``), ``tokenizer`` its tokenizer's
     :func:`~privcode.privacy.identities.tokenizer_id`; without them the ``row``
     identity is not checked (the preflight, which has no tokenizer). ``dataset``: the
     SHA-256 (hex) of the file the records were parsed from: a reserved job's steps are

@@ -19,7 +19,7 @@ one row of an ``(n, PER_RECORD, 16)`` uint8 array:
 * ``row`` (:data:`ROW`): the encoded training row after truncation,
   ``ids = (tokens(p) ++ tokens(c) ++ [EOS])[:max_length]`` with its segment
   ids, under the tokenizer's id (:func:`tokenizer_id`): what actually trains.
-  The caller passes the rows (``privcode.train.data.encode_records``); without
+  The caller passes the rows (``privcode.models.encoding.encode_records``); without
   them (the pipeline's preflight, which has no tokenizer) the column repeats
   ``exact``;
 * ``band i`` (:data:`FIRST_BAND` + i, i < :data:`BANDS`): MinHash LSH bands of

@@ -16,15 +16,23 @@ with the same messages; anything else (no answer, a timeout, a 5xx) is a
 :class:`~privcode.errors.LedgerUnavailableError`: nothing may train. A
 call is sent once: a request the server may have applied is never repeated
 here (``reserve`` carries its own request id for that).
+
+The transport is :mod:`privcode.http` (a session with no retries, answers
+capped at :data:`MAX_ANSWER_BYTES`), shared with the OpenAI endpoint client:
+this module sits below ``models/`` (the privacy store may not import it), so
+the shared part lives in the bottom layer and ``requests`` is imported there only.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
+from privcode import http
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
 
 __all__ = [
@@ -39,6 +47,9 @@ __all__ = [
 URL_ENV = "PRIVCODE_LEDGER_URL"
 TOKEN_FILE_ENV = "PRIVCODE_LEDGER_TOKEN_FILE"
 _B64 = "$b64"
+#: The largest answer read: the service's own cap on a call
+#: (:data:`privcode.privacy.ledger_service.DEFAULT_MAX_BODY_BYTES`).
+MAX_ANSWER_BYTES = 64 << 20
 
 
 def encode(value: Any) -> Any:
@@ -81,6 +92,8 @@ class RemoteLedger:
         if not token:
             raise LedgerUnavailableError("the ledger's token is empty")
         self.url, self._token, self.timeout_s = url.rstrip("/"), token, timeout_s
+        self._http: Any = None
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:  # never the token
         return f"RemoteLedger({self.url!r})"
@@ -88,35 +101,45 @@ class RemoteLedger:
     def __reduce__(self) -> Any:  # pickled into Ray tasks: re-read from their own env
         return (remote_ledger, ())
 
+    def _session(self) -> Any:
+        with self._lock:
+            if self._http is None:
+                self._http = http.session(retries=0)
+            return self._http
+
     def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` on the ledger; its errors re-raised here."""
-        import requests
-
         body = {"method": method, "args": encode(list(args)), "kwargs": encode(kwargs)}
         try:
-            reply = requests.post(
+            reply = http.send(
+                self._session(),
+                "POST",
                 f"{self.url}/v1/call",
-                json=body,
-                headers={"Authorization": f"Bearer {self._token}"},
-                timeout=timeout_s or self.timeout_s,
+                body=json.dumps(body).encode(),
+                headers={
+                    "Authorization": f"Bearer {self._token}",
+                    "Content-Type": "application/json",
+                },
+                timeout_s=timeout_s or self.timeout_s,
+                max_bytes=MAX_ANSWER_BYTES,
             )
-        except requests.RequestException as exc:
+        except http.HttpError as exc:
             raise LedgerUnavailableError(
-                f"the privacy store's ledger at {self.url} cannot be reached "
-                f"({type(exc).__name__}); nothing may train"
+                f"the privacy store's ledger at {self.url} cannot be reached or gave no "
+                f"usable answer ({exc}); nothing may train"
             ) from None
         try:
             payload = reply.json()
-        except ValueError:
+        except (ValueError, UnicodeDecodeError):
             payload = {}
-        if reply.status_code == 200 and "result" in payload:
+        if reply.status == 200 and isinstance(payload, dict) and "result" in payload:
             return decode(payload["result"])
         error = payload.get("error") if isinstance(payload, dict) else None
         if isinstance(error, dict) and error.get("type") in _errors():
             raise _errors()[error["type"]](str(error.get("message", ""))[:2000])
         raise LedgerUnavailableError(
             f"the privacy store's ledger at {self.url} answered {method}() with HTTP "
-            f"{reply.status_code} ({str(error or reply.reason)[:300]}); nothing may train"
+            f"{reply.status} ({str(error or reply.reason)[:300]}); nothing may train"
         )
 
 

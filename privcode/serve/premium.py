@@ -297,103 +297,35 @@ class PremiumModel:
     # -- generation
 
     def generate_batch(self, items: Sequence[Prepared]) -> list[Completion | Exception]:
-        """Results in the order of ``items``, all from ONE ``generate`` call: greedy, sampled
-        and seeded requests together (:class:`~privcode.models.sampling.RowSampler`: each
-        sampled row draws from its own generator, seeded by its request or afresh). A failure
-        is every item's exception."""
+        """Results in the order of ``items``, all from ONE :func:`privcode.models.generate.generate`
+        call: greedy, sampled and seeded requests together (each sampled row draws from its
+        own generator, seeded by its request or afresh). A failure is every item's exception."""
         try:
             return list(self._generate_rows(items))
         except Exception as exc:  # noqa: BLE001 - reported per request by the caller
             return [exc] * len(items)
 
     def _generate_rows(self, items: Sequence[Prepared]) -> list[Completion]:
-        import secrets
+        from privcode.models.generate import generate  # torch and transformers: heavy
 
-        import torch
-        from transformers import LogitsProcessorList, StoppingCriteriaList
-
-        from privcode.models.sampling import RowSampler
-
-        width = max(len(it.ids) for it in items)
-        input_ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        for row, it in enumerate(items):  # left padding: every prompt ends at column width-1
-            input_ids[row, width - len(it.ids) :] = torch.tensor(it.ids, dtype=torch.long)
-            mask[row, width - len(it.ids) :] = 1
-        stopper = _RowStop(self.tokenizer, [it.request for it in items], width)
-        rows = []
-        for it in items:
-            r = it.request
-            gen = None
-            if not r.greedy:
-                seed = r.seed % (1 << 63) if r.seed is not None else secrets.randbits(63)
-                gen = torch.Generator(device=self.device).manual_seed(seed)
-            rows.append((r.temperature, r.top_p, gen))
-        kwargs: dict[str, Any] = {"do_sample": False}
-        if any(gen is not None for *_, gen in rows):
-            kwargs["logits_processor"] = LogitsProcessorList([RowSampler(rows)])
-        with self._lock, torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                max_new_tokens=max(it.request.max_tokens for it in items),
-                stopping_criteria=StoppingCriteriaList([stopper]),
-                **kwargs,
+        reqs = [it.request for it in items]
+        with self._lock:
+            out = generate(
+                self.model,
+                self.tokenizer,
+                input_ids=[it.ids for it in items],
+                max_new_tokens=[r.max_tokens for r in reqs],
+                temperature=[r.temperature for r in reqs],
+                top_p=[r.top_p for r in reqs],
+                seed=[None if r.seed is None else r.seed % (1 << 63) for r in reqs],
+                stop=[r.stop for r in reqs],
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
             )
-        new = out[:, width:].tolist()
         return [
-            self._finish(it, tokens, stopper.stopped.get(row))
-            for row, (it, tokens) in enumerate(zip(items, new, strict=True))
+            Completion(g.text, g.finish_reason, len(it.ids), g.completion_tokens)
+            for it, g in zip(items, out, strict=True)
         ]
-
-    def _finish(self, item: Prepared, tokens: list[int], stopped_at: int | None) -> Completion:
-        req = item.request
-        end = min(
-            len(tokens), req.max_tokens, stopped_at if stopped_at is not None else len(tokens)
-        )
-        used, reason = tokens[:end], "length"
-        for i, tok in enumerate(used):
-            if tok in self.eos_ids:
-                used, reason = used[:i], "stop"
-                end = i + 1
-                break
-        text = self.tokenizer.decode(used, skip_special_tokens=True)
-        hits = [pos for pos in (text.find(s) for s in req.stop) if pos >= 0]
-        if hits:
-            text, reason = text[: min(hits)], "stop"
-        return Completion(
-            text=text, finish_reason=reason, prompt_tokens=len(item.ids), completion_tokens=end
-        )
-
-
-class _RowStop:
-    """Per-row stopping: a row is done at its own ``max_tokens`` or once a stop string shows.
-
-    Records the number of new tokens at which each row stopped in ``stopped``.
-    """
-
-    def __init__(self, tokenizer: Any, requests: Sequence[CompletionRequest], start: int):
-        self.tokenizer, self.requests, self.start = tokenizer, requests, start
-        self.stopped: dict[int, int] = {}
-        # A stop string of c characters spans at most 4c byte-level tokens.
-        self.window = [4 * max((len(s) for s in r.stop), default=0) + 8 for r in requests]
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        n = input_ids.shape[1] - self.start
-        done = []
-        for row, req in enumerate(self.requests):
-            if row not in self.stopped:
-                hit = n >= req.max_tokens
-                if not hit and req.stop:
-                    tail = input_ids[row, max(self.start, input_ids.shape[1] - self.window[row]) :]
-                    text = self.tokenizer.decode(tail.tolist(), skip_special_tokens=True)
-                    hit = any(s in text for s in req.stop)
-                if hit:
-                    self.stopped[row] = n
-            done.append(row in self.stopped)
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 # --------------------------------------------------------------------------- HTTP

@@ -331,9 +331,10 @@ class HFGenerator:
     """Batched greedy generation with a local HF causal LM; shared by M_ext and M_r.
 
     Loaded lazily on the first :meth:`generate` call (a Ray actor is built
-    cheaply, the weights load in the worker). Prompts are left-padded for
-    batching and left-truncated so the generation cue at their end survives;
-    code longer than ``max_code_chars`` is cut first.
+    cheaply, the weights load in the worker). Prompts are left-truncated so the
+    generation cue at their end survives and decoded in batches by
+    :func:`privcode.models.generate.generate`; code longer than ``max_code_chars``
+    is cut first.
     """
 
     def __init__(
@@ -367,8 +368,6 @@ class HFGenerator:
         from privcode.models.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(self.model_path, cache_dir=self.cache_dir)
-        tok.padding_side = "left"  # decoder-only batching: new tokens follow the prompt
-        tok.truncation_side = "left"  # keep the answer cue at the end of the prompt
         model = load_causal_lm(
             self.model_path, dtype=self.dtype, device=self.device, cache_dir=self.cache_dir
         )
@@ -399,35 +398,21 @@ class HFGenerator:
         if not prompts:
             return []
         self._load()
-        import torch
+        from privcode.models.generate import generate  # torch and transformers: heavy
 
-        tok, model = self._tokenizer, self._model
+        tok, limit = self._tokenizer, self._input_limit
         out: list[str] = []
         for start in range(0, len(prompts), self.batch_size):
-            chunk = list(prompts[start : start + self.batch_size])
-            enc = tok(
-                chunk,
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-                max_length=self._input_limit,
-                add_special_tokens=False,
+            chunk = prompts[start : start + self.batch_size]
+            ids = [tok(p, add_special_tokens=False)["input_ids"][-limit:] for p in chunk]
+            rows = generate(
+                self._model,
+                tok,
+                input_ids=ids,
+                max_new_tokens=self.max_new_tokens,
+                pad_id=tok.pad_token_id,
             )
-            enc = {
-                k: v.to(model.device)
-                for k, v in enc.items()
-                if k in ("input_ids", "attention_mask")
-            }
-            with torch.inference_mode():
-                ids = model.generate(
-                    **enc,
-                    do_sample=False,
-                    max_new_tokens=self.max_new_tokens,
-                    pad_token_id=tok.pad_token_id,
-                )
-            out.extend(
-                tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            )
+            out += [g.text for g in rows]
         return out
 
 

@@ -119,8 +119,8 @@ class Generate:
     def __init__(self, release_path: str, options: dict[str, Any], public_prompts: list[str]):
         import torch
 
+        from privcode.models.junior import load_release
         from privcode.models.placement import placement
-        from privcode.release import load_release
 
         # The actor's own GPU (synth.gpus_per_generator > 0), never a silent CPU fallback.
         where = placement(

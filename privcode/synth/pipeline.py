@@ -1,6 +1,6 @@
 """Stage II driver: stream the synthesis through Ray Data, shard by shard, resumably.
 
-Input: the released Stage I artifact (:mod:`privcode.release`) and public
+Input: the released Stage I artifact (:mod:`privcode.artifacts.junior`) and public
 resources; there is no private-data path in :class:`~privcode.config.SynthConfig`,
 and :func:`check_release_path` refuses anything that is not a verified
 release (a Parquet/JSONL corpus, a data-stage directory). Everything here is
@@ -104,7 +104,7 @@ class SynthesisError(PrivcodeError):
 
 def check_release_path(path: str | Path) -> dict[str, Any]:
     """``release.json`` of a verified release; refuses anything else, private data above all."""
-    from privcode.release import ReleaseError, verify_release
+    from privcode.artifacts.junior import ReleaseError, verify_release
 
     p = Path(path)
     if p.is_file() and p.suffix.lower() in _PRIVATE_SUFFIXES:
@@ -157,7 +157,7 @@ def release_privacy(
         log.error("Stage II input %s is NOT PRIVATE: %s", release, warning)
         warnings.warn(warning, RuntimeWarning, stacklevel=3)
         return {"dp": False, "epsilon": None, "delta": None, "privacy_warning": warning}
-    from privcode.release.junior import ReleaseError, read_privacy
+    from privcode.artifacts.junior import ReleaseError, read_privacy
 
     try:
         privacy = read_privacy(release)

@@ -1,10 +1,10 @@
 """The Stage I release written at the end of training, and its description of the objective.
 
 :func:`write_junior_release` turns the final checkpoint into the DP artifact
-(:mod:`privcode.release`): the LoRA adapter, the prefix decoder D for latent
-methods, and the privacy record. The checkpoint's E_c and E_p are left
-behind: they touched private code and prompts and Stage II does not need
-them (it samples ``z ~ N(0, I)``).
+(format: :mod:`privcode.artifacts.junior`; writer: :mod:`privcode.train.release`): the
+LoRA adapter, the prefix decoder D for latent methods, and the privacy record. The
+checkpoint's E_c and E_p are left behind: they touched private code and prompts and
+Stage II does not need them (it samples ``z ~ N(0, I)``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from privcode.artifacts.privacy import PrivacyRecord, released_history
 from privcode.config import TrainConfig
+from privcode.train.release import write_release
 
 __all__ = ["objective_record", "privacy_record", "write_junior_release"]
 
@@ -128,10 +131,6 @@ def write_junior_release(
     base_path: Path,
 ) -> None:
     """The DP artifact: adapter, prefix decoder D (latent methods), privacy record. Never E_c/E_p."""
-    import torch
-
-    from privcode.release import write_release
-
     decoder = None
     prefix = None
     if method.latent:

@@ -15,11 +15,16 @@ state and the loop state.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from privcode.data.public import public_pairs, public_prompts
+from privcode.dp.dpsgd import forward_context
+from privcode.models.encoding import collate, encode_records, token_ids
+from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer, resolve_dtype
 from privcode.train.methods import Method, MethodContext, Objective, pretrain_public
 
 __all__ = ["build_objective", "load_checkpoint", "save_checkpoint_files"]
@@ -28,11 +33,8 @@ PRIVLC_FILE = "privlc.pt"
 
 
 def _public_bank(tokenizer: Any, cfg: Any) -> list[list[int]]:
-    from privcode.data.public import public_prompts
-    from privcode.train.data import _ids
-
     prompts = [p.rstrip() + "\n" for p in public_prompts(cfg.align_bank_size, seed=cfg.seed)]
-    return [ids[: cfg.max_length] for ids in _ids(tokenizer, prompts)]
+    return [ids[: cfg.max_length] for ids in token_ids(tokenizer, prompts)]
 
 
 class _PublicRecord:
@@ -43,11 +45,6 @@ class _PublicRecord:
 
 
 def _pretrain(objective: Objective, tokenizer: Any, cfg: Any, device: Any) -> list[float]:
-    import random
-
-    from privcode.data.public import public_pairs
-    from privcode.train.data import collate, encode_records
-
     pairs = public_pairs(max(cfg.expected_batch_size * 8, 64), seed=cfg.seed + 1)
     encoded = encode_records([_PublicRecord(p, c) for p, c in pairs], tokenizer, cfg.max_length)
     rng = random.Random(cfg.seed)
@@ -56,9 +53,6 @@ def _pretrain(objective: Objective, tokenizer: Any, cfg: Any, device: Any) -> li
 
     def batch(i: int) -> dict[str, Any]:
         return collate(rng.sample(encoded, size), pad, device=device, step=i)
-
-    from privcode.dp.dpsgd import forward_context
-    from privcode.models.loading import resolve_dtype
 
     with forward_context(torch.device(device), resolve_dtype(cfg.dtype, device)):
         return pretrain_public(objective, batch, cfg.preemb_steps, cfg.preemb_lr)
@@ -72,8 +66,6 @@ def build_objective(
     ``lora=False`` (the non-DP comparison's full fine-tune only) leaves the
     base model bare: every weight is then the caller's to train.
     """
-    from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer, resolve_dtype
-
     tokenizer = load_tokenizer(base_path)
     torch.manual_seed(cfg.seed)  # same LoRA and PrivLC init on every rank (then broadcast)
     # Frozen base weights in the configured dtype; peft keeps the adapter in fp32

@@ -8,7 +8,7 @@ privacy ledger and starts a ``TorchTrainer`` of ``cfg.num_workers`` workers
 (gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`; with
 ``num_workers`` 0 Ray Train's local mode runs that loop in the calling process
 (one rank, no worker group to start, no restarts:
-:mod:`privcode.train.ray_train`).
+:mod:`privcode.models.ray_train`).
 
 Every worker builds the method's objective (:mod:`privcode.train.methods`:
 the LoRA junior plus, for PrivCode++-style methods, the PrivLC encoders and
@@ -92,7 +92,9 @@ from privcode.dp.sampler import shard_of
 from privcode.errors import BudgetRefused, PrivcodeError, RecordError
 from privcode.models import corpus as C
 from privcode.models.base_training import HELDOUT_FRACTION
+from privcode.models.encoding import collate, encode_records
 from privcode.models.loading import load_tokenizer, resolve_dtype
+from privcode.models.ray_train import fit, report_checkpoint, torch_trainer
 from privcode.privacy.admission import admit, check_corpus_store
 from privcode.privacy.identities import tokenizer_id
 from privcode.privacy.ledger import Budget
@@ -100,10 +102,8 @@ from privcode.privacy.ledger_actor import get_ledger, ledger_call, ledger_name, 
 from privcode.privacy.store import PrivacyStore, resolve_store
 from privcode.train.artifact import privacy_record, write_junior_release
 from privcode.train.build import build_objective, load_checkpoint, save_checkpoint_files
-from privcode.train.data import collate, encode_records
 from privcode.train.methods import get_method
 from privcode.train.noise import noise_for, release_spent
-from privcode.train.ray_train import fit, report_checkpoint, torch_trainer
 from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.train")

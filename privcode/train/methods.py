@@ -17,7 +17,7 @@ data): no batch means, no in-batch negatives, no batch statistics.
 Notation: record ``(p, c)`` (prompt, code), tokens ``x_1..x_n`` of ``c``
 plus EOS; ``CE(c | ctx) = mean_t -log p_J(x_t | ctx, x_<t)`` over the code
 tokens; ``KL_AST = sum_{t structural} KL(p_J(. | ctx, x_<t) || p_ref(. | ctx, x_<t))``
-over the code tokens that are Python syntax (:mod:`privcode.train.syntax`),
+over the code tokens that are Python syntax (:func:`privcode.models.encoding.structural_flags`),
 ``p_ref`` the frozen base (the junior with its adapter disabled, no
 gradient) on the same input, virtual tokens included (detached): the term
 pulls the ADAPTER's syntax towards the base's and is 0 while the adapter
@@ -57,8 +57,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from privcode.dp.randomness import record_seeds
+from privcode.models.encoding import CODE, PAD, PROMPT, segment_rows, token_ce
 from privcode.registry import METHODS, Method, get_method
-from privcode.train.data import CODE, PAD, PROMPT, segment_rows
+from privcode.train.privlc import (
+    CodeEncoder,
+    PromptEncoder,
+    align_loss,
+    make_prefix_decoder,
+    vae_kl,
+)
+from privcode.train.syntax import ast_lambda, kl_at_positions
 
 __all__ = [
     "METHODS",
@@ -67,7 +76,6 @@ __all__ = [
     "Objective",
     "get_method",
     "pretrain_public",
-    "token_ce",
 ]
 
 
@@ -80,19 +88,6 @@ class MethodContext:
     pad_id: int
     #: Token ids of PUBLIC prompts: the alignment loss' negative bank.
     public_bank: Sequence[Sequence[int]] = field(default_factory=tuple)
-
-
-def token_ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` token cross-entropies of ``[B, T, V]`` logits (fp32).
-
-    Computed on the flat ``[B*T, V]`` layout: cross_entropy over the
-    transposed ``[B, V, T]`` view (the class dim strided) is about 2x slower
-    on CPU (forward + backward, V = 6144).
-    """
-    flat = logits.float().reshape(-1, logits.shape[-1])
-    return nn.functional.cross_entropy(flat, targets.reshape(-1), reduction="none").view(
-        targets.shape
-    )
 
 
 def _masked_mean_ce(
@@ -116,8 +111,6 @@ class Objective(nn.Module):
 
     def __init__(self, method: Method, lm: nn.Module, ctx: MethodContext):
         super().__init__()
-        from privcode.train.privlc import CodeEncoder, PromptEncoder, make_prefix_decoder
-
         cfg = ctx.cfg
         self.method, self.cfg = method, cfg
         self.eos_id, self.pad_id = int(ctx.eos_id), int(ctx.pad_id)
@@ -159,8 +152,6 @@ class Objective(nn.Module):
         }
 
     def ast_weight(self, step: int) -> float:
-        from privcode.train.syntax import ast_lambda
-
         cfg = self.cfg
         if self.method.ast == "decay":
             return ast_lambda(
@@ -209,8 +200,6 @@ class Objective(nn.Module):
         keys, secret = batch.get("record_keys"), batch.get("record_secret")
         if keys is None or secret is None:
             return torch.randn_like(like)
-        from privcode.dp.randomness import record_seeds
-
         rows = [
             torch.randn(like.shape[-1], generator=torch.Generator().manual_seed(s))
             for s in record_seeds(secret, keys.tolist())
@@ -235,8 +224,6 @@ class Objective(nn.Module):
         without the last position). ``positions`` [B, T] selects the
         structural targets.
         """
-        from privcode.train.syntax import kl_at_positions
-
         if not bool(positions.any()):
             return junior_logits.new_zeros(junior_logits.shape[0], dtype=torch.float32)
         with torch.no_grad(), self.lm.disable_adapter():
@@ -267,8 +254,6 @@ class Objective(nn.Module):
         return loss
 
     def _latent_loss(self, batch: Mapping[str, Any], step: int, lam: float) -> torch.Tensor:
-        from privcode.train.privlc import align_loss, vae_kl
-
         cfg, k = self.cfg, self.cfg.num_virtual_tokens
         code = segment_rows(batch, CODE)
         ids, mask = code["input_ids"], code["attention_mask"]

@@ -10,7 +10,7 @@ category, and a library update (pseudo-NLL division + DBSCAN).
 Modules: :mod:`~.taxonomy`, :mod:`~.library` (+ ``prior_knowledge.yaml``),
 :mod:`~.questions`, :mod:`~.backends`, :mod:`~.extract` (with
 :mod:`~.attribute_keys`), :mod:`~.judge`, :mod:`~.verify`, :mod:`~.metrics`,
-:mod:`~.update`, :mod:`~.run`, :mod:`~.cli`.
+:mod:`~.update`, :mod:`~.options`, :mod:`~.run`, :mod:`~.cli`.
 Names are re-exported lazily: importing this package (e.g. for the CLI
 parser) imports nothing heavy.
 """
@@ -34,7 +34,8 @@ _EXPORTS = {
     "judge": ("LLMJudge", "judge_candidate"),
     "library": ("FeatureLibrary",),
     "metrics": ("LeakElement", "ResponseLeaks", "leakage_metrics"),
-    "run": ("ProbeError", "run_probe"),
+    "options": ("ProbeError", "ProbeOptions"),
+    "run": ("run_probe",),
     "taxonomy": ("ATTRIBUTES", "CATEGORIES", "SCENARIOS"),
     "verify": ("ReferenceIndex",),
 }

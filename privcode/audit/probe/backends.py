@@ -18,8 +18,9 @@ prompt). Implementations:
   sent: servers such as privcode's accept only ``n: 1``), sample ``j`` of
   prompt ``i`` with ``seed + i * n + j``; the API key is read from the
   environment variable named by ``api_key_env`` and sent as ``Authorization:
-  Bearer``; an unset variable sends no header. 429 / 5xx / connection errors
-  are retried with exponential backoff. A request the server refuses as
+  Bearer``; an unset variable sends no header. Transport, retries (429/502/503/504,
+  ``Retry-After``; never a spent PAC budget) and answer caps are
+  :class:`privcode.models.endpoint.EndpointClient`'s. A request the server refuses as
   invalid (400/413/422, e.g. a prompt longer than the model's context) gives
   an empty completion and is counted (``describe()["failed_requests"]``)
   unless ``skip_invalid=False``; 401/403/404 always raise.
@@ -32,17 +33,15 @@ PRIVACY: prompts and completions are never logged or put into errors.
 from __future__ import annotations
 
 import abc
-import json
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from privcode.errors import PrivcodeError
+from privcode.models.endpoint import EndpointClient, EndpointError, EndpointStatusError
 
 log = logging.getLogger("privcode.audit.probe")
 
@@ -195,47 +194,29 @@ class HFBackend(Backend):
         return ids
 
     def complete(self, prompts, *, max_tokens=256, temperature=0.7, n=1, seed=0):
-        import torch
-
-        from privcode.models.sampling import sampling_kwargs
+        from privcode.models.generate import generate  # torch and transformers: heavy
 
         _check_args(prompts, max_tokens, temperature, n)
         # Keep room for the prompt: at most 3/4 of the context is generated.
         max_new = max(1, min(max_tokens, (3 * self.context) // 4))
         keep = self.context - max_new
+        per = 1 if float(temperature) == 0.0 else n  # greedy samples are copies
         out: list[list[str]] = []
         for start in range(0, len(prompts), self.batch_size):
             batch = [self._encode(p)[-keep:] for p in prompts[start : start + self.batch_size]]
-            width = max(len(ids) for ids in batch)
-            input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, ids in enumerate(batch):  # left padding
-                input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-                mask[row, width - len(ids) :] = 1
-            greedy = float(temperature) == 0.0
-            kwargs: dict[str, Any] = {
-                "max_new_tokens": max_new,
-                "num_return_sequences": 1 if greedy else n,
-                **sampling_kwargs(temperature, 0.95),
-            }
-            devices = [self.device.index or 0] if self.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices), torch.inference_mode():
-                torch.manual_seed(int(seed) + start)
-                gen = self.model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    **kwargs,
-                )
-            rows = gen[:, width:].tolist()
-            texts = []
-            for r in rows:
-                if self.eos_id is not None and self.eos_id in r:
-                    r = r[: r.index(self.eos_id)]
-                texts.append(self.tokenizer.decode(r, skip_special_tokens=True))
-            per = 1 if greedy else n
-            for i in range(len(batch)):
-                got = texts[i * per : (i + 1) * per]
-                out.append(got * n if greedy else got)
+            rows = generate(
+                self.model,
+                self.tokenizer,
+                input_ids=[ids for ids in batch for _ in range(per)],
+                max_new_tokens=max_new,
+                temperature=float(temperature),
+                top_p=0.95,
+                seed=int(seed) + start,
+                eos_ids=[] if self.eos_id is None else [self.eos_id],
+                pad_id=self.pad_id,
+            )
+            texts = [g.text for g in rows]
+            out += [texts[i * per : (i + 1) * per] * (n // per) for i in range(len(batch))]
         return out
 
     def close(self) -> None:
@@ -246,7 +227,8 @@ class HFBackend(Backend):
 
 
 class OpenAIBackend(Backend):
-    """An OpenAI-compatible completions (or chat) endpoint (see the module docstring).
+    """An OpenAI-compatible completions (or chat) endpoint (see the module docstring), a
+    thin adapter over :class:`privcode.models.endpoint.EndpointClient`.
 
     ``base_url``: the server root (``http://host:8000``) or its ``/v1``
     prefix. ``model``: the model name to send; None asks ``GET /v1/models``
@@ -267,22 +249,24 @@ class OpenAIBackend(Backend):
         send_seed: bool = True,
         skip_invalid: bool = True,
     ):
-        import requests
-
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise BackendError(f"endpoint must be an http(s) URL, got {base_url!r}")
-        root = base_url.rstrip("/")
-        self.api = root if root.endswith("/v1") else root + "/v1"
-        self.chat, self.timeout, self.max_retries = chat, float(timeout), int(max_retries)
-        self.concurrency, self.backoff_s, self.send_seed = max(1, concurrency), backoff_s, send_seed
+        try:
+            self.client = EndpointClient(
+                base_url,
+                api_key_env=api_key_env,
+                timeout_s=timeout,
+                retries=max_retries,
+                backoff_s=backoff_s,
+                concurrency=max(1, concurrency),
+                key="endpoint",
+                plain_http_anywhere=True,
+            )
+        except EndpointError as exc:
+            raise BackendError(f"{exc} (got {base_url!r})") from None
+        self.api, self.chat = self.client.api, chat
+        self.concurrency, self.send_seed = max(1, concurrency), send_seed
         self.api_key_env, self.skip_invalid, self.failed = api_key_env, skip_invalid, 0
-        key = os.environ.get(api_key_env, "").strip() if api_key_env else ""
-        self._headers = {"Content-Type": "application/json"}
-        if key:
-            self._headers["Authorization"] = f"Bearer {key}"
-        elif api_key_env:
+        if api_key_env and not self.client.has_key:
             log.warning("$%s is not set: querying %s without an API key", api_key_env, self.api)
-        self._session = requests.Session()
         self._lock = threading.Lock()
         self.model = model or self._first_model()
 
@@ -296,58 +280,14 @@ class OpenAIBackend(Backend):
             "failed_requests": self.failed,
         }
 
-    def _request(self, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
-        import requests
-
-        url = f"{self.api}/{route}"
-        for attempt in range(self.max_retries + 1):
-            try:
-                resp = self._session.request(
-                    method,
-                    url,
-                    headers=self._headers,
-                    data=None if body is None else json.dumps(body),
-                    timeout=self.timeout,
-                )
-            except requests.RequestException as exc:
-                problem = f"cannot reach {url}: {type(exc).__name__}"
-                status = None
-            else:
-                if resp.status_code == 200:
-                    try:
-                        return resp.json()
-                    except ValueError:
-                        raise BackendError(f"{url}: the answer is not JSON") from None
-                status = resp.status_code
-                problem = f"{url} answered HTTP {status}: {_error_message(resp)}"
-            retry = status is None or status == 429 or status >= 500
-            wait = self.backoff_s * (2**attempt)
-            if status == 429:
-                if _error_code(resp) == "privacy_budget_exhausted":
-                    retry = False  # a spent budget stays spent: waiting does not help
-                # The server's rate limit says when the next request may go (capped).
-                after = resp.headers.get("Retry-After", "")
-                if after.isdigit():
-                    wait = max(wait, min(float(after), 60.0))
-            if not retry or attempt == self.max_retries:
-                if status in (401, 403):
-                    problem += (
-                        f" (check the API key in ${self.api_key_env})"
-                        if self.api_key_env
-                        else " (the endpoint wants an API key)"
-                    )
-                if status in (400, 413, 422):
-                    raise InvalidRequestError(problem)
-                raise BackendError(problem)
-            time.sleep(wait)
-        raise BackendError(f"{url}: no answer")  # pragma: no cover - loop always returns/raises
-
     def _first_model(self) -> str:
-        data = self._request("GET", "models")
         try:
-            return str(data["data"][0]["id"])
-        except (KeyError, IndexError, TypeError):
-            raise BackendError(f"{self.api}/models lists no model; pass the model name") from None
+            models = self.client.models()
+        except EndpointError as exc:
+            raise BackendError(str(exc)) from None
+        if not models:
+            raise BackendError(f"{self.api}/models lists no model; pass the model name")
+        return models[0]
 
     def _one(self, prompt: str, max_tokens: int, temperature: float, seed: int) -> str:
         body: dict[str, Any] = {
@@ -362,30 +302,23 @@ class OpenAIBackend(Backend):
         else:
             body["prompt"] = prompt
         try:
-            data = self._request("POST", "chat/completions" if self.chat else "completions", body)
-        except InvalidRequestError:
+            return self.client.complete(body, chat=self.chat)
+        except EndpointStatusError as exc:
+            if exc.status not in (400, 413, 422):
+                raise BackendError(str(exc)) from None
             if not self.skip_invalid:
-                raise
-            with self._lock:
-                if not self.failed:
-                    log.warning(
-                        "%s refused a request as invalid (e.g. prompt + max_tokens over "
-                        "the model's context): counting it as an empty completion",
-                        self.api,
-                    )
-                self.failed += 1
-            return ""
-        try:
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if self.chat else choice["text"]
-        except (KeyError, IndexError, TypeError):
-            raise BackendError(
-                f"{self.api}: the answer has no choices[0]."
-                f"{'message.content' if self.chat else 'text'}"
-            ) from None
-        if not isinstance(text, str):
-            raise BackendError(f"{self.api}: the completion text is not a string")
-        return text
+                raise InvalidRequestError(str(exc)) from None
+        except EndpointError as exc:
+            raise BackendError(str(exc)) from None
+        with self._lock:
+            if not self.failed:
+                log.warning(
+                    "%s refused a request as invalid (e.g. prompt + max_tokens over "
+                    "the model's context): counting it as an empty completion",
+                    self.api,
+                )
+            self.failed += 1
+        return ""
 
     def complete(self, prompts, *, max_tokens=256, temperature=0.7, n=1, seed=0):
         _check_args(prompts, max_tokens, temperature, n)
@@ -402,28 +335,7 @@ class OpenAIBackend(Backend):
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def close(self) -> None:
-        self._session.close()
-
-
-def _error_code(resp: Any) -> str | None:
-    """The OpenAI error body's ``code`` (e.g. ``privacy_budget_exhausted``), if any."""
-    try:
-        err = resp.json().get("error")
-        return err.get("code") if isinstance(err, dict) else None
-    except (ValueError, AttributeError):
-        return None
-
-
-def _error_message(resp: Any) -> str:
-    """The server's error message (OpenAI error body), never the request."""
-    try:
-        err = resp.json().get("error")
-        msg = err.get("message") if isinstance(err, dict) else err
-        if isinstance(msg, str) and msg:
-            return msg[:300]
-    except (ValueError, AttributeError):
-        pass
-    return resp.reason or "error"
+        self.client.close()
 
 
 def make_backend(

@@ -23,8 +23,8 @@ def default_out_dir(data: str | Path) -> Path:
     return run / "audit" / "probe"
 
 
-def _list(text: str | None) -> list[str] | None:
-    return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
+def _list(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def add_probe_parser(subparsers) -> argparse.ArgumentParser:
@@ -36,6 +36,27 @@ def add_probe_parser(subparsers) -> argparse.ArgumentParser:
         "private corpus (1 <= hits <= 100). Prints counts only; the confirmed "
         "leaks are written to probe_leaks.json in --out (mode 0600).",
     )
+    _add_audited_model_args(p)
+    p.add_argument(
+        "--data",
+        required=True,
+        help="The private reference corpus (train.parquet or .jsonl records).",
+    )
+    p.add_argument("--out", default=None, help="Output directory (default: <run>/audit/probe).")
+    _add_question_args(p)
+    _add_helper_model_args(p)
+    p.add_argument("--no-update", action="store_true", help="Do not update the library.")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-tokens", type=int, default=384, help="Tokens per test response.")
+    p.add_argument("--device", default="cpu", help="Device of local models (cpu, cuda).")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="Print the summary as JSON.")
+    p.set_defaults(func=cmd_audit_probe)
+    return p
+
+
+def _add_audited_model_args(p: argparse.ArgumentParser) -> None:
+    """The audited model: a local one (``--model``) or a server (``--endpoint`` and its options)."""
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument(
         "--model",
@@ -60,12 +81,10 @@ def add_probe_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--chat", action="store_true", help="Use /v1/chat/completions instead of /v1/completions."
     )
-    p.add_argument(
-        "--data",
-        required=True,
-        help="The private reference corpus (train.parquet or .jsonl records).",
-    )
-    p.add_argument("--out", default=None, help="Output directory (default: <run>/audit/probe).")
+
+
+def _add_question_args(p: argparse.ArgumentParser) -> None:
+    """How many questions, tests and cases, about which scenarios and attributes."""
     p.add_argument("--rounds", type=int, default=1, help="Rounds (library update in between).")
     p.add_argument(
         "--questions",
@@ -83,6 +102,10 @@ def add_probe_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="Comma-separated attribute ids or category names (default: all).",
     )
+
+
+def _add_helper_model_args(p: argparse.ArgumentParser) -> None:
+    """The models beside the audited one (public scorer, question writer, judge) and the library."""
     p.add_argument(
         "--public-model",
         default=None,
@@ -105,23 +128,18 @@ def add_probe_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="Start from this feature-library YAML (default: prior knowledge).",
     )
-    p.add_argument("--no-update", action="store_true", help="Do not update the library.")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--max-tokens", type=int, default=384, help="Tokens per test response.")
-    p.add_argument("--device", default="cpu", help="Device of local models (cpu, cuda).")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="Print the summary as JSON.")
-    p.set_defaults(func=cmd_audit_probe)
-    return p
 
 
 def cmd_audit_probe(args: argparse.Namespace) -> int:
+    # Lazy: the backends, the judge and the records reader pull in requests, torch and
+    # pyarrow, which `privcode --help` must not pay for.
     from privcode.audit.probe.backends import HFBackend, make_backend
     from privcode.audit.probe.judge import LLMJudge
     from privcode.audit.probe.library import FeatureLibrary
     from privcode.audit.probe.run import run_probe
     from privcode.data.records import read_records
 
+    options = _options(args)  # checked before any model loads
     records = read_records(args.data)
     out = Path(args.out) if args.out else default_out_dir(args.data)
     backend = make_backend(
@@ -143,27 +161,42 @@ def cmd_audit_probe(args: argparse.Namespace) -> int:
             backend,
             records,
             out_dir=out,
-            scenarios=_list(args.scenarios),
-            attributes=_list(args.attributes),
-            n_questions=args.questions,
-            rounds=args.rounds,
-            n_tests=args.tests,
-            cases=args.cases,
-            seed=args.seed,
+            options=options,
             public_model=args.public_model,
             library=FeatureLibrary.load(args.library) if args.library else None,
             question_backend=question_backend,
             llm_judge=llm_judge,
-            temperature=args.temperature,
-            test_max_tokens=args.max_tokens,
-            update=not args.no_update,
-            device=args.device,
         )
     finally:
         backend.close()
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str))
-        return 0
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _options(args: argparse.Namespace):
+    """The command line's :class:`~privcode.audit.probe.options.ProbeOptions`."""
+    from privcode.audit.probe.options import ProbeOptions  # with the taxonomy: not for --help
+
+    return ProbeOptions(
+        scenarios=_list(args.scenarios),
+        attributes=_list(args.attributes),
+        n_questions=args.questions,
+        rounds=args.rounds,
+        n_tests=args.tests,
+        cases=args.cases,
+        seed=args.seed,
+        temperature=args.temperature,
+        test_max_tokens=args.max_tokens,
+        update=not args.no_update,
+        device=args.device,
+    )
+
+
+def _print_summary(summary: dict) -> None:
+    """Counts and per-category permille rates; the private details only by path."""
     m = summary["metrics"]
     print(
         f"leak probe: {summary['responses']} responses ({summary['accepted']} accepted), "
@@ -179,4 +212,3 @@ def cmd_audit_probe(args: argparse.Namespace) -> int:
         )
         print(f"  {cat:<12} n={e['responses']:<5} {cells}")
     print(f"details (PRIVATE): {summary['files']['details']}")
-    return 0

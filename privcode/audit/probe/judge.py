@@ -35,17 +35,17 @@ from dataclasses import dataclass
 from datetime import date, datetime
 
 from privcode.audit.probe.attribute_keys import key_words
-from privcode.audit.probe.extract import (
-    _EMAIL_RE,
-    _SECRET_RE,
-    Candidate,
-    _card_shape,
+from privcode.audit.probe.extract import Candidate
+from privcode.audit.probe.library import FeatureLibrary
+from privcode.audit.probe.taxonomy import ATTRIBUTES
+from privcode.data.pii_formats import (
+    EMAIL_RE,
+    SECRET_RE,
+    card_shape,
     iban_ok,
     ipv4_ok,
     phone_digits,
 )
-from privcode.audit.probe.library import FeatureLibrary
-from privcode.audit.probe.taxonomy import ATTRIBUTES
 
 __all__ = ["REASONS", "VALIDATORS", "LLMJudge", "Verdict", "is_placeholder", "judge_candidate"]
 
@@ -101,7 +101,7 @@ def _address(v: str) -> bool:
 
 
 def _email(v: str) -> bool:
-    if not _EMAIL_RE.fullmatch(v):
+    if not EMAIL_RE.fullmatch(v):
         return False
     local, domain = v.rsplit("@", 1)
     return len(local) <= 64 and ".." not in v and not local.startswith(".") and len(v) <= 254
@@ -165,7 +165,7 @@ def _token(v: str) -> bool:
 
 
 def _secret_key(v: str) -> bool:
-    if _SECRET_RE.fullmatch(v):
+    if SECRET_RE.fullmatch(v):
         return True
     return 16 <= len(v) <= 512 and not re.search(r"\s", v) and len(set(v)) >= 8 and _classes(v) >= 2
 
@@ -196,7 +196,7 @@ VALIDATORS: dict[str, Callable[[str], bool]] = {
     "password": _password,
     "auth_token": _token,
     "secret_key": _secret_key,
-    "credit_card": _card_shape,
+    "credit_card": card_shape,
     "username": _username,
     "biometric": _text(2, 120),
     "ip_address": _ip,

@@ -16,7 +16,8 @@ Per round (the library learns between rounds):
    public model, DBSCAN), used by the next round's prompts.
 
 Metrics (:mod:`privcode.audit.probe.metrics`): LP-L / IL-L per category over
-all rounds' responses.
+all rounds' responses. Settings: :class:`~privcode.audit.probe.options.ProbeOptions`;
+the steps above are the methods of ``_Prober``, one round at a time.
 
 PRIVACY: the returned summary (also written as ``probe_summary.json``)
 holds counts, rates, settings and file paths only. Confirmed leaks (values,
@@ -31,14 +32,15 @@ import logging
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from privcode.audit.probe.backends import Backend
-from privcode.audit.probe.extract import extract_pii
+from privcode.audit.probe.extract import Candidate, extract_pii
 from privcode.audit.probe.judge import REASONS, judge_candidate
-from privcode.audit.probe.library import FeatureLibrary
+from privcode.audit.probe.library import FeatureLibrary, Hint
 from privcode.audit.probe.metrics import (
     IL_LEVELS,
     LP_LEVELS,
@@ -46,46 +48,33 @@ from privcode.audit.probe.metrics import (
     ResponseLeaks,
     leakage_metrics,
 )
+from privcode.audit.probe.options import ProbeError, ProbeOptions
 from privcode.audit.probe.questions import (
+    Function,
+    Question,
     build_questions,
     code_prompt,
     is_refusal,
     select_functions,
     test_prompt,
 )
-from privcode.audit.probe.taxonomy import (
-    ATTRIBUTES,
-    CATEGORIES,
-    resolve_attributes,
-    resolve_scenarios,
-)
+from privcode.audit.probe.taxonomy import ATTRIBUTES, CATEGORIES
 from privcode.audit.probe.update import Leak, load_scorer, update_library
-from privcode.audit.probe.verify import HIT_RANGE, ReferenceIndex
-from privcode.errors import PrivcodeError
+from privcode.audit.probe.verify import ReferenceIndex
 from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.audit.probe")
 
-__all__ = ["DETAILS_FILE", "LIBRARY_FILE", "SUMMARY_FILE", "ProbeError", "run_probe"]
+__all__ = ["DETAILS_FILE", "LIBRARY_FILE", "SUMMARY_FILE", "run_probe"]
 
 DETAILS_FILE = "probe_leaks.json"
 LIBRARY_FILE = "feature_library.yaml"
 SUMMARY_FILE = "probe_summary.json"
 
+#: Offsets the seed by round (and by step within a round: +0 questions, +1 code, +2 tests).
+ROUND_STRIDE = 7919
 
-class ProbeError(PrivcodeError, ValueError):
-    """A leak-probing setting is invalid (names the setting and the allowed values)."""
-
-
-def _positive(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProbeError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _private_write(path: Path, obj: Any) -> None:
-    atomic_write_json(path, obj)
-    path.chmod(0o600)
+LLMJudgeFn = Callable[[list[Candidate]], list[bool]]
 
 
 def run_probe(
@@ -93,30 +82,17 @@ def run_probe(
     reference_records: Sequence | ReferenceIndex,
     *,
     out_dir: str | Path,
-    scenarios: Sequence[str] | None = None,
-    attributes: Sequence[str] | None = None,
-    n_questions: int = 2,
-    rounds: int = 1,
-    n_tests: int = 2,
-    cases: int = 5,
-    max_functions: int = 1,
-    seed: int = 0,
+    options: ProbeOptions | None = None,
     public_model: Any = None,
     library: FeatureLibrary | None = None,
     question_backend: Backend | None = None,
-    llm_judge=None,
-    hit_range: tuple[int, int] = HIT_RANGE,
-    code_max_tokens: int = 256,
-    test_max_tokens: int = 384,
-    temperature: float = 0.7,
-    update: bool = True,
-    eps: float = 0.5,
-    min_samples: int = 3,
-    device: str = "cpu",
-    dtype: Any = None,
+    llm_judge: LLMJudgeFn | None = None,
+    **settings: Any,
 ) -> dict[str, Any]:
     """Probe ``backend`` for leaks of ``reference_records``; return the counts-only summary.
 
+    ``options``: the settings (:class:`ProbeOptions`); ``settings``: its fields as
+    keywords (``n_questions=2``, ...), applied over ``options``.
     ``public_model``: a model path / preset for the pseudo-NLL scorer, a
     scorer object, or None (span fallback); see :mod:`privcode.audit.probe.update`.
     ``library``: the starting library (default: the prior-knowledge file).
@@ -124,170 +100,243 @@ def run_probe(
     the deterministic judge (e.g. :class:`~privcode.audit.probe.judge.LLMJudge`).
     """
     started = time.time()
-    scenarios = resolve_scenarios(scenarios)
-    attributes = resolve_attributes(attributes)
-    for name, value in (
-        ("n_questions", n_questions),
-        ("rounds", rounds),
-        ("n_tests", n_tests),
-        ("cases", cases),
-        ("max_functions", max_functions),
-        ("code_max_tokens", code_max_tokens),
-        ("test_max_tokens", test_max_tokens),
-        ("min_samples", min_samples),
-    ):
-        _positive(name, value)
-    if not isinstance(temperature, int | float) or temperature < 0:
-        raise ProbeError(f"temperature must be >= 0, got {temperature!r}")
-    if not 0 < eps <= 1:
-        raise ProbeError(f"eps (DBSCAN cosine radius) must be in (0, 1], got {eps!r}")
+    opts = ProbeOptions.of(options, **settings)
     index = (
         reference_records
         if isinstance(reference_records, ReferenceIndex)
-        else ReferenceIndex.from_records(reference_records, hit_range=tuple(hit_range))
+        else ReferenceIndex.from_records(reference_records, hit_range=opts.hit_range)
     )
-    lo, hi = index.hit_range
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    library = (library or FeatureLibrary.prior()).copy()
-    initial_library = library.counts()
-    scorer = None
-    rng = random.Random(seed)
+    prober = _Prober(
+        backend,
+        index,
+        (library or FeatureLibrary.prior()).copy(),
+        opts,
+        question_backend=question_backend,
+        llm_judge=llm_judge,
+        public_model=public_model,
+    )
+    initial_library = prober.library.counts()
+    for rnd in range(opts.rounds):
+        prober.run_round(rnd)
+    files = _write_private(out, prober)
+    summary = {
+        **_summary(prober, initial_library),
+        "files": {**files, "summary": str(out / SUMMARY_FILE)},
+        "seconds": round(time.time() - started, 2),
+    }
+    atomic_write_json(out / SUMMARY_FILE, summary)
+    return summary
 
-    responses: list[ResponseLeaks] = []
-    details: list[dict[str, Any]] = []
-    per_question_attr: dict[str, Counter] = defaultdict(Counter)
-    per_candidate_attr: dict[str, Counter] = defaultdict(Counter)
-    distinct_confirmed: dict[str, set[str]] = defaultdict(set)
-    rejections: Counter = Counter()
-    verification: Counter = Counter()
-    code_stats: Counter = Counter()
-    updates: list[dict[str, Any]] = []
-    verified_cache: dict[tuple[str, str], Any] = {}
 
-    for rnd in range(rounds):
+class _Job(NamedTuple):
+    """One test-generation prompt: the question, the model's function and the library hint."""
+
+    question: Question
+    function: Function
+    hint: Hint
+
+
+@dataclass
+class _Tally:
+    """What the rounds count; only ``details`` (the confirmed leaks) holds private values."""
+
+    responses: list[ResponseLeaks] = field(default_factory=list)
+    details: list[dict[str, Any]] = field(default_factory=list)
+    asked: defaultdict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    found: defaultdict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    distinct: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    rejections: Counter = field(default_factory=Counter)
+    verification: Counter = field(default_factory=Counter)
+    code: Counter = field(default_factory=Counter)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Prober:
+    """The rounds of one probe: questions -> functions -> tests -> judged, verified leaks."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        index: ReferenceIndex,
+        library: FeatureLibrary,
+        opts: ProbeOptions,
+        question_backend: Backend | None,
+        llm_judge: LLMJudgeFn | None,
+        public_model: Any,
+    ) -> None:
+        self.backend, self.index, self.library, self.opts = backend, index, library, opts
+        self.question_backend, self.llm_judge = question_backend, llm_judge
+        self.public_model, self.scorer = public_model, None
+        self.rng = random.Random(opts.seed)
+        self.tally = _Tally()
+        self.verified: dict[tuple[str, str], Any] = {}
+
+    def run_round(self, rnd: int) -> None:
+        questions = self._questions(rnd)
+        jobs = self._functions(questions, rnd)
+        texts = self.backend.complete(
+            [test_prompt(j.function, j.hint.text, self.opts.cases) for j in jobs],
+            max_tokens=self.opts.test_max_tokens,
+            temperature=self.opts.temperature,
+            n=self.opts.n_tests,
+            seed=self.opts.seed + ROUND_STRIDE * rnd + 2,
+        )
+        leaks: list[Leak] = []
+        for job_no, (job, samples) in enumerate(zip(jobs, texts, strict=True)):
+            for sample_no, text in enumerate(samples):
+                leaks += self._response(job, text, where=(rnd, job_no, sample_no))
+        log.info(
+            "leak probe round %d/%d: %d questions, %d responses so far, %d confirmed "
+            "instances so far",
+            rnd + 1,
+            self.opts.rounds,
+            len(questions),
+            len(self.tally.responses),
+            len(self.tally.details),
+        )
+        if self.opts.update and leaks:
+            self._update_library(rnd, leaks)
+
+    def _questions(self, rnd: int) -> list[Question]:
+        """Step 1: ``T(s, a)`` for the selected scenarios x attributes."""
+        opts = self.opts
+        scenarios, attributes = opts.scenarios or (), opts.attributes or ()  # resolved: never None
         questions = build_questions(
             scenarios,
             attributes,
-            n_questions,
-            rng,
-            question_backend=question_backend,
+            opts.n_questions,
+            self.rng,
+            question_backend=self.question_backend,
             prefix=f"r{rnd}",
-            seed=seed + 7919 * rnd,
+            seed=opts.seed + ROUND_STRIDE * rnd,
         )
         if not questions:
             raise ProbeError(
                 "no (scenario, attribute) pair selected: none of the attributes "
                 f"{', '.join(attributes)} occurs in scenarios {', '.join(scenarios)}"
             )
-        answers = backend.complete(
-            [code_prompt(q) for q in questions],
-            max_tokens=code_max_tokens,
-            temperature=temperature,
-            n=1,
-            seed=seed + 7919 * rnd + 1,
-        )
-        jobs = []  # (question, function, hint)
-        for q, (answer,) in zip(questions, answers, strict=True):
-            code_stats["answers"] += 1
-            code_stats["refused"] += is_refusal(answer)
-            functions = select_functions(answer, q, max_functions)
-            code_stats["fallback_stub"] += functions[0].fallback
-            code_stats["functions"] += 0 if functions[0].fallback else len(functions)
-            for g in functions:
-                jobs.append((q, g, library.hint(q.attribute, rng)))
-        prompts = [test_prompt(g, hint.text, cases) for _, g, hint in jobs]
-        texts = backend.complete(
-            prompts,
-            max_tokens=test_max_tokens,
-            temperature=temperature,
-            n=n_tests,
-            seed=seed + 7919 * rnd + 2,
-        )
-        round_leaks: list[Leak] = []
-        for job_no, ((q, g, hint), samples) in enumerate(zip(jobs, texts, strict=True)):
-            echo_text = f"{q.text}\n{hint.text}"
-            for sample_no, text in enumerate(samples):
-                stats = per_question_attr[q.attribute]
-                stats["responses"] += 1
-                if is_refusal(text):
-                    responses.append(ResponseLeaks(q.category))
-                    continue
-                stats["accepted"] += 1
-                judged = []
-                for c in extract_pii(text, [g.sig]):
-                    per_candidate_attr[c.attribute]["candidates"] += 1
-                    verdict = judge_candidate(c, library=library, prompt_text=echo_text)
-                    rejections[verdict.reason] += 1
-                    if verdict.ok:
-                        judged.append(c)
-                if judged and llm_judge is not None:
-                    keep = llm_judge(judged)
-                    rejections["llm_judge"] += sum(not k for k in keep)
-                    rejections["ok"] -= sum(not k for k in keep)
-                    judged = [c for c, k in zip(judged, keep, strict=True) if k]
-                elements = []
-                for c in judged:
-                    per_candidate_attr[c.attribute]["judged"] += 1
-                    key = (c.attribute, c.value)
-                    if key not in verified_cache:
-                        verified_cache[key] = index.verify(c.value, c.attribute)
-                    v = verified_cache[key]
-                    verification[
-                        "in_range" if v.ok else ("not_found" if v.hits < lo else "too_common")
-                    ] += 1
-                    if not v.ok:
-                        continue
-                    per_candidate_attr[c.attribute]["confirmed"] += 1
-                    distinct_confirmed[c.attribute].add(c.value)
-                    elements.append(LeakElement(c.attribute, c.value, frozenset(v.record_ids)))
-                    round_leaks.append(Leak(c.attribute, c.value, c.context))
-                    details.append(
-                        {
-                            "round": rnd,
-                            "question": q.id,
-                            "scenario": q.scenario,
-                            "question_attribute": q.attribute,
-                            "job": job_no,
-                            "sample": sample_no,
-                            "attribute": c.attribute,
-                            "category": ATTRIBUTES[c.attribute].category,
-                            "value": c.value,
-                            "key": c.key,
-                            "context": c.context,
-                            "how": c.how,
-                            "hits": v.hits,
-                            "record_ids": list(v.record_ids),
-                        }
-                    )
-                responses.append(ResponseLeaks(q.category, tuple(elements)))
-        log.info(
-            "leak probe round %d/%d: %d questions, %d responses so far, %d confirmed "
-            "instances so far",
-            rnd + 1,
-            rounds,
-            len(questions),
-            len(responses),
-            len(details),
-        )
-        if update and round_leaks:
-            if scorer is None:
-                scorer = (
-                    public_model
-                    if hasattr(public_model, "score")
-                    else load_scorer(public_model, device=device, dtype=dtype)
-                )
-            upd = update_library(library, round_leaks, scorer, eps=eps, min_samples=min_samples)
-            updates.append({"round": rnd, **upd})
+        return questions
 
-    metrics = leakage_metrics(responses, lp_levels=LP_LEVELS, il_levels=IL_LEVELS)
-    total = len(responses)
-    accepted = sum(c["accepted"] for c in per_question_attr.values())
+    def _functions(self, questions: list[Question], rnd: int) -> list[_Job]:
+        """Step 2: the model answers each code prompt; ``G(c)`` (or a stub) with a hint each."""
+        answers = self.backend.complete(
+            [code_prompt(q) for q in questions],
+            max_tokens=self.opts.code_max_tokens,
+            temperature=self.opts.temperature,
+            n=1,
+            seed=self.opts.seed + ROUND_STRIDE * rnd + 1,
+        )
+        code, jobs = self.tally.code, []
+        for q, (answer,) in zip(questions, answers, strict=True):
+            code["answers"] += 1
+            code["refused"] += is_refusal(answer)
+            functions = select_functions(answer, q, self.opts.max_functions)
+            code["fallback_stub"] += functions[0].fallback
+            code["functions"] += 0 if functions[0].fallback else len(functions)
+            jobs += [_Job(q, g, self.library.hint(q.attribute, self.rng)) for g in functions]
+        return jobs
+
+    def _response(self, job: _Job, text: str, where: tuple[int, int, int]) -> list[Leak]:
+        """Steps 3-4 for one test response: extract, judge, verify; its confirmed leaks."""
+        q = job.question
+        stats = self.tally.asked[q.attribute]
+        stats["responses"] += 1
+        if is_refusal(text):
+            self.tally.responses.append(ResponseLeaks(q.category))
+            return []
+        stats["accepted"] += 1
+        elements, leaks = [], []
+        for c in self._judged(job, text):
+            element = self._confirm(c, job, where)
+            if element is not None:
+                elements.append(element)
+                leaks.append(Leak(c.attribute, c.value, c.context))
+        self.tally.responses.append(ResponseLeaks(q.category, tuple(elements)))
+        return leaks
+
+    def _judged(self, job: _Job, text: str) -> list[Candidate]:
+        """The candidates of ``text`` the judge (and the optional LLM judge) keep."""
+        tally, echo_text = self.tally, f"{job.question.text}\n{job.hint.text}"
+        judged = []
+        for c in extract_pii(text, [job.function.sig]):
+            tally.found[c.attribute]["candidates"] += 1
+            verdict = judge_candidate(c, library=self.library, prompt_text=echo_text)
+            tally.rejections[verdict.reason] += 1
+            if verdict.ok:
+                judged.append(c)
+        if judged and self.llm_judge is not None:
+            keep = self.llm_judge(judged)
+            tally.rejections["llm_judge"] += sum(not k for k in keep)
+            tally.rejections["ok"] -= sum(not k for k in keep)
+            judged = [c for c, k in zip(judged, keep, strict=True) if k]
+        return judged
+
+    def _confirm(self, c: Candidate, job: _Job, where: tuple[int, int, int]) -> LeakElement | None:
+        """Verify a judged candidate against the reference corpus; record it if confirmed."""
+        tally = self.tally
+        tally.found[c.attribute]["judged"] += 1
+        key = (c.attribute, c.value)
+        if key not in self.verified:
+            self.verified[key] = self.index.verify(c.value, c.attribute)
+        v = self.verified[key]
+        lo = self.index.hit_range[0]
+        tally.verification[
+            "in_range" if v.ok else ("not_found" if v.hits < lo else "too_common")
+        ] += 1
+        if not v.ok:
+            return None
+        tally.found[c.attribute]["confirmed"] += 1
+        tally.distinct[c.attribute].add(c.value)
+        tally.details.append(_detail(c, job, where, v))
+        return LeakElement(c.attribute, c.value, frozenset(v.record_ids))
+
+    def _update_library(self, rnd: int, leaks: list[Leak]) -> None:
+        """Step 5: the round's confirmed leaks update the feature library."""
+        if self.scorer is None:
+            pm = self.public_model
+            self.scorer = (
+                pm
+                if hasattr(pm, "score")
+                else load_scorer(pm, device=self.opts.device, dtype=self.opts.dtype)
+            )
+        upd = update_library(
+            self.library, leaks, self.scorer, eps=self.opts.eps, min_samples=self.opts.min_samples
+        )
+        self.tally.updates.append({"round": rnd, **upd})
+
+
+def _detail(c: Candidate, job: _Job, where: tuple[int, int, int], v: Any) -> dict[str, Any]:
+    """One confirmed leak as written to ``probe_leaks.json`` (PRIVATE: holds the value)."""
+    rnd, job_no, sample_no = where
+    q = job.question
+    return {
+        "round": rnd,
+        "question": q.id,
+        "scenario": q.scenario,
+        "question_attribute": q.attribute,
+        "job": job_no,
+        "sample": sample_no,
+        "attribute": c.attribute,
+        "category": ATTRIBUTES[c.attribute].category,
+        "value": c.value,
+        "key": c.key,
+        "context": c.context,
+        "how": c.how,
+        "hits": v.hits,
+        "record_ids": list(v.record_ids),
+    }
+
+
+def _funnel(tally: _Tally, attributes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per attribute: responses asked -> accepted -> candidates -> judged -> confirmed."""
     funnel = {}
-    for a in attributes:
-        if a not in per_question_attr and a not in per_candidate_attr:
+    # The attributes asked about first, then leaks of attributes that were not asked for.
+    for a in [*attributes, *(a for a in tally.found if a not in attributes)]:
+        if a not in tally.asked and a not in tally.found:
             continue  # not asked in the selected scenarios, never extracted
-        q, c = per_question_attr.get(a, Counter()), per_candidate_attr.get(a, Counter())
+        q, c = tally.asked.get(a, Counter()), tally.found.get(a, Counter())
         funnel[a] = {
             "category": ATTRIBUTES[a].category,
             "responses": q["responses"],
@@ -295,76 +344,81 @@ def run_probe(
             "candidates": c["candidates"],
             "judged": c["judged"],
             "confirmed": c["confirmed"],
-            "distinct_confirmed": len(distinct_confirmed.get(a, ())),
+            "distinct_confirmed": len(tally.distinct.get(a, ())),
         }
-    for a, c in per_candidate_attr.items():  # leaks of attributes that were not asked for
-        if a not in funnel:
-            funnel[a] = {
-                "category": ATTRIBUTES[a].category,
-                "responses": 0,
-                "accepted": 0,
-                "candidates": c["candidates"],
-                "judged": c["judged"],
-                "confirmed": c["confirmed"],
-                "distinct_confirmed": len(distinct_confirmed.get(a, ())),
-            }
+    return funnel
+
+
+def _settings(prober: _Prober) -> dict[str, Any]:
+    """The summary's ``settings``: the options as run (the index's hit range), no placement."""
+    o = prober.opts
+    return {
+        "scenarios": list(o.scenarios or ()),
+        "attributes": list(o.attributes or ()),
+        "n_questions": o.n_questions,
+        "rounds": o.rounds,
+        "n_tests": o.n_tests,
+        "cases": o.cases,
+        "max_functions": o.max_functions,
+        "seed": o.seed,
+        "temperature": o.temperature,
+        "hit_range": list(prober.index.hit_range),
+        "code_max_tokens": o.code_max_tokens,
+        "test_max_tokens": o.test_max_tokens,
+        "update": o.update,
+        "eps": o.eps,
+        "min_samples": o.min_samples,
+        "llm_judge": prober.llm_judge is not None,
+        "question_model": prober.question_backend is not None,
+    }
+
+
+def _summary(prober: _Prober, initial_library: dict[str, Any]) -> dict[str, Any]:
+    """The counts-only summary (no value, context or record id)."""
+    t = prober.tally
+    total = len(t.responses)
+    accepted = sum(c["accepted"] for c in t.asked.values())
     by_cat = {
-        cat: sum(len(v) for a, v in distinct_confirmed.items() if ATTRIBUTES[a].category == cat)
+        cat: sum(len(v) for a, v in t.distinct.items() if ATTRIBUTES[a].category == cat)
         for cat in CATEGORIES
     }
-    details_path, library_path = out / DETAILS_FILE, out / LIBRARY_FILE
-    _private_write(
-        details_path,
-        {
-            "note": "PRIVATE: confirmed leaks of private values; keep inside the run directory",
-            "leaks": details,
-        },
-    )
-    library.save(library_path)
-    summary = {
-        "backend": backend.describe(),
-        "settings": {
-            "scenarios": list(scenarios),
-            "attributes": list(attributes),
-            "n_questions": n_questions,
-            "rounds": rounds,
-            "n_tests": n_tests,
-            "cases": cases,
-            "max_functions": max_functions,
-            "seed": seed,
-            "temperature": temperature,
-            "hit_range": [lo, hi],
-            "code_max_tokens": code_max_tokens,
-            "test_max_tokens": test_max_tokens,
-            "update": update,
-            "eps": eps,
-            "min_samples": min_samples,
-            "llm_judge": llm_judge is not None,
-            "question_model": question_backend is not None,
-        },
-        "reference_records": len(index),
-        "code_answers": dict(code_stats),
+    return {
+        "backend": prober.backend.describe(),
+        "settings": _settings(prober),
+        "reference_records": len(prober.index),
+        "code_answers": dict(t.code),
         "responses": total,
         "accepted": accepted,
         "refusal_rate": None if total == 0 else round(1 - accepted / total, 6),
-        "funnel": funnel,
-        "judge": {r: rejections.get(r, 0) for r in REASONS},
+        "funnel": _funnel(t, prober.opts.attributes or ()),
+        "judge": {r: t.rejections.get(r, 0) for r in REASONS},
         "verification": {
-            k: verification.get(k, 0) for k in ("in_range", "not_found", "too_common")
+            k: t.verification.get(k, 0) for k in ("in_range", "not_found", "too_common")
         },
         "confirmed": {
-            "instances": len(details),
-            "distinct": sum(len(v) for v in distinct_confirmed.values()),
+            "instances": len(t.details),
+            "distinct": sum(len(v) for v in t.distinct.values()),
             "distinct_per_category": by_cat,
         },
-        "metrics": metrics,
-        "library": {"initial": initial_library, "final": library.counts(), "updates": updates},
-        "files": {
-            "details": str(details_path),
-            "library": str(library_path),
-            "summary": str(out / SUMMARY_FILE),
+        "metrics": leakage_metrics(t.responses, lp_levels=LP_LEVELS, il_levels=IL_LEVELS),
+        "library": {
+            "initial": initial_library,
+            "final": prober.library.counts(),
+            "updates": t.updates,
         },
-        "seconds": round(time.time() - started, 2),
     }
-    atomic_write_json(out / SUMMARY_FILE, summary)
-    return summary
+
+
+def _write_private(out: Path, prober: _Prober) -> dict[str, str]:
+    """The confirmed leaks and the updated library, both mode 0600; their paths."""
+    details_path, library_path = out / DETAILS_FILE, out / LIBRARY_FILE
+    atomic_write_json(
+        details_path,
+        {
+            "note": "PRIVATE: confirmed leaks of private values; keep inside the run directory",
+            "leaks": prober.tally.details,
+        },
+    )
+    details_path.chmod(0o600)
+    prober.library.save(library_path)
+    return {"details": str(details_path), "library": str(library_path)}

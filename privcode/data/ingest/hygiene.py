@@ -30,9 +30,11 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
 from privcode.data.ingest.errors import IngestError
+from privcode.data.pii_formats import scan_formats
 
 __all__ = [
     "MAX_SCAN_LINE_CHARS",
@@ -436,8 +438,6 @@ class _SecretScanner:
 
 def _secrets_version() -> str:
     try:
-        from importlib.metadata import version
-
         return f"detect-secrets {version('detect-secrets')} (default plugins and filters, no verification)"
     except Exception:  # metadata missing: still say which library
         return "detect-secrets (default plugins and filters, no verification)"
@@ -449,7 +449,7 @@ def scan(records: Iterable[tuple[str, str]]) -> ScanReport:
     Secrets: detect-secrets' default plugins and filters, as its file scan applies them
     to each line of the text (lines over :data:`MAX_SCAN_LINE_CHARS` characters are
     skipped and counted); no plugin verifies a value over the network. PII:
-    :func:`privcode.audit.probe.extract.scan_formats` (e-mail, IPv4, secret-key
+    :func:`privcode.data.pii_formats.scan_formats` (e-mail, IPv4, secret-key
     prefixes, IBAN, card, SSN, phone) over the whole text. The report holds counts per
     source and in total, never a value, a line number or a record id. Every text is
     scanned as a Python file would be (the keyword plugin then wants quoted values).
@@ -461,8 +461,6 @@ def scan(records: Iterable[tuple[str, str]]) -> ScanReport:
     records/s.
     """
     from detect_secrets.settings import default_settings
-
-    from privcode.audit.probe.extract import scan_formats
 
     t0 = time.perf_counter()
     tallies: dict[str, _Tally] = {}
@@ -483,6 +481,6 @@ def scan(records: Iterable[tuple[str, str]]) -> ScanReport:
         sources={k: t.freeze() for k, t in sorted(tallies.items())},
         totals=total.freeze(),
         secrets_detector=_secrets_version(),
-        pii_detector="privcode.audit.probe.extract.scan_formats",
+        pii_detector="privcode.data.pii_formats.scan_formats",
         seconds=time.perf_counter() - t0,
     )

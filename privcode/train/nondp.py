@@ -28,6 +28,10 @@ weights) plus the tokenizer and :data:`MARKER`, which
 on raw text (prompt ++ code, like ``dpft``) and its membership scores count
 prompt tokens too.
 
+It lives in Stage I's package because it is Stage I's objective run through the DP
+engine's non-private mode; the pipeline's ``nondp`` (or audit) stage calls it, and the
+audits only read the model it writes.
+
 Privacy of this module's own outputs: the returned summary holds settings
 and timings only (no loss on private data), and nothing is logged about
 records.
@@ -50,13 +54,13 @@ from privcode.config import PipelineConfig
 from privcode.data.records import read_records
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import Privacy, make_private
+from privcode.models.encoding import collate, encode_records
 from privcode.models.loading import resolve_dtype
 from privcode.models.placement import task_device
 from privcode.train.build import build_objective
-from privcode.train.data import collate, encode_records
 from privcode.train.methods import get_method
 
-log = logging.getLogger("privcode.audit")
+log = logging.getLogger("privcode.train")
 
 __all__ = ["MARKER", "NOT_PRIVATE_NOTE", "train_nondp_comparison"]
 

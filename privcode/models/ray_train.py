@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from privcode.utils import torch_threads
+
 __all__ = ["fit", "report_checkpoint", "torch_trainer"]
 
 
@@ -110,7 +112,5 @@ def report_checkpoint(
 def fit(trainer: Any, num_workers: int, cpus_per_worker: int) -> Any:
     """``trainer.fit()``; in local mode (``num_workers`` 0) it trains in this process, so
     under ``cpus_per_worker`` torch threads, the caller's count restored after."""
-    from privcode.utils import torch_threads
-
     with torch_threads(cpus_per_worker) if num_workers == 0 else contextlib.nullcontext():
         return trainer.fit()
