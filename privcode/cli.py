@@ -16,6 +16,7 @@ from pathlib import Path
 
 from privcode import __version__
 from privcode.audit.probe.cli import add_probe_parser
+from privcode.cluster import jobs, k8s, local
 from privcode.cluster.ray_env import apply_process_env
 from privcode.config import SECTIONS, describe, load_config
 from privcode.data.ingest.cli import add_ingest_parser
@@ -24,6 +25,9 @@ from privcode.errors import PrivcodeError
 from privcode.eval.cli import add_eval_parser
 from privcode.layout import RunLayout
 from privcode.operator.cli import add_operator_parser
+from privcode.pipeline.plan import parse_node, plan_pipeline
+from privcode.pipeline.runner import run_pipeline
+from privcode.pipeline.study import write_results
 from privcode.privacy.cli import add_budget_parser
 from privcode.sandbox.cli import add_sandbox_parser
 from privcode.serve.cli import add_serve_parser
@@ -62,7 +66,6 @@ def _config_with_flags(args: argparse.Namespace, section: str, flags: tuple[str,
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from privcode.pipeline.runner import run_pipeline
 
     cfg = load_config(args.config, args.overrides)
     result = run_pipeline(cfg, stages=args.stages or None)
@@ -88,7 +91,6 @@ def _print_reports(result: dict) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print (or --json) what the config asks of a cluster; nothing runs (privcode.pipeline.plan)."""
-    from privcode.pipeline.plan import parse_node, plan_pipeline
 
     cfg = load_config(args.config, args.overrides)
     nodes = [n for spec in args.node for n in parse_node(spec)] or None
@@ -153,7 +155,6 @@ def cmd_base_build(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from privcode.cluster import local
 
     if args.action == "up":
         info = local.start_head(
@@ -171,11 +172,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from privcode.cluster import jobs
 
     if args.target == "k8s":
-        from privcode.cluster import k8s
-
         result = k8s.submit_pipeline_k8s(
             args.config,
             args.overrides,
@@ -207,7 +205,6 @@ def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
     """A handler running one pipeline stage (and what it needs), with its flags as overrides."""
 
     def handler(args: argparse.Namespace) -> int:
-        from privcode.pipeline.runner import run_pipeline
 
         result = run_pipeline(_config_with_flags(args, section, flags), stages=[stage])
         if args.json:
@@ -219,7 +216,6 @@ def _stage_command(stage: str, section: str, flags: tuple[str, ...]):
 
 def cmd_report(args: argparse.Namespace) -> int:
     """The report stage alone, always re-rendered: other runs (a sweep) change what it shows."""
-    from privcode.pipeline.runner import run_pipeline
 
     cfg = load_config(args.config, [*args.overrides, "run.force=true"])
     result = run_pipeline(cfg, stages=["report"])
@@ -232,7 +228,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     """docs/results.md from the study's runs (manifests only): table, plot, directions."""
-    from privcode.pipeline.study import write_results
 
     cfg = load_config(args.config, list(args.overrides))
     path = write_results(

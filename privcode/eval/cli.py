@@ -9,6 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from privcode.eval.errors import EvalError
+from privcode.eval.score import evaluate
+from privcode.sandbox import SandboxLimits
+from privcode.utils import atomic_write_json
+
 __all__ = ["add_eval_parser", "cmd_eval"]
 
 _BENCHMARKS = (
@@ -21,10 +26,6 @@ _BENCHMARKS = (
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from privcode.eval.errors import EvalError
-    from privcode.eval.score import evaluate
-    from privcode.sandbox import SandboxLimits
-    from privcode.utils import atomic_write_json
 
     try:
         limits = SandboxLimits(

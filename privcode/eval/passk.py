@@ -22,6 +22,7 @@ same, whatever its ``n``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from statistics import NormalDist
 
 from privcode.eval.errors import EvalError
 
@@ -95,7 +96,6 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
     fractional (pass@1 of n > 1 samples times the number of tasks); the
     interval then treats the tasks as the trials.
     """
-    from statistics import NormalDist
 
     _count("n", n, 1)
     if not 0 <= successes <= n:

@@ -25,7 +25,10 @@ ids are kept in :attr:`LoadedModel.eos_ids`).
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,9 +256,6 @@ def export_merged(
     directory, then renamed: a crash leaves no half checkpoint, and an existing ``merged/``
     is replaced only by a complete one. Returns the checkpoint's directory.
     """
-    import json
-    import shutil
-    import tempfile
 
     import torch
 

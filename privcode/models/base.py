@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -134,7 +135,6 @@ def _preset(name: str) -> Preset:
 
 def _read_build(directory: Path, expected_hash: str) -> dict | None:
     """The stored info of a complete build with ``expected_hash`` in ``directory``, else None."""
-    import json
 
     info_path = directory / BUILD_INFO
     try:

@@ -13,6 +13,7 @@ most decoder-only models but adapts more weights than needed.
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from privcode.errors import PrivcodeError
+from privcode.models.presets import PRESETS
 
 __all__ = [
     "LORA_TARGETS",
@@ -80,7 +82,6 @@ _CONV1D_TYPES = frozenset({"gpt2"})
 
 
 def _is_preset(name: str) -> bool:
-    from privcode.models.presets import PRESETS
 
     return name in PRESETS
 
@@ -154,7 +155,6 @@ _GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenize
 
 
 def _declared_tokenizer_class(directory: Path) -> str | None:
-    import json
 
     try:
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from privcode.config import PipelineConfig, load_config
 from privcode.data.records import read_snapshot
+from privcode.dp.accounting import epsilon
 from privcode.errors import BudgetRefused
 from privcode.operator.spec import RunSpec
 from privcode.privacy.admission import admit, requested_budget
@@ -118,7 +119,6 @@ def admit_run(
 
 
 def _alone(plan, cfg: PipelineConfig) -> float:
-    from privcode.dp.accounting import epsilon
 
     return float(epsilon([plan], cfg.train.delta, cfg.train.accountant))
 

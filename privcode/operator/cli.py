@@ -17,6 +17,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from privcode.errors import PrivcodeError
+from privcode.operator.metrics import OperatorMetrics
+
 __all__ = ["add_operator_parser", "run_operator"]
 
 
@@ -65,8 +68,6 @@ def run_operator(
     settings.posting.level = 20  # Events from INFO up
     settings.persistence.finalizer = "privcode.dev/release"
     if metrics is None and metrics_port is not None:
-        from privcode.operator.metrics import OperatorMetrics
-
         metrics = OperatorMetrics()
         metrics.serve(metrics_port)
     cfg = OperatorConfig(
@@ -93,8 +94,6 @@ def run_operator(
 
 def cmd_operator(args: argparse.Namespace) -> int:
     import yaml
-
-    from privcode.errors import PrivcodeError
 
     try:
         template = yaml.safe_load(Path(args.template).read_text(encoding="utf-8"))

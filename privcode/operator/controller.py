@@ -39,6 +39,7 @@ from privcode.dp.accounting import DPEvent, epsilon
 from privcode.errors import LedgerConflictError, LedgerUnavailableError, PrivcodeError
 from privcode.operator import admission as adm
 from privcode.operator.children import child_name, config_map_for, rayjob_for
+from privcode.operator.progress import run_progress
 from privcode.operator.spec import (
     BUDGET_PLURAL,
     GROUP,
@@ -47,6 +48,8 @@ from privcode.operator.spec import (
     VERSION,
     parse_run,
 )
+from privcode.privacy.authority import AuthorityError
+from privcode.registry import STAGES
 
 __all__ = ["OperatorConfig", "build_registry"]
 
@@ -244,8 +247,6 @@ def mirror(body: Any, meta: Any, status: Any, patch: Any, memo: Any, **_: Any) -
 
 
 def _progress(root: str, name: str, patch: Any) -> None:
-    from privcode.operator.progress import run_progress
-    from privcode.registry import STAGES
 
     found = run_progress(root, name, tuple(STAGES))
     patch.status["stages"] = found.stages
@@ -290,7 +291,6 @@ def mirror_budget(patch: Any, memo: Any, **_: Any) -> None:
 
 def apply_raise(body: Any, spec: Any, status: Any, patch: Any, memo: Any, **_: Any) -> None:
     """A PrivacyBudgetRaise: its signed grant to the ledger, once (module docstring)."""
-    from privcode.privacy.authority import AuthorityError
     from privcode.privacy.ledger_actor import ledger_call, open_ledger
 
     cfg: OperatorConfig = memo.config

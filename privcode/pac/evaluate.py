@@ -34,6 +34,7 @@ audit instrument, never a serving path. Only counts leave this module.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from privcode.data.public import public_prompts
+from privcode.errors import PrivcodeError
 from privcode.pac.bounds import (
     measured_leakage,
     mia_success_bound,
@@ -297,8 +300,6 @@ def evaluate_pac(
     if _own_gpu_task(cfg):
         import ray
 
-        from privcode.errors import PrivcodeError
-
         task = ray.remote(_evaluate).options(**eval_task_options(cfg))
         try:
             return ray.get(task.remote(cfg, worlds, heldout, canaries, progress))
@@ -312,7 +313,6 @@ def evaluate_pac(
 def _evaluate(
     cfg: Any, worlds: str, heldout: str, canaries: str | None, progress: bool
 ) -> dict[str, Any]:
-    from privcode.data.public import public_prompts
     from privcode.data.records import read_records
     from privcode.models.placement import placement
     from privcode.pac.ensemble import PacEnsemble
@@ -340,8 +340,6 @@ def _evaluate(
     )
     emission = None
     if canaries and cfg.eval_canaries:
-        import json
-
         planted = json.loads(open(canaries, encoding="utf-8").read())["canaries"]
         emission = canary_emission(
             ens,

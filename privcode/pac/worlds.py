@@ -66,6 +66,7 @@ from privcode.models.encoding import collate, encode_records, token_ce
 from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
 from privcode.models.placement import gpu_options, placement
 from privcode.pac.mechanism import assign_worlds
+from privcode.privacy.identities import tokenizer_id
 
 log = logging.getLogger("privcode.pac")
 
@@ -266,7 +267,6 @@ def train_worlds(
     encoded = encode_records(records, tokenizer, cfg.max_length)
     if store is not None:  # the records' PAC accounts, before anything trains on them
         from privcode.privacy.admission import register_pac_data
-        from privcode.privacy.identities import tokenizer_id
 
         dataset_id = register_pac_data(store, records, encoded, tokenizer_id(tokenizer))
     del records

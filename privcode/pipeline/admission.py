@@ -33,6 +33,9 @@ from typing import Any
 from privcode.config import PipelineConfig
 from privcode.errors import BudgetRefused
 from privcode.layout import RunLayout
+from privcode.pipeline.runner import fingerprint, read_manifest
+from privcode.pipeline.stages import STAGES
+from privcode.privacy.store import open_pinned
 from privcode.registry import get_method
 
 log = logging.getLogger("privcode.pipeline")
@@ -51,8 +54,6 @@ def _training_file(cfg: PipelineConfig, layout: RunLayout) -> Path | None:
         return Path(cfg.train.data) if Path(cfg.train.data).is_file() else None
     if layout.train_data.is_file():
         return layout.train_data
-    from privcode.pipeline.runner import fingerprint, read_manifest
-    from privcode.pipeline.stages import STAGES
 
     fp = fingerprint(cfg, STAGES["data"], {})
     for path in layout.manifests_of_every_run("data").values():
@@ -67,7 +68,6 @@ def _training_rows(cfg: PipelineConfig, layout: RunLayout, records: list) -> tup
     """(each record's training row, its tokenizer's id) when this run's base model is built
     (its stage's manifest), so the preflight knows records by their rows as the train stage
     does; (None, "") before that (a first run: the train stage's admission checks them)."""
-    from privcode.pipeline.runner import read_manifest
 
     manifest = read_manifest(layout.stage("base"))
     if manifest is None:
@@ -87,7 +87,6 @@ def _training_rows(cfg: PipelineConfig, layout: RunLayout, records: list) -> tup
 
 def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     """Check the train stage's budget before anything runs (module docstring); None: no check."""
-    from privcode.pipeline.runner import read_manifest
 
     train = cfg.train
     layout = RunLayout.of(cfg)
@@ -96,7 +95,6 @@ def preflight(cfg: PipelineConfig, order: list[str]) -> str | None:
     if read_manifest(layout.stage("train")) is not None and not cfg.run.force:
         return None  # probably current (then skipped); if not, the stage's admission decides
     from privcode.privacy.admission import admit, plan_alone, requested_budget
-    from privcode.privacy.store import open_pinned
     from privcode.train.noise import planned_event
 
     store = open_pinned(cfg.privacy.store, cfg.privacy.store_id)

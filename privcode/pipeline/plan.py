@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from privcode.artifacts import StageManifest
 from privcode.config import PipelineConfig
 from privcode.errors import PrivcodeError
+from privcode.layout import RunLayout
 from privcode.pipeline.placement import (
     Node,
     PlacementError,
@@ -37,8 +39,10 @@ from privcode.pipeline.placement import (
     stage_bundles,
     stage_resources,
 )
+from privcode.pipeline.runner import _with_dependencies
 from privcode.pipeline.stage import Workers
 from privcode.pipeline.stages import STAGES
+from privcode.registry import METHODS
 
 __all__ = [
     "MemoryEstimate",
@@ -237,8 +241,6 @@ def parse_node(spec: str) -> list[dict[str, Any]]:
 
 
 def _train_records(cfg: PipelineConfig) -> int | None:
-    from privcode.artifacts import StageManifest
-    from privcode.layout import RunLayout
 
     manifest = StageManifest.find(RunLayout.of(cfg).stage("data"))
     counts = (manifest.summary.get("counts") or {}) if manifest else {}
@@ -265,8 +267,6 @@ def privacy_plan(cfg: PipelineConfig, records: int) -> PrivacyPlan:
 def _model_dir(cfg: PipelineConfig) -> Path | None:
     if cfg.base.model and (Path(cfg.base.model).expanduser() / "config.json").is_file():
         return Path(cfg.base.model).expanduser()
-    from privcode.artifacts import StageManifest
-    from privcode.layout import RunLayout
 
     manifest = StageManifest.find(RunLayout.of(cfg).stage("base"))
     path = Path(str((manifest.summary if manifest else {}).get("path", "")))
@@ -280,7 +280,6 @@ def estimate_dp_memory(cfg: PipelineConfig, model_dir: str | Path) -> MemoryEsti
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from privcode.models.loading import lora_target_modules
-    from privcode.registry import METHODS
     from privcode.train.privlc import CodeEncoder, PromptEncoder, make_prefix_decoder
 
     t = cfg.train
@@ -386,7 +385,6 @@ def plan_pipeline(
     else no placement check. ``records``: the training set's N (default: the data
     stage's manifest count, if there is one); without it, no privacy plan.
     """
-    from privcode.pipeline.runner import _with_dependencies
 
     if nodes is None and "ray" in sys.modules and sys.modules["ray"].is_initialized():
         nodes = cluster_nodes()

@@ -32,7 +32,10 @@ Two reports, split at the privacy boundary (docs: only aggregates leave it):
 
 from __future__ import annotations
 
+import base64
+import html
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -64,9 +67,6 @@ h1,h2{border-bottom:1px solid #ddd;padding-bottom:.2rem}"""
 
 def render_html(markdown_text: str, image_dir: Path, title: str) -> str:
     """report.md as one self-contained HTML page (python-markdown; PNGs inlined as data URIs)."""
-    import base64
-    import html
-    import re
 
     import markdown
 

@@ -24,6 +24,7 @@ from typing import Any
 from privcode.artifacts import StageManifest, SynthSummary, TrainSummary
 from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.premium import PremiumSummary
+from privcode.errors import PrivcodeError
 from privcode.pipeline.report_sweep import privacy_utility, sweep_section
 from privcode.pipeline.sections import ReportContext, Section, fmt, number, save_fig, table
 from privcode.pipeline.sections import plt as pyplot
@@ -466,7 +467,6 @@ def store_section(info: TrainSummary) -> list[str]:
     """
     if not info.dp or not info.privacy_store:
         return []
-    from privcode.errors import PrivcodeError
     from privcode.privacy.budget import call
 
     try:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.artifacts import ArtifactError, StageManifest
+from privcode.errors import AccountingError
 from privcode.layout import RunLayout
 from privcode.pipeline.sections import grid as _grid
 from privcode.pipeline.sections import plt as _plt
@@ -188,7 +189,6 @@ def collect_points(
 def within_run_curve(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """[{step, epsilon, loss}] for each checkpoint of a DP run's public held-out loss curve."""
     from privcode.dp.accounting import DPEvent, epsilon
-    from privcode.errors import AccountingError
 
     if not summary.get("dp"):
         return []

@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from privcode.layout import RunLayout
 from privcode.pipeline.placement import cluster_nodes, stage_resources
 from privcode.pipeline.stages import STAGES, PendingInput, Stage
 from privcode.pipeline.summary import run_summary
+from privcode.privacy.store import StoreError, StoreIntegrityError, open_pinned, resolve_store
 from privcode.utils import make_dirs, replace_dir, stable_hash, torch_threads
 
 log = logging.getLogger("privcode.pipeline")
@@ -77,9 +79,6 @@ def pin_locations(cfg: PipelineConfig) -> PipelineConfig:
     charge it refuse with ``privcode budget init``'s command; one whose id differs from a
     configured ``privacy.store_id`` is refused here.
     """
-    from dataclasses import replace
-
-    from privcode.privacy.store import StoreError, StoreIntegrityError, open_pinned, resolve_store
 
     store, store_id = resolve_store(cfg.privacy.store), cfg.privacy.store_id
     try:

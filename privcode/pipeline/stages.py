@@ -22,6 +22,9 @@ from typing import Any
 from privcode.artifacts.base import BaseRecord
 from privcode.artifacts.premium import PremiumSummary
 from privcode.artifacts.summaries import DataSummary, EvalSummary, SynthSummary, TrainSummary
+from privcode.data.ingest.cli import spec_from_config, split_key
+from privcode.eval.passk import wilson_interval
+from privcode.eval.score import evaluate
 from privcode.layout import RunLayout
 from privcode.pipeline import report_stages
 from privcode.pipeline.report_audit import eval_report
@@ -35,6 +38,16 @@ from privcode.pipeline.stage import (
     wait_input,
 )
 from privcode.pipeline.stages_audit import AuditStage, NondpStage, PacStage
+from privcode.privacy.store import PrivacyStore, StoreError, open_pinned
+from privcode.synth.pipeline import run_synthesis
+from privcode.synth.resources import (
+    auto_sized,
+    filter_actor_options,
+    filter_footprint,
+    filter_pools,
+    llm_filters,
+)
+from privcode.utils import atomic_write_json, sha256_bytes, sha256_file
 
 __all__ = ["NONDP_TRAIN_FIELDS", "STAGES", "PendingInput", "Stage", "Workers", "wait_input"]
 
@@ -50,7 +63,6 @@ class DataStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         if cfg.data.source == "ingest":
-            from privcode.data.ingest.cli import spec_from_config, split_key
             from privcode.data.ingest.corpus import build_ingested_corpus, secret_rng
 
             key, store_id = split_key(cfg.privacy)
@@ -165,9 +177,7 @@ class TrainStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.privacy.admission import requested_budget
-        from privcode.privacy.store import open_pinned
         from privcode.train.loop import run_training
-        from privcode.utils import sha256_file
 
         layout = RunLayout.of(cfg)
         data = Path(cfg.train.data) if cfg.train.data else layout.train_data
@@ -193,7 +203,6 @@ class TrainStage(Stage):
 
     def still_valid(self, summary):
         # An external train.data file may change under the same path.
-        from privcode.privacy.store import PrivacyStore, StoreError
 
         path, store = Path(summary.get("data_path", "")), summary.get("privacy_store")
         if not path.is_file() or not store or not summary.get("dataset_id"):
@@ -227,7 +236,6 @@ class SynthStage(Stage):
 
     @classmethod
     def workers(cls, cfg):
-        from privcode.synth.resources import filter_actor_options, filter_pools, llm_filters
 
         s, kind = cfg.synth, "Ray Data generator actors"
         most, fewest = max(s.generators_min, s.generators_max), max(1, s.generators_min)
@@ -268,7 +276,6 @@ class SynthStage(Stage):
 
     @classmethod
     def footprint(cls, cfg):
-        from privcode.synth.resources import auto_sized, filter_footprint
 
         if auto_sized(cfg.synth):  # pools sized from the cluster: the whole cluster, alone
             return None
@@ -278,7 +285,6 @@ class SynthStage(Stage):
         return generators * cfg.synth.cpus_per_generator + filter_footprint(cfg.synth)[0]
 
     def run(self, cfg, out_dir, inputs):
-        from privcode.synth.pipeline import run_synthesis
 
         layout = RunLayout.of(cfg)
         release = Path(cfg.synth.release) if cfg.synth.release else layout.release
@@ -291,7 +297,6 @@ class SynthStage(Stage):
         )
 
     def still_valid(self, summary):
-        from privcode.utils import sha256_bytes
 
         # An external release may change under the same path.
         try:
@@ -428,8 +433,6 @@ class EvalStage(Stage):
 
 def _score(cfg: Any, model: str, benchmark: str, out_dir: Path, stem: str) -> dict[str, Any]:
     """pass@k of ``model`` on ``benchmark`` (``<stem>.json`` and ``.samples.jsonl``): its summary."""
-    from privcode.eval.score import evaluate
-    from privcode.utils import atomic_write_json
 
     e = cfg.eval
     own = benchmark == e.benchmark  # a local file and a task limit apply to the main benchmark
@@ -458,7 +461,6 @@ def _score(cfg: Any, model: str, benchmark: str, out_dir: Path, stem: str) -> di
 
 def _pass1_interval(result: dict[str, Any]) -> list[float] | None:
     """95% Wilson interval of pass@1 over the benchmark's tasks (None without pass@1)."""
-    from privcode.eval.passk import wilson_interval
 
     p1, tasks = (result.get("pass_at_k") or {}).get("pass@1"), result.get("n_tasks")
     if p1 is None or not tasks:

@@ -21,6 +21,8 @@ from privcode.pipeline.stage import (
     summary_of,
     wait_input,
 )
+from privcode.privacy.store import open_pinned
+from privcode.utils import atomic_write_json
 
 __all__ = ["AuditStage", "NondpStage", "PacStage"]
 
@@ -171,12 +173,10 @@ class PacStage(Stage):
     def run(self, cfg, out_dir, inputs):
         from privcode.pac.evaluate import evaluate_pac
         from privcode.pac.worlds import train_worlds
-        from privcode.utils import atomic_write_json
 
         layout = RunLayout.of(cfg)
         train_data = Path(cfg.train.data) if cfg.train.data else layout.train_data
         worlds = layout.pac_worlds_in(out_dir)
-        from privcode.privacy.store import open_pinned
 
         store = open_pinned(cfg.privacy.store, cfg.privacy.store_id)
         trained = train_worlds(

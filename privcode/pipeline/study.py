@@ -24,6 +24,7 @@ from privcode.artifacts import ArtifactError, StageManifest
 from privcode.artifacts.summaries import AuditSummary, EvalSummary
 from privcode.layout import RunLayout
 from privcode.pipeline.sections import grid, plt, save_fig
+from privcode.utils import PUBLIC_FILE_MODE, atomic_write_text
 
 __all__ = ["Direction", "ModelScore", "StudyPoint", "collect", "directions", "render"]
 
@@ -421,7 +422,6 @@ def write_results(
     reference: str | None = None,
 ) -> Path:
     """Collect, judge, plot (``<path stem>_privacy_utility.png``) and write ``path`` atomically."""
-    from privcode.utils import PUBLIC_FILE_MODE, atomic_write_text
 
     points = collect(out_dir, runs, reference)
     if not points:

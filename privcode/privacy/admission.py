@@ -37,6 +37,7 @@ from privcode.errors import BudgetRefused
 from privcode.privacy.identities import duplicated_kinds, pack_identities
 from privcode.privacy.ledger import Budget
 from privcode.privacy.ledger_actor import ledger_call, open_ledger
+from privcode.privacy.pac_budgets import records_dataset_id
 from privcode.privacy.store import PrivacyStore
 from privcode.privacy.wal import legacy_events
 
@@ -240,7 +241,6 @@ def register_pac_data(
     their encoded rows, ``tokenizer`` its :func:`~privcode.privacy.identities.tokenizer_id`)
     in ``store``'s ledger, once per record set; their PAC dataset id."""
     from privcode.privacy.budget import call
-    from privcode.privacy.pac_budgets import records_dataset_id
 
     pairs = [(r.prompt, r.code) for r in records]
     dataset = records_dataset_id(store, pairs)

@@ -24,6 +24,9 @@ import json
 from pathlib import Path
 
 from privcode.config import load_config
+from privcode.errors import PrivcodeError
+from privcode.privacy.authority import default_key_path
+from privcode.privacy.store import resolve_store
 
 
 def _json(obj: object) -> None:
@@ -31,7 +34,6 @@ def _json(obj: object) -> None:
 
 
 def _store(args: argparse.Namespace) -> Path:
-    from privcode.privacy.store import resolve_store
 
     if args.store:
         return Path(args.store).expanduser().resolve()
@@ -40,8 +42,6 @@ def _store(args: argparse.Namespace) -> Path:
 
 
 def cmd_budget_init(args: argparse.Namespace) -> int:
-    from privcode.errors import PrivcodeError
-    from privcode.privacy.authority import default_key_path
     from privcode.privacy.budget import init_store
     from privcode.privacy.ledger import Budget
 
@@ -89,7 +89,6 @@ def cmd_budget_show(args: argparse.Namespace) -> int:
 def cmd_budget_raise(args: argparse.Namespace) -> int:
     """Sign a raise with the store's authority and deliver it (``raise``), deliver a grant
     signed elsewhere (``raise --grant FILE``), or only sign it (``sign-raise``)."""
-    from privcode.errors import PrivcodeError
     from privcode.privacy.budget import call
     from privcode.privacy.raising import raise_with_authority
 
@@ -168,7 +167,6 @@ def cmd_budget_wipe(args: argparse.Namespace) -> int:
 
 
 def cmd_budget_serve_ledger(args: argparse.Namespace) -> int:
-    from privcode.errors import PrivcodeError
     from privcode.privacy.ledger_service import serve_ledger
 
     host, _, port = args.listen.rpartition(":")

@@ -41,6 +41,7 @@ import numpy as np
 
 from privcode.dp.events import DPEvent
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
+from privcode.privacy.authority import verify_grant
 from privcode.privacy.groups import RecordGroups, merge_events
 from privcode.privacy.identities import SCHEME, pack_identities, unpack_identities
 from privcode.privacy.ledger_log import (
@@ -337,7 +338,6 @@ class StoreLedger(PacLedger, LedgerReading):
     def _granted(self, grant: Any, **expected: Any) -> dict:
         """The message of ``grant``, signed by the store's authority for this store
         (:func:`privcode.privacy.authority.verify_grant`); the caller checks ``from``."""
-        from privcode.privacy.authority import verify_grant
 
         public = self._store.read_identity().get("authority")  # fresh: `budget authority`
         return verify_grant(public, grant, store_id=self._store.store_id, **expected)

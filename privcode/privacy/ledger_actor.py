@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.errors import LedgerConflictError, LedgerUnavailableError, PrivcodeError
+from privcode.privacy.authority import AuthorityError
 from privcode.privacy.ledger import StoreLedger
 from privcode.privacy.ledger_client import RemoteLedger, remote_ledger
 from privcode.privacy.store import PrivacyStore
@@ -148,7 +149,6 @@ def _checked(remote: RemoteLedger, expected: str, timeout_s: float) -> RemoteLed
 
 def _unavailable(context: str, exc: BaseException) -> PrivcodeError:
     """The ledger error behind a Ray error (the actor's own message when there is one)."""
-    from privcode.privacy.authority import AuthorityError
 
     text = str(exc)
     for cls in (AuthorityError, LedgerConflictError, LedgerUnavailableError):

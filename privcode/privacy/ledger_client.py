@@ -34,6 +34,7 @@ from typing import Any
 
 from privcode import http
 from privcode.errors import AccountingError, LedgerConflictError, LedgerUnavailableError
+from privcode.privacy.authority import AuthorityError
 
 __all__ = [
     "TOKEN_FILE_ENV",
@@ -75,7 +76,6 @@ def decode(value: Any) -> Any:
 
 
 def _errors() -> dict[str, type[Exception]]:
-    from privcode.privacy.authority import AuthorityError
 
     return {
         cls.__name__: cls

@@ -35,6 +35,7 @@ from privcode.errors import (
     LedgerUnavailableError,
     PrivcodeError,
 )
+from privcode.privacy.authority import AuthorityError
 from privcode.privacy.ledger_client import decode, encode
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ROLES", "build_ledger_app", "load_tokens", "serve_ledger"]
@@ -116,8 +117,6 @@ def build_ledger_app(
 ) -> Any:
     """The FastAPI app over ``ledger`` (a :class:`StoreLedger`), with ``tokens`` by role."""
     from fastapi import FastAPI, Request
-
-    from privcode.privacy.authority import AuthorityError
 
     app = FastAPI(title="privcode ledger", docs_url=None, redoc_url=None, openapi_url=None)
     lock = threading.Lock()

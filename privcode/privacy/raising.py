@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from privcode.errors import PrivcodeError
-from privcode.privacy.authority import make_authority, sign_grant
+from privcode.privacy.authority import default_key_path, make_authority, sign_grant
 from privcode.privacy.budget import _append_record, call
 from privcode.privacy.store import PrivacyStore
 
@@ -46,7 +46,6 @@ def raise_with_authority(
     """Sign a raise of the records' epsilon (or ``worlds``' PAC allowance, in nats) to
     ``to`` with the authority key, from the store's current value; deliver it to the
     store's ledger (``deliver``) or return the grant (to deliver elsewhere)."""
-    from privcode.privacy.authority import default_key_path
 
     path = Path(root).expanduser().resolve()
     store = PrivacyStore(path)

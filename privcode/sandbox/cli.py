@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 from privcode.errors import PrivcodeError
+from privcode.sandbox import SandboxError, SandboxLimits, file_result
+from privcode.sandbox.executor import open_sandbox, serve
 
 
 def _positive(kind):
@@ -31,8 +34,6 @@ def _positive(kind):
 
 
 def cmd_sandbox_check(args: argparse.Namespace) -> int:
-    from privcode.sandbox import SandboxError, SandboxLimits, file_result
-    from privcode.sandbox.executor import open_sandbox
 
     codes = []
     for name in args.files:
@@ -160,10 +161,6 @@ def _isolation_arg(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sandbox_serve(args: argparse.Namespace) -> int:
-    import logging
-
-    from privcode.sandbox import SandboxError
-    from privcode.sandbox.executor import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:

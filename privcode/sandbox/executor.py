@@ -59,6 +59,7 @@ from privcode.sandbox.pool import (
     SandboxLimits,
     SandboxPool,
     Verdict,
+    _checked_level,
     is_full,
     stdins_for,
 )
@@ -212,7 +213,6 @@ def preflight(isolation: str = FULL, executor: str = "") -> str:
         client = ExecutorClient(url, isolation=isolation)
         client.check_token()
         return client.level
-    from privcode.sandbox.pool import _checked_level
 
     return _checked_level(isolation)
 

@@ -19,6 +19,7 @@ run behind :class:`privcode.serve.guard.GuardMiddleware` (keys, rate limit, body
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -531,7 +532,6 @@ def parse_completion(
 ) -> CompletionRequest:
     """A completion body (raw JSON bytes or parsed) validated as the HTTP route validates it;
     :class:`RequestError` names the field. For callers without HTTP (tests, scripts)."""
-    import json
 
     from pydantic import ValidationError
 

@@ -13,15 +13,23 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
+import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from privcode.config import PipelineConfig, load_config
 from privcode.errors import PrivcodeError, import_extra
+from privcode.layout import RunLayout
+from privcode.privacy.store import resolve_store
+from privcode.serve.guard import KEY_ENV, KEYS_DIR_ENV
 
 __all__ = ["LOOPBACK", "add_serve_parser", "cmd_serve"]
 
@@ -120,8 +128,6 @@ def check_proxy_host(insecure_no_auth: bool, wanted: str, running: str | None) -
 
 
 def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> int:
-    import time
-    from functools import partial
 
     from ray import serve
 
@@ -130,14 +136,11 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
 
     apps = []  # (name, route prefix, application, what): all validated before anything starts
     if not args.pac_only:
-        from privcode.layout import RunLayout
         from privcode.serve.premium import app, parse_args
 
         release = args.premium or str(RunLayout.of(cfg).premium)
         serve_cfg = cfg.serve
         if args.engine:
-            import dataclasses
-
             serve_cfg = dataclasses.replace(cfg.serve, engine=args.engine)
         options = premium_args(serve_cfg, release, device=args.device, **guard)
         if args.model:
@@ -152,7 +155,6 @@ def _serve_apps(args: argparse.Namespace, cfg: PipelineConfig, guard: dict) -> i
         apps.append(("premium", cfg.serve.premium_route, application, f"premium model {release}"))
     if args.pac:
         from privcode.pac.ensemble import read_manifest
-        from privcode.privacy.store import resolve_store
         from privcode.serve.ensemble import app as pac_app
 
         read_manifest(args.pac)  # a wrong dir fails here, not later inside the replica
@@ -204,10 +206,6 @@ def _keys_dir_for_replicas(guard: dict) -> str | None:
     `make ray-up` started), which do not inherit this shell's environment. The key goes to a
     private directory (0700, the file 0600) for as long as `privcode serve` runs, never into
     the Serve config (which the dashboard shows). None when a keys directory is configured."""
-    import os
-    import tempfile
-
-    from privcode.serve.guard import KEY_ENV, KEYS_DIR_ENV
 
     key = os.environ.get(KEY_ENV, "").strip()
     if not key or guard.get("api_keys_dir") or os.environ.get(KEYS_DIR_ENV):

@@ -14,6 +14,7 @@ from typing import Any
 
 from privcode.config.pac import PacConfig
 from privcode.errors import PrivcodeError
+from privcode.privacy.store import resolve_store
 from privcode.serve.args import SERVE_DEFAULTS, GuardArgs, parse_app_args
 
 __all__ = ["DEFAULT_MODEL_NAME", "EnsembleArgs", "EnsembleError", "new_curator", "parse_args"]
@@ -60,7 +61,6 @@ class EnsembleArgs(GuardArgs):
     @property
     def store_path(self) -> Path:
         """The privacy store holding the curator's state and the deployment budgets."""
-        from privcode.privacy.store import resolve_store
 
         return resolve_store(self.privacy_store or "")
 

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from privcode.privacy.store import PrivacyStore
 from privcode.serve.pac_args import EnsembleArgs, EnsembleError
 from privcode.utils import fsync_dir
 
@@ -77,8 +78,6 @@ class PacLedger:
     def state_dir(self, worlds_id: str) -> Path:
         """The curator state directory of these worlds (0700)."""
         if self.pac_state is None:
-            from privcode.privacy.store import PrivacyStore
-
             return PrivacyStore(self.root or "").pac_state_dir(worlds_id)
         self.pac_state.mkdir(mode=0o700, parents=True, exist_ok=True)
         state = self.pac_state / worlds_id

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from privcode.pac.leases import Leases, block_steps
 from privcode.serve.api import (
     CompletionRequest,
     RequestError,
@@ -33,6 +34,7 @@ from privcode.serve.api import (
     fit_context,
 )
 from privcode.serve.pac_args import EnsembleArgs, EnsembleError, new_curator
+from privcode.serve.pac_ledger import PacLedger
 
 log = logging.getLogger("privcode.serve")
 
@@ -109,7 +111,6 @@ def _exhausted(why: str) -> RequestError:
 def _open_on_ledger(cfg: EnsembleArgs, curator: Any, ledger: Any, worlds: str, data: str) -> None:
     """Hold ``curator`` to the allowance the ledger grants ``worlds`` (of dataset ``data``;
     worlds of unknown data: a budget of their own) and pay its steps from leases."""
-    from privcode.pac.leases import Leases, block_steps
 
     grant = ledger.call(
         "pac_open", worlds, data, curator.m, cfg.b, cfg.scope, cfg.deployment_budget
@@ -211,7 +212,6 @@ class PacService:
         """
         from privcode.pac.curator import STATE_FILE
         from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
-        from privcode.serve.pac_ledger import PacLedger
 
         worlds = Path(cfg.worlds).expanduser()
         info = read_manifest(worlds, model=cfg.model)

@@ -36,6 +36,7 @@ from typing import Any
 
 from ray import serve
 
+from privcode.artifacts.premium import PremiumRecord
 from privcode.errors import PrivcodeError
 from privcode.serve.api import (
     ERRORS,
@@ -179,7 +180,6 @@ def check_release_privacy(cfg: ServeArgs) -> None:
     tuned on data that is not synthesised from a DP release) unless ``serve_non_dp_release``
     asks for it by name; then every replica logs that it serves a NOT PRIVATE model. An
     unreadable record is left to the loader, which names what is wrong."""
-    from privcode.artifacts.premium import PremiumRecord
 
     try:
         record = PremiumRecord.read(Path(cfg.premium).expanduser() / PremiumRecord.FILE)

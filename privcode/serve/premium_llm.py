@@ -27,13 +27,18 @@ was checked is what runs. Requests and answers cross the handle as plain dicts
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ray import serve
 
+from privcode.artifacts import ArtifactError
+from privcode.artifacts.premium import PremiumRecord
 from privcode.serve.api import RequestError
 from privcode.serve.args import as_args, guard_limits
 from privcode.serve.premium import (
@@ -42,6 +47,7 @@ from privcode.serve.premium import (
     ServeArgs,
     ServeError,
     build_api,
+    check_release_privacy,
     parse_args,
     prepare_request,
 )
@@ -75,8 +81,6 @@ _VLLM_MISSING = (
 
 
 def _release_record(release: Path) -> Mapping[str, Any]:
-    from privcode.artifacts import ArtifactError
-    from privcode.artifacts.premium import PremiumRecord
 
     try:
         return PremiumRecord.read(release / PremiumRecord.FILE).to_json()
@@ -89,7 +93,6 @@ def model_source(cfg: ServeArgs, *, merge: bool = True) -> str:
     checkpoint (written here from ``adapter/`` when missing and ``merge``)."""
     from privcode.models.artifacts import MERGED_DIR, export_merged
     from privcode.models.loading import ModelLoadError
-    from privcode.serve.premium import check_release_privacy
 
     check_release_privacy(cfg)
     release = Path(cfg.premium).expanduser()
@@ -161,7 +164,6 @@ _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 def _lora_rank(release: Path) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds the premium adapter's rank
     (16, vLLM's default, when the release is not readable here)."""
-    import json
 
     try:
         rank = int(json.loads((release / "adapter" / "adapter_config.json").read_text())["r"])
@@ -238,7 +240,6 @@ class EngineFront:
     its name, tokenizer and context (no weights: the ingress replica is a CPU process)."""
 
     def __init__(self, cfg: ServeArgs, source: str):
-        import time
 
         from privcode.models.loading import ModelLoadError, load_tokenizer
 
@@ -319,7 +320,6 @@ def _vllm_deployment(cfg: ServeArgs, config: Any) -> Any:
 
 def require_vllm() -> None:
     """:class:`ServeError` saying what to install when vLLM is not importable here."""
-    import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         raise ServeError(_VLLM_MISSING)

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from privcode.config import SandboxConfig, SynthConfig
+from privcode.data.public import public_prompts
+from privcode.synth.llm_stages import apply_vllm_stage
 from privcode.synth.resources import (
     filter_actor_options,
     filter_batch_sizes,
@@ -38,7 +40,6 @@ EXECUTED_COLUMNS = (
 
 
 def _public_prompts(n: int, seed: int) -> list[str]:
-    from privcode.data.public import public_prompts
 
     return public_prompts(max(1, min(n, 2000)), seed=seed)
 
@@ -92,7 +93,6 @@ def build_dataset(
 
     gen_opts = generator_options(cfg)
     prompts = _public_prompts(len(indices), cfg.seed) if conditioning == "prompt" else []
-    from privcode.synth.llm_stages import apply_vllm_stage
     from privcode.synth.operators import ExecutionFilter, Extract, Generate, RoundTripScore
 
     blocks = max(1, min(len(indices) // max(cfg.batch_size, 1), 200))

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from privcode.config import SynthConfig
+from privcode.synth.extract import clean_text, offline_instruction
 
 __all__ = ["VLLM_ROLES", "apply_vllm_stage", "vllm_processor_config"]
 
@@ -86,7 +87,6 @@ def _answer(role: str, columns: tuple[str, ...]):  # noqa: ANN202 - a row functi
     _, column = VLLM_ROLES[role]
 
     def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        from privcode.synth.extract import clean_text, offline_instruction
 
         out = {k: row[k] for k in columns if k in row}
         text = clean_text(str(row.get("generated_text") or ""))

@@ -24,12 +24,20 @@ Row columns, in the order they are filled:
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import logging
 import math
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
+
+from privcode.sandbox import SandboxLimits, Verdict
+from privcode.sandbox.executor import open_sandbox
+from privcode.synth.extract import make_extractor
+from privcode.synth.roundtrip import RoundTripFilter
 
 log = logging.getLogger("privcode.synth")
 
@@ -48,7 +56,6 @@ def trim_to_compilable(text: str) -> str:
 
     ``compile`` parses and byte-compiles only: nothing in the snippet runs.
     """
-    import textwrap
 
     lines = textwrap.dedent(text).split("\n")
     for end in range(len(lines), 0, -1):
@@ -90,9 +97,6 @@ def _return_freed_memory() -> None:
     """
     global _TRIM
     if _TRIM is None:
-        import ctypes
-        import ctypes.util
-
         try:
             _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
         except (OSError, AttributeError):
@@ -169,7 +173,6 @@ class Extract:
     """M_ext(code) -> instruction (registry: privcode.synth.extract)."""
 
     def __init__(self, name: str, options: dict[str, Any], llm: dict[str, Any] | None = None):
-        from privcode.synth.extract import make_extractor
 
         if name == "hf" and llm is not None:  # the HF model on this actor's GPU (or CPU)
             device, dtype = _llm_device_dtype(llm)
@@ -195,8 +198,6 @@ class ExecutionFilter:
         executor: str = "",
         parse_check: tuple[str, ...] = (),
     ):
-        from privcode.sandbox import SandboxLimits
-        from privcode.sandbox.executor import open_sandbox
 
         self.parse_check = tuple(parse_check)
         self.pool = open_sandbox(
@@ -222,7 +223,6 @@ class ExecutionFilter:
         return next((lang for lang in self.parse_check if parses(code, lang)), None)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from privcode.sandbox import Verdict
 
         codes = [str(c) for c in batch["code"]]
         parsed = [self._parse_checked(c) for c in codes]
@@ -264,8 +264,6 @@ class RoundTripScore:
         threads: int = 1,
     ):
         import torch
-
-        from privcode.synth.roundtrip import RoundTripFilter
 
         # As many torch threads as the actor has CPUs: torch's default (every core of the
         # node) makes a 0.2-CPU actor fight the generators and sandboxes for all of them.

@@ -44,8 +44,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from privcode.artifacts.junior import ReleaseError, read_privacy, verify_release
 from privcode.config import SandboxConfig, SynthConfig, section_to_dict
 from privcode.errors import PrivcodeError
+from privcode.sandbox import SandboxError
+from privcode.sandbox.executor import preflight
+from privcode.sandbox.pool import isolation_note
 
 # The filter actors' resources (torch- and Ray-free, for the stage planner); FILTER_CPUS
 # and the shares are re-exported here, where the stages import them.
@@ -104,7 +108,6 @@ class SynthesisError(PrivcodeError):
 
 def check_release_path(path: str | Path) -> dict[str, Any]:
     """``release.json`` of a verified release; refuses anything else, private data above all."""
-    from privcode.artifacts.junior import ReleaseError, verify_release
 
     p = Path(path)
     if p.is_file() and p.suffix.lower() in _PRIVATE_SUFFIXES:
@@ -157,7 +160,6 @@ def release_privacy(
         log.error("Stage II input %s is NOT PRIVATE: %s", release, warning)
         warnings.warn(warning, RuntimeWarning, stacklevel=3)
         return {"dp": False, "epsilon": None, "delta": None, "privacy_warning": warning}
-    from privcode.artifacts.junior import ReleaseError, read_privacy
 
     try:
         privacy = read_privacy(release)
@@ -446,7 +448,6 @@ def _finalize(
 
 def _sandbox_stats(levels: dict[str, int]) -> dict[str, Any]:
     """The isolation levels the verdicts ran under (snippet counts) and what they mean."""
-    from privcode.sandbox.pool import isolation_note
 
     notes = sorted(  # "parse-check": not executed (synth.parse_check_languages)
         {n for lv in levels if lv != "parse-check" and (n := isolation_note(lv)) is not None}
@@ -471,8 +472,6 @@ def run_synthesis(
     the isolation required and the executor; a sandbox that cannot give it stops the
     stage before anything runs.
     """
-    from privcode.sandbox import SandboxError
-    from privcode.sandbox.executor import preflight
 
     sandbox = sandbox or SandboxConfig()
     if cfg.generators_max < cfg.generators_min:

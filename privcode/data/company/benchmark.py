@@ -14,6 +14,7 @@ from privcode.data.company.domain import (
     split_of,
     task_triples,
 )
+from privcode.data.ingest.hygiene import shingle_hashes
 
 __all__ = ["benchmark_problems", "check_disjoint"]
 
@@ -85,8 +86,6 @@ def check_disjoint(
     An empty list means every problem is a new instance.
     """
     import datasketch as ds
-
-    from privcode.data.ingest.hygiene import shingle_hashes
 
     flat = [" ".join(c.split()) for c in codes]
     lsh = ds.MinHashLSH(threshold=threshold, num_perm=128, weights=(0.05, 0.95))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from privcode.config import DataConfig, PrivacyConfig
+from privcode.config import DataConfig, PrivacyConfig, load_config
+from privcode.privacy.store import open_pinned
 
 
 def spec_from_config(cfg: DataConfig, inputs: tuple[str, ...] | None = None):
@@ -36,16 +38,13 @@ def spec_from_config(cfg: DataConfig, inputs: tuple[str, ...] | None = None):
 def split_key(privacy: PrivacyConfig) -> tuple[bytes, str]:
     """The secret that keys the held-out split (the privacy store's, never a public seed)
     and that store's id, which the corpus's manifest records."""
-    from privcode.privacy.store import open_pinned
 
     store = open_pinned(privacy.store, privacy.store_id)
     return store.opaque("ingest-split", "1").encode(), store.store_id
 
 
 def cmd_data_ingest(args: argparse.Namespace) -> int:
-    from dataclasses import replace
 
-    from privcode.config import load_config
     from privcode.data.ingest.corpus import build_ingested_corpus, secret_rng
 
     cfg = load_config(args.config, list(args.overrides))

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -33,15 +34,16 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privcode.data.canaries import CanarySpec, draw_canaries, plant_in_place
 from privcode.data.ingest.errors import IngestError
-from privcode.data.ingest.hygiene import dedup, record_id, scan, split_by_file
+from privcode.data.ingest.hygiene import ScanReport, dedup, record_id, scan, split_by_file
 from privcode.data.ingest.instruct import read_instructions
-from privcode.data.ingest.repo import RepoOptions, SkipCounts, iter_source_files
+from privcode.data.ingest.repo import RepoOptions, SkipCounts, is_git_tree, iter_source_files
 from privcode.data.ingest.units import extract_units
 from privcode.data.records import Record, validate_record, write_records
 from privcode.errors import PrivcodeError
@@ -112,8 +114,6 @@ def _pool(enabled: bool):
     if not enabled or _workers() < 2:
         yield None
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(_workers(), mp_context=multiprocessing.get_context("spawn")) as ex:
         yield ex
@@ -132,7 +132,6 @@ def _scan_chunk(items: list[tuple[str, str]]):
 
 def scan_parallel(items: list[tuple[str, str]]):
     """:func:`~privcode.data.ingest.hygiene.scan` over chunks in a process pool, merged."""
-    from privcode.data.ingest.hygiene import ScanReport
 
     with _pool(len(items) >= PARALLEL_RECORDS) as ex:
         if ex is None:
@@ -298,7 +297,6 @@ def _stat_key(path: str | os.PathLike) -> str:
 def inputs_state(spec: IngestSpec) -> str:
     """A cheap digest of where the inputs stand (git HEAD and status, else paths, sizes and
     mtimes): the data stage re-ingests when it changes.  Private metadata (the manifest)."""
-    from privcode.data.ingest.repo import is_git_tree
 
     h = hashlib.sha256()
     for raw in spec.inputs:
