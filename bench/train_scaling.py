@@ -71,7 +71,7 @@ def main() -> int:
     from privcode.data.demo import build_demo_corpus
     from privcode.models.loading import resolve_model_path
     from privcode.privacy.budget import init_store
-    from privcode.train.loop import run_training
+    from privcode.train.run import run_training
 
     model = str(resolve_model_path(args.model))
     cpus = os.cpu_count() or 2
@@ -98,7 +98,7 @@ def main() -> int:
             for name, workers, threads in order:
                 cfg = dataclasses.replace(base, num_workers=workers, cpus_per_worker=threads)
                 run = work / f"{workers}x{threads}-{r}"
-                summary = run_training(
+                trained = run_training(
                     cfg,
                     data_path=work / "data" / "train.parquet",
                     base_path=model,
@@ -109,9 +109,9 @@ def main() -> int:
                     # A store per timed run: the rounds measure speed, not one budget.
                     privacy_store=init_store(run / "privacy-store")[0].root,
                 )
-                n = summary["num_records"]
+                n = trained.summary.num_records
                 results[name].append(
-                    _samples_per_second(Path(summary["audit_log"]), summary["sample_rate"] * n)
+                    _samples_per_second(trained.audit_log, trained.summary.sample_rate * n)
                 )
                 print(f"  round {r + 1}: {name}: {results[name][-1]:.1f} samples/s", flush=True)
     ray.shutdown()

@@ -83,7 +83,7 @@ def main() -> int:
     from privcode.cluster.ray_env import ensure_token
     from privcode.config import TrainConfig
     from privcode.privacy.budget import init_store
-    from privcode.train.loop import run_training
+    from privcode.train.run import run_training
 
     ensure_token()
     temp = work / "ray"
@@ -145,7 +145,7 @@ def main() -> int:
                     storage_dir=storage,
                     keep_storage=True,
                     privacy_store=init_store(work / "privacy-store")[0].root,
-                )
+                ).summary.to_json()
             except BaseException as exc:  # noqa: BLE001 - reported to the test
                 outcome["error"] = "".join(traceback.format_exception(exc))
 

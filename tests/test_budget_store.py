@@ -23,7 +23,7 @@ from privcode.dp.accounting import DPEvent, epsilon
 from privcode.errors import BudgetRefused, PrivcodeError
 from privcode.privacy.ledger import Budget
 from privcode.privacy.wal import write_new
-from privcode.train.loop import run_training
+from privcode.train.run import run_training
 
 pytestmark = pytest.mark.ray
 

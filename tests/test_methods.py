@@ -214,7 +214,8 @@ def test_align_loss_uses_only_its_own_row():
 
 
 def test_nondpft_is_refused_without_the_explicit_flag(tmp_path):
-    from privcode.train.loop import TrainingError, run_training
+    from privcode.train.loop import TrainingError
+    from privcode.train.run import run_training
 
     with pytest.raises(ConfigError, match="NOT PRIVATE.*allow_non_private"):
         load_config(None, ["train.method=nondpft"])

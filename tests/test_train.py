@@ -15,8 +15,9 @@ import torch
 from privcode.config import BaseConfig, DataConfig, TrainConfig, load_config
 from privcode.dp.accounting import DPEvent, epsilon
 from privcode.dp.engine import Privacy
+from privcode.errors import BudgetRefused
 from privcode.privacy.store import PrivacyStore
-from privcode.train.loop import BudgetRefused, run_training
+from privcode.train.run import run_training
 
 pytestmark = pytest.mark.ray
 
@@ -171,15 +172,16 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
         _train(cfg, corpus, base_path, tmp_path)
     assert not (tmp_path / "release").exists() and not (tmp_path / "storage").exists()
     cfg = dataclasses.replace(cfg, steps=k)
-    summary = _train(cfg, corpus, base_path, tmp_path, keep_storage=True)
-    assert summary["num_records"] == n
-    assert summary["steps_taken"] == k and summary["stop_reason"] == "steps"
-    assert summary["record_epsilon"] == pytest.approx(eps_k, rel=1e-9)
-    assert summary["dp"] is True and summary["noise_calibrated"] is False
-    assert summary["epsilon"] <= budget
-    assert summary["epsilon_rdp"] == pytest.approx(eps_k, rel=1e-9)
-    assert 0 < summary["epsilon_prv"] <= summary["epsilon_rdp"]
-    applied = [json.loads(x) for x in Path(summary["audit_log"]).read_text().splitlines()]
+    result = _train(cfg, corpus, base_path, tmp_path, keep_storage=True)
+    summary = result.summary
+    assert summary.num_records == n
+    assert summary.steps_taken == k and summary.stop_reason == "steps"
+    assert summary.record_epsilon == pytest.approx(eps_k, rel=1e-9)
+    assert summary.dp is True and summary.noise_calibrated is False
+    assert summary.epsilon <= budget
+    assert summary.epsilon_rdp == pytest.approx(eps_k, rel=1e-9)
+    assert 0 < summary.epsilon_prv <= summary.epsilon_rdp
+    applied = [json.loads(x) for x in result.audit_log.read_text().splitlines()]
     assert [a["step"] for a in applied] == list(range(k))
     assert [a["ledger_position"] for a in applied] == list(range(1, k + 1))
     # Timings and non-finite counts are kept in the PRIVATE audit log only.
@@ -199,7 +201,7 @@ def test_budget_allowing_k_steps_stops_all_workers_after_k(
     assert privacy["adjacency"]["max_rows_per_record"] == 1
     assert "non-adaptive" in privacy["admission"]["composition"]
     store_id = PrivacyStore(tmp_path / "privacy-store").store_id  # the store that charged it
-    assert privacy["store_id"] == summary["store_id"] == store_id
+    assert privacy["store_id"] == summary.store_id == store_id
     assert "ledger_position" not in privacy and privacy["rng"] == "secure"
     assert privacy["adjacency"]["relation"] == "add/remove one record"
     assert "N" in privacy["adjacency"]["public"]
@@ -462,9 +464,9 @@ def test_privcode_pp_junior_conditions_on_z_and_beats_the_base(
         ast_lambda_max=1.0,
         checkpoint_every=100,
     )
-    summary = _train(cfg, corpus, base_path, tmp_path)
-    assert summary["dp"] is True and summary["steps_taken"] == 30
-    assert summary["epsilon"] <= 30.0 and summary["noise_calibrated"] is True
+    summary = _train(cfg, corpus, base_path, tmp_path).summary
+    assert summary.dp is True and summary.steps_taken == 30
+    assert summary.epsilon <= 30.0 and summary.noise_calibrated is True
     release = load_release(tmp_path / "release")
     assert release.conditioning == "latent" and release.dz == 16
 
@@ -512,17 +514,17 @@ def test_every_method_trains_through_the_dp_core(name, ray_connected, corpus, ba
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        summary = _train(cfg, corpus, base_path, tmp_path)
-    assert summary["steps_taken"] == 2 and summary["method"] == name
+        summary = _train(cfg, corpus, base_path, tmp_path).summary
+    assert summary.steps_taken == 2 and summary.method == name
     meta = verify_release(tmp_path / "release")
     assert meta["method"] == name and meta["conditioning"] == method.conditioning
     assert (meta["prefix"] is not None) == (method.conditioning == "latent")
     if method.dp:
-        q = summary["sample_rate"]
-        assert summary["dp"] is True and summary["ledger_steps"] == 2
-        assert summary["epsilon_rdp"] == pytest.approx(epsilon([DPEvent(1.0, q, 2)], 1e-5))
+        q = summary.sample_rate
+        assert summary.dp is True and summary.ledger_steps == 2
+        assert summary.epsilon_rdp == pytest.approx(epsilon([DPEvent(1.0, q, 2)], 1e-5))
     else:
-        assert summary["dp"] is False and summary["epsilon"] is None
+        assert summary.dp is False and summary.epsilon is None
         assert any("NOT PRIVATE" in str(w.message) for w in caught)
         wal = (tmp_path / "privacy-store" / "ledger.wal").read_text().splitlines()
         assert [json.loads(e)["type"] for e in wal] == ["header"]  # no ledger entry at all

@@ -177,7 +177,7 @@ class TrainStage(Stage):
 
     def run(self, cfg, out_dir, inputs):
         from privcode.privacy.admission import requested_budget
-        from privcode.train.loop import run_training
+        from privcode.train.run import run_training
 
         layout = RunLayout.of(cfg)
         data = Path(cfg.train.data) if cfg.train.data else layout.train_data
@@ -186,7 +186,7 @@ class TrainStage(Stage):
         digest = sha256_file(data)[:16]
         legacy = sorted(Path(cfg.run.out_dir).resolve().glob(f"*/ledger/{digest}/ledger.wal"))
         budget, explicit = requested_budget(cfg.privacy, cfg.train)
-        summary = run_training(
+        trained = run_training(
             cfg.train,
             data_path=data,
             base_path=base_path(inputs),
@@ -198,8 +198,7 @@ class TrainStage(Stage):
             legacy_ledgers=tuple(legacy),
             run_key=cfg.privacy.run_key,  # an operator's reservation, taken over
         )
-        summary.pop("audit_log", None)  # a path in private storage, removed on success
-        return {**summary, "data_path": str(data.resolve())}
+        return trained.summary.to_json()
 
     def still_valid(self, summary):
         # An external train.data file may change under the same path.

@@ -1,6 +1,6 @@
-"""Distributed DP-SGD on Ray Train: the launcher and the per-worker training loop.
+"""Distributed DP-SGD on Ray Train: the per-worker training loop (the driver: train/run.py).
 
-:func:`run_training` (the driver, e.g. the ``train`` pipeline stage) counts
+:func:`privcode.train.run.run_training` (the driver, e.g. the ``train`` stage) counts
 the records, fixes the sample rate ``q = B / N`` and the noise multiplier
 (``cfg.noise_multiplier``, or :func:`privcode.dp.accounting.calibrate` for
 ``cfg.epsilon`` over ``cfg.steps`` steps when it is 0), opens the run's
@@ -65,11 +65,8 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 import uuid
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,11 +77,9 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from privcode.cluster.local import connect
 from privcode.config import TrainConfig
 from privcode.data.records import read_snapshot
 from privcode.data.stdlib import stdlib_dir
-from privcode.dp.accounting import DPEvent
 from privcode.dp.dpsgd import trainable_parameters
 from privcode.dp.engine import BudgetUnavailable, Privacy, Reserve, make_private
 from privcode.dp.randomness import record_key
@@ -93,17 +88,11 @@ from privcode.errors import BudgetRefused, PrivcodeError, RecordError
 from privcode.models import corpus as C
 from privcode.models.base_training import HELDOUT_FRACTION
 from privcode.models.encoding import collate, encode_records
-from privcode.models.loading import load_tokenizer, resolve_dtype
-from privcode.models.ray_train import fit, report_checkpoint, torch_trainer
-from privcode.privacy.admission import admit, check_corpus_store
-from privcode.privacy.identities import tokenizer_id
-from privcode.privacy.ledger import Budget
-from privcode.privacy.ledger_actor import get_ledger, ledger_call, ledger_name, store_id
-from privcode.privacy.store import PrivacyStore, resolve_store
-from privcode.train.artifact import privacy_record, write_junior_release
+from privcode.models.loading import resolve_dtype
+from privcode.models.ray_train import report_checkpoint
+from privcode.privacy.ledger_actor import get_ledger
 from privcode.train.build import build_objective, load_checkpoint, save_checkpoint_files
 from privcode.train.methods import get_method
-from privcode.train.noise import noise_for, release_spent
 from privcode.utils import atomic_write_json
 
 log = logging.getLogger("privcode.train")
@@ -112,7 +101,6 @@ __all__ = [
     "BudgetRefused",
     "TrainJob",
     "TrainingError",
-    "run_training",
     "train_loop_per_worker",
 ]
 
@@ -123,7 +111,7 @@ class TrainingError(PrivcodeError):
 
 @dataclass(frozen=True)
 class TrainJob:
-    """Everything a worker needs; built by :func:`run_training`, identical on every rank."""
+    """Everything a worker needs; built by :func:`privcode.train.run.run_training`, identical on every rank."""
 
     cfg: TrainConfig
     data_path: str
@@ -399,253 +387,3 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- the launcher
-
-
-def run_training(
-    cfg: TrainConfig,
-    *,
-    data_path: str | Path,
-    base_path: str | Path,
-    out_dir: str | Path,
-    run_name: str,
-    storage_dir: str | Path,
-    non_private: Privacy | None = None,
-    keep_storage: bool = False,
-    privacy_store: str | Path | None = None,
-    budget: Budget | None = None,
-    run_key: str = "",
-    legacy_ledgers: tuple[Path, ...] = (),
-) -> dict[str, Any]:
-    """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
-
-    Release (``out_dir``): ``adapter/`` (peft ``save_pretrained``) and
-    ``privacy.json`` (method, epsilon under RDP and PRV of the job's grants,
-    delta, the history's DP events, C, q, N, sigma, steps taken, the RNG
-    mode, the adjacency, an opaque dataset id, the base model path).
-
-    Before any worker starts, the job is admitted to the ledger of the privacy
-    store (``privacy_store``, else :func:`privcode.privacy.store.resolve_store`'s; an
-    initialised one, never created here): the worst of its records,
-    counting every earlier job that trained on it, must stay within
-    ``budget`` (None: the store's, set by its first job to ``cfg.epsilon`` at
-    ``cfg.delta``) with the planned steps added, else :class:`BudgetRefused`.
-    ``run_key`` names the run (a new job of the same key finishes an
-    abandoned one); ``legacy_ledgers`` are pre-store run ledgers of this
-    corpus, imported once. Ray Train checkpoints and the audit log go to
-    ``storage_dir/<unique name>``, removed after success unless
-    ``keep_storage``. Raises :class:`TrainingError` when no step could be taken.
-
-    ``non_private`` (tests and comparisons; never from a config file): the
-    engine's non-private mode instead of DP-SGD (no noise, no ledger; its
-    reason and settings are written into ``privacy.json``). The method
-    ``nondpft`` (with ``train.allow_non_private``) selects that mode too.
-    """
-    method = get_method(cfg.method)
-    if not method.dp:
-        if not cfg.allow_non_private:
-            raise TrainingError(
-                f"train.method={cfg.method!r} trains WITHOUT differential privacy "
-                "(NOT PRIVATE); it is refused unless train.allow_non_private "
-                "is true (audits and comparisons only)"
-            )
-        non_private = non_private or Privacy.non_private(
-            f"train.method={cfg.method} with train.allow_non_private"
-        )
-    if non_private is not None:
-        if non_private.private:
-            raise ValueError("non_private must be Privacy.non_private(...)")
-        msg = (
-            f"train.method={cfg.method!r}: this run is NOT PRIVATE (NOT differentially private: "
-            f"{non_private.reason}; no noise, no privacy ledger). Its release must never be "
-            "treated as a DP artifact."
-        )
-        warnings.warn(msg, RuntimeWarning, stacklevel=2)
-        log.error(msg)
-    data_path, base_path = Path(data_path).resolve(), Path(base_path).resolve()
-    out_dir = Path(out_dir)
-    store = PrivacyStore(privacy_store if privacy_store is not None else resolve_store("", out_dir))
-    check_corpus_store(data_path, store)
-    records, corpus_sha = read_snapshot(data_path)  # one read: admitted = hashed = parsed
-    n = len(records)
-    dataset_id = store.dataset_id_of(corpus_sha)
-    q = cfg.expected_batch_size / n
-    if q > 1:
-        raise TrainingError(
-            f"train.expected_batch_size={cfg.expected_batch_size} exceeds the "
-            f"{n} training records (sample rate must be <= 1)"
-        )
-    if cfg.delta >= 1.0 / n:
-        warnings.warn(
-            f"train.delta={cfg.delta} is not below 1/N = {1 / n:.3g}: the guarantee is weak",
-            stacklevel=2,
-        )
-    if not cfg.secure_rng and non_private is None:
-        log.warning(
-            "train.secure_rng is off: sampling and noise come from a secret-seeded "
-            "fast PRNG, not a CSPRNG (set train.secure_rng for production releases)"
-        )
-    sigma, calibrated = (0.0, False) if non_private is not None else noise_for(cfg, q)
-    privacy = non_private or Privacy.dp_sgd(sigma, cfg.max_grad_norm, cfg.grad_sample_mode)
-
-    if not ray.is_initialized():
-        connect()
-    ledger, job_id = None, ""
-    if privacy.private:
-        tokenizer = load_tokenizer(base_path)  # a record is also known by its training row
-        ledger, admitted = admit(
-            store,
-            records,
-            DPEvent(sigma, q, cfg.steps),
-            budget or Budget(cfg.epsilon, cfg.delta, cfg.accountant),
-            explicit=budget is not None,
-            reserve=True,
-            cap=cfg.epsilon,
-            run=run_name,
-            run_key=run_key or store.opaque("run", str(out_dir.resolve())),
-            legacy=list(legacy_ledgers),
-            rows=encode_records(records, tokenizer, cfg.max_length),
-            tokenizer=tokenizer_id(tokenizer),
-            dataset=corpus_sha,
-        )
-        job_id = admitted["job"]
-        log.info("privacy budget: %s", admitted["message"])
-    del records
-
-    storage_root = Path(storage_dir).resolve()
-    storage_root.mkdir(parents=True, exist_ok=True)
-    name = f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    audit_log = storage_root / f"{name}.applied_steps.jsonl"
-    local = cfg.num_workers == 0  # Ray Train local mode: the loop runs in this process
-    job = TrainJob(
-        cfg=cfg,
-        data_path=str(data_path),
-        corpus_sha256=corpus_sha,
-        base_path=str(base_path),
-        num_records=n,
-        sample_rate=q,
-        privacy=privacy,
-        ledger=ledger_name(store_id(store.root)) if ledger is not None else "",
-        job_id=job_id,
-        audit_log=str(audit_log),
-        local_checkpoints=str(storage_root / name) if local else "",
-    )
-    trainer = torch_trainer(
-        train_loop_per_worker,
-        {"job": job},
-        name=name,
-        storage=storage_root,
-        num_workers=cfg.num_workers,
-        cpus_per_worker=cfg.cpus_per_worker,
-        use_gpu=cfg.use_gpu,
-        max_failures=cfg.max_failures,
-        keep=2,
-    )
-    started = time.time()
-    spent: dict[str, Any] = {}
-    history: list[dict] = []
-    finished: dict[str, Any] = {}
-    try:
-        try:
-            result = fit(trainer, cfg.num_workers, cfg.cpus_per_worker)
-        except Exception as exc:
-            restarts = (
-                "Ray Train local mode: no restarts"
-                if local
-                else f"after up to {cfg.max_failures} restarts"
-            )
-            raise TrainingError(
-                f"DP training failed ({restarts}): {type(exc).__name__}: {exc}"
-            ) from exc
-        if result.checkpoint is None:
-            raise TrainingError("DP training ended without a checkpoint")
-        ckpt_dir = Path(tempfile.mkdtemp(prefix="privcode-final-"))
-        with result.checkpoint.as_directory() as d:
-            state = json.loads((Path(d) / "state.json").read_text(encoding="utf-8"))
-            if state["step"] == 0:
-                raise TrainingError(
-                    "no DP-SGD step was taken: the privacy budget of these records is "
-                    "spent. Training again on the same data needs a new budget decision "
-                    "by the data owner: it composes with every release made from them."
-                )
-            shutil.copytree(Path(d), ckpt_dir, dirs_exist_ok=True)
-    finally:
-        if ledger is not None:
-            # Always: a finished job's committed events become what it was granted.
-            try:
-                finished = ledger_call(ledger, "finish", job_id, "training ended")
-            except PrivcodeError as exc:  # its plan stays reserved: an over-count only
-                log.error("the job could not be finished in the privacy ledger: %s", exc)
-    if ledger is not None and not finished:
-        raise TrainingError("the privacy ledger did not confirm the job's grants; no release")
-    if finished:
-        history = finished["history"]
-        spent = release_spent(history, cfg)
-    seconds = time.time() - started
-    privacy = privacy_record(
-        cfg,
-        method,
-        spent=spent,
-        grants=history,
-        sigma=sigma,
-        calibrated=calibrated,
-        sample_rate=q,
-        num_records=n,
-        state=state,
-        dataset_id=dataset_id,
-        base_path=base_path,
-        mode=privacy.record(),
-        dp=privacy.private,
-        store_id=store.store_id,
-    )
-    try:
-        write_junior_release(out_dir, ckpt_dir, cfg, method, privacy, base_path)
-    finally:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-    if not keep_storage:
-        shutil.rmtree(storage_root / name, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            audit_log.unlink()
-        with contextlib.suppress(OSError):
-            storage_root.rmdir()  # only when no other run's files are left in it
-    released = privacy.to_json()
-    return {
-        **{
-            k: released[k]
-            for k in (
-                "dp",
-                "training_mode",
-                "method",
-                "epsilon",
-                "epsilon_rdp",
-                "epsilon_prv",
-                "epsilon_budget",
-                "delta",
-                "accountant",
-                "noise_multiplier",
-                "noise_calibrated",
-                "max_grad_norm",
-                "sample_rate",
-                "expected_batch_size",
-                "num_records",
-                "steps_requested",
-                "steps_taken",
-                "num_workers",
-                "public_heldout_loss_curve",
-                "dataset_id",
-                "rng",
-                "base_model",
-                "store_id",
-            )
-        },
-        "ledger_steps": spent.get("steps"),
-        "stop_reason": state["stop_reason"] or "",
-        "adjacency": "add/remove one record (N public)",
-        "train_seconds": round(seconds, 2),
-        "adapter": "adapter",
-        "conditioning": method.conditioning,
-        "audit_log": str(audit_log),
-        "privacy_store": str(store.root),
-        # The worst epsilon of this job's records, every job that trained on them composed.
-        "record_epsilon": finished.get("record_epsilon"),
-        "record_budget": finished.get("budget", {}).get("epsilon"),
-    }
