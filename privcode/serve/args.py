@@ -22,6 +22,7 @@ from privcode.serve.api import Limits
 from privcode.serve.guard import GuardError, KeyRing
 
 __all__ = [
+    "REPLICA_OPTIONS",
     "SERVE_DEFAULTS",
     "GuardArgs",
     "as_args",
@@ -36,6 +37,17 @@ __all__ = [
 SERVE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ServeConfig)}
 _META: dict[str, Mapping[str, Any]] = {f.name: f.metadata for f in fields(ServeConfig)}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+#: ``serve.deployment`` options every privcode app's ingress shares: one replica of one CPU
+#: (the ensemble's curator state must not be split; the others scale by config), health
+#: checks, and a grace period that lets requests in flight finish.
+REPLICA_OPTIONS: dict[str, Any] = {
+    "num_replicas": 1,
+    "ray_actor_options": {"num_cpus": 1},
+    "health_check_period_s": 10,
+    "health_check_timeout_s": 30,
+    "graceful_shutdown_timeout_s": 20,
+}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,7 +70,7 @@ from privcode.serve.api import (
     new_api,
     to_request,
 )
-from privcode.serve.args import as_args, guard_limits
+from privcode.serve.args import REPLICA_OPTIONS, as_args, guard_limits
 from privcode.serve.pac_args import (
     DEFAULT_MODEL_NAME,
     EnsembleArgs,
@@ -238,15 +238,7 @@ _serve_log = logging.getLogger("ray.serve")
 
 
 # num_replicas is 1 by design (see the module docstring): build_app refuses more.
-@serve.deployment(
-    name="Ensemble",
-    num_replicas=1,
-    max_ongoing_requests=64,
-    ray_actor_options={"num_cpus": 1},
-    health_check_period_s=10,
-    health_check_timeout_s=30,
-    graceful_shutdown_timeout_s=20,
-)
+@serve.deployment(name="Ensemble", max_ongoing_requests=64, **REPLICA_OPTIONS)
 @serve.ingress()
 class Ensemble:
     """Ray Serve deployment: :func:`build_api` over :class:`PacService`, in ONE replica."""

@@ -51,7 +51,14 @@ from privcode.serve.api import (
     new_api,
     to_request,
 )
-from privcode.serve.args import SERVE_DEFAULTS, GuardArgs, as_args, guard_limits, parse_app_args
+from privcode.serve.args import (
+    REPLICA_OPTIONS,
+    SERVE_DEFAULTS,
+    GuardArgs,
+    as_args,
+    guard_limits,
+    parse_app_args,
+)
 
 log = logging.getLogger("privcode.serve")
 
@@ -388,15 +395,7 @@ def build_api(
 _serve_log = logging.getLogger("ray.serve")
 
 
-@serve.deployment(
-    name="PremiumServer",
-    num_replicas=1,
-    max_ongoing_requests=64,
-    ray_actor_options={"num_cpus": 1},
-    health_check_period_s=10,
-    health_check_timeout_s=30,
-    graceful_shutdown_timeout_s=20,
-)
+@serve.deployment(name="PremiumServer", max_ongoing_requests=64, **REPLICA_OPTIONS)
 @serve.ingress()
 class PremiumServer:
     """Ray Serve deployment: :func:`build_api` over :class:`PremiumModel`, requests batched."""

@@ -40,7 +40,7 @@ from ray import serve
 from privcode.artifacts import ArtifactError
 from privcode.artifacts.premium import PremiumRecord
 from privcode.serve.api import RequestError
-from privcode.serve.args import as_args, guard_limits
+from privcode.serve.args import REPLICA_OPTIONS, as_args, guard_limits
 from privcode.serve.premium import (
     Completion,
     Prepared,
@@ -275,15 +275,7 @@ def _model_context(source: str) -> int | None:
 # --------------------------------------------------------------------------- Ray Serve
 
 
-@serve.deployment(
-    name="PremiumServer",
-    num_replicas=1,
-    max_ongoing_requests=256,
-    ray_actor_options={"num_cpus": 1},
-    health_check_period_s=10,
-    health_check_timeout_s=30,
-    graceful_shutdown_timeout_s=20,
-)
+@serve.deployment(name="PremiumServer", max_ongoing_requests=256, **REPLICA_OPTIONS)
 @serve.ingress()
 class PremiumLLMServer:
     """The guarded ingress: checks each request as the transformers engine does, then runs it
