@@ -93,9 +93,9 @@ def test_sweep_composes_per_record_and_a_legacy_ledger_counts(
     a = _train(SMALL, corpus, base_path, store, "eps-a", budget=budget, legacy_ledgers=(legacy,))
     b = _train(SMALL, corpus, base_path, store, "eps-b", budget=budget, legacy_ledgers=(legacy,))
     one = epsilon([DPEvent(1.0, q, 3)], 1e-5)
-    assert a["epsilon"] == pytest.approx(one) and b["epsilon"] == pytest.approx(one)
-    assert a["record_epsilon"] == pytest.approx(epsilon([DPEvent(1.0, q, 7)], 1e-5))
-    assert b["record_epsilon"] == pytest.approx(epsilon([DPEvent(1.0, q, 10)], 1e-5))
+    assert a.summary.epsilon == pytest.approx(one) and b.summary.epsilon == pytest.approx(one)
+    assert a.summary.record_epsilon == pytest.approx(epsilon([DPEvent(1.0, q, 7)], 1e-5))
+    assert b.summary.record_epsilon == pytest.approx(epsilon([DPEvent(1.0, q, 10)], 1e-5))
     # A third run asking for what is left and more is refused before it starts.
     big = dataclasses.replace(SMALL, steps=20)  # ~8.2 alone: under its cap, over what is left
     with pytest.raises(BudgetRefused, match="worst of the") as refused:
@@ -106,7 +106,7 @@ def test_sweep_composes_per_record_and_a_legacy_ledger_counts(
     shown = json.loads(_cli("budget", "show", "--store", str(store), "--json").stdout)
     assert shown["budget"]["epsilon"] == 9.0 and len(shown["jobs"]) == 3
     assert [j["imported"] for j in shown["jobs"]] == [True, False, False]
-    assert shown["epsilon_spent"] == pytest.approx(b["record_epsilon"])
+    assert shown["epsilon_spent"] == pytest.approx(b.summary.record_epsilon)
     text = _cli("budget", "show", "--store", str(store)).stdout
     assert "worst record" in text and "record groups" in text
     # Raised on record only; wiped only when confirmed by path.

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -413,3 +414,24 @@ def test_local_head_workers_share_the_cpu_at_nice_0(monkeypatch, ray_connected):
     # The session head was started with head_env(): its task workers run at nice 0
     # (Ray's default of 15 would hand every CPU to any other busy process).
     assert ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()) == 0
+
+
+@pytest.mark.parametrize("first_log", [local._RAYLET_TIMEOUT + ".", "some other failure"])
+def test_a_raylet_that_misses_rays_start_window_is_retried_once(tmp_path, monkeypatch, first_log):
+    """`ray start` gives the raylet a fixed 30 s to register (a busy machine can miss
+    it): that one failure is cleared and retried once; any other failure is reported."""
+    starts, stops = [], []
+
+    def fake_start(cmd, log_file, wait_s):
+        starts.append(cmd)
+        log_file.write_text(first_log if len(starts) == 1 else "second failure")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(local, "_ray_start", fake_start)
+    monkeypatch.setattr(local, "stop_head", lambda port: stops.append(port))
+    port = local.free_port()
+    with pytest.raises(PrivcodeError, match="failed \\(exit 1\\)") as failed:
+        local.start_head(port=port, dashboard_port=local.free_port(), temp_dir=tmp_path)
+    retried = first_log.startswith(local._RAYLET_TIMEOUT)
+    assert len(starts) == (2 if retried else 1) and stops == ([port] if retried else [])
+    assert ("second failure" if retried else first_log) in str(failed.value)

@@ -122,7 +122,7 @@ def test_two_workers_equal_local_mode_without_noise(ray_connected, corpus, base_
     assert sum("NOT differentially private" in str(w.message) for w in warned) >= 2  # each run
     assert torch.get_num_threads() == torch_threads  # local mode restores this process's
     for workers in (0, 2):
-        assert results[workers]["steps_taken"] == 2
+        assert results[workers].summary.steps_taken == 2
     # Local mode's checkpoints were written under the run's storage, removed on success.
     assert not [p for p in (tmp_path / "w0" / "storage").glob("train-*") if p.is_dir()]
     one, two = _adapter(tmp_path / "w0"), _adapter(tmp_path / "w2")

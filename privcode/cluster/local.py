@@ -199,18 +199,13 @@ def start_head(
     cmd.extend(extra_args)
 
     log.info("starting Ray head: %s", " ".join(cmd))
-    with open(log_file, "w") as out:
-        # New session: the daemons get their own process group, away from the
-        # caller's terminal signals (Ctrl-C in a shell must not kill the head).
-        proc = subprocess.run(
-            cmd,
-            env=head_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            timeout=max(wait_s, 30) + 60,
-            check=False,
-        )
+    proc = _ray_start(cmd, log_file, wait_s)
+    if proc.returncode != 0 and _RAYLET_TIMEOUT in log_file.read_text(errors="replace"):
+        # `ray start` gives the raylet a fixed 30 s to register with the GCS; a
+        # busy machine can miss it. Clear what it left and try once more.
+        log.warning("the raylet of port %d missed Ray's 30 s start-up window; retrying", port)
+        stop_head(port)
+        proc = _ray_start(cmd, log_file, wait_s)
     if proc.returncode != 0:
         raise PrivcodeError(
             f"`ray start --head --port {port}` failed (exit {proc.returncode}); "
@@ -232,6 +227,25 @@ def start_head(
         f"Ray head on port {port} did not answer within {wait_s:.0f}s (dashboard {dashboard_url}); "
         f"see {log_file} and {temp_root}/session_latest/logs/dashboard.log"
     )
+
+
+_RAYLET_TIMEOUT = "The current node timed out during startup"
+
+
+def _ray_start(cmd: list[str], log_file: Path, wait_s: float) -> subprocess.CompletedProcess:
+    """Run ``ray start`` with its output in ``log_file``."""
+    with open(log_file, "w") as out:
+        # New session: the daemons get their own process group, away from the
+        # caller's terminal signals (Ctrl-C in a shell must not kill the head).
+        return subprocess.run(
+            cmd,
+            env=head_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            timeout=max(wait_s, 30) + 60,
+            check=False,
+        )
 
 
 def _ray_package_dir() -> str:
