@@ -26,7 +26,7 @@ __all__ = [
     "Stage",
     "Workers",
     "base_path",
-    "ray_train_workers",
+    "RayTrainStage",
     "summary_of",
     "wait_input",
 ]
@@ -105,17 +105,6 @@ def wait_input(inputs: Inputs, name: str, timeout: float | None = None) -> Stage
             return None
         inputs[name] = entry = _get(entry.ref)  # a user-facing error reads as itself
     return entry
-
-
-def ray_train_workers(section: Any, key: str) -> tuple[Workers, ...]:
-    """The Ray Train worker group of ``section`` (train, premium): all start together, one
-    GPU each with ``use_gpu`` (its ScalingConfig); none in local mode (``num_workers`` 0)."""
-    n, gpus = section.num_workers, 1.0 if section.use_gpu else 0.0
-    return (
-        (Workers("Ray Train workers", n, float(section.cpus_per_worker), gpus, n, key),)
-        if n
-        else ()
-    )
 
 
 def summary_of(inputs: Inputs, name: str) -> dict[str, Any]:
@@ -241,3 +230,38 @@ class Stage:
         them free. None: the whole cluster (the stage runs alone).
         """
         return cls.cpus(cfg)
+
+
+class RayTrainStage(Stage):
+    """A stage whose work runs in a Ray Train worker group of config section :attr:`train_section`
+    (train, premium): ``num_workers`` x ``cpus_per_worker``, all started together, one GPU
+    each with ``use_gpu`` (its ScalingConfig). The task itself only orchestrates, except in
+    local mode (``num_workers`` 0), where it trains on ``cpus_per_worker`` and starts none."""
+
+    train_section: ClassVar[str] = ""
+    num_cpus = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.cpu_key = f"{cls.train_section}.cpus_per_worker"
+
+    @classmethod
+    def cpus(cls, cfg: PipelineConfig) -> float | None:
+        section = cfg.section(cls.train_section)
+        return section.cpus_per_worker if section.num_workers == 0 else 0
+
+    @classmethod
+    def workers(cls, cfg: PipelineConfig) -> tuple[Workers, ...]:
+        section = cfg.section(cls.train_section)
+        n, gpus = section.num_workers, 1.0 if section.use_gpu else 0.0
+        key = f"{cls.train_section}.num_workers"
+        return (
+            (Workers("Ray Train workers", n, float(section.cpus_per_worker), gpus, n, key),)
+            if n
+            else ()
+        )
+
+    @classmethod
+    def footprint(cls, cfg: PipelineConfig) -> float | None:
+        section = cfg.section(cls.train_section)
+        return max(1, section.num_workers) * section.cpus_per_worker

@@ -31,10 +31,10 @@ from privcode.pipeline.report_audit import eval_report
 from privcode.pipeline.stage import (
     NONDP_TRAIN_FIELDS,
     PendingInput,
+    RayTrainStage,
     Stage,
     Workers,
     base_path,
-    ray_train_workers,
     wait_input,
 )
 from privcode.pipeline.stages_audit import AuditStage, NondpStage, PacStage
@@ -135,7 +135,7 @@ class BaseStage(Stage):
         return report_stages.base_section(manifest, ctx)
 
 
-class TrainStage(Stage):
+class TrainStage(RayTrainStage):
     """Stage I: DP-SGD training of the junior model (LoRA + the method's modules) on Ray Train.
 
     The artifact is the DP release in ``release/`` (:mod:`privcode.artifacts.junior`:
@@ -158,22 +158,7 @@ class TrainStage(Stage):
     version = 3
     sections = ("train", "privacy.store_id")
     needs = ("data", "base")
-    # The stage task only orchestrates; the Ray Train workers hold the CPUs (in Ray
-    # Train's local mode, num_workers 0, the task itself trains on cpus_per_worker).
-    num_cpus = 0
-    cpu_key = "train.cpus_per_worker"
-
-    @classmethod
-    def cpus(cls, cfg):
-        return cfg.train.cpus_per_worker if cfg.train.num_workers == 0 else 0
-
-    @classmethod
-    def workers(cls, cfg):
-        return ray_train_workers(cfg.train, "train.num_workers")
-
-    @classmethod
-    def footprint(cls, cfg):
-        return max(1, cfg.train.num_workers) * cfg.train.cpus_per_worker
+    train_section = "train"  # the Ray Train workers hold the CPUs (RayTrainStage)
 
     def run(self, cfg, out_dir, inputs):
         from privcode.privacy.admission import requested_budget
@@ -312,7 +297,7 @@ class SynthStage(Stage):
         return report_stages.synth_section(manifest, ctx)
 
 
-class PremiumStage(Stage):
+class PremiumStage(RayTrainStage):
     """The premium model: LoRA fine-tuning on the synthetic data, no DP (post-processing).
 
     Reads the synth stage's ``synthetic.parquet`` (or ``premium.data``, which
@@ -328,20 +313,7 @@ class PremiumStage(Stage):
     sections = ("premium",)
     needs = ("base",)
     after = ("synth",)
-    num_cpus = 0  # the Ray Train workers hold the CPUs (local mode: the task itself)
-    cpu_key = "premium.cpus_per_worker"
-
-    @classmethod
-    def cpus(cls, cfg):
-        return cfg.premium.cpus_per_worker if cfg.premium.num_workers == 0 else 0
-
-    @classmethod
-    def workers(cls, cfg):
-        return ray_train_workers(cfg.premium, "premium.num_workers")
-
-    @classmethod
-    def footprint(cls, cfg):
-        return max(1, cfg.premium.num_workers) * cfg.premium.cpus_per_worker
+    train_section = "premium"  # the Ray Train workers hold the CPUs (RayTrainStage)
 
     def run(self, cfg, out_dir, inputs):
         from privcode.models.loading import resolve_model_path
