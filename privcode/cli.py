@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from privcode import __version__
@@ -283,24 +284,38 @@ def _add_json_flag(p: argparse.ArgumentParser, what: str = "the run summary as J
     p.add_argument("--json", action="store_true", help=f"Print {what}.")
 
 
-def add_run_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run", help="Run the configured pipeline stages in order (skips unchanged ones)."
-    )
+def _stage_parser(
+    sub: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    json_what: str = "the run summary as JSON",
+) -> argparse.ArgumentParser:
+    """A pipeline command's parser: ``--config``, ``--set`` and ``--json``, run by ``func``."""
+    p = sub.add_parser(name, help=help)
     _add_config_args(p)
+    _add_json_flag(p, json_what)
+    p.set_defaults(func=func)
+    return p
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    p = _stage_parser(
+        sub, "run", cmd_run, "Run the configured pipeline stages in order (skips unchanged ones)."
+    )
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_run)
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _stage_parser(
+        sub,
         "plan",
-        help="Without running any model: each stage's Ray resources and workers, whether the "
+        cmd_plan,
+        "Without running any model: each stage's Ray resources and workers, whether the "
         "cluster can place them, the train stage's q, sigma and epsilon, and an estimate of "
         "its memory per worker. Exit code 1 when a stage cannot be placed.",
+        json_what="the plan as JSON",
     )
-    _add_config_args(p)
     p.add_argument("--stages", nargs="+", help="Plan only these stages (default: run.stages).")
     p.add_argument(
         "--records",
@@ -321,8 +336,6 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="Plan for this running Ray cluster (GCS host:port or 'auto'; no --node).",
     )
-    _add_json_flag(p, "the plan as JSON")
-    p.set_defaults(func=cmd_plan)
 
 
 def add_config_parser(sub: argparse._SubParsersAction) -> None:
@@ -375,24 +388,24 @@ def add_base_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _stage_parser(
+        sub,
         "train",
-        help="Stage I: DP-SGD training of the junior model (runs the train "
+        cmd_train,
+        "Stage I: DP-SGD training of the junior model (runs the train "
         "stage and whatever it needs).",
     )
-    _add_config_args(p)
     p.add_argument("--method", help="Training method (overrides train.method), e.g. dpft.")
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_train)
 
 
 def add_synthesize_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _stage_parser(
+        sub,
         "synthesize",
-        help="Stage II: synthesise (prompt, code) pairs from the "
+        cmd_synthesize,
+        "Stage II: synthesise (prompt, code) pairs from the "
         "released DP artifact on Ray Data (the synth stage).",
     )
-    _add_config_args(p)
     p.add_argument(
         "--release",
         help="Release directory (overrides synth.release; default: the "
@@ -404,60 +417,54 @@ def add_synthesize_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="Samples to generate (overrides synth.num_samples).",
     )
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_synthesize)
 
 
 def add_premium_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _stage_parser(
+        sub,
         "premium",
-        help="Fine-tune the premium model (LoRA, no DP) on the synthetic data (the premium stage).",
+        cmd_premium,
+        "Fine-tune the premium model (LoRA, no DP) on the synthetic data (the premium stage).",
     )
-    _add_config_args(p)
     p.add_argument(
         "--model", help="Premium base: local HF model dir or preset (overrides premium.model)."
     )
     p.add_argument("--data", help="Synthetic Parquet (overrides premium.data).")
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_premium)
 
 
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _stage_parser(
+        sub,
         "audit",
-        help="Privacy audits of a trained run (canary leakage, "
+        cmd_audit,
+        "Privacy audits of a trained run (canary leakage, "
         "exposure, membership inference, fidelity, leak probing); "
         "`audit probe` runs leak probing alone on any model.",
     )
-    _add_config_args(p)
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_audit)
     asub = p.add_subparsers(dest="audit_command", required=False, metavar="AUDIT")
     add_probe_parser(asub)
 
 
 def add_pac_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    _stage_parser(
+        sub,
         "pac",
-        help="PAC-private generation: train the m LoRA worlds (WITHOUT "
+        cmd_pac,
+        "PAC-private generation: train the m LoRA worlds (WITHOUT "
         "DP: served only through the PAC curator) and measure "
         "utility and leakage; `privcode serve --pac` serves them.",
     )
-    _add_config_args(p)
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_pac)
 
 
 def add_report_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    _stage_parser(
+        sub,
         "report",
-        help="Write reports/<run>/report.md and report.html from the "
+        cmd_report,
+        "Write reports/<run>/report.md and report.html from the "
         "run's stage manifests (re-rendered every time: other "
         "runs' epsilons feed its privacy-utility curve).",
     )
-    _add_config_args(p)
-    _add_json_flag(p)
-    p.set_defaults(func=cmd_report)
 
 
 def add_study_parser(sub: argparse._SubParsersAction) -> None:
@@ -494,12 +501,14 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_submit_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = _stage_parser(
+        sub,
         "submit",
-        help="Submit the pipeline as a Ray Job (local head, any Ray "
+        cmd_submit,
+        "Submit the pipeline as a Ray Job (local head, any Ray "
         "cluster, or a KubeRay RayJob) and follow it.",
+        json_what="JSON",
     )
-    _add_config_args(p)
     p.add_argument(
         "--target",
         choices=("local", "ray", "k8s"),
@@ -517,8 +526,6 @@ def add_submit_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stages", nargs="+", help="Run only these stages (default: run.stages).")
     _add_k8s_submit_args(p)
     p.add_argument("--no-wait", action="store_true", help="Return after submitting.")
-    _add_json_flag(p, "JSON")
-    p.set_defaults(func=cmd_submit)
 
 
 def _add_k8s_submit_args(p: argparse.ArgumentParser) -> None:

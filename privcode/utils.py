@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +277,27 @@ def _set_torch_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def lazy_exports(
+    package: str, exports: Mapping[str, str]
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """PEP 562 lazy re-exports: ``(__all__, __getattr__, __dir__)`` for ``package``'s
+    ``__init__``, where ``exports`` maps each submodule to the names it provides
+    (space-separated, as :func:`collections.namedtuple`'s fields). A name
+    is imported from ``package.<submodule>`` on first access and kept, so importing the
+    package (for the CLI's parser) imports nothing heavy."""
+    where = {name: module for module, names in exports.items() for name in names.split()}
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(where))
+
+    return sorted(where), __getattr__, __dir__

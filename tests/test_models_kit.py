@@ -139,3 +139,29 @@ def test_a_bad_release_json_names_the_key(tmp_path):
     (rel / "release.json").write_text(json.dumps({**meta, "prefix": {"dz": 2}}))
     with pytest.raises(ReleaseError, match="has no prefix decoder: prefix must be null"):
         verify_release(rel)
+
+
+def test_lazy_packages_import_nothing_heavy_and_every_export_resolves():
+    """privcode.models, eval, audit and audit.probe re-export lazily (utils.lazy_exports):
+    importing them loads no torch; each name in __all__ then resolves to its module's."""
+    packages = ("privcode.models", "privcode.eval", "privcode.audit", "privcode.audit.probe")
+    code = (
+        "import importlib, sys\n"
+        f"mods = [importlib.import_module(p) for p in {packages!r}]\n"
+        "print('torch' in sys.modules)\n"
+        "for mod in mods:\n"
+        "    assert mod.__all__ == sorted(mod.__all__) and set(mod.__all__) <= set(dir(mod))\n"
+        "    for name in mod.__all__:\n"
+        "        value = getattr(mod, name)\n"
+        "        assert vars(mod)[name] is value  # kept: the next access costs nothing\n"
+        "    try:\n"
+        "        mod.no_such_name\n"
+        "    except AttributeError as exc:\n"
+        "        assert mod.__name__ in str(exc)\n"
+        "    else:\n"
+        "        raise AssertionError(mod.__name__)\n"
+        "print(sum(len(m.__all__) for m in mods))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "81"]

@@ -14,47 +14,22 @@ Names are re-exported lazily (importing this package does not import torch).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from privcode.utils import lazy_exports
 
-_EXPORTS = {
-    "scoring": (
-        "AuditError",
-        "ScoredModel",
-        "as_scored",
-        "load_scored_model",
-        "record_losses",
-        "sequence_logprobs",
-    ),
-    "canaries": (
-        "KIND_CONTEXTS",
-        "canary_leakage",
-        "inducing_contexts",
-        "load_canaries",
-        "sample_continuations",
-        "write_private_details",
-    ),
-    "exposure": ("canary_exposure", "exposure_from_scores", "extrapolated_exposure"),
-    "mia": (
-        "auc",
-        "check_against_dp",
-        "dp_tpr_ceiling",
-        "mia_metrics",
-        "pld_tpr_ceiling",
-        "plot_roc",
-        "read_dp_params",
-        "roc_curve",
-        "run_mia",
-        "tpr_at_fpr",
-    ),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'privcode.audit' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"privcode.audit.{module}"), name)
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "scoring": (
+            "AuditError ScoredModel as_scored load_scored_model record_losses sequence_logprobs"
+        ),
+        "canaries": (
+            "KIND_CONTEXTS canary_leakage inducing_contexts load_canaries "
+            "sample_continuations write_private_details"
+        ),
+        "exposure": "canary_exposure exposure_from_scores extrapolated_exposure",
+        "mia": (
+            "auc check_against_dp dp_tpr_ceiling mia_metrics pld_tpr_ceiling plot_roc "
+            "read_dp_params roc_curve run_mia tpr_at_fpr"
+        ),
+    },
+)

@@ -8,45 +8,17 @@ this package's attributes are loaded lazily so that importing
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from privcode.utils import lazy_exports
 
-__all__ = [
-    "PRESETS",
-    "LoadedModel",
-    "ModelLoadError",
-    "attach_lora",
-    "build_base",
-    "count_parameters",
-    "load_causal_lm",
-    "load_model",
-    "load_tokenizer",
-    "lora_target_modules",
-    "model_kind",
-    "resolve_model_path",
-]
-
-_WHERE = {
-    "PRESETS": "privcode.models.presets",
-    "build_base": "privcode.models.base",
-    "LoadedModel": "privcode.models.artifacts",
-    "load_model": "privcode.models.artifacts",
-    "model_kind": "privcode.models.artifacts",
-    "ModelLoadError": "privcode.models.loading",
-    "attach_lora": "privcode.models.loading",
-    "count_parameters": "privcode.models.loading",
-    "load_causal_lm": "privcode.models.loading",
-    "load_tokenizer": "privcode.models.loading",
-    "lora_target_modules": "privcode.models.loading",
-    "resolve_model_path": "privcode.models.loading",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'privcode.models' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "presets": "PRESETS",
+        "base": "build_base",
+        "artifacts": "LoadedModel load_model model_kind",
+        "loading": (
+            "ModelLoadError attach_lora count_parameters load_causal_lm load_tokenizer "
+            "lora_target_modules resolve_model_path"
+        ),
+    },
+)

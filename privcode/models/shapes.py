@@ -56,8 +56,15 @@ __all__ = [
 #: name -> ``transformers.Qwen2Config`` keyword arguments. The two Qwen2.5-Coder
 #: entries are the published models' architecture values; ``tiny`` has the same
 #: structure (GQA, tied head, q/k/v biases) at a size tests can build in milliseconds.
+#: What every entry shares (Qwen2.5's RoPE base, RMSNorm epsilon and activation).
+_QWEN2 = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+#: The Qwen2.5-Coder tokenizer's special tokens and context.
+_CODER = {"max_position_embeddings": 32768, "bos_token_id": 151643, "eos_token_id": 151643}
+
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-coder-1.5b": {
+        **_QWEN2,
+        **_CODER,
         "hidden_size": 1536,
         "num_hidden_layers": 28,
         "num_attention_heads": 12,
@@ -65,14 +72,10 @@ SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 8960,
         "vocab_size": 151936,
         "tie_word_embeddings": True,
-        "rope_theta": 1_000_000.0,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
-        "bos_token_id": 151643,
-        "eos_token_id": 151643,
     },
     "qwen2.5-coder-7b": {
+        **_QWEN2,
+        **_CODER,
         "hidden_size": 3584,
         "num_hidden_layers": 28,
         "num_attention_heads": 28,
@@ -80,14 +83,9 @@ SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 18944,
         "vocab_size": 152064,
         "tie_word_embeddings": False,
-        "rope_theta": 1_000_000.0,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
-        "bos_token_id": 151643,
-        "eos_token_id": 151643,
     },
     "tiny": {
+        **_QWEN2,
         "hidden_size": 64,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
@@ -95,10 +93,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "intermediate_size": 128,
         "vocab_size": 512,
         "tie_word_embeddings": True,
-        "rope_theta": 1_000_000.0,
         "max_position_embeddings": 1024,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
         "bos_token_id": 1,
         "eos_token_id": 1,
     },

@@ -17,40 +17,22 @@ parser) imports nothing heavy.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from privcode.utils import lazy_exports
 
-_EXPORTS = {
-    "backends": (
-        "Backend",
-        "BackendError",
-        "HFBackend",
-        "InvalidRequestError",
-        "OpenAIBackend",
-        "ScriptedBackend",
-        "make_backend",
-    ),
-    "extract": ("Candidate", "FunctionSig", "extract_pii"),
-    "judge": ("LLMJudge", "judge_candidate"),
-    "library": ("FeatureLibrary",),
-    "metrics": ("LeakElement", "ResponseLeaks", "leakage_metrics"),
-    "options": ("ProbeError", "ProbeOptions"),
-    "run": ("run_probe",),
-    "taxonomy": ("ATTRIBUTES", "CATEGORIES", "SCENARIOS"),
-    "verify": ("ReferenceIndex",),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "backends": (
+            "Backend BackendError HFBackend InvalidRequestError OpenAIBackend ScriptedBackend "
+            "make_backend"
+        ),
+        "extract": "Candidate FunctionSig extract_pii",
+        "judge": "LLMJudge judge_candidate",
+        "library": "FeatureLibrary",
+        "metrics": "LeakElement ResponseLeaks leakage_metrics",
+        "options": "ProbeError ProbeOptions",
+        "run": "run_probe",
+        "taxonomy": "ATTRIBUTES CATEGORIES SCENARIOS",
+        "verify": "ReferenceIndex",
+    },
+)

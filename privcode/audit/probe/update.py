@@ -95,6 +95,9 @@ class SpanScorer:
 
 
 class _HFScorer:
+    """A public HF model's per-token scorer: the tokenizer (fast, for offsets) here, the
+    model from the subclass's :meth:`_load`, which sets ``model`` and ``limit``."""
+
     def __init__(
         self,
         path: str | Path,
@@ -113,6 +116,10 @@ class _HFScorer:
             raise ScorerError(f"public scoring model {path}: needs a fast tokenizer (offsets)")
         self.device, self.dtype = device, dtype  # dtype None: float32 weights
         self.name = str(path)
+        self._load()
+
+    def _load(self) -> None:
+        raise NotImplementedError
 
     def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -122,17 +129,10 @@ class _HFScorer:
 class CausalLMScorer(_HFScorer):
     """l_i = -log p(t_i | t_<i) under a public causal LM (see the module docstring)."""
 
-    def __init__(
-        self,
-        path: str | Path,
-        device: str = "cpu",
-        cache_dir: str | None = None,
-        dtype: Any = None,
-    ):
-        super().__init__(path, device, cache_dir, dtype)
+    def _load(self) -> None:
         from privcode.models.loading import load_causal_lm
 
-        self.model = load_causal_lm(self.dir, dtype=dtype, device=device)
+        self.model = load_causal_lm(self.dir, dtype=self.dtype, device=self.device)
         tok = self.tokenizer
         self.start = next(
             i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, 0) if i is not None
@@ -156,21 +156,14 @@ class CausalLMScorer(_HFScorer):
 class MaskedLMScorer(_HFScorer):
     """The seed's pseudo-NLL: l_i = -log p(t_i | x with t_i masked) under a masked LM."""
 
-    def __init__(
-        self,
-        path: str | Path,
-        device: str = "cpu",
-        cache_dir: str | None = None,
-        dtype: Any = None,
-    ):
-        super().__init__(path, device, cache_dir, dtype)
+    def _load(self) -> None:
         from transformers import AutoModelForMaskedLM
 
-        extra = {} if dtype is None else {"dtype": dtype}
+        extra = {} if self.dtype is None else {"dtype": self.dtype}
         self.model = AutoModelForMaskedLM.from_pretrained(self.dir, local_files_only=True, **extra)
-        self.model.to(device).eval()
+        self.model.to(self.device).eval()
         if self.tokenizer.mask_token_id is None:
-            raise ScorerError(f"public scoring model {path}: the tokenizer has no mask token")
+            raise ScorerError(f"public scoring model {self.name}: the tokenizer has no mask token")
         self.limit = getattr(self.model.config, "max_position_embeddings", None) or 512
 
     def score(self, text: str, span: tuple[int, int]) -> Scored:
