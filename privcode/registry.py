@@ -16,7 +16,9 @@ config. Each implementation keys its own table by these names and a test
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ACCOUNTANTS",
@@ -26,6 +28,7 @@ __all__ = [
     "SCENARIOS",
     "STAGES",
     "Method",
+    "build",
     "get_method",
 ]
 
@@ -144,3 +147,16 @@ def get_method(name: str) -> Method:
         raise ValueError(
             f"unknown training method {name!r} (known: {', '.join(METHODS)})"
         ) from None
+
+
+def build(kind: str, table: Mapping[str, type], name: str, options: Mapping[str, Any]) -> Any:
+    """``table[name](**options)``: the implementation registered as ``name`` in a stage's
+    table of ``kind`` (extractor, scorer, ...); ValueError naming the known names, or the
+    bad option, otherwise."""
+    cls = table.get(name)
+    if cls is None:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for {kind} {name!r}: {exc}") from exc

@@ -401,24 +401,11 @@ def _plot(coords: np.ndarray, n_syn: int, n_priv: int, method: str, path: Path) 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    ax.scatter(
-        coords[n_syn:, 0],
-        coords[n_syn:, 1],
-        s=7,
-        alpha=0.55,
-        c="#4a7ab5",
-        label=f"private (n={n_priv})",
-        linewidths=0,
-    )
-    ax.scatter(
-        coords[:n_syn, 0],
-        coords[:n_syn, 1],
-        s=7,
-        alpha=0.55,
-        c="#e07b39",
-        label=f"synthetic (n={n_syn})",
-        linewidths=0,
-    )
+    for rows, colour, label in (
+        (coords[n_syn:], "#4a7ab5", f"private (n={n_priv})"),
+        (coords[:n_syn], "#e07b39", f"synthetic (n={n_syn})"),
+    ):
+        ax.scatter(rows[:, 0], rows[:, 1], s=7, alpha=0.55, c=colour, label=label, linewidths=0)
     ax.set_title(
         f"{'t-SNE' if method == 'tsne' else 'PCA'} of code embeddings: "
         f"synthetic (n={n_syn}) vs private (n={n_priv})",

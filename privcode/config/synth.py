@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from privcode import registry
 from privcode.config.fields import opt
+
+
+def _most_actors(pool: str) -> Any:
+    """The ``*_max`` option of one of the synth stage's autoscaling actor pools."""
+    return opt(
+        0,
+        f"Most {pool} actors; 0 = sized from the cluster when the run starts: one actor per "
+        "CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -77,11 +88,7 @@ class SynthConfig:
     extractors_min: int = opt(
         1, "Fewest prompt-extractor actors (a Ray Data autoscaling pool).", min=1
     )
-    extractors_max: int = opt(
-        0,
-        "Most prompt-extractor actors; 0 = sized from the cluster when the run starts: one actor per CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
-        min=0,
-    )
+    extractors_max: int = _most_actors("prompt-extractor")
     extract_cpus: float = opt(
         0.0,
         "CPUs of each extractor actor; 0 = 0.1, or synth.filter_cpus for extractor=hf.",
@@ -93,11 +100,7 @@ class SynthConfig:
     executors_min: int = opt(
         1, "Fewest execution-filter actors (each runs synth.sandbox_workers sandboxes).", min=1
     )
-    executors_max: int = opt(
-        0,
-        "Most execution-filter actors; 0 = sized from the cluster when the run starts: one actor per CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
-        min=0,
-    )
+    executors_max: int = _most_actors("execution-filter")
     execution_cpus: float = opt(
         0.0, "CPUs of each execution-filter actor; 0 = 0.2 (its sandboxes are processes).", min=0.0
     )
@@ -105,11 +108,7 @@ class SynthConfig:
         0, "Samples per execution-filter call; 0 = max(synth.batch_size, 16).", min=0
     )
     scorers_min: int = opt(1, "Fewest round-trip actors (summariser + scorer).", min=1)
-    scorers_max: int = opt(
-        0,
-        "Most round-trip actors; 0 = sized from the cluster when the run starts: one actor per CPU (per GPU for an LLM filter), at least the fewest; the stage then runs alone.",
-        min=0,
-    )
+    scorers_max: int = _most_actors("round-trip")
     roundtrip_cpus: float = opt(
         0.0,
         "CPUs of each round-trip actor (its torch threads: one per whole CPU); 0 = 0.2, or "

@@ -186,22 +186,10 @@ def _file_candidates(path: Path, root: Path, max_bytes: int) -> list[Candidate]:
                 continue  # a method whose strings defeat dedent() does not parse alone
             desc = _describe(doc)
             sig = _signature(node)
-            if (
-                len(code.encode()) + len(desc.encode()) + len(sig.encode()) + _RESERVE_BYTES
-                > max_bytes
-            ):
-                continue
-            found.append(
-                Candidate(
-                    source=f"stdlib:{module}",
-                    name=node.name,
-                    owner=owner,
-                    signature=sig,
-                    description=desc,
-                    code=code,
-                    file=rel.as_posix(),
+            if _fits(code, desc, sig, max_bytes):
+                found.append(
+                    Candidate(f"stdlib:{module}", node.name, owner, sig, desc, code, rel.as_posix())
                 )
-            )
 
     visit(tree.body, None)
     return found
@@ -221,20 +209,15 @@ def _humaneval_candidates(max_bytes: int) -> list[Candidate]:
         doc = ast.get_docstring(node) or ""
         desc = doc.strip() or f"Complete the function `{node.name}`."
         sig = _signature(node)
-        if len(code.encode()) + len(desc.encode()) + len(sig.encode()) + _RESERVE_BYTES > max_bytes:
-            continue
-        out.append(
-            Candidate(
-                source=f"humaneval:{task_id}",
-                name=node.name,
-                owner=None,
-                signature=sig,
-                description=desc,
-                code=code,
-                file=None,
-            )
-        )
+        if _fits(code, desc, sig, max_bytes):
+            out.append(Candidate(f"humaneval:{task_id}", node.name, None, sig, desc, code, None))
     return out
+
+
+def _fits(code: str, description: str, signature: str, max_bytes: int) -> bool:
+    """Whether a record of these parts (and the prompt's framing) fits ``max_bytes``."""
+    parts = (code, description, signature)
+    return sum(len(p.encode()) for p in parts) + _RESERVE_BYTES <= max_bytes
 
 
 def collect_candidates(

@@ -10,6 +10,12 @@ def _json(obj: object) -> None:
     print(json.dumps(obj, sort_keys=True, default=str))
 
 
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """The accounting settings both commands print: accountant, delta, q and T."""
+    keys = ("accountant", "delta", "sample_rate", "steps")
+    return {key: getattr(args, key) for key in keys}
+
+
 def cmd_dp_epsilon(args: argparse.Namespace) -> int:
     from privcode.dp.accounting import DPEvent, epsilon
 
@@ -17,14 +23,7 @@ def cmd_dp_epsilon(args: argparse.Namespace) -> int:
         noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate, steps=args.steps
     )
     eps = epsilon([event], delta=args.delta, accountant=args.accountant)
-    out = {
-        "epsilon": eps,
-        "accountant": args.accountant,
-        "delta": args.delta,
-        "noise_multiplier": args.noise_multiplier,
-        "sample_rate": args.sample_rate,
-        "steps": args.steps,
-    }
+    out = {"epsilon": eps, "noise_multiplier": args.noise_multiplier, **_settings(args)}
     _json(out) if args.json else print(
         f"epsilon = {eps:.4f} ({args.accountant}, delta {args.delta:g})"
     )
@@ -44,15 +43,8 @@ def cmd_dp_calibrate(args: argparse.Namespace) -> int:
     eps = epsilon(
         [DPEvent(sigma, args.sample_rate, args.steps)], delta=args.delta, accountant=args.accountant
     )
-    out = {
-        "noise_multiplier": sigma,
-        "epsilon": eps,
-        "target_epsilon": args.epsilon,
-        "accountant": args.accountant,
-        "delta": args.delta,
-        "sample_rate": args.sample_rate,
-        "steps": args.steps,
-    }
+    out = {"noise_multiplier": sigma, "epsilon": eps, "target_epsilon": args.epsilon}
+    out.update(_settings(args))
     _json(out) if args.json else print(
         f"noise_multiplier = {sigma:.6f} (epsilon {eps:.4f} <= {args.epsilon})"
     )

@@ -43,6 +43,7 @@ never a row's content.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -210,13 +211,14 @@ def _collect(path: Path, parse: Callable[[dict, str], Problem]) -> dict[str, Pro
     return problems
 
 
-def _parse_humaneval(row: dict, where: str) -> Problem:
+def _parse_humaneval(row: dict, where: str, kind: str = "humaneval") -> Problem:
+    """A HumanEval-format row (BigCodeBench's 'complete' rows too: prompt ``complete_prompt``)."""
     return Problem(
         task_id=_task_id(row, where),
-        prompt=_field(row, "prompt", where),
+        prompt=_field(row, "complete_prompt" if kind == "bigcodebench" else "prompt", where),
         test=_field(row, "test", where),
         entry_point=_field(row, "entry_point", where),
-        kind="humaneval",
+        kind=kind,
         canonical_solution=_field(row, "canonical_solution", where, required=False),
     )
 
@@ -248,17 +250,6 @@ def _parse_mbpp(row: dict, where: str) -> Problem:
         canonical_solution=_field(row, "code", where, required=False),
         setup=setup.strip("\n"),
         test_list=tuple(tests),
-    )
-
-
-def _parse_bigcodebench(row: dict, where: str) -> Problem:
-    return Problem(
-        task_id=_task_id(row, where),
-        prompt=_field(row, "complete_prompt", where),
-        test=_field(row, "test", where),
-        entry_point=_field(row, "entry_point", where),
-        kind="bigcodebench",
-        canonical_solution=_field(row, "canonical_solution", where, required=False),
     )
 
 
@@ -318,7 +309,9 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
     ),
     "mbpp": BenchmarkSpec(_parse_mbpp, MBPP_STOPS, "MBPP / sanitized MBPP JSONL (local file)"),
     "bigcodebench": BenchmarkSpec(
-        _parse_bigcodebench, FUNCTION_STOPS, "BigCodeBench 'complete' JSONL (local file)"
+        functools.partial(_parse_humaneval, kind="bigcodebench"),
+        FUNCTION_STOPS,
+        "BigCodeBench 'complete' JSONL (local file)",
     ),
 }
 

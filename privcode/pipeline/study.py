@@ -224,28 +224,16 @@ def directions(points: list[StudyPoint]) -> list[Direction]:
         out.append(
             Direction("utility grows with epsilon", "PrivCode Fig. 6", None, "fewer than 2 DP runs")
         )
-    if base is not None and junior:
+    if junior:
         best_name, best = max(junior, key=lambda t: t[1].pass1 or 0.0)
-        ok = _disjoint(base, best)
-        out.append(
-            Direction(
-                "the DP junior learns from the private code (junior > base)",
-                "PrivCode Table 2",
-                ok,
-                f"base {_p(base)}; best junior ({best_name}) {_p(best)}",
-            )
-        )
-    if nondp is not None and junior:
-        best_name, best = max(junior, key=lambda t: t[1].pass1 or 0.0)
-        ok = _disjoint(best, nondp)
-        out.append(
-            Direction(
-                "DP costs utility (non-DP > DP at every epsilon)",
-                "PrivCode Table 2, Fig. 6",
-                ok,
-                f"non-DP {_p(nondp)}; best DP junior ({best_name}) {_p(best)}",
-            )
-        )
+        if base is not None:
+            claim = "the DP junior learns from the private code (junior > base)"
+            detail = f"base {_p(base)}; best junior ({best_name}) {_p(best)}"
+            out.append(Direction(claim, "PrivCode Table 2", _disjoint(base, best), detail))
+        if nondp is not None:
+            claim = "DP costs utility (non-DP > DP at every epsilon)"
+            detail = f"non-DP {_p(nondp)}; best DP junior ({best_name}) {_p(best)}"
+            out.append(Direction(claim, "PrivCode Table 2, Fig. 6", _disjoint(best, nondp), detail))
     if premium and junior:
         pairs = [(jn, j, pr) for (jn, j), (_, pr) in zip(junior, premium, strict=False)]
         worse = [jn for jn, j, pr in pairs if (pr.pass1 or 0.0) < (j.pass1 or 0.0)]

@@ -33,6 +33,8 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from privcode.registry import build
+
 __all__ = [
     "EXTRACTORS",
     "MAX_INSTRUCTION_CHARS",
@@ -473,10 +475,4 @@ EXTRACTORS: dict[str, type] = {
 
 def make_extractor(name: str, **options: Any) -> Extractor:
     """An extractor from the registry, e.g. ``make_extractor("hf", model="/models/qwen")``."""
-    cls = EXTRACTORS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown extractor {name!r}; known: {', '.join(sorted(EXTRACTORS))}")
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise ValueError(f"bad options for extractor {name!r}: {exc}") from exc
+    return build("extractor", EXTRACTORS, name, options)

@@ -43,6 +43,7 @@ from privcode.models.embedding import (
     length_batches,
     offline_env,
 )
+from privcode.registry import build
 from privcode.synth.extract import HFGenerator, clean_text, split_identifier
 
 __all__ = [
@@ -351,24 +352,14 @@ SUMMARIZERS: dict[str, type] = {
 SCORERS: dict[str, type] = {"embedding": EmbeddingScorer, "bertscore": BERTScoreScorer}
 
 
-def _make(kind: str, table: dict[str, type], name: str, options: dict[str, Any]) -> Any:
-    cls = table.get(name)
-    if cls is None:
-        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise ValueError(f"bad options for {kind} {name!r}: {exc}") from exc
-
-
 def make_summarizer(name: str, **options: Any) -> Summarizer:
     """A summariser from :data:`SUMMARIZERS`."""
-    return _make("summarizer", SUMMARIZERS, name, options)
+    return build("summarizer", SUMMARIZERS, name, options)
 
 
 def make_scorer(name: str, **options: Any) -> Scorer:
     """A similarity scorer from :data:`SCORERS`."""
-    return _make("scorer", SCORERS, name, options)
+    return build("scorer", SCORERS, name, options)
 
 
 #: Default tau_sim per scorer. "bertscore": the authors' BERTScore F1 cut-off
