@@ -24,6 +24,7 @@ from privcode.serve.args import guard_limits
 from privcode.serve.guard import GuardError, KeyRing
 from privcode.serve.premium import (
     PremiumModel,
+    Prepared,
     ServeError,
     app,
     build_api,
@@ -85,8 +86,11 @@ def _req(prompt: str, **kw) -> CompletionRequest:
         ({"prompt": SECRET, "seed": 1 << 64}, "seed"),
         ({"prompt": SECRET, "model": 3}, "model"),
         ({"prompt": SECRET, "n": 2}, "n"),
-        ({"prompt": SECRET, "stream": True}, "stream"),
-        ({"prompt": SECRET, "logprobs": 5}, "logprobs"),
+        ({"prompt": SECRET, "stream": "yes"}, "stream"),
+        ({"prompt": SECRET, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": SECRET, "stream": True, "stream_options": {"x": 1}}, "stream_options"),
+        ({"prompt": SECRET, "logprobs": 6}, "logprobs"),
+        ({"prompt": SECRET, "logprobs": True}, "logprobs"),
         ({"prompt": SECRET, "frobnicate": 1}, "frobnicate"),
     ],
 )
@@ -444,8 +448,10 @@ def test_api_routes_errors_and_response_format(premium, caplog):
     assert _call(api, "GET", "/v1/models/privcode-premium")[0] == 200
     assert _call(api, "GET", "/v1/models/other")[0] == 404
     assert _call(api, "GET", "/healthz")[:2] == (200, {"status": "ok"})
-    status, body, _ = _call(api, "POST", "/v1/chat/completions", {"prompt": "x"})
+    status, body, _ = _call(api, "POST", "/v1/embeddings", {"input": "x"})
     assert status == 404 and body["error"]["code"] == "not_found"
+    status, body, _ = _call(api, "POST", "/v1/chat/completions", {"prompt": "x"})
+    assert status == 400 and body["error"]["param"] == "messages"  # chat takes messages
     status, _, headers = _call(api, "GET", "/v1/completions")
     assert status == 405 and headers["Allow"] == "POST"
     status, body, _ = _call(api, "POST", "/v1/completions", {"prompt": "x", "top_p": 2})
@@ -647,14 +653,15 @@ def test_an_unexpected_error_is_a_500_that_names_nothing(caplog):
 
     class Model:
         name, created, max_tokens_limit, max_prompt_chars = "m", 1, 8, 100
+        tokenizer, eos_ids = None, ()
 
         def prepare(self, request):
             if request.prompt == "refuse":
                 raise RequestError("'prompt' is refused", "prompt")
-            return request
+            return Prepared(request, (1,))
 
     async def generate(item):
-        raise Boom(f"failed on {item.prompt}")
+        raise Boom(f"failed on {item.request.prompt}")
 
     api = build_api(Model(), generate, limits())
     caplog.set_level(logging.INFO)

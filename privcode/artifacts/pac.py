@@ -58,6 +58,9 @@ class PacWorldsRecord(JsonRecord):
     seed: int | None = None
     records: int | None = None
     steps: int | None = None
+    #: The worlds' chat template (privcode.models.chat; None: worlds from before it was
+    #: recorded, trained on the same format).
+    chat_template: str | None = None
     batch_size_per_world: int | None = None
     lr: float | None = None
     max_length: int | None = None

@@ -83,6 +83,9 @@ class PremiumRecord(JsonRecord):
     train_seconds: float
     privacy: PremiumPrivacy = field(metadata=_PRIVACY)
     curve: tuple[dict[str, Any], ...] = field(default=(), metadata=_CURVE)
+    #: The Jinja chat template of the training format (privcode.models.chat); None: a
+    #: release from before templates were recorded, which trained on that same format.
+    chat_template: str | None = None
 
     def summary(self) -> PremiumSummary:
         return PremiumSummary(

@@ -60,6 +60,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from privcode.models.chat import prompt_text
+
 __all__ = [
     "CODE",
     "PAD",
@@ -230,7 +232,7 @@ def encode_records(
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     eos = tokenizer.eos_token_id
-    prompts = [r.prompt.rstrip() + "\n" if r.prompt.strip() else "" for r in records]
+    prompts = [prompt_text(r.prompt) for r in records]
     prompt_ids = token_ids(tokenizer, prompts)
     codes = [r.code for r in records]
     languages = [(getattr(r, "metadata", None) or {}).get("language") for r in records]

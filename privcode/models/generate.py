@@ -5,7 +5,11 @@ synth's HF generator each used to call ``model.generate`` with their own padding
 stop handling and EOS trimming; :func:`generate` does it once. One call is one HF
 ``generate`` over a batch of rows given as token ids (left-padded here), as text (through
 the tokenizer) or as prefix embeddings (``inputs_embeds``: the latent junior's ``D(z)``).
-Per row: ``max_new_tokens``, ``temperature`` (0 = greedy), ``top_p``, a seed, stop strings.
+Per row: ``max_new_tokens``, ``temperature`` (0 = greedy), ``top_p``, a seed, stop strings,
+and optionally log-probabilities (``logprobs``: the chosen token's and the ``k`` most likely
+under the model's own distribution, ``log_softmax`` of its raw logits, before temperature and
+nucleus) and a listener that sees each row's tokens as they are drawn (streaming) and may
+cancel the row (a client that went away).
 
 Sampling runs as :class:`privcode.models.sampling.RowSampler` inside HF's greedy loop. Rows
 that share a generator are drawn together, as HF's own ``do_sample`` draws a batch, so
@@ -22,32 +26,94 @@ The model's ``generation_config`` still supplies what is not set here (the loade
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from privcode.models.sampling import RowSampler
 
-__all__ = ["Generation", "StopCriteria", "generate"]
+__all__ = ["Generation", "StopCriteria", "TokenLogprob", "generate"]
 
 #: A batch's seed: one int or generator for every sampled row, or one (int | None) per row;
 #: None draws from fresh random seeds.
 Seed = int | torch.Generator | Sequence[int | None] | None
 
 
+#: ``listener(row, token) -> keep``: called with each row's new token as it is drawn (its EOS
+#: included, nothing after its end); False cancels the row (it ends there, "length").
+Listener = Callable[[int, int], bool]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the ``k`` most likely tokens' (best first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class Generation:
     """One row's result: ``tokens`` up to (excluding) its EOS, ``text`` cut before its first
     stop string, ``finish_reason`` "stop" (EOS or a stop string) or "length", and
-    ``completion_tokens``: the tokens generated, its EOS included."""
+    ``completion_tokens``: the tokens generated, its EOS included. ``logprobs`` (when asked
+    for): one per token of ``tokens`` that ``text`` holds (up to its stop string)."""
 
     tokens: tuple[int, ...]
     text: str
     finish_reason: str
     completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+class LogprobRecorder(LogitsProcessor):
+    """Records, for the rows that ask (``rows[row] = k``), each step's ``log_softmax`` of the raw
+    scores: the chosen token's value (known at the next call, or from the output at the end)
+    and the top ``k``. Runs first in the processor list, so it sees the model's logits."""
+
+    def __init__(self, rows: dict[int, int]):
+        self.rows = rows
+        self.index = sorted(rows)
+        self.out: dict[int, list[TokenLogprob]] = {r: [] for r in rows}
+        self._pending: tuple[torch.Tensor, list[tuple[tuple[int, float], ...]]] | None = None
+
+    def _resolve(self, chosen: torch.Tensor) -> None:
+        if self._pending is None:
+            return
+        lsm, tops = self._pending
+        values = lsm.gather(-1, chosen.view(-1, 1).to(lsm.device))[:, 0].tolist()
+        for i, row in enumerate(self.index):
+            self.out[row].append(TokenLogprob(int(chosen[i]), float(values[i]), tops[i]))
+        self._pending = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows = torch.tensor(self.index, device=scores.device)
+        self._resolve(input_ids[rows, -1])
+        lsm = torch.log_softmax(scores[rows].float(), dim=-1)
+        most = max(self.rows.values())
+        tops: list[tuple[tuple[int, float], ...]] = [()] * len(self.index)
+        if most:
+            values, ids = torch.topk(lsm, min(most, lsm.shape[-1]), dim=-1)
+            tops = [
+                tuple(zip(ids[i, :k].tolist(), values[i, :k].tolist(), strict=True))
+                for i, k in enumerate(self.rows[r] for r in self.index)
+            ]
+        self._pending = (lsm, tops)
+        return scores
+
+    def finish(self, last: torch.Tensor) -> dict[int, list[TokenLogprob]]:
+        """Every row's records, the last step's resolved with ``last`` ``[B]`` (its tokens)."""
+        self._resolve(last[torch.tensor(self.index, device=last.device)])
+        return self.out
 
 
 class StopCriteria(StoppingCriteria):
@@ -59,16 +125,38 @@ class StopCriteria(StoppingCriteria):
     """
 
     def __init__(
-        self, tokenizer: Any, stops: Sequence[tuple[str, ...]], max_new: Sequence[int], start: int
+        self,
+        tokenizer: Any,
+        stops: Sequence[tuple[str, ...]],
+        max_new: Sequence[int],
+        start: int,
+        *,
+        listener: Listener | None = None,
+        eos: Sequence[int] = (),
     ):
         self.tokenizer, self.stops, self.max_new, self.start = tokenizer, stops, max_new, start
         self.stopped: dict[int, int] = {}
         self.window = [max(24, 4 * max((len(s) for s in row), default=0) + 8) for row in stops]
+        self.listener, self.eos = listener, frozenset(eos)
+        self._ended: set[int] = set()  # rows past their EOS (HF pads them from then on)
+
+    def _listen(self, input_ids: torch.LongTensor, n: int) -> None:
+        """Hand each live row's newest token to the listener; a row it refuses is stopped."""
+        assert self.listener is not None
+        for row, token in enumerate(input_ids[:, -1].tolist()):
+            if row in self._ended or row in self.stopped:
+                continue
+            if token in self.eos:
+                self._ended.add(row)
+            if not self.listener(row, int(token)):
+                self.stopped[row] = n
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         n = input_ids.shape[1] - self.start
+        if self.listener is not None:
+            self._listen(input_ids, n)
         for row, stops in enumerate(self.stops):
-            if row in self.stopped:
+            if row in self.stopped or row in self._ended:
                 continue
             hit = n >= self.max_new[row]
             if not hit and stops:
@@ -77,7 +165,7 @@ class StopCriteria(StoppingCriteria):
                 hit = any(s in text for s in stops)
             if hit:
                 self.stopped[row] = n
-        done = [row in self.stopped for row in range(len(self.stops))]
+        done = [row in self.stopped or row in self._ended for row in range(len(self.stops))]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -149,10 +237,28 @@ def _default_eos(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(eos if isinstance(eos, list | tuple) else ([] if eos is None else [eos]))
 
 
+def _covering(tokenizer: Any, tokens: list[int], chars: int) -> int:
+    """The fewest leading ``tokens`` whose text holds ``chars`` characters (bisection)."""
+    lo, hi = 0, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(tokens[:mid], skip_special_tokens=True)) >= chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _finish(
-    tokenizer: Any, tokens: list[int], end: int, eos: tuple[int, ...], stops: tuple[str, ...]
+    tokenizer: Any,
+    tokens: list[int],
+    end: int,
+    eos: tuple[int, ...],
+    stops: tuple[str, ...],
+    logprobs: list[TokenLogprob] | None = None,
 ) -> Generation:
-    """A row's tokens cut at ``end``, then at its first EOS; its text cut at its first stop."""
+    """A row's tokens cut at ``end``, then at its first EOS; its text cut at its first stop
+    (its log-probs, if any, to the tokens that text holds)."""
     used, reason = tokens[:end], "length"
     for i, tok in enumerate(used):
         if tok in eos:
@@ -160,9 +266,12 @@ def _finish(
             break
     text = tokenizer.decode(used, skip_special_tokens=True)
     hits = [pos for pos in (text.find(s) for s in stops) if pos >= 0]
+    kept = len(used)
     if hits:
         text, reason = text[: min(hits)], "stop"
-    return Generation(tuple(used), text, reason, end)
+        kept = _covering(tokenizer, used, len(text)) if logprobs is not None else kept
+    lp = None if logprobs is None else tuple(logprobs[:kept])
+    return Generation(tuple(used), text, reason, end, lp)
 
 
 def generate(
@@ -181,11 +290,15 @@ def generate(
     eos_ids: Sequence[int] | None = None,
     pad_id: int | None = None,
     add_special_tokens: bool = True,
+    logprobs: int | Sequence[int | None] | None = None,
+    listener: Listener | None = None,
 ) -> list[Generation]:
     """One batch of rows, in order: from ``input_ids`` (one list per row), ``prompts`` (text,
     tokenised with ``add_special_tokens``) or ``inputs_embeds`` ``[B, L, H]`` (with an
     optional ``attention_mask``). ``eos_ids`` default to the model's generation EOS ids,
-    ``pad_id`` to the tokenizer's pad, else the first EOS, else 0. See the module doc."""
+    ``pad_id`` to the tokenizer's pad, else the first EOS, else 0. ``logprobs``: None, or
+    per row (or for all) the number of top alternatives to record (0: the chosen token's
+    only). ``listener``: see :data:`Listener`. See the module doc."""
     given = [x is not None for x in (input_ids, prompts, inputs_embeds)]
     if sum(given) != 1:
         raise ValueError("pass exactly one of input_ids, prompts and inputs_embeds")
@@ -207,13 +320,19 @@ def generate(
     device = model.get_input_embeddings().weight.device
     inputs, width = _inputs(rows, inputs_embeds, attention_mask, pad, device)
     options: dict[str, Any] = {}
+    processors: list[Any] = []
+    asked = {i: k for i, k in enumerate(_per_row(logprobs, n, "logprobs")) if k is not None}
+    recorder = LogprobRecorder(asked) if asked else None
+    if recorder is not None:
+        processors.append(recorder)  # first: the model's own scores
     sampled = [t > 0 for t in temps]
     if any(sampled):
         gens = _generators(seed, sampled, device)
-        sampler = RowSampler(list(zip(temps, top_ps, gens, strict=True)))
-        options["logits_processor"] = LogitsProcessorList([sampler])
-    stopper = StopCriteria(tokenizer, stops, max_new, width)
-    if any(stops) or len(set(max_new)) > 1:
+        processors.append(RowSampler(list(zip(temps, top_ps, gens, strict=True))))
+    if processors:
+        options["logits_processor"] = LogitsProcessorList(processors)
+    stopper = StopCriteria(tokenizer, stops, max_new, width, listener=listener, eos=eos)
+    if any(stops) or len(set(max_new)) > 1 or listener is not None:
         options["stopping_criteria"] = StoppingCriteriaList([stopper])
     with torch.inference_mode():
         out = model.generate(
@@ -224,7 +343,15 @@ def generate(
             pad_token_id=pad,
             **options,
         )
+    recorded = recorder.finish(out[:, -1]) if recorder is not None else {}
     return [
-        _finish(tokenizer, new, min(max_new[i], stopper.stopped.get(i, max_new[i])), eos, stops[i])
+        _finish(
+            tokenizer,
+            new,
+            min(max_new[i], stopper.stopped.get(i, max_new[i])),
+            eos,
+            stops[i],
+            recorded.get(i),
+        )
         for i, new in enumerate(out[:, width:].tolist())
     ]

@@ -62,6 +62,7 @@ from privcode.config import PacConfig
 from privcode.data.records import read_records
 from privcode.dp.engine import Privacy, make_private
 from privcode.errors import PrivcodeError
+from privcode.models.chat import CHAT_TEMPLATE
 from privcode.models.encoding import collate, encode_records, token_ce
 from privcode.models.loading import load_causal_lm, load_tokenizer, lora_config
 from privcode.models.placement import gpu_options, placement
@@ -315,5 +316,6 @@ def train_worlds(
         groups=summary["groups"],
         seconds=summary["seconds"],
         dataset_id=dataset_id,
+        chat_template=CHAT_TEMPLATE,
     ).write(out / MANIFEST)
     return summary

@@ -50,6 +50,7 @@ from privcode.artifacts.premium import PremiumPrivacy, PremiumRecord
 from privcode.cluster.local import connect
 from privcode.config import PremiumConfig, section_to_dict
 from privcode.errors import PrivcodeError, import_extra
+from privcode.models.chat import CHAT_TEMPLATE
 from privcode.models.encoding import CODE, collate, encode_records, token_ce
 from privcode.models.loading import attach_lora, load_causal_lm, load_tokenizer, resolve_dtype
 from privcode.models.ray_train import fit, report_checkpoint, torch_trainer
@@ -309,6 +310,7 @@ def run_premium(
         config=section_to_dict(cfg),
         train_seconds=seconds,
         privacy=PremiumPrivacy.from_json(privacy, "premium privacy"),
+        chat_template=CHAT_TEMPLATE,
     )
     record.write(out_dir / PremiumRecord.FILE)
     if not record.privacy.dp:

@@ -6,9 +6,12 @@ them: ``prompt`` (a string, or a list of exactly one, at most ``max_prompt_chars
 ``max_tokens`` (1..limit), ``temperature`` (0 for greedy, else in
 [:data:`MIN_TEMPERATURE`, :data:`MAX_TEMPERATURE`]: a smaller one overflows the softmax),
 ``top_p`` (0, 1], ``stop`` (up to :data:`MAX_STOP` non-empty strings of at most
-:data:`MAX_STOP_CHARS`), ``seed``, ``model``, ``user``; the fields standard clients send
-with their neutral value (``n: 1``, ``stream: false``, ...) only at that value; any other
-field is refused. Strict types: ``"8"``, ``true`` or ``2.5`` are not a ``max_tokens``.
+:data:`MAX_STOP_CHARS`), ``seed``, ``model``, ``user``, ``n`` (1..the app's ``max_n``),
+``stream`` with ``stream_options.include_usage``, ``logprobs`` (0..:data:`MAX_LOGPROBS`
+alternatives, where the app releases them); the fields standard clients send with their
+neutral value (``best_of: 1``, ``echo: false``, ...) only at that value; any other field is
+refused. Strict types: ``"8"``, ``true`` or ``2.5`` are not a ``max_tokens``.
+:mod:`privcode.serve.chat` builds ``POST /v1/chat/completions``' body the same way.
 
 :func:`new_api` makes an app's FastAPI object: ``/healthz``, ``/v1/models[/{id}]``, and
 handlers that turn every refusal into an OpenAI error body (``{"error": {"message", "type",
@@ -21,8 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -43,6 +44,7 @@ from privcode.serve.guard import GuardMiddleware, KeyRing, RateLimiter, error_bo
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "ERRORS",
+    "MAX_LOGPROBS",
     "MAX_STOP",
     "MAX_STOP_CHARS",
     "MAX_TEMPERATURE",
@@ -56,15 +58,19 @@ __all__ = [
     "ModelCard",
     "ModelList",
     "RequestError",
+    "SamplingBody",
+    "StreamOptions",
     "Usage",
     "completion_model",
-    "completion_response",
     "fit_context",
     "new_api",
+    "sampling_request",
     "to_request",
 ]
 
 DEFAULT_MAX_TOKENS = 128
+#: Most alternatives per token a legacy completion may ask for (``logprobs``), as OpenAI's.
+MAX_LOGPROBS = 5
 MAX_STOP = 16
 MAX_STOP_CHARS = 256
 #: Sampling temperatures: 0 (greedy) or in [MIN, MAX]. Logits / 1e-300 are inf: NaN softmax.
@@ -113,13 +119,27 @@ _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 _Stop = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
-class CompletionBody(BaseModel):
-    """``POST /v1/completions`` (OpenAI legacy completions); :func:`completion_model` sets limits."""
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a last chunk with the usage (no choices)."""
+
+    model_config = _STRICT
+
+    include_usage: bool | None = Field(None, description="End the stream with the usage.")
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integers include 8.0 (and clients send it); 8.5, "8" and true are not."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**64:
+        return int(value)
+    return _not_bool(value)
+
+
+class SamplingBody(BaseModel):
+    """What both generation routes accept besides their input (the prompt, or the messages)."""
 
     model_config = _STRICT
 
     model: str | None = Field(None, max_length=256, description="The served model's id.")
-    prompt: str | list[str] = Field(description="The prompt (or a list of exactly one).")
     max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate.")
     temperature: Annotated[
         float | None,
@@ -143,39 +163,29 @@ class CompletionBody(BaseModel):
     )
     seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX, description="Sampling seed.")
     user: str | None = Field(None, max_length=256, description="Accepted, not used.")
-    n: NeutralOne = None
-    best_of: NeutralOne = None
-    stream: Literal[False] | None = None
-    echo: Literal[False] | None = None
-    logprobs: None = None
+    n: int | None = Field(None, ge=1, le=1, description="Completions to return.")
+    stream: bool | None = Field(None, description="Server-sent events, OpenAI's chunks.")
+    stream_options: StreamOptions | None = None
     presence_penalty: NeutralZero = None
     frequency_penalty: NeutralZero = None
-    suffix: Literal[""] | None = None
     logit_bias: dict[str, float] | None = Field(None, max_length=0)
-    stream_options: None = None
 
-    @field_validator("max_tokens", "seed", mode="before")
+    @field_validator("max_tokens", "seed", "n", mode="before")
     @classmethod
     def _ints(cls, value: Any) -> Any:
-        # JSON Schema's integers include 8.0 (and clients send it); 8.5, "8" and true are not.
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**64:
-            return int(value)
-        return _not_bool(value)
+        return _integral(value)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, value: StreamOptions | None, info: Any) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("is only allowed with 'stream': true")
+        return value
 
     @field_validator("temperature", "top_p", mode="before")
     @classmethod
     def _numbers(cls, value: Any) -> Any:
         return _not_bool(value)
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError(
-                f"as a list must hold exactly one string (batched prompts are not supported), "
-                f"got {len(value)} items"
-            )
-        return value
 
     @field_validator("temperature")
     @classmethod
@@ -199,24 +209,40 @@ class CompletionBody(BaseModel):
         return value
 
 
-def completion_model(
-    max_tokens_limit: int,
-    max_prompt_chars: int,
-    *,
-    name: str = "CompletionRequest",
-    base: type[CompletionBody] = CompletionBody,
-) -> type[CompletionBody]:
-    """``base`` with this app's limits on ``max_tokens`` and the prompt's length."""
-    prompt: Any = Annotated[str, Field(max_length=max_prompt_chars)]
-    one: Any = Annotated[list[prompt], Field(min_length=1, max_length=1)]
-    return create_model(
-        name,
-        __base__=base,
-        prompt=(
-            prompt | one,
-            Field(description=f"The prompt (at most {max_prompt_chars} characters)."),
-        ),
-        max_tokens=(
+class CompletionBody(SamplingBody):
+    """``POST /v1/completions`` (OpenAI legacy completions); :func:`completion_model` sets limits."""
+
+    prompt: str | list[str] = Field(description="The prompt (or a list of exactly one).")
+    best_of: NeutralOne = None
+    echo: Literal[False] | None = None
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description=f"Log-probabilities of the chosen and the 0..{MAX_LOGPROBS} likeliest tokens.",
+    )
+    suffix: Literal[""] | None = None
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _logprobs(cls, value: Any) -> Any:
+        return _integral(value)
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError(
+                f"as a list must hold exactly one string (batched prompts are not supported), "
+                f"got {len(value)} items"
+            )
+        return value
+
+
+def limit_fields(max_tokens_limit: int, max_n: int) -> dict[str, Any]:
+    """The ``max_tokens`` and ``n`` fields at an app's limits (for :func:`create_model`)."""
+    return {
+        "max_tokens": (
             int | None,
             Field(
                 None,
@@ -226,6 +252,32 @@ def completion_model(
                 f"default {min(DEFAULT_MAX_TOKENS, max_tokens_limit)}).",
             ),
         ),
+        "n": (
+            int | None,
+            Field(None, ge=1, le=max_n, description=f"Completions to return (1..{max_n})."),
+        ),
+    }
+
+
+def completion_model(
+    max_tokens_limit: int,
+    max_prompt_chars: int,
+    *,
+    name: str = "CompletionRequest",
+    base: type[CompletionBody] = CompletionBody,
+    max_n: int = 1,
+) -> type[CompletionBody]:
+    """``base`` with this app's limits on ``max_tokens``, ``n`` and the prompt's length."""
+    prompt: Any = Annotated[str, Field(max_length=max_prompt_chars)]
+    one: Any = Annotated[list[prompt], Field(min_length=1, max_length=1)]
+    return create_model(
+        name,
+        __base__=base,
+        prompt=(
+            prompt | one,
+            Field(description=f"The prompt (at most {max_prompt_chars} characters)."),
+        ),
+        **limit_fields(max_tokens_limit, max_n),
     )
 
 
@@ -240,30 +292,53 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     model: str | None = None
+    n: int = 1
+    #: Alternatives per token to report (0: the chosen token's only); None: no log-probs.
+    logprobs: int | None = None
+    stream: bool = False
+    include_usage: bool = False  #: a streamed answer ends with a usage chunk
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def choice_seed(self, index: int) -> int | None:
+        """Choice ``index``'s seed: the request's plus ``index`` (each choice its own draw)."""
+        return None if self.seed is None else self.seed + index
 
-def to_request(body: CompletionBody, max_tokens_limit: int) -> CompletionRequest:
-    """The validated body with defaults filled in."""
+
+def sampling_request(
+    body: SamplingBody, max_tokens_limit: int, prompt: str, logprobs: int | None
+) -> CompletionRequest:
+    """A validated body's request for ``prompt`` (a completion's, or a chat's rendered
+    messages), defaults filled in; ``logprobs``: alternatives per token, None for none."""
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    options = body.stream_options
     return CompletionRequest(
-        prompt=body.prompt[0] if isinstance(body.prompt, list) else body.prompt,
+        prompt=prompt,
         max_tokens=body.max_tokens or min(DEFAULT_MAX_TOKENS, max_tokens_limit),
         temperature=body.temperature or 0.0,
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=tuple(dict.fromkeys(stop)),
         seed=body.seed,
         model=body.model,
+        n=body.n or 1,
+        logprobs=logprobs,
+        stream=bool(body.stream),
+        include_usage=bool(options and options.include_usage),
     )
+
+
+def to_request(body: CompletionBody, max_tokens_limit: int) -> CompletionRequest:
+    """The validated completion body with defaults filled in."""
+    prompt = body.prompt[0] if isinstance(body.prompt, list) else body.prompt
+    return sampling_request(body, max_tokens_limit, prompt, body.logprobs)
 
 
 class Choice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"]
 
 
@@ -307,24 +382,6 @@ class ErrorResponse(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
-
-
-def completion_response(
-    model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    """An OpenAI ``text_completion`` body (one choice)."""
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
 
 
 #: The error answers every route may give (for the OpenAPI schema).
@@ -378,7 +435,7 @@ def _validation_error(errors: Sequence[Mapping[str, Any]]) -> RequestError:
     if kind == "missing":
         return RequestError(f"'{param}' is required", param)
     msg = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
-    if kind.startswith("literal_"):
+    if kind.startswith("literal_") and param != "messages":
         msg = "is not supported (only its neutral default is accepted)"
     return RequestError(f"'{param}': {msg}", param)
 

@@ -30,9 +30,9 @@ from privcode.serve.api import (
     CompletionRequest,
     RequestError,
     check_model,
-    completion_response,
     fit_context,
 )
+from privcode.serve.formats import Answer, AnswerFormat
 from privcode.serve.pac_args import EnsembleArgs, EnsembleError, new_curator
 from privcode.serve.pac_ledger import PacLedger
 
@@ -422,9 +422,8 @@ class PacService:
             out.exhausted,
             1000 * (time.perf_counter() - start),
         )
-        body = completion_response(
-            self.name, out.text, out.finish_reason, out.prompt_tokens, tokens
-        )
+        answer = Answer(out.text, out.finish_reason, tokens)
+        body = AnswerFormat("text_completion", self.name).body([answer], out.prompt_tokens)
         body["privacy"] = {
             "session": sid,
             "one_shot": sid is None,

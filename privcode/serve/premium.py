@@ -10,7 +10,12 @@ Kubernetes the base lives elsewhere than at training time), ``device``
 API key the app refuses to start unless ``insecure_no_auth`` is set.
 
 Routes (a FastAPI ingress, :mod:`privcode.serve.api`; the schema at ``/openapi.json``):
-``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/<id>``, ``GET /healthz``.
+``POST /v1/completions``, ``POST /v1/chat/completions`` (the messages rendered with the
+release's chat template, :mod:`privcode.models.chat`), ``GET /v1/models``,
+``GET /v1/models/<id>``, ``GET /healthz``. Both generation routes take ``n`` (up to
+:data:`MAX_N` choices, each its own row: choice ``i`` seeded ``seed + i``), ``logprobs``
+and ``stream`` (server-sent events as the rows decode, :mod:`privcode.serve.streaming`; a
+client that goes away cancels its rows).
 
 :class:`PremiumModel` is the model-running core, usable without Ray: load,
 validate a request against the model (:meth:`PremiumModel.prepare`), and
@@ -26,6 +31,7 @@ latency.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -46,7 +52,6 @@ from privcode.serve.api import (
     RequestError,
     check_model,
     completion_model,
-    completion_response,
     fit_context,
     new_api,
     to_request,
@@ -59,6 +64,9 @@ from privcode.serve.args import (
     guard_limits,
     parse_app_args,
 )
+from privcode.serve.chat import ChatResponse, chat_model, to_chat_request
+from privcode.serve.formats import Answer, AnswerFormat
+from privcode.serve.streaming import TextStream, TokenSink, answer_events
 
 log = logging.getLogger("privcode.serve")
 
@@ -76,6 +84,8 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_NAME = "privcode-premium"
+#: Most choices per request (``n``): each is a row of the batch.
+MAX_N = 8
 
 
 class ServeError(PrivcodeError, ValueError):
@@ -143,14 +153,29 @@ class Completion:
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     prompt_tokens: int
     completion_tokens: int
+    #: Per token of ``text`` (privcode.models.generate.TokenLogprob), when asked for.
+    logprobs: tuple[Any, ...] | None = None
+
+    def answer(self) -> Answer:
+        return Answer(self.text, self.finish_reason, self.completion_tokens, self.logprobs)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request validated against the model, with its prompt token ids."""
+    """A request validated against the model, with its prompt token ids; ``sink`` (a
+    :class:`~privcode.serve.streaming.TokenSink`) gets its tokens as they are drawn."""
 
     request: CompletionRequest
     ids: tuple[int, ...]
+    sink: TokenSink | None = None
+
+    def choices(self) -> list[Prepared]:
+        """One row per choice (``n``), choice ``i`` seeded ``seed + i``."""
+        r = self.request
+        return [
+            dataclasses.replace(self, request=dataclasses.replace(r, seed=r.choice_seed(i)))
+            for i in range(r.n)
+        ]
 
 
 def prepare_request(model: Any, request: CompletionRequest) -> Prepared:
@@ -253,6 +278,8 @@ class PremiumModel:
             raise ServeError(f"premium release {release}: cannot load it: {exc}{how}") from exc
         self.model, self.tokenizer, base = loaded.model, loaded.tokenizer, loaded.base_model
         info = loaded.meta  # premium.json
+        template = info.get("chat_template")
+        self.chat_template = template if isinstance(template, str) else None  # None: the kit's
         tok = self.tokenizer
         self.eos_ids = loaded.eos_ids  # the checkpoint's end-of-sequence ids
         self.pad_id = next(i for i in (tok.pad_token_id, *self.eos_ids, 0) if i is not None)
@@ -316,6 +343,12 @@ class PremiumModel:
         from privcode.models.generate import generate  # torch and transformers: heavy
 
         reqs = [it.request for it in items]
+        sinks = [it.sink for it in items]
+
+        def listen(row: int, token: int) -> bool:
+            sink = sinks[row]
+            return True if sink is None else sink.put(token)
+
         with self._lock:
             out = generate(
                 self.model,
@@ -328,11 +361,19 @@ class PremiumModel:
                 stop=[r.stop for r in reqs],
                 eos_ids=self.eos_ids,
                 pad_id=self.pad_id,
+                logprobs=[r.logprobs for r in reqs],
+                listener=listen if any(sinks) else None,
             )
         return [
-            Completion(g.text, g.finish_reason, len(it.ids), g.completion_tokens)
+            Completion(g.text, g.finish_reason, len(it.ids), g.completion_tokens, g.logprobs)
             for it, g in zip(items, out, strict=True)
         ]
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """``messages`` rendered with the release's chat template (the text to continue)."""
+        from privcode.models.chat import render_chat
+
+        return render_chat(self.tokenizer, messages, self.chat_template)
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -345,49 +386,79 @@ def build_api(
     logger: logging.Logger | None = None,
 ) -> Any:
     """The premium app's FastAPI object over ``model`` (a :class:`PremiumModel` or alike:
-    ``name``, ``created``, ``max_tokens_limit``, ``max_prompt_chars``, ``prepare``) and
-    ``generate`` (the deployment's batched call). No Ray needed: tests drive it directly."""
+    ``name``, ``created``, ``max_tokens_limit``, ``max_prompt_chars``, ``tokenizer``,
+    ``eos_ids``, ``prepare``, ``chat_prompt``) and ``generate`` (the deployment's batched
+    call; a row with a sink streams into it). No Ray needed: tests drive it directly."""
+    from fastapi.responses import StreamingResponse
+
     logger = logger or log
-    body_model = completion_model(model.max_tokens_limit, model.max_prompt_chars)
+    limit, chars = model.max_tokens_limit, model.max_prompt_chars
+    completion_body = completion_model(limit, chars, max_n=MAX_N)
+    chat_body = chat_model(limit, chars, max_n=MAX_N)
     card = {"id": model.name, "object": "model", "created": model.created, "owned_by": "privcode"}
     api = new_api(
         "privcode premium model",
-        "OpenAI-compatible completions from the premium model (trained on DP synthetic data).",
+        "OpenAI-compatible completions and chat from the premium model (trained on DP "
+        "synthetic data).",
         limits,
         lambda: card,
         logger,
     )
 
-    async def completions(body: body_model) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def respond(request: CompletionRequest, kind: str) -> Any:
         start = time.perf_counter()
-        request = to_request(body, model.max_tokens_limit)
         check_model(request, model.name)
-        result = await generate(model.prepare(request))
+        rows = model.prepare(request).choices()
+        fmt = AnswerFormat(kind, model.name, model.tokenizer, include_usage=request.include_usage)
+        if request.stream:
+            choices = []
+            for row in rows:
+                sink = TokenSink()
+                text = TextStream(model.tokenizer, request.stop, model.eos_ids)
+                answer = _answer(generate(dataclasses.replace(row, sink=sink)))
+                choices.append((sink, answer, text))
+            events = answer_events(fmt, choices, len(rows[0].ids))
+            return StreamingResponse(events, media_type="text/event-stream")
+        results = await asyncio.gather(*(generate(row) for row in rows))
         # Sizes and latency only: prompts and completions can be private.
         logger.info(
-            "completion: prompt_tokens=%d completion_tokens=%d finish=%s sampled=%s "
-            "latency_ms=%.1f",
-            result.prompt_tokens,
-            result.completion_tokens,
-            result.finish_reason,
+            "%s: prompt_tokens=%d completion_tokens=%d n=%d sampled=%s latency_ms=%.1f",
+            "chat" if fmt.chat else "completion",
+            len(rows[0].ids),
+            sum(r.completion_tokens for r in results),
+            len(rows),
             not request.greedy,
             1000 * (time.perf_counter() - start),
         )
-        return completion_response(
-            model.name,
-            result.text,
-            result.finish_reason,
-            result.prompt_tokens,
-            result.completion_tokens,
-        )
+        return fmt.body([r.answer() for r in results], results[0].prompt_tokens)
 
-    # The body's model is built here, so its annotation cannot be a string (PEP 563).
-    completions.__annotations__["body"] = body_model
+    async def completions(body: completion_body) -> Any:  # type: ignore[valid-type]
+        return await respond(to_request(body, limit), "text_completion")
+
+    async def chat(body: chat_body) -> Any:  # type: ignore[valid-type]
+        return await respond(to_chat_request(body, limit, model.chat_prompt), "chat.completion")
+
+    # The bodies' models are built here, so their annotations cannot be strings (PEP 563).
+    completions.__annotations__["body"] = completion_body
+    chat.__annotations__["body"] = chat_body
+    streamed = {200: {"content": {"text/event-stream": {}}}}
     api.post(
-        "/v1/completions", response_model=CompletionResponse, responses=ERRORS, tags=["completions"]
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**ERRORS, **streamed},
+        tags=["completions"],
     )(completions)
-
+    api.post(
+        "/v1/chat/completions",
+        response_model=ChatResponse,
+        responses={**ERRORS, **streamed},
+        tags=["chat"],
+    )(chat)
     return api
+
+
+async def _answer(completion: Awaitable[Completion]) -> Answer:
+    return (await completion).answer()
 
 
 # --------------------------------------------------------------------------- Ray Serve

@@ -1,0 +1,183 @@
+"""Streaming for both apps: tokens from a generating thread to the client as server-sent events.
+
+* :class:`TokenSink`: one completion's tokens, handed by the generating thread (``put``) to
+  the request's event loop (``get``); ``cancel`` (the client went away) makes the next
+  ``put`` answer False, which stops that row's decoding (:func:`privcode.models.generate.
+  generate`'s listener, the PAC loop).
+* :class:`TextStream`: the text deltas of a growing token list. A delta is sent only once it
+  cannot change: not while the text ends in an incomplete UTF-8 sequence, nor while its end
+  could still begin a stop string; at the end the rest of the final text is sent, so the
+  deltas joined equal the text the same request gets without streaming.
+* :func:`sse`, :data:`DONE`: OpenAI's event framing (``data: <json>\\n\\n``, then
+  ``data: [DONE]``).
+
+Streams carry what the non-streamed answer carries, no more: text, finish reasons, usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any
+
+from privcode.serve.formats import Answer, AnswerFormat
+from privcode.serve.guard import error_body
+
+__all__ = ["DONE", "TextStream", "TokenSink", "answer_events", "sse"]
+
+log = logging.getLogger("privcode.serve")
+
+DONE = b"data: [DONE]\n\n"
+_END = object()
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event holding ``payload`` as JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class TokenSink:
+    """Tokens of one completion from a worker thread to an event loop; see the module doc."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.loop = loop or asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """The client is gone: the next :meth:`put` answers False (decoding stops there)."""
+        self._cancelled.set()
+
+    def put(self, token: int) -> bool:
+        """Hand ``token`` over (from any thread); False once cancelled."""
+        if self._cancelled.is_set():
+            return False
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, int(token))
+        return True
+
+    def close(self) -> None:
+        """No more tokens (from any thread)."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, _END)
+
+    async def get(self) -> int | None:
+        """The next token, or None once closed."""
+        item = await self.queue.get()
+        return None if item is _END else item
+
+
+class TextStream:
+    """Text deltas of a completion's tokens: see the module doc.
+
+    ``eos``: token ids that end the text (never decoded); ``stops``: the request's stop
+    strings (the text ends before the first one). Decoding re-reads the whole completion each
+    token (bounded by the app's ``max_tokens_limit``), so byte-level merges across tokens
+    come out as the final decode has them."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), eos: Sequence[int] = ()):
+        self.tokenizer, self.stops, self.eos = tokenizer, tuple(stops), frozenset(eos)
+        self.tokens: list[int] = []
+        self.sent = ""
+        self.ended = False
+
+    def _held(self, text: str) -> int:
+        """How many trailing characters of ``text`` could still begin a stop string."""
+        longest = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def push(self, token: int) -> str:
+        """The new text that ``token`` makes final ('' when none, or after the end)."""
+        if self.ended:
+            return ""
+        if token in self.eos:
+            self.ended = True
+            return ""
+        self.tokens.append(int(token))
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        hits = [pos for pos in (text.find(s) for s in self.stops) if pos >= 0]
+        if hits:
+            self.ended = True
+            safe = text[: min(hits)]
+        else:
+            safe = text.rstrip("\ufffd")
+            safe = safe[: len(safe) - self._held(safe)]
+        return self._advance(safe)
+
+    def _advance(self, safe: str) -> str:
+        if len(safe) <= len(self.sent) or not safe.startswith(self.sent):
+            return ""
+        delta, self.sent = safe[len(self.sent) :], safe
+        return delta
+
+    def finish(self, text: str) -> str:
+        """The rest of the final ``text`` (what the non-streamed answer holds)."""
+        self.ended = True
+        return self._advance(text)
+
+
+async def _pump(index: int, sink: TokenSink, merged: asyncio.Queue[Any]) -> None:
+    while (token := await sink.get()) is not None:
+        merged.put_nowait((index, token))
+    merged.put_nowait((index, None))
+
+
+def _failure(exc: BaseException) -> bytes:
+    body = getattr(exc, "body", None)
+    if callable(body):  # a RequestError: its OpenAI error body names no input
+        return sse(body())
+    log.error("stream failed: %s", type(exc).__name__)
+    return sse(error_body("internal error while generating", type="server_error"))
+
+
+async def answer_events(
+    fmt: AnswerFormat,
+    choices: Sequence[tuple[TokenSink, Awaitable[Answer], TextStream]],
+    prompt_tokens: int,
+) -> AsyncIterator[bytes]:
+    """The server-sent events of one request: ``choices`` are (sink, its answer, its text
+    stream) per choice; see the module doc. Each sink is closed when its answer is done."""
+    tasks = []
+    for sink, answer, _ in choices:
+        task = asyncio.ensure_future(answer)
+        task.add_done_callback(lambda _t, s=sink: s.close())
+        tasks.append(task)
+    merged: asyncio.Queue[Any] = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(i, c[0], merged)) for i, c in enumerate(choices)]
+    try:
+        for i in range(len(choices)):
+            if (first := fmt.start(i)) is not None:
+                yield sse(first)
+        left, used = len(choices), 0
+        while left:
+            i, token = await merged.get()
+            text = choices[i][2]
+            if token is not None:
+                if delta := text.push(token):
+                    yield sse(fmt.delta(i, delta))
+                continue
+            left -= 1
+            done = await tasks[i]
+            used += done.completion_tokens
+            last = fmt.delta(i, text.finish(done.text), done.finish_reason)
+            yield sse({**last, **(done.extra or {})})
+        if fmt.include_usage:
+            yield sse(fmt.usage(prompt_tokens, used))
+        yield DONE
+    except Exception as exc:  # noqa: BLE001 - the status is sent: an error event instead
+        yield _failure(exc)
+    finally:
+        for sink, _, _ in choices:
+            sink.cancel()
+        for pump in pumps:
+            pump.cancel()
