@@ -629,3 +629,45 @@ def premium_release(ci_base_cache, tmp_path_factory):
     model.save_pretrained(str(root / "adapter"))
     (root / "premium.json").write_text(premium_json(base), encoding="utf-8")
     return root
+
+
+@pytest.fixture(scope="session")
+def pac_worlds(ci_base_cache, tmp_path_factory):
+    """A worlds artifact of m=4 LoRA adapters with different large random B matrices.
+
+    The adapters dominate the tiny base model, so the worlds disagree on most
+    tokens (they cost budget) while some tokens stay unanimous.
+    """
+    import json
+
+    import torch
+
+    from privcode.config import BaseConfig
+    from privcode.models.base import build_base
+    from privcode.models.loading import attach_lora, load_causal_lm
+
+    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
+    root = tmp_path_factory.mktemp("pac-worlds")
+    model = attach_lora(load_causal_lm(base), r=4, alpha=8)  # one "default" adapter, re-drawn
+    names = [f"w{s:03d}" for s in range(4)]
+    for s, name in enumerate(names):
+        gen = torch.Generator().manual_seed(100 + s)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "lora_B" in pname:
+                    p.copy_(torch.randn(p.shape, generator=gen))
+        model.save_pretrained(str(root / "adapters" / name))
+    (root / "pac.json").write_text(
+        json.dumps(
+            {
+                "format": "privcode-pac-worlds/1",
+                "m": 4,
+                "base_model": str(base),
+                "worlds": names,
+                "lora": {"r": 4, "alpha": 8},
+                "NOT_PRIVATE": "test worlds",
+            }
+        ),
+        encoding="utf-8",
+    )
+    return root

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from conftest import init_store
 from serve_support import TEST_KEY, asgi_call, fuzz_openapi, http_json, limits, scrape_metrics
 
-from privcode.config import BaseConfig
 from privcode.errors import LedgerConflictError
 from privcode.pac.bounds import mia_success_bound, world_identification_bound
 from privcode.privacy.store import default_store
@@ -42,40 +40,8 @@ HIDDEN = {"secret", "posterior", "posteriors", "realised_world", "votes", "noise
 
 
 @pytest.fixture(scope="module")
-def worlds(ci_base_cache, tmp_path_factory):
-    """A worlds artifact of m=4 LoRA adapters with different large random B matrices.
-
-    The adapters dominate the tiny base model, so the worlds disagree on most
-    tokens (they cost budget) while some tokens stay unanimous.
-    """
-    from privcode.models.base import build_base
-    from privcode.models.loading import attach_lora, load_causal_lm
-
-    base = build_base(BaseConfig(preset="ci", cache_dir=ci_base_cache), progress=False)["path"]
-    root = tmp_path_factory.mktemp("pac-worlds")
-    model = attach_lora(load_causal_lm(base), r=4, alpha=8)  # one "default" adapter, re-drawn
-    names = [f"w{s:03d}" for s in range(M)]
-    for s, name in enumerate(names):
-        gen = torch.Generator().manual_seed(100 + s)
-        with torch.no_grad():
-            for pname, p in model.named_parameters():
-                if "lora_B" in pname:
-                    p.copy_(torch.randn(p.shape, generator=gen))
-        model.save_pretrained(str(root / "adapters" / name))
-    (root / "pac.json").write_text(
-        json.dumps(
-            {
-                "format": "privcode-pac-worlds/1",
-                "m": M,
-                "base_model": str(base),
-                "worlds": names,
-                "lora": {"r": 4, "alpha": 8},
-                "NOT_PRIVATE": "test worlds",
-            }
-        ),
-        encoding="utf-8",
-    )
-    return root
+def worlds(pac_worlds):
+    return pac_worlds
 
 
 @pytest.fixture(scope="module")
@@ -465,7 +431,7 @@ def test_routes_and_api_key(ensemble, tmp_path):
         assert models["data"][0]["id"] == "privcode-pac"
         assert _call(svc, "GET", "/v1/models/privcode-pac", key=KEY)[0] == 200
         assert _call(svc, "GET", "/v1/models/other", key=KEY)[0] == 404
-        status, body, _ = _call(svc, "POST", "/v1/chat/completions", {}, key=KEY)
+        status, body, _ = _call(svc, "POST", "/v1/embeddings", {}, key=KEY)
         assert status == 404 and body["error"]["code"] == "not_found"
         status, _, headers = _call(svc, "GET", "/v1/completions", key=KEY)
         assert status == 405 and headers["Allow"] == "POST"

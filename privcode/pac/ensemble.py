@@ -330,6 +330,7 @@ class PacEnsemble:
         seed: int | None = None,
         stop: Sequence[str] = (),
         on_exhausted: str = "fallback",
+        sink: Any = None,
     ) -> PacCompletion:
         """A PAC-private completion of ``prompt`` in session ``session_id`` of ``curator``.
 
@@ -338,7 +339,10 @@ class PacEnsemble:
         ``stop``: strings that end the completion (cut before the first one).
         ``on_exhausted``: when no budget can pay for a private token, ``"fallback"`` emits
         the public model's token (free) and goes on; ``"stop"`` ends the completion there
-        (``exhausted`` set, finish ``"length"``), releasing nothing more.
+        (``exhausted`` set, finish ``"length"``), releasing nothing more. ``sink``
+        (streaming): ``sink.put(token)`` gets each released token, and ``sink.cancelled``
+        (the client went away) is checked before each step: the completion ends there
+        (finish ``"length"``) before anything more is charged.
         """
         if on_exhausted not in ("fallback", "stop"):
             raise PacEnsembleError(f"on_exhausted must be fallback or stop, got {on_exhausted!r}")
@@ -378,6 +382,8 @@ class PacEnsemble:
         started = time.perf_counter()
         past, feed = None, ids
         for _ in range(max_tokens):
+            if sink is not None and sink.cancelled:
+                break  # the client went away: nothing more is computed or charged
             lp, past = self.step_logprobs(feed, past)
             g = public_rng.gumbel(size=lp.candidates.size) if gumbel else None
             scores = lp.worlds / temperature if gumbel else lp.worlds
@@ -393,6 +399,8 @@ class PacEnsemble:
                 index = int(np.argmax(public))
             token = int(lp.candidates[index])
             tokens.append(token)
+            if sink is not None:
+                sink.put(token)
             if token in self.eos_ids:
                 finish = "stop"
                 break

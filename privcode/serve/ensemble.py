@@ -25,9 +25,13 @@ Routes (a FastAPI ingress; the schema at ``/openapi.json``; an API key on all bu
   key's session is unknown to it). A session idle ``session_ttl_s`` expires: its slot is
   freed, its charges stay spent. A key holds at most ``max_sessions_per_key`` (429
   ``too_many_sessions``).
-* ``POST /v1/completions``: the OpenAI body plus an optional ``"session"`` (without one, a
+* ``POST /v1/completions`` and ``POST /v1/chat/completions`` (the messages rendered with the
+  worlds' chat template): the OpenAI bodies plus an optional ``"session"`` (without one, a
   one-shot session is opened and closed around the request); the answer adds a ``privacy``
-  object (charges, token counts, what the key has left).
+  object (charges, token counts, what the key has left). ``stream: true`` sends each token
+  as the curator releases it (server-sent events; the last chunk carries ``privacy``); a
+  client that goes away ends the decode before its next step, and what was released stays
+  charged. ``logprobs`` are refused by name: they are not what the curator releases.
 * ``GET /v1/privacy``: the calling key's own budget, charge, tokens and sessions (``key_*``),
   the deployment's totals rounded up to coarse steps (one key cannot follow another's usage),
   and the attacker bounds;
@@ -57,7 +61,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray import serve
 
 from privcode.serve.api import (
@@ -71,6 +75,7 @@ from privcode.serve.api import (
     to_request,
 )
 from privcode.serve.args import REPLICA_OPTIONS, as_args, guard_limits
+from privcode.serve.chat import ChatBody, ChatResponse, chat_model, to_chat_request
 from privcode.serve.pac_args import (
     DEFAULT_MODEL_NAME,
     EnsembleArgs,
@@ -99,8 +104,14 @@ __all__ = [
 # --------------------------------------------------------------------------- HTTP
 
 
-class PacCompletionBody(CompletionBody):
-    """``POST /v1/completions`` of the PAC ensemble: the OpenAI body plus a session."""
+_NO_LOGPROBS = (
+    "is not supported by the PAC ensemble: it releases tokens only, and log-probabilities "
+    "are not what its curator releases (they would reveal the worlds' votes)"
+)
+
+
+class _PacFields(BaseModel):
+    """What both PAC bodies add or restrict: a session, top_p 1, no log-probabilities."""
 
     session: str | None = Field(
         None, min_length=1, max_length=128, description="A session id (POST /v1/sessions)."
@@ -111,6 +122,21 @@ class PacCompletionBody(CompletionBody):
         le=1.0,
         description="Only 1: the candidates are the public model's top_k tokens.",
     )
+
+    @field_validator("logprobs", "top_logprobs", mode="before", check_fields=False)
+    @classmethod
+    def _no_logprobs(cls, value: Any) -> Any:
+        if value is not None and value is not False:
+            raise ValueError(_NO_LOGPROBS)
+        return value
+
+
+class PacCompletionBody(_PacFields, CompletionBody):
+    """``POST /v1/completions`` of the PAC ensemble: the OpenAI body plus a session."""
+
+
+class PacChatBody(_PacFields, ChatBody):
+    """``POST /v1/chat/completions`` of the PAC ensemble: the chat body plus a session."""
 
 
 class SessionCreate(BaseModel):
@@ -158,6 +184,10 @@ class PacCompletionResponse(CompletionResponse):
     privacy: PacUsage
 
 
+class PacChatResponse(ChatResponse):
+    privacy: PacUsage
+
+
 def build_api(service: PacService, limits: Limits, logger: logging.Logger | None = None) -> Any:
     """The PAC app's FastAPI object over ``service`` (no Ray needed: tests drive it)."""
     from privcode.pac.curator import UnknownSessionError
@@ -170,6 +200,9 @@ def build_api(service: PacService, limits: Limits, logger: logging.Logger | None
         cfg.max_prompt_chars,
         name="PacCompletionRequest",
         base=PacCompletionBody,
+    )
+    chat_body = chat_model(
+        cfg.max_tokens_limit, cfg.max_prompt_chars, name="PacChatRequest", base=PacChatBody
     )
     api = new_api(
         "privcode PAC ensemble",
@@ -216,20 +249,42 @@ def build_api(service: PacService, limits: Limits, logger: logging.Logger | None
     async def privacy(request: Request) -> dict[str, Any]:
         return await asyncio.to_thread(service.privacy, principal(request))
 
-    async def completions(request: Request, body: body_model) -> dict[str, Any]:  # type: ignore[valid-type]
+    async def completions(request: Request, body: body_model) -> Any:  # type: ignore[valid-type]
         req = to_request(body, cfg.max_tokens_limit)
-        return await service.complete(principal(request), req, body.session)
+        return _respond(await service.complete(principal(request), req, body.session))
 
-    # The body's model is built here, so its annotation cannot be a string (PEP 563).
+    async def chat(request: Request, body: chat_body) -> Any:  # type: ignore[valid-type]
+        req = to_chat_request(body, cfg.max_tokens_limit, service.chat_prompt)
+        kind = "chat.completion"
+        return _respond(await service.complete(principal(request), req, body.session, kind))
+
+    # The bodies' models are built here, so their annotations cannot be strings (PEP 563).
     completions.__annotations__["body"] = body_model
+    chat.__annotations__["body"] = chat_body
+    streamed = {200: {"content": {"text/event-stream": {}}}}
     api.post(
         "/v1/completions",
         response_model=PacCompletionResponse,
-        responses=ERRORS,
+        responses={**ERRORS, **streamed},
         tags=["completions"],
     )(completions)
+    api.post(
+        "/v1/chat/completions",
+        response_model=PacChatResponse,
+        responses={**ERRORS, **streamed},
+        tags=["chat"],
+    )(chat)
 
     return api
+
+
+def _respond(answer: Any) -> Any:
+    """A body as it is, or a stream of server-sent events as a streaming response."""
+    if isinstance(answer, dict):
+        return answer
+    from fastapi.responses import StreamingResponse
+
+    return StreamingResponse(answer, media_type="text/event-stream")
 
 
 # --------------------------------------------------------------------------- Ray Serve

@@ -35,12 +35,14 @@ from privcode.serve.api import (
 from privcode.serve.formats import Answer, AnswerFormat
 from privcode.serve.pac_args import EnsembleArgs, EnsembleError, new_curator
 from privcode.serve.pac_ledger import PacLedger
+from privcode.serve.streaming import TextStream, TokenSink, answer_events
 
 log = logging.getLogger("privcode.serve")
 
 __all__ = ["STATE_LOCK", "STATE_LOCK_WAIT_S", "PacService"]
 
 STATE_LOCK = "serve.lock"
+COMPLETION = "text_completion"
 #: How long a starting replica waits for a previous one to let go of ``state_dir``
 #: (a redeploy can overlap the old replica's graceful shutdown).
 STATE_LOCK_WAIT_S = 120.0
@@ -170,6 +172,7 @@ class PacService:
         logger: logging.Logger | None = None,
         created: int | None = None,
         state_lock: _StateLock | None = None,
+        chat_template: str | None = None,
     ):
         if getattr(ensemble, "m", None) != getattr(curator, "m", None):
             raise EnsembleError(
@@ -181,6 +184,7 @@ class PacService:
         self.name = cfg.served_model_name
         self.created = int(time.time()) if created is None else int(created)
         self._state_lock = state_lock
+        self.chat_template = chat_template  #: the worlds' (None: the kit's, privcode.models.chat)
         # One worker: completions (and session deletes) reach the curator in arrival order,
         # and a request cancelled by its client cannot let the next one overlap it.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pac-generate")
@@ -230,7 +234,15 @@ class PacService:
             curator = new_curator(cfg, ensemble.m, state_dir=state, rng_seed=rng_seed)
             _open_on_ledger(cfg, curator, ledger, worlds_id, info.dataset_id or worlds_id)
             created = int((worlds / MANIFEST).stat().st_mtime)
-            return cls(ensemble, curator, cfg, logger=logger, created=created, state_lock=lock)
+            return cls(
+                ensemble,
+                curator,
+                cfg,
+                logger=logger,
+                created=created,
+                state_lock=lock,
+                chat_template=info.chat_template,
+            )
         except BaseException:
             lock.release()
             raise
@@ -305,6 +317,12 @@ class PacService:
             info["fallback_tokens"],
         )
         return {**self._session_body(info), "deleted": True}
+
+    def chat_prompt(self, messages: Any) -> str:
+        """``messages`` rendered with the worlds' chat template (their training format)."""
+        from privcode.models.chat import render_chat
+
+        return render_chat(self.ensemble.tokenizer, messages, self.chat_template)
 
     # -- privacy
 
@@ -387,10 +405,12 @@ class PacService:
         return "gumbel", request.temperature
 
     async def complete(
-        self, principal: str, request: CompletionRequest, sid: str | None
-    ) -> dict[str, Any]:
-        """A PAC completion for ``principal`` (in its session ``sid``, or one-shot)."""
-        start = time.perf_counter()
+        self, principal: str, request: CompletionRequest, sid: str | None, kind: str = COMPLETION
+    ) -> Any:
+        """A PAC completion for ``principal`` (in its session ``sid``, or one-shot): the answer
+        of ``kind`` (``text_completion`` or ``chat.completion``) with a ``privacy`` object, or,
+        for ``request.stream``, its server-sent events (each token charged as it is released;
+        the last chunk carries ``privacy``; a client that goes away ends the decode there)."""
         check_model(request, self.name)
         if request.top_p != 1.0:
             raise RequestError(
@@ -398,11 +418,28 @@ class PacService:
                 "are the public model's top_k tokens); only 1 is accepted",
                 "top_p",
             )
-        decoder, temperature = self._decoder(request)
         if sid is not None:
             await asyncio.to_thread(self._info, sid, principal)  # 404 before queueing
+        tokenizer = getattr(self.ensemble, "tokenizer", None)
+        fmt = AnswerFormat(kind, self.name, tokenizer, include_usage=request.include_usage)
+        if not request.stream:
+            answer, prompt_tokens = await self._answer(principal, request, sid, None)
+            return {**fmt.body([answer], prompt_tokens), **(answer.extra or {})}
+        context = getattr(self.ensemble, "context", None) or self.cfg.fallback_context
+        ids = fit_context(request, self.cfg.max_prompt_chars, self.ensemble.encode, context)
+        sink = TokenSink(lockstep=True)  # each token charged is sent before the next step
+        text = TextStream(tokenizer, request.stop, getattr(self.ensemble, "eos_ids", ()))
+        answer = self._answer(principal, request, sid, sink)
+        return answer_events(fmt, [(sink, _first(answer), text)], len(ids))
+
+    async def _answer(
+        self, principal: str, request: CompletionRequest, sid: str | None, sink: Any
+    ) -> tuple[Answer, int]:
+        """Generate on the worker thread, in order; the answer (``extra``: its ``privacy``)."""
+        start = time.perf_counter()
+        decoder, temperature = self._decoder(request)
         out, info = await self._in_order(
-            self._generate, principal, sid, request, decoder, temperature
+            self._generate, principal, sid, request, decoder, temperature, sink
         )
         tokens = len(out.token_ids)
         if self.metrics is not None:
@@ -410,7 +447,8 @@ class PacService:
                 self.metrics.update(out, self.curator.deployment_info())
         self.log.info(
             "pac completion: prompt_tokens=%d completion_tokens=%d private=%d free=%d "
-            "fallback=%d charged_nats=%.6g decoder=%s one_shot=%s exhausted=%s latency_ms=%.1f",
+            "fallback=%d charged_nats=%.6g decoder=%s one_shot=%s exhausted=%s streamed=%s "
+            "latency_ms=%.1f",
             out.prompt_tokens,
             tokens,
             out.private_tokens,
@@ -420,11 +458,10 @@ class PacService:
             decoder,
             sid is None,
             out.exhausted,
+            sink is not None,
             1000 * (time.perf_counter() - start),
         )
-        answer = Answer(out.text, out.finish_reason, tokens)
-        body = AnswerFormat("text_completion", self.name).body([answer], out.prompt_tokens)
-        body["privacy"] = {
+        privacy = {
             "session": sid,
             "one_shot": sid is None,
             "decoder": decoder,
@@ -439,7 +476,8 @@ class PacService:
             "key_remaining_nats": info["owner_remaining"],
             "per_token_budget_nats": self.curator.b,
         }
-        return body
+        answer = Answer(out.text, out.finish_reason, tokens, extra={"privacy": privacy})
+        return answer, out.prompt_tokens
 
     def _generate(
         self,
@@ -448,8 +486,11 @@ class PacService:
         request: CompletionRequest,
         decoder: str,
         temperature: float,
+        sink: Any = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """One completion on the worker thread; a one-shot session lives only around it."""
+        """One completion on the worker thread; a one-shot session lives only around it.
+        ``sink`` (a :class:`~privcode.serve.streaming.TokenSink`) gets each released token;
+        once cancelled, the decode ends before its next step."""
         from privcode.pac.curator import SessionLimitError
 
         with self._lock:
@@ -485,9 +526,14 @@ class PacService:
                     seed=seed,
                     stop=request.stop,
                     on_exhausted="stop" if stop_when_spent else "fallback",
+                    **({} if sink is None else {"sink": sink}),
                 )
                 info = self.curator.session_info(sid)
             finally:
                 if one_shot:
                     self.curator.close_session(sid)
             return out, info
+
+
+async def _first(pair: Any) -> Answer:
+    return (await pair)[0]

@@ -3,7 +3,9 @@
 * :class:`TokenSink`: one completion's tokens, handed by the generating thread (``put``) to
   the request's event loop (``get``); ``cancel`` (the client went away) makes the next
   ``put`` answer False, which stops that row's decoding (:func:`privcode.models.generate.
-  generate`'s listener, the PAC loop).
+  generate`'s listener, the PAC loop). A ``lockstep`` sink (the PAC app's: every token is
+  charged) lets ``put`` return only once the previous token went out to the client, so a
+  client that leaves was sent every token it was charged for but the one in flight.
 * :class:`TextStream`: the text deltas of a growing token list. A delta is sent only once it
   cannot change: not while the text ends in an incomplete UTF-8 sequence, nor while its end
   could still begin a stop string; at the end the rest of the final text is sent, so the
@@ -42,10 +44,11 @@ def sse(payload: dict[str, Any]) -> bytes:
 class TokenSink:
     """Tokens of one completion from a worker thread to an event loop; see the module doc."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, lockstep=False):
         self.loop = loop or asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self._credit = threading.Semaphore(1) if lockstep else None
 
     @property
     def cancelled(self) -> bool:
@@ -56,11 +59,21 @@ class TokenSink:
         self._cancelled.set()
 
     def put(self, token: int) -> bool:
-        """Hand ``token`` over (from any thread); False once cancelled."""
+        """Hand ``token`` over (from any thread; lockstep: once the last one was sent); False
+        once cancelled."""
+        if self._credit is not None:
+            while not self._credit.acquire(timeout=0.05):
+                if self._cancelled.is_set():
+                    return False
         if self._cancelled.is_set():
             return False
         self.loop.call_soon_threadsafe(self.queue.put_nowait, int(token))
         return True
+
+    def sent(self) -> None:
+        """The last token's chunk went out (lockstep: the next ``put`` may go on)."""
+        if self._credit is not None:
+            self._credit.release()
 
     def close(self) -> None:
         """No more tokens (from any thread)."""
@@ -165,6 +178,7 @@ async def answer_events(
             if token is not None:
                 if delta := text.push(token):
                     yield sse(fmt.delta(i, delta))
+                choices[i][0].sent()
                 continue
             left -= 1
             done = await tasks[i]
@@ -181,3 +195,10 @@ async def answer_events(
             sink.cancel()
         for pump in pumps:
             pump.cancel()
+        for task in tasks:  # a choice still decoding ends at its next token: nobody awaits it
+            task.add_done_callback(_retrieved)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure after the client left is not logged as lost
