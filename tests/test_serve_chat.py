@@ -127,6 +127,10 @@ def test_a_chat_turn_is_the_completion_of_its_rendered_prompt(api):
             "max_completion_tokens",
         ),
         ({"messages": [{"role": "user", "content": "x" * 70_000}]}, "messages"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "stream": True, "logprobs": True},
+            "logprobs",
+        ),
     ],
 )
 def test_bad_chat_bodies_name_the_field(api, body, param):

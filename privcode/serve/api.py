@@ -314,6 +314,11 @@ def sampling_request(
     messages), defaults filled in; ``logprobs``: alternatives per token, None for none."""
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     options = body.stream_options
+    if body.stream and logprobs is not None:
+        raise RequestError(
+            "'logprobs' are not available while streaming: send 'stream': false for them",
+            "logprobs",
+        )
     return CompletionRequest(
         prompt=prompt,
         max_tokens=body.max_tokens or min(DEFAULT_MAX_TOKENS, max_tokens_limit),
@@ -408,6 +413,9 @@ class Limits:
     rate_limit_rps: float
     rate_limit_burst: int
     max_body_bytes: int
+    #: The buckets (``rate``, ``burst``, ``take``): the app's shared ones in a Serve replica
+    #: (:mod:`privcode.serve.rate_limit`); None: a :class:`RateLimiter` of this process.
+    limiter: Any = None
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:
@@ -530,7 +538,7 @@ def new_api(
     api.add_middleware(
         GuardMiddleware,
         keys=limits.keys,
-        limiter=RateLimiter(limits.rate_limit_rps, limits.rate_limit_burst),
+        limiter=limits.limiter or RateLimiter(limits.rate_limit_rps, limits.rate_limit_burst),
         max_body_bytes=limits.max_body_bytes,
     )
     return api

@@ -128,14 +128,23 @@ def parse_app_args(
 
 
 def guard_limits(cfg: GuardArgs, error: Callable[[str], Exception]) -> Limits:
-    """The keys (no key is an error unless ``insecure_no_auth``) and the client limits."""
+    """The keys (no key is an error unless ``insecure_no_auth``) and the client limits; in a
+    Serve replica the rate limit is the app's, shared by its replicas
+    (:mod:`privcode.serve.rate_limit`)."""
     try:
         keys = KeyRing.load(
             cfg.api_keys_dir, insecure=cfg.insecure_no_auth, key_env=cfg.api_key_env
         )
     except GuardError as exc:
         raise error(str(exc)) from None
-    return Limits(keys, cfg.rate_limit_rps, cfg.rate_limit_burst, cfg.max_body_bytes)
+    rate, burst = cfg.rate_limit_rps, cfg.rate_limit_burst
+    limits = Limits(keys, rate, burst, cfg.max_body_bytes)
+    from privcode.serve.rate_limit import SharedRateLimiter, shared_limiter_name
+
+    name = shared_limiter_name(rate, burst)
+    if name is None:
+        return limits
+    return dataclasses.replace(limits, limiter=SharedRateLimiter(name, rate, burst))
 
 
 def as_args(instance: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import json
 import math
 import os
@@ -243,6 +244,8 @@ class GuardMiddleware:
             )
             return
         wait = self.limiter.take(principal)
+        if inspect.isawaitable(wait):  # the replicas' shared buckets
+            wait = await wait
         if wait > 0:
             await _answer(
                 send,
