@@ -111,26 +111,12 @@ def test_a_chat_turn_is_the_completion_of_its_rendered_prompt(api):
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
-        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 9}, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
-        (
-            {"messages": [{"role": "user", "content": "x"}], "stream_options": {}},
-            "stream_options",
-        ),
-        (
-            {
-                "messages": [{"role": "user", "content": "x"}],
-                "max_tokens": 4,
-                "max_completion_tokens": 5,
-            },
-            "max_completion_tokens",
-        ),
         ({"messages": [{"role": "user", "content": "x" * 70_000}]}, "messages"),
-        (
-            {"messages": [{"role": "user", "content": "x"}], "stream": True, "logprobs": True},
-            "logprobs",
-        ),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 65}, "max_tokens"),
     ],
 )
 def test_bad_chat_bodies_name_the_field(api, body, param):
@@ -244,3 +230,19 @@ def test_the_text_stream_holds_back_a_possible_stop_string(premium):
     out = [stream.push(t) for t in tok("x = 1\nre", add_special_tokens=False)["input_ids"]]
     assert "".join(out) == "x = 1"  # "\nre" may still become the stop: held back
     assert stream.finish("x = 1\nre") == "\nre"
+
+
+def test_a_streamed_choice_carries_its_logprobs_on_its_last_chunk(api):
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 6,
+        "max_completion_tokens": 8,  # both given: the smaller counts
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    whole = _post(api, "/v1/chat/completions", body)[1]
+    assert whole["usage"]["completion_tokens"] <= 6
+    chunks = _events(api, "/v1/chat/completions", body | {"stream": True})
+    *first, last = [c["choices"][0] for c in chunks]
+    assert all(c["logprobs"] is None for c in first)
+    assert last["logprobs"] == whole["choices"][0]["logprobs"]

@@ -555,6 +555,7 @@ def test_openapi_fuzz_pac(ensemble, tmp_path):
     try:
         ops = fuzz_openapi(svc.api, examples=8)
         assert {"POST /v1/sessions", "DELETE /v1/sessions/{sid}", "GET /v1/privacy"} <= set(ops)
+        assert {"POST /v1/completions", "POST /v1/chat/completions"} <= set(ops)
     finally:
         svc.close()
 

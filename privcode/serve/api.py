@@ -165,7 +165,7 @@ class SamplingBody(BaseModel):
     user: str | None = Field(None, max_length=256, description="Accepted, not used.")
     n: int | None = Field(None, ge=1, le=1, description="Completions to return.")
     stream: bool | None = Field(None, description="Server-sent events, OpenAI's chunks.")
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = Field(None, description="Ignored unless streaming.")
     presence_penalty: NeutralZero = None
     frequency_penalty: NeutralZero = None
     logit_bias: dict[str, float] | None = Field(None, max_length=0)
@@ -174,13 +174,6 @@ class SamplingBody(BaseModel):
     @classmethod
     def _ints(cls, value: Any) -> Any:
         return _integral(value)
-
-    @field_validator("stream_options")
-    @classmethod
-    def _stream_options(cls, value: StreamOptions | None, info: Any) -> StreamOptions | None:
-        if value is not None and not info.data.get("stream"):
-            raise ValueError("is only allowed with 'stream': true")
-        return value
 
     @field_validator("temperature", "top_p", mode="before")
     @classmethod
@@ -314,11 +307,6 @@ def sampling_request(
     messages), defaults filled in; ``logprobs``: alternatives per token, None for none."""
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     options = body.stream_options
-    if body.stream and logprobs is not None:
-        raise RequestError(
-            "'logprobs' are not available while streaming: send 'stream': false for them",
-            "logprobs",
-        )
     return CompletionRequest(
         prompt=prompt,
         max_tokens=body.max_tokens or min(DEFAULT_MAX_TOKENS, max_tokens_limit),

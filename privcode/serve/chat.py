@@ -2,9 +2,9 @@
 
 :class:`ChatBody` is OpenAI's chat request as far as a code model can honour it:
 ``messages`` (1..:data:`MAX_MESSAGES` of ``system`` / ``developer`` (a system turn) / ``user``
-/ ``assistant``, text content: a string or text parts), ``max_tokens`` or
-``max_completion_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, ``n``, ``stream``
-with ``stream_options``, ``logprobs`` with ``top_logprobs`` (0..:data:`MAX_TOP_LOGPROBS`),
+/ ``assistant``, text content: a string or text parts), ``max_tokens`` and/or
+``max_completion_tokens`` (the smaller counts), ``temperature``, ``top_p``, ``stop``, ``seed``, ``n``, ``stream``
+with ``stream_options``, ``logprobs`` with ``top_logprobs`` (0..:data:`MAX_TOP_LOGPROBS`; ignored without it),
 ``user``; penalties and ``logit_bias`` only at their neutral value; anything else (tools,
 images, response formats) is refused by name. :func:`chat_model` sets an app's limits, as
 :func:`privcode.serve.api.completion_model` does. :func:`to_chat_request` renders the messages
@@ -86,13 +86,6 @@ class ChatBody(SamplingBody):
     def _more_ints(cls, value: Any) -> Any:
         return _integral(value)
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_needs_logprobs(cls, value: int | None, info: Any) -> int | None:
-        if value is not None and not info.data.get("logprobs"):
-            raise ValueError("needs 'logprobs': true")
-        return value
-
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
@@ -151,12 +144,7 @@ def to_chat_request(
 ) -> CompletionRequest:
     """The request ``body`` asks for: its messages rendered by ``render`` (the artifact's chat
     template); :class:`RequestError` names a field that cannot be honoured."""
-    a, b = body.max_tokens, body.max_completion_tokens
-    if a is not None and b is not None and a != b:
-        raise RequestError(
-            "'max_tokens' and 'max_completion_tokens' disagree (send one)",
-            "max_completion_tokens",
-        )
+    given = [t for t in (body.max_tokens, body.max_completion_tokens) if t is not None]
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         for m in body.messages
@@ -167,4 +155,4 @@ def to_chat_request(
         raise RequestError(f"'messages': {exc}", "messages") from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     request = sampling_request(body, max_tokens_limit, prompt, logprobs)
-    return dataclasses.replace(request, max_tokens=a or b or request.max_tokens)
+    return dataclasses.replace(request, max_tokens=min(given, default=request.max_tokens))

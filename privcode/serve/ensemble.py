@@ -123,12 +123,14 @@ class _PacFields(BaseModel):
         description="Only 1: the candidates are the public model's top_k tokens.",
     )
 
-    @field_validator("logprobs", "top_logprobs", mode="before", check_fields=False)
+    logprobs: None = Field(None, description="Not offered: the curator releases tokens only.")
+
+    @field_validator("logprobs", mode="before")
     @classmethod
     def _no_logprobs(cls, value: Any) -> Any:
         if value is not None and value is not False:
             raise ValueError(_NO_LOGPROBS)
-        return value
+        return None
 
 
 class PacCompletionBody(_PacFields, CompletionBody):

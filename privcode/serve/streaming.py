@@ -184,6 +184,8 @@ async def answer_events(
             done = await tasks[i]
             used += done.completion_tokens
             last = fmt.delta(i, text.finish(done.text), done.finish_reason)
+            if done.logprobs is not None:  # the choice's log-probs, all on its last chunk
+                last["choices"][0]["logprobs"] = fmt.logprobs(done.logprobs)
             yield sse({**last, **(done.extra or {})})
         if fmt.include_usage:
             yield sse(fmt.usage(prompt_tokens, used))
