@@ -232,9 +232,10 @@ def test_the_vllm_ingress_serves_the_same_api_over_http(serve_http, release_copy
     from ray import serve
 
     merged = export_merged(release_copy, dtype="float32")
-    expected = PremiumModel(release_copy, device="cpu").complete(
-        parse_completion({"prompt": PROMPT, "max_tokens": 12}, 64)
-    )
+    here = PremiumModel(release_copy, device="cpu")
+    expected = here.complete(parse_completion({"prompt": PROMPT, "max_tokens": 12}, 64))
+    chat_prompt = here.chat_prompt([{"role": "user", "content": PROMPT}])
+    expected_chat = here.complete(parse_completion({"prompt": chat_prompt, "max_tokens": 12}, 64))
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     class StandInVLLM:
@@ -246,6 +247,35 @@ def test_the_vllm_ingress_serves_the_same_api_over_http(serve_http, release_copy
         async def complete(self, payload: dict) -> dict:
             if payload["max_tokens"] == 13:  # an engine failure, with a prompt in its message
                 return {"error": {"code": 500, "message": f"boom {payload['prompt']}"}}
+            new, stop, n = self._greedy(payload)
+            return {
+                "choices": [
+                    {
+                        "text": self.tok.decode(new, skip_special_tokens=True),
+                        "finish_reason": "stop" if stop else "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": n, "completion_tokens": len(new) + stop},
+            }
+
+        async def stream(self, payload: dict):
+            """vLLM's chunks: a text delta per token, the finish reason, then the usage."""
+            assert payload["stream"] and payload["stream_options"] == {"include_usage": True}
+            new, stop, n = self._greedy(payload)
+            sent = ""
+            for k in range(1, len(new) + 1):
+                text = self.tok.decode(new[:k], skip_special_tokens=True)
+                if text.endswith("\ufffd"):
+                    continue
+                yield {"choices": [{"text": text[len(sent) :], "finish_reason": None}]}
+                sent = text
+            reason = "stop" if stop else "length"
+            rest = self.tok.decode(new, skip_special_tokens=True)[len(sent) :]
+            yield {"choices": [{"text": rest, "finish_reason": reason}]}
+            usage = {"prompt_tokens": n, "completion_tokens": len(new) + stop}
+            yield {"choices": [], "usage": usage}
+
+        def _greedy(self, payload: dict):
             ids = torch.tensor([payload["prompt"]])
             with torch.inference_mode():
                 out = self.model.generate(
@@ -259,15 +289,7 @@ def test_the_vllm_ingress_serves_the_same_api_over_http(serve_http, release_copy
             eos = self.tok.eos_token_id
             stop = eos in new
             new = new[: new.index(eos)] if stop else new
-            return {
-                "choices": [
-                    {
-                        "text": self.tok.decode(new, skip_special_tokens=True),
-                        "finish_reason": "stop" if stop else "length",
-                    }
-                ],
-                "usage": {"prompt_tokens": ids.shape[1], "completion_tokens": len(new) + stop},
-            }
+            return new, int(stop), ids.shape[1]
 
     args = _vllm_args(release_copy, max_tokens_limit=64)
     application = PremiumLLMServer.options(
@@ -306,6 +328,20 @@ def test_the_vllm_ingress_serves_the_same_api_over_http(serve_http, release_copy
         assert status == 200 and models["data"][0]["id"] == "privcode-premium"
         status, schema = http_json(f"{url}/openapi.json", key=TEST_KEY)
         assert status == 200 and "/v1/completions" in schema["paths"]
+        # chat, n and streaming through the engine, with the official client
+        import openai
+
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=TEST_KEY, max_retries=0)
+        msgs = [{"role": "user", "content": PROMPT}]
+        chat = client.chat.completions.create(
+            model="privcode-premium", messages=msgs, max_tokens=12, n=2
+        )
+        assert [c.message.content for c in chat.choices] == [expected_chat.text] * 2
+        chunks = client.chat.completions.create(
+            model="privcode-premium", messages=msgs, max_tokens=12, stream=True
+        )
+        joined = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert joined == expected_chat.text
     finally:
         serve.delete("premium-vllm-test")
 

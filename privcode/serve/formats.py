@@ -90,7 +90,10 @@ class AnswerFormat:
         used = sum(a.completion_tokens for a in answers)
         return {**self._head(self.kind), "choices": choices, "usage": _usage(prompt_tokens, used)}
 
-    def _token(self, token: int) -> str:
+    def _token(self, token: int | str) -> str:
+        """A token id decoded alone; a string is already a token's text (an engine's)."""
+        if isinstance(token, str):
+            return token
         return self.tokenizer.decode([int(token)], skip_special_tokens=False)
 
     def logprobs(self, records: Sequence[Any]) -> dict[str, Any]:

@@ -17,9 +17,13 @@ What vLLM loads:
   adapter at ``<store>/<served_model_name>/`` loaded per request (multi-LoRA: several premium
   models share one base and its GPUs; requests are routed by Serve's model multiplexing).
 
-The ingress tokenises each prompt with the served checkpoint's tokenizer, checks it against
-the context (``vllm_max_model_len``, else the model's), and sends vLLM the token ids, so what
-was checked is what runs. Requests and answers cross the handle as plain dicts
+The ingress tokenises each prompt with the served checkpoint's tokenizer (a chat rendered
+first with the release's chat template), checks it against the context
+(``vllm_max_model_len``, else the model's), and sends vLLM the token ids, so what was checked
+is what runs. ``n`` choices are ``n`` engine requests (choice ``i`` seeded ``seed + i``, as the
+transformers engine does); ``logprobs`` are vLLM's; a streamed request runs through the
+engine's own stream (``stream``: vLLM's text deltas, its stops applied), and a client that
+goes away closes it, which aborts the engine request. Requests and answers cross the handle as plain dicts
 (:func:`engine_payload`, :func:`completion_from`): only the vLLM replicas need vLLM's types
 (:mod:`privcode.serve.vllm_server`). Every node needs vLLM installed (``pip install
 'privcode[vllm]'``): the builder refuses to start without it, naming that.
@@ -32,6 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +209,34 @@ def engine_payload(item: Prepared, model_id: str) -> dict[str, Any]:
         payload["stop"] = list(r.stop)
     if r.seed is not None and not r.greedy:
         payload["seed"] = r.seed % (1 << 63)
+    if r.logprobs is not None:
+        payload["logprobs"] = r.logprobs
+    if item.sink is not None:
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}
     return payload
+
+
+@dataclass(frozen=True)
+class EngineLogprob:
+    """One token's log-prob as vLLM reports it (its text, not its id)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def _logprobs(choice: Mapping[str, Any]) -> tuple[EngineLogprob, ...] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, Mapping):
+        return None
+    tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
+    return tuple(
+        EngineLogprob(str(t), float(v if v is not None else 0.0), tuple((top or {}).items()))
+        for t, v, top in zip(
+            lp.get("tokens") or [], lp.get("token_logprobs") or [], tops, strict=False
+        )
+    )
 
 
 def completion_from(response: Any, prompt_tokens: int) -> Completion:
@@ -232,6 +264,35 @@ def completion_from(response: Any, prompt_tokens: int) -> Completion:
         finish_reason=reason,
         prompt_tokens=int(usage.get("prompt_tokens", prompt_tokens)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
+        logprobs=_logprobs(choice),
+    )
+
+
+async def streamed_completion(chunks: Any, item: Prepared) -> Completion:
+    """vLLM's stream of completion chunks (dicts) for ``item``: each text delta into its sink
+    as it comes, the whole as a :class:`Completion`. A cancelled sink closes the stream."""
+    text, reason, usage, records = [], "length", {}, []
+    async for chunk in chunks:
+        if chunk.get("error") or not isinstance(chunk.get("choices"), list):
+            completion_from(chunk, len(item.ids))  # raises the error's status
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            delta = choice.get("text") or ""
+            records.extend(_logprobs(choice) or ())
+            if choice.get("finish_reason"):
+                reason = "length" if choice["finish_reason"] == "length" else "stop"
+            if delta:
+                text.append(delta)
+                if item.sink is not None and not item.sink.put_now(delta):
+                    break  # the client is gone: leaving the stream aborts the request
+        if item.sink is not None and item.sink.cancelled:
+            break
+    return Completion(
+        text="".join(text),
+        finish_reason=reason,
+        prompt_tokens=int(usage.get("prompt_tokens", len(item.ids))),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        logprobs=tuple(records) if item.request.logprobs is not None else None,
     )
 
 
@@ -256,9 +317,18 @@ class EngineFront:
         self.max_tokens_limit, self.max_prompt_chars = cfg.max_tokens_limit, cfg.max_prompt_chars
         self.name = cfg.served_model_name
         self.created = int(time.time())
+        self.eos_ids = tuple(i for i in (eos,) if i is not None)
+        template = _release_record(Path(cfg.premium).expanduser()).get("chat_template")
+        self.chat_template = template if isinstance(template, str) else None
 
     def prepare(self, request: Any) -> Prepared:
         return prepare_request(self, request)
+
+    def chat_prompt(self, messages: Any) -> str:
+        """``messages`` rendered with the release's chat template (as the other engine)."""
+        from privcode.models.chat import render_chat
+
+        return render_chat(self.tokenizer, messages, self.chat_template)
 
 
 def _model_context(source: str) -> int | None:
@@ -296,7 +366,11 @@ class PremiumLLMServer:
         return build_api(self.front, self._complete, self.limits, _serve_log)
 
     async def _complete(self, item: Prepared) -> Completion:
-        response = await self.llm.complete.remote(engine_payload(item, self.model_id))
+        payload = engine_payload(item, self.model_id)
+        if item.sink is not None:
+            chunks = self.llm.options(stream=True).stream.remote(payload)
+            return await streamed_completion(chunks, item)
+        response = await self.llm.complete.remote(payload)
         return completion_from(response, len(item.ids))
 
 

@@ -58,7 +58,7 @@ class TokenSink:
         """The client is gone: the next :meth:`put` answers False (decoding stops there)."""
         self._cancelled.set()
 
-    def put(self, token: int) -> bool:
+    def put(self, token: int | str) -> bool:
         """Hand ``token`` over (from any thread; lockstep: once the last one was sent); False
         once cancelled."""
         if self._credit is not None:
@@ -67,7 +67,7 @@ class TokenSink:
                     return False
         if self._cancelled.is_set():
             return False
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, int(token))
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
         return True
 
     def sent(self) -> None:
@@ -79,8 +79,15 @@ class TokenSink:
         """No more tokens (from any thread)."""
         self.loop.call_soon_threadsafe(self.queue.put_nowait, _END)
 
-    async def get(self) -> int | None:
-        """The next token, or None once closed."""
+    def put_now(self, token: int | str) -> bool:
+        """:meth:`put` from the sink's own event loop (an engine streaming in it)."""
+        if self._cancelled.is_set():
+            return False
+        self.queue.put_nowait(token)
+        return True
+
+    async def get(self) -> int | str | None:
+        """The next token (or final text), or None once closed."""
         item = await self.queue.get()
         return None if item is _END else item
 
@@ -109,10 +116,13 @@ class TextStream:
                     break
         return longest
 
-    def push(self, token: int) -> str:
-        """The new text that ``token`` makes final ('' when none, or after the end)."""
+    def push(self, token: int | str) -> str:
+        """The new text that ``token`` makes final ('' when none, or after the end); a string
+        is text an engine already made final (vLLM's deltas: its stops applied)."""
         if self.ended:
             return ""
+        if isinstance(token, str):
+            return self._advance(self.sent + token)
         if token in self.eos:
             self.ended = True
             return ""

@@ -12,6 +12,8 @@ no input.
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import CompletionRequest
@@ -21,7 +23,21 @@ __all__ = ["PrivcodeLLMServer"]
 
 
 class PrivcodeLLMServer(LLMServer):
-    """``LLMServer`` plus :meth:`complete` (dict in, dict out, not streamed)."""
+    """``LLMServer`` plus :meth:`complete` (dict in, dict out, not streamed) and :meth:`stream`
+    (dict in, a stream of chunk dicts out: call it with ``handle.options(stream=True)``)."""
+
+    async def stream(self, payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        request = CompletionRequest(**{**payload, "stream": True})
+        out = await self.completions(request)
+        async for batch in out:  # lists of "data: {json}\n\n" strings (or error responses)
+            for item in batch if isinstance(batch, list) else [batch]:
+                if hasattr(item, "model_dump"):
+                    yield item.model_dump()
+                    continue
+                for line in str(item).splitlines():
+                    data = line.removeprefix("data: ").strip()
+                    if data and data != "[DONE]" and line.startswith("data: "):
+                        yield json.loads(data)
 
     async def complete(self, payload: dict[str, Any]) -> dict[str, Any]:
         request = CompletionRequest(**payload)
