@@ -90,6 +90,9 @@ def test_train_worlds_writes_m_adapters_that_learn_their_members(base, corpus, t
     assert manifest["worlds"] == ["w000", "w001", "w002", "w003"] and manifest["dp"] is False
     # Trained by the DP engine's one off switch, which names itself in the artifact.
     assert manifest["training_mode"]["mode"] == "non-private"
+    from privcode.models.chat import CHAT_TEMPLATE
+
+    assert manifest["chat_template"] == CHAT_TEMPLATE  # the worlds' training format
     assert "PAC curator" in manifest["training_mode"]["reason"]
     assert summary["records"] == 24 and "Return" not in json.dumps(summary)
     assignment = np.load(tmp_path / "assignment.npy")

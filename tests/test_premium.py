@@ -112,6 +112,9 @@ def test_premium_learns_the_synthetic_data_and_inherits_the_release_guarantee(
     assert (info["privacy"]["epsilon"], info["privacy"]["delta"]) == (4.0, 1e-5)
     assert info["privacy"]["guarantee"].startswith("(4.0, 1e-05)-DP, inherited by post-processing")
     assert summary["privacy"] == info["privacy"]
+    from privcode.models.chat import CHAT_TEMPLATE
+
+    assert info["chat_template"] == CHAT_TEMPLATE  # what serving renders chats with
     model = PeftModel.from_pretrained(load_causal_lm(base_path), str(tmp_path / "out" / "adapter"))
     assert sum(p.numel() for n, p in model.named_parameters() if "lora_" in n) > 0
     assert not any((tmp_path / "storage").glob("premium-*"))  # local checkpoints removed
