@@ -314,6 +314,7 @@ def _ensemble(model, worlds: list[str], device, *, public: bool = True):
             self._forward_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in keep else {}
             self._cache_arg = "cache" if "cache" in keep else "past_key_values"
             self._lock = threading.Lock()
+            self._stacked = self._stack()  # the stacked multi-LoRA forward, as loaded ones
 
     return InMemoryEnsemble()
 

@@ -1,25 +1,32 @@
-"""PAC ensemble decoding: one batched pass of m+1 rows vs m+1 separate passes per token.
+"""PAC ensemble decoding: one batched pass of m+1 rows vs m+1 separate passes vs one world.
 
 Run::
 
-    .venv/bin/python bench/bench_pac.py [--worlds 8 32] [--tokens 32] [--preset demo]
-                                         [--cache-dir DIR] [--threads N]
+    .venv/bin/python bench/bench_pac.py [--worlds 8 32 128] [--tokens 32] [--preset demo]
+                                         [--cache-dir DIR] [--threads N] [--peft]
 
 For each m, builds a worlds artifact of m random LoRA adapters (r=8) over
 the preset's public base model (built, or found, in ``--cache-dir``:
 default ``base.cache_dir``), then decodes ``--tokens`` tokens after a
-fixed prompt two ways, in the same process, each with a KV cache:
+fixed prompt three ways, in the same process, each with a KV cache:
 
 * batched: :meth:`privcode.pac.ensemble.PacEnsemble.step_logprobs`, one
-  forward of m+1 rows (every world's adapter and the public base, peft's
-  mixed-adapter batch), as the server does;
+  forward of m+1 rows (every world's adapter and the public base, the
+  stacked multi-LoRA forward of :mod:`privcode.models.multi_lora`), as the
+  server does;
 * separate: the m+1 models one after another (``set_adapter`` per world and
   the base with adapters disabled), each with its own cache: what a server
-  without mixed batches would do.
+  without mixed batches would do;
+* one world: the base with one adapter (set once), 1 row: the unit the ratio
+  is in. It takes turns with the batched run, 6 tokens each, so that a load
+  which comes and goes slows both alike (:func:`median_ms`).
 
-Prints milliseconds per token for both and the ratio (goal: batched faster
-than separate, increasingly so with m on a GPU). Numbers from random
-adapters equal those of trained ones: the cost does not depend on weights.
+Prints milliseconds per token of each, ``batched / one world`` (goal on a
+2-core CPU: m = 32 at most 3x, m = 128 at most 8x) and ``separate / batched``.
+``--peft`` adds the same ensemble through peft's mixed-adapter batch (the path
+before the stacked one), interleaved with a one-world run of its own.
+Numbers from random adapters equal those of trained ones: the cost does not
+depend on weights.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -62,38 +70,55 @@ def make_worlds(base: str, m: int, root: Path) -> Path:
     return root
 
 
-def batched(ens, ids: list[int], tokens: int) -> list[float]:
-    times, past, feed = [], None, ids
-    for _ in range(tokens):
+def batched(ens, ids: list[int]) -> Iterator[float]:
+    """Seconds of each step of :meth:`PacEnsemble.step_logprobs` (one forward of m+1 rows)."""
+    past, feed = None, ids
+    while True:
         t0 = time.perf_counter()
         lp, past = ens.step_logprobs(feed, past)
-        times.append(time.perf_counter() - t0)
+        yield time.perf_counter() - t0
         feed = [int(lp.candidates[0])]
-    return times
 
 
-def separate(ens, ids: list[int], tokens: int) -> list[float]:
+def separate(ens, ids: list[int], rows: list | None = None) -> Iterator[float]:
+    """Seconds per token of each of ``rows`` (world names; None: the base) alone, with its
+    own cache; one row: its adapter is set once, not per token (the one-world baseline)."""
     model = ens.model
-    rows = [*ens.worlds, None]
+    rows = [*ens.worlds, None] if rows is None else rows
     pasts = {r: None for r in rows}
     feed = ids
-    times = []
-    with torch.inference_mode():
-        for _ in range(tokens):
-            t0 = time.perf_counter()
-            x = torch.tensor([feed], dtype=torch.long)
-            for r in rows:
+    while True:
+        t0 = time.perf_counter()
+        for r in rows:
+            kwargs = {"input_ids": torch.tensor([feed]), ens._cache_arg: pasts[r]}
+            with torch.inference_mode():
                 if r is None:
                     with model.disable_adapter():
-                        out = model(input_ids=x, past_key_values=pasts[r], use_cache=True)
+                        out = model(**kwargs, use_cache=True, **ens._forward_kwargs)
                 else:
-                    model.set_adapter(r)
-                    out = model(input_ids=x, past_key_values=pasts[r], use_cache=True)
-                pasts[r] = out.past_key_values
+                    if len(rows) > 1 or model.active_adapter != r:
+                        model.set_adapter(r)
+                    out = model(**kwargs, use_cache=True, **ens._forward_kwargs)
                 torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-            times.append(time.perf_counter() - t0)
-            feed = [int(out.logits[0, -1].argmax())]
-    return times
+            cache = getattr(out, "cache", None)
+            pasts[r] = cache if cache is not None else out.past_key_values
+        yield time.perf_counter() - t0
+        feed = [int(out.logits[0, -1].argmax())]
+
+
+def median_ms(tokens: int, *runs: Iterator[float], block: int = 6) -> list[float]:
+    """Median ms/token of each decoding run after 2 warm-up tokens each (allocations, kernel
+    selection), the runs taking turns ``block`` tokens at a time: a load that comes and goes
+    slows them alike, and the token after a turn (whose weights the other run evicted from
+    the CPU's caches) is one in ``block``, which the median ignores."""
+    times: list[list[float]] = [[] for _ in runs]
+    for run in runs:
+        next(run), next(run)
+    while len(times[0]) < tokens:
+        n = min(block, tokens - len(times[0]))
+        for run, kept in zip(runs, times, strict=True):
+            kept.extend(next(run) for _ in range(n))
+    return [statistics.median(kept) * 1e3 for kept in times]
 
 
 def main() -> None:
@@ -103,6 +128,9 @@ def main() -> None:
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--cache-dir", help="Base-model cache (default: base.cache_dir's default).")
     ap.add_argument("--threads", type=int, help="Torch threads (default: torch's default).")
+    ap.add_argument(
+        "--peft", action="store_true", help="Also time peft's mixed-adapter batch (the old path)."
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,15 +145,21 @@ def main() -> None:
     )
     base = build_base(cfg, progress=False)["path"]
     print(f"base {args.preset}; {args.tokens} tokens; torch threads {torch.get_num_threads()}")
-    print(f"{'m':>4} {'batched ms/token':>17} {'separate ms/token':>18} {'separate/batched':>17}")
+    head = ("m", "batched ms/token", "separate ms/token", "one world ms/token", "batched/one")
+    print(f"{head[0]:>4} {head[1]:>17} {head[2]:>18} {head[3]:>19} {head[4]:>12} separate/batched")
     for m in args.worlds:
         with tempfile.TemporaryDirectory() as tmp:
             ens = PacEnsemble(make_worlds(base, m, Path(tmp)), device="cpu")
             ids = ens.encode('def parse_config(path):\n    """Read a config file."""\n')
-            batched(ens, ids, 2)  # warm-up: allocations, kernel selection
-            b = statistics.median(batched(ens, ids, args.tokens)) * 1e3
-            s = statistics.median(separate(ens, ids, args.tokens)) * 1e3
-            print(f"{m:>4} {b:>17.1f} {s:>18.1f} {s / b:>16.2f}x")
+            b, one = median_ms(args.tokens, batched(ens, ids), separate(ens, ids, ens.worlds[:1]))
+            (s,) = median_ms(args.tokens, separate(ens, ids))
+            print(f"{m:>4} {b:>17.1f} {s:>18.1f} {one:>19.2f} {b / one:>11.2f}x {s / b:>15.2f}x")
+            if args.peft:
+                ens._stacked = None  # the same ensemble through peft's mixed batch
+                p, one = median_ms(
+                    args.tokens, batched(ens, ids), separate(ens, ids, ens.worlds[:1])
+                )
+                print(f"{m:>4} peft mixed batch {p:.1f} ms/token, {p / one:.2f}x one world")
 
 
 if __name__ == "__main__":

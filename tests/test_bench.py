@@ -131,8 +131,12 @@ def test_bench_pac_smallest(ci_base_cache):
         "1",
     )
     _line(out, r"base ci; 2 tokens; torch threads [0-9]+$")
-    _line(out, r"m +batched ms/token +separate ms/token +separate/batched$")
-    _line(out, rf"2 +{NUMBER} +{NUMBER} +{NUMBER}x$")
+    _line(
+        out,
+        r"m +batched ms/token +separate ms/token +one world ms/token +batched/one "
+        r"+separate/batched$",
+    )
+    _line(out, rf"2 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}x$")
 
 
 def test_dp_overhead_smallest(ci_model):

@@ -9,9 +9,14 @@
 
 The base model is loaded ONCE and all ``m`` adapters into one peft model.
 One forward computes ``m + 1`` rows of the same context: row ``s < m``
-through world ``s``'s adapter, row ``m`` through the plain base (peft's
-mixed-adapter batch, ``adapter_names=[w_0, ..., w_{m-1}, "__base__"]``), with
-a KV cache so every token after the prompt is one ``[m + 1, 1]`` forward.
+through world ``s``'s adapter, row ``m`` through the plain base, with a KV
+cache so every token after the prompt is one ``[m + 1, 1]`` forward. The
+adapters are stacked once at load (:class:`privcode.models.multi_lora.StackedLora`:
+every LoRA layer adds each row's delta with two batched matmuls); peft's own
+mixed-adapter batch (``adapter_names=[w_0, ..., w_{m-1}, "__base__"]``), which
+loops over the adapters in every layer, is the fallback for adapters the
+stacked forward refuses but peft mixes (``lora_bias``, LoRA on embeddings), or
+``batching="peft"``.
 
 Per token (docs/methods.md, PAC-private generation, :meth:`PacEnsemble.generate`):
 
@@ -78,6 +83,7 @@ MANIFEST = PacWorldsRecord.FILE
 #: peft's name for "no adapter" in a mixed batch: the public row.
 _DEVICES = ("auto", "cpu", "cuda")
 _DECODERS = ("greedy", "gumbel")
+_BATCHING = ("stacked", "peft")
 
 
 class PacEnsembleError(PrivcodeError, ValueError):
@@ -175,6 +181,8 @@ class PacEnsemble:
     ``model``: base-model path overriding ``pac.json``'s ``base_model``.
     ``dtype``: None = float32 on CPU, bfloat16 (or float16) on CUDA; else a
     torch dtype or its name. ``top_k``: size of the candidate set ``V_t``.
+    ``batching``: ``"stacked"`` (default; falls back to peft's, with a warning, for adapters
+    it refuses) or ``"peft"`` (peft's mixed-adapter batch: slower, kept as a reference).
     """
 
     def __init__(
@@ -185,6 +193,7 @@ class PacEnsemble:
         device: str = "auto",
         top_k: int = 50,
         dtype: Any = None,
+        batching: str = "stacked",
     ):
         import torch
         from peft import PeftModel
@@ -193,6 +202,10 @@ class PacEnsemble:
 
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise PacEnsembleError(f"top_k must be an integer >= 1, got {top_k!r}")
+        if batching not in _BATCHING:
+            raise PacEnsembleError(
+                f"batching must be one of {', '.join(_BATCHING)}, got {batching!r}"
+            )
         root = Path(worlds_dir).expanduser()
         info = read_manifest(root, model=model)
         self.worlds: tuple[str, ...] = info.worlds
@@ -232,6 +245,7 @@ class PacEnsemble:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self._rows = [*self.worlds, BASE_ROW]
+        self._stacked = self._stack() if batching == "stacked" else None
         tok = self.tokenizer
         eos = lm.generation_config.eos_token_id if lm.generation_config else None
         eos = eos if eos is not None else tok.eos_token_id
@@ -249,17 +263,35 @@ class PacEnsemble:
         self._lock = threading.Lock()
         log.info(
             "PAC ensemble loaded: m=%d worlds, base=%s, device=%s, dtype=%s, top_k=%d, "
-            "in %.1f s (worlds are NOT private on their own: serve them only through the "
-            "curator)",
+            "batching=%s, in %.1f s (worlds are NOT private on their own: serve them only "
+            "through the curator)",
             self.m,
             self.base,
             self.device,
             dtype,
             top_k,
+            "peft" if self._stacked is None else "stacked",
             time.perf_counter() - start,
         )
 
     # -- model
+
+    def _stack(self) -> Any:
+        """The worlds' adapters stacked for one batched forward, or None (peft's mixed batch)."""
+        from privcode.models.multi_lora import MultiLoraError, StackedLora
+
+        try:
+            return StackedLora(self.model, self._rows)
+        except MultiLoraError as exc:
+            log.warning("PAC ensemble: peft's (slower) mixed-adapter batch, because %s", exc)
+            return None
+
+    def _forward(self, rows: Any, **kwargs: Any) -> Any:
+        """One forward of the ``m + 1`` rows (row s: world s; row m: the public base)."""
+        if self._stacked is None:
+            return self.model(input_ids=rows, adapter_names=self._rows, **kwargs)
+        with self._stacked.active():
+            return self.model(input_ids=rows, **kwargs)
 
     def encode(self, prompt: str) -> list[int]:
         """Prompt token ids (special tokens as the tokenizer adds them; never empty)."""
@@ -283,12 +315,8 @@ class PacEnsemble:
             raise PacEnsembleError("step_logprobs needs at least one token id")
         rows = torch.tensor([ids] * (self.m + 1), dtype=torch.long, device=self.device)
         with self._lock, torch.inference_mode():
-            out = self.model(
-                input_ids=rows,
-                use_cache=True,
-                adapter_names=self._rows,
-                **{self._cache_arg: past},
-                **self._forward_kwargs,
+            out = self._forward(
+                rows, use_cache=True, **{self._cache_arg: past}, **self._forward_kwargs
             )
             logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # [m+1, vocab]
             k = min(self.top_k, logprobs.shape[-1])
@@ -312,7 +340,7 @@ class PacEnsemble:
             raise PacEnsembleError("sequence_logprobs needs at least one token id")
         rows = torch.tensor([ids] * (self.m + 1), dtype=torch.long, device=self.device)
         with self._lock, torch.inference_mode():
-            logits = self.model(input_ids=rows, adapter_names=self._rows).logits
+            logits = self._forward(rows).logits
             lp = torch.log_softmax(logits.float(), dim=-1).cpu()
         return lp[self.m], lp[: self.m]
 
