@@ -187,7 +187,7 @@ class PoolTelemetry:
             per_actor = rows / busy if busy > 0 else None
             out[pool] = {
                 "rows": int(rows),
-                "busy_s": round(busy, 2),
+                "busy_s": float(f"{busy:.3g}"),  # 3 significant: a sub-10 ms pool stays > 0
                 "rows_per_actor_s": _r(per_actor),
                 "rows_per_cpu_s": _r(per_actor / cpus) if per_actor and cpus > 0 else None,
                 "rows_per_s": _r(rows / seconds) if seconds > 0 else None,
