@@ -18,7 +18,11 @@ fixed prompt three ways, in the same process, each with a KV cache:
   the base with adapters disabled), each with its own cache: what a server
   without mixed batches would do;
 * one world: the base with one adapter (set once), 1 row: the unit the ratio
-  is in. It takes turns with the batched run, 6 tokens each, so that a load
+  is in.
+* ``--requests k ...`` (first m only): k requests of different prompts decoded
+  together (:meth:`~privcode.pac.ensemble.PacEnsemble.step_batch`, the PAC server's
+  scheduler), interleaved with one request alone: ms per step and per request-token,
+  and how many times one request's token rate k of them reach. It takes turns with the batched run, 6 tokens each, so that a load
   which comes and goes slows both alike (:func:`median_ms`).
 
 Prints milliseconds per token of each, ``batched / one world`` (goal on a
@@ -80,6 +84,24 @@ def batched(ens, ids: list[int]) -> Iterator[float]:
         feed = [int(lp.candidates[0])]
 
 
+def together(ens, prompts: list[list[int]]) -> Iterator[float]:
+    """Seconds of each step of :meth:`PacEnsemble.step_batch`: the k requests ``prompts``
+    decoded together (one forward of k (m+1) rows over a left-padded KV cache), as the PAC
+    server's scheduler runs concurrent requests."""
+    from privcode.models.kv_batch import KvBatch
+
+    batch = KvBatch()
+    for g, ids in enumerate(prompts):
+        lp, cache = ens.step_logprobs(ids)
+        batch.join(g, cache, ens.m + 1, len(ids))
+    feeds = [int(lp.candidates[0])] * len(prompts)
+    while True:
+        t0 = time.perf_counter()
+        steps = ens.step_batch(batch, feeds)
+        yield time.perf_counter() - t0
+        feeds = [int(lp.candidates[0]) for lp in steps]
+
+
 def separate(ens, ids: list[int], rows: list | None = None) -> Iterator[float]:
     """Seconds per token of each of ``rows`` (world names; None: the base) alone, with its
     own cache; one row: its adapter is set once, not per token (the one-world baseline)."""
@@ -129,6 +151,13 @@ def main() -> None:
     ap.add_argument("--cache-dir", help="Base-model cache (default: base.cache_dir's default).")
     ap.add_argument("--threads", type=int, help="Torch threads (default: torch's default).")
     ap.add_argument(
+        "--requests",
+        type=int,
+        nargs="+",
+        default=[],
+        help="Also decode k requests together (first m only), for each k given.",
+    )
+    ap.add_argument(
         "--peft", action="store_true", help="Also time peft's mixed-adapter batch (the old path)."
     )
     args = ap.parse_args()
@@ -160,6 +189,15 @@ def main() -> None:
                     args.tokens, batched(ens, ids), separate(ens, ids, ens.worlds[:1])
                 )
                 print(f"{m:>4} peft mixed batch {p:.1f} ms/token, {p / one:.2f}x one world")
+                ens._stacked = ens._stack()
+            if m == args.worlds[0]:
+                for k in args.requests:
+                    prompts = [ids[: max(1, len(ids) - 3 * g)] for g in range(k)]
+                    t, solo = median_ms(args.tokens, together(ens, prompts), batched(ens, ids))
+                    print(
+                        f"{m:>4} {k} requests together: {t:.1f} ms/step, {t / k:.2f} ms per "
+                        f"request-token; {solo * k / t:.2f}x one request's token rate"
+                    )
 
 
 if __name__ == "__main__":

@@ -671,3 +671,28 @@ def pac_worlds(ci_base_cache, tmp_path_factory):
         encoding="utf-8",
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def pac_unanimous(pac_worlds, tmp_path_factory):
+    """A PacEnsemble over ``pac_worlds`` with every adapter world 0's: every token is
+    unanimous (free), so greedy PAC decoding is deterministic and does not depend on the
+    curator's noise, nor on the order its steps come in."""
+    import shutil
+
+    from privcode.pac.ensemble import PacEnsemble
+
+    root = tmp_path_factory.mktemp("unanimous") / "worlds"
+    shutil.copytree(pac_worlds, root)
+    for world in sorted((root / "adapters").iterdir())[1:]:
+        shutil.rmtree(world)
+        shutil.copytree(root / "adapters" / "w000", world)
+    return PacEnsemble(root, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def pac_ensemble(pac_worlds):
+    """A PacEnsemble over ``pac_worlds`` (worlds that disagree on most tokens)."""
+    from privcode.pac.ensemble import PacEnsemble
+
+    return PacEnsemble(pac_worlds, device="cpu")

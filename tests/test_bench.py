@@ -129,8 +129,15 @@ def test_bench_pac_smallest(ci_base_cache):
         "2",
         "--threads",
         "1",
+        "--requests",
+        "2",
     )
     _line(out, r"base ci; 2 tokens; torch threads [0-9]+$")
+    _line(
+        out,
+        rf"2 2 requests together: {NUMBER} ms/step, {NUMBER} ms per request-token; "
+        rf"{NUMBER}x one request's token rate$",
+    )
     _line(
         out,
         r"m +batched ms/token +separate ms/token +one world ms/token +batched/one "

@@ -138,6 +138,24 @@ def test_an_index_runs_rows_through_any_slots(model):
     assert _max_diff(_prefill_and_step(model, 1)[0][0], got[0][4]) <= ATOL
 
 
+def test_repeated_tiles_equal_the_same_rows_gathered(model):
+    # Two requests decoded together: tile t is rows [4t, 4t + 4), each through slots 0..3.
+    stacked = StackedLora(model, ["w0", "w1", "w2", BASE], share=False)
+    ids = [IDS] * 4 + [list(reversed(IDS))] * 4  # the tiles differ
+    with stacked.active(repeat=2):
+        got, past = _run(model, ids)
+        step, _ = _run(model, [[IDS[-1]]] * 4 + [[IDS[0]]] * 4, past)
+    with stacked.active(index=[0, 1, 2, 3] * 2):
+        want, past = _run(model, ids)
+        want_step, _ = _run(model, [[IDS[-1]]] * 4 + [[IDS[0]]] * 4, past)
+    assert _max_diff(got, want) <= ATOL and _max_diff(step, want_step) <= ATOL
+    assert _max_diff(got[0], got[4]) > 0.1  # the tiles really differ
+    with pytest.raises(MultiLoraError, match="repeat must be"), stacked.active(repeat=0):
+        pass
+    with pytest.raises(MultiLoraError, match=r"not 4 x 2"), stacked.active(repeat=2):
+        _run(model, [IDS] * 4)
+
+
 def test_what_it_cannot_compute_is_refused_by_name(model, base, tmp_path):
     stacked = StackedLora(model, ["w0", BASE])
     with pytest.raises(MultiLoraError, match="rows"), stacked.active():

@@ -540,7 +540,7 @@ def test_a_session_that_expires_in_the_queue_is_a_404(ensemble, tmp_path, monkey
         def gone(*args, **kwargs):
             raise UnknownSessionError("expired")
 
-        monkeypatch.setattr(svc.ensemble, "generate", gone)
+        monkeypatch.setattr(svc.ensemble, "decode", gone)
         status, body, _ = _call(
             svc, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "session": sid}
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import pytest
 from serve_support import TEST_KEY, asgi_call, limits
@@ -27,17 +26,8 @@ def ensemble(pac_worlds):
 
 
 @pytest.fixture(scope="module")
-def unanimous(pac_worlds, tmp_path_factory):
-    """The same worlds with every adapter world 0's: every token is unanimous (free), so greedy
-    PAC decoding is deterministic and a streamed answer can be compared with a whole one."""
-    from privcode.pac.ensemble import PacEnsemble
-
-    root = tmp_path_factory.mktemp("unanimous") / "worlds"
-    shutil.copytree(pac_worlds, root)
-    for world in sorted((root / "adapters").iterdir())[1:]:
-        shutil.rmtree(world)
-        shutil.copytree(root / "adapters" / "w000", world)
-    return PacEnsemble(root, device="cpu")
+def unanimous(pac_unanimous):
+    return pac_unanimous
 
 
 def _service(ensemble, tmp_path, **args):

@@ -112,6 +112,13 @@ class ServeConfig:
     pac_max_tokens_limit: int = opt(
         256, "Largest max_tokens of a PAC completion.", min=1, max=1 << 16
     )
+    pac_max_batch: int = opt(
+        8,
+        "PAC completions decoded together, one forward per token for all of them (requests "
+        "of different sessions; one session's requests run one after another); more queue.",
+        min=1,
+        max=256,
+    )
     pac_decoder: str = opt(
         "gumbel",
         "How the served worlds vote: gumbel (requests with temperature > 0 by coupled Gumbel "

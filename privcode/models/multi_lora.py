@@ -166,19 +166,28 @@ def _groups(stacks: list[_Stack], index: Sequence[int]) -> list[_Group]:
     return groups
 
 
-def _stacked_forward(module: Any, groups: list[_Group], rows: int):
-    """The replacement ``forward`` of one ``lora.Linear``: base for all rows + each row's delta."""
+def _stacked_forward(module: Any, groups: list[_Group], rows: int, repeat: int = 1):
+    """The replacement ``forward`` of one ``lora.Linear``: base for all rows + each row's delta.
+
+    ``repeat`` > 1: the batch is ``repeat`` tiles of the ``rows`` slots (tile t, row r at
+    ``t * rows + r``); each group's tiles go through its stack as one longer sequence, so k
+    requests of the same m + 1 rows cost the same two bmm per layer, not k times more."""
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = module.base_layer(x, *args, **kwargs)
-        if x.shape[0] != rows:
-            raise MultiLoraError(f"stacked LoRA forward: batch of {x.shape[0]} rows, not {rows}")
+        if x.shape[0] != rows * repeat:
+            raise MultiLoraError(
+                f"stacked LoRA forward: batch of {x.shape[0]} rows, not {rows} x {repeat}"
+            )
+        xs = x.reshape(repeat, rows, -1, x.shape[-1])
+        ys = result.view(repeat, rows, -1, result.shape[-1])
         for g in groups:
-            h = x[g.rows].to(g.a.dtype)
-            h = h.reshape(h.shape[0], -1, h.shape[-1])
+            h = xs[:, g.rows].to(g.a.dtype)  # [repeat, g, seq, in]
+            n, seq = h.shape[1], h.shape[2]
+            h = h.transpose(0, 1).reshape(n, repeat * seq, -1)
             delta = torch.bmm(torch.bmm(h, g.a.transpose(1, 2)), g.b) * g.scale
-            out = result[g.rows]
-            result[g.rows] = out + delta.view(out.shape).to(result.dtype)
+            delta = delta.view(n, repeat, seq, -1).transpose(0, 1).to(result.dtype)
+            ys[:, g.rows] = ys[:, g.rows] + delta
         return result
 
     return forward
@@ -218,14 +227,20 @@ class StackedLora:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @contextlib.contextmanager
-    def active(self, index: Sequence[int] | torch.Tensor | None = None) -> Iterator[None]:
+    def active(
+        self, index: Sequence[int] | torch.Tensor | None = None, *, repeat: int = 1
+    ) -> Iterator[None]:
         """Within: every forward of ``model`` runs batch row ``r`` through slot ``index[r]``
         (default: slot ``r``; the batch then has ``len(slots)`` rows). The default order
-        costs no copy; another index gathers each layer's weights once, on entry."""
+        costs no copy; another index gathers each layer's weights once, on entry.
+        ``repeat``: the batch is that many tiles of the ``index`` rows (requests decoded
+        together), each tile through the same slots."""
         if self.model.training:
             raise MultiLoraError("the stacked LoRA forward is for eval mode only (no dropout)")
         if self._active:
             raise MultiLoraError("StackedLora.active() is already active (not re-entrant)")
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise MultiLoraError(f"repeat must be an integer >= 1, got {repeat!r}")
         if index is None:
             rows, plan = len(self.slots), self._identity
         else:
@@ -237,7 +252,7 @@ class StackedLora:
         self._active = True
         try:
             for module, groups in plan:
-                module.forward = _stacked_forward(module, groups, rows)
+                module.forward = _stacked_forward(module, groups, rows, repeat)
             yield
         finally:
             for module, old in saved:

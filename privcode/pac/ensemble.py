@@ -49,7 +49,6 @@ import dataclasses
 import hashlib
 import inspect
 import logging
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -62,7 +61,6 @@ import numpy as np
 from privcode.artifacts.pac import BASE_ROW, WORLDS_FORMAT, PacWorldsRecord
 from privcode.artifacts.record import ArtifactError
 from privcode.errors import PrivcodeError
-from privcode.pac.mechanism import world_votes
 from privcode.utils import sha256_file
 
 log = logging.getLogger("privcode.pac")
@@ -82,7 +80,6 @@ __all__ = [
 MANIFEST = PacWorldsRecord.FILE
 #: peft's name for "no adapter" in a mixed batch: the public row.
 _DEVICES = ("auto", "cpu", "cuda")
-_DECODERS = ("greedy", "gumbel")
 _BATCHING = ("stacked", "peft")
 
 
@@ -286,11 +283,12 @@ class PacEnsemble:
             log.warning("PAC ensemble: peft's (slower) mixed-adapter batch, because %s", exc)
             return None
 
-    def _forward(self, rows: Any, **kwargs: Any) -> Any:
-        """One forward of the ``m + 1`` rows (row s: world s; row m: the public base)."""
+    def _forward(self, rows: Any, repeat: int = 1, **kwargs: Any) -> Any:
+        """One forward of ``repeat`` tiles of the ``m + 1`` rows (in each, row s: world s;
+        row m: the public base)."""
         if self._stacked is None:
-            return self.model(input_ids=rows, adapter_names=self._rows, **kwargs)
-        with self._stacked.active():
+            return self.model(input_ids=rows, adapter_names=self._rows * repeat, **kwargs)
+        with self._stacked.active(repeat=repeat):
             return self.model(input_ids=rows, **kwargs)
 
     def encode(self, prompt: str) -> list[int]:
@@ -347,121 +345,69 @@ class PacEnsemble:
     # -- generation
 
     def generate(
-        self,
-        curator: Any,
-        session_id: str,
-        prompt: str,
-        max_tokens: int,
-        *,
-        decoder: str = "greedy",
-        temperature: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        on_exhausted: str = "fallback",
-        sink: Any = None,
+        self, curator: Any, session_id: str, prompt: str, max_tokens: int, **options: Any
     ) -> PacCompletion:
         """A PAC-private completion of ``prompt`` in session ``session_id`` of ``curator``.
 
-        ``decoder``: ``"greedy"`` or ``"gumbel"`` (coupled Gumbel at
-        ``temperature``; ``seed`` seeds the public Gumbel draws, None = fresh).
+        Options (keyword only, :class:`~privcode.pac.decode.PacDecode`'s): ``decoder``:
+        ``"greedy"`` or ``"gumbel"`` (coupled Gumbel at ``temperature``; ``seed`` seeds the
+        public Gumbel draws, None = fresh).
         ``stop``: strings that end the completion (cut before the first one).
         ``on_exhausted``: when no budget can pay for a private token, ``"fallback"`` emits
         the public model's token (free) and goes on; ``"stop"`` ends the completion there
         (``exhausted`` set, finish ``"length"``), releasing nothing more. ``sink``
         (streaming): ``sink.put(token)`` gets each released token, and ``sink.cancelled``
         (the client went away) is checked before each step: the completion ends there
-        (finish ``"length"``) before anything more is charged.
+        (finish ``"length"``) before anything more is charged. The steps are
+        :class:`privcode.pac.decode.PacDecode`'s (one per forward; the PAC server runs many
+        decodes through one forward, :meth:`step_batch`).
         """
-        if on_exhausted not in ("fallback", "stop"):
-            raise PacEnsembleError(f"on_exhausted must be fallback or stop, got {on_exhausted!r}")
-        if getattr(curator, "m", None) != self.m:
-            raise PacEnsembleError(
-                f"the curator has m={getattr(curator, 'm', None)!r} worlds, this ensemble {self.m}"
+        decode = self.decode(curator, session_id, prompt, max_tokens, **options)
+        past = None
+        while decode.live():
+            lp, past = self.step_logprobs(decode.feed, past)
+            decode.advance(lp)
+        return decode.result()
+
+    def decode(self, curator: Any, session_id: str, prompt: str, max_tokens: int, **options: Any):
+        """The :class:`privcode.pac.decode.PacDecode` of a completion (:meth:`generate`'s
+        arguments, validated; nothing computed yet): to step it yourself, or beside others."""
+        from privcode.pac.decode import PacDecode
+
+        return PacDecode(self, curator, session_id, prompt, max_tokens, **options)
+
+    def step_batch(self, batch: Any, feeds: Sequence[int]) -> list[StepLogprobs]:
+        """One forward of every decode in ``batch`` (a :class:`privcode.models.kv_batch.
+        KvBatch` of groups of ``m + 1`` rows, each holding its prefill's cache, from
+        :meth:`step_logprobs`), ``feeds[g]`` the next token of group ``g`` in the batch's
+        order; each group's :class:`StepLogprobs`, as its solo :meth:`step_logprobs` would
+        give them (to float rounding). The batch's cache is extended in place."""
+        import torch
+
+        k, rows = len(batch), self.m + 1
+        if len(feeds) != k or batch.rows != k * rows:
+            raise PacEnsembleError(f"step_batch: {len(feeds)} tokens for {k} groups")
+        ids = torch.tensor([[int(t)] for t in feeds for _ in range(rows)], device=self.device)
+        extra = batch.forward_kwargs()
+        with self._lock, torch.inference_mode():
+            out = self._forward(
+                ids,
+                repeat=k,
+                use_cache=True,
+                **{self._cache_arg: batch.cache},
+                **extra,
+                **self._forward_kwargs,
             )
-        if decoder not in _DECODERS:
-            raise PacEnsembleError(
-                f"decoder must be one of {', '.join(_DECODERS)}, got {decoder!r}"
+            lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1).view(k, rows, -1)
+            top = min(self.top_k, lp.shape[-1])
+            candidates = torch.topk(lp[:, self.m], top).indices  # [k, top]
+            chosen = torch.gather(lp, 2, candidates[:, None, :].expand(k, rows, top))
+            chosen = chosen.double().cpu().numpy()
+            candidates = candidates.cpu().numpy().astype(np.int64)
+        batch.stepped()
+        return [
+            StepLogprobs(
+                candidates=candidates[g], worlds=chosen[g, : self.m], public=chosen[g, self.m]
             )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise PacEnsembleError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not (math.isfinite(temperature) and temperature > 0)
-        ):
-            raise PacEnsembleError(f"temperature must be a finite number > 0, got {temperature!r}")
-        stop = tuple(stop)
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise PacEnsembleError("stop must be a sequence of non-empty strings")
-        curator.session_info(session_id)  # an unknown session fails before any compute
-        ids = self.encode(prompt)
-        if self.context is not None and len(ids) + max_tokens > self.context:
-            raise PacEnsembleError(
-                f"the prompt ({len(ids)} tokens) plus max_tokens "
-                f"({max_tokens}) exceed the model's context of "
-                f"{self.context} tokens"
-            )
-        gumbel = decoder == "gumbel"
-        public_rng = np.random.default_rng(seed)  # public randomness: never the curator's
-        window = 4 * max((len(s) for s in stop), default=0) + 8
-        tokens: list[int] = []
-        counts = {"free": 0, "private": 0, "fallback": 0}
-        charged, finish, exhausted = 0.0, "length", False
-        started = time.perf_counter()
-        past, feed = None, ids
-        for _ in range(max_tokens):
-            if sink is not None and sink.cancelled:
-                break  # the client went away: nothing more is computed or charged
-            lp, past = self.step_logprobs(feed, past)
-            g = public_rng.gumbel(size=lp.candidates.size) if gumbel else None
-            scores = lp.worlds / temperature if gumbel else lp.worlds
-            outcome = curator.step(session_id, world_votes(scores, gumbel=g))
-            if outcome.kind == "fallback" and on_exhausted == "stop":
-                exhausted = True
-                break
-            counts[outcome.kind] += 1
-            charged += outcome.charged
-            index = outcome.index
-            if index is None:  # budget spent: the public model's own choice, free
-                public = lp.public / temperature + g if gumbel else lp.public
-                index = int(np.argmax(public))
-            token = int(lp.candidates[index])
-            tokens.append(token)
-            if sink is not None:
-                sink.put(token)
-            if token in self.eos_ids:
-                finish = "stop"
-                break
-            if stop:
-                tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=True)
-                if any(s in tail for s in stop):
-                    finish = "stop"
-                    break
-            feed = [token]
-        shown = tokens[:-1] if finish == "stop" and tokens[-1] in self.eos_ids else tokens
-        text = self.tokenizer.decode(shown, skip_special_tokens=True)
-        hits = [pos for pos in (text.find(s) for s in stop) if pos >= 0]
-        if hits:
-            text, finish = text[: min(hits)], "stop"
-        log.info(
-            "PAC completion: %d prompt tokens, %d new (%d private, %d free, %d fallback), "
-            "%.3g nats, %.2f s",
-            len(ids),
-            len(tokens),
-            counts["private"],
-            counts["free"],
-            counts["fallback"],
-            charged,
-            time.perf_counter() - started,
-        )
-        return PacCompletion(
-            text=text,
-            token_ids=tuple(tokens),
-            finish_reason=finish,
-            prompt_tokens=len(ids),
-            private_tokens=counts["private"],
-            free_tokens=counts["free"],
-            fallback_tokens=counts["fallback"],
-            charged_nats=charged,
-            exhausted=exhausted,
-        )
+            for g in range(k)
+        ]

@@ -202,5 +202,6 @@ def ensemble_args(serve: ServeConfig, pac: Any, worlds: str, **more: Any) -> dic
         "key_budget_share": serve.pac_key_budget_share,
         "on_exhausted": serve.pac_on_exhausted,
         "max_tokens_limit": serve.pac_max_tokens_limit,
+        "max_batch": serve.pac_max_batch,
         **more,
     }

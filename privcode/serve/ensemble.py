@@ -49,8 +49,9 @@ Privacy assumptions (docs/methods.md, PAC-private generation): ONE replica (the 
 secret and posterior live in it; :func:`build_app` refuses more, and a lock on the worlds'
 state makes a second process wait and fail); the secret and posteriors never leave the
 server; prompts, completions and session ids are never logged; budgets fail closed (a
-charge is persisted before its token is released). Generation runs on one worker thread, so
-the curator sees the steps of all requests in order.
+charge is persisted before its token is released). Generation runs on one decode thread
+(:mod:`privcode.serve.pac_scheduler`): requests of different sessions share each forward,
+and the curator sees their steps one at a time, each session's in order.
 """
 
 from __future__ import annotations

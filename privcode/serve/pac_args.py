@@ -56,6 +56,7 @@ class EnsembleArgs(GuardArgs):
     #: None: the privacy store's ``pac/`` (needs the store mounted).
     pac_state: str | None = None
     max_tokens_limit: int = SERVE_DEFAULTS["pac_max_tokens_limit"]
+    max_batch: int = SERVE_DEFAULTS["pac_max_batch"]
     served_model_name: str = DEFAULT_MODEL_NAME
 
     @property
@@ -75,6 +76,7 @@ _CONFIG_NAMES = {
     "key_budget_share": "pac_key_budget_share",
     "on_exhausted": "pac_on_exhausted",
     "max_tokens_limit": "pac_max_tokens_limit",
+    "max_batch": "pac_max_batch",
 }
 _DEVICES = ("auto", "cpu", "cuda")
 

@@ -18,10 +18,8 @@ import fcntl
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from privcode.serve.api import (
 from privcode.serve.formats import Answer, AnswerFormat
 from privcode.serve.pac_args import EnsembleArgs, EnsembleError, new_curator
 from privcode.serve.pac_ledger import PacLedger
+from privcode.serve.pac_scheduler import DecodeScheduler, PacJob
 from privcode.serve.streaming import TextStream, TokenSink, answer_events
 
 log = logging.getLogger("privcode.serve")
@@ -157,7 +156,9 @@ class PacService:
     """The PAC ensemble's API over an ensemble and a curator, independent of HTTP and Ray.
 
     ``ensemble``: a :class:`privcode.pac.ensemble.PacEnsemble` (or anything with ``m``,
-    ``context``, ``encode(prompt)`` and ``generate(...)``); ``curator``: a
+    ``context``, ``encode(prompt)``, ``decode(...)``, ``step_logprobs`` and ``step_batch``:
+    :class:`~privcode.serve.pac_scheduler.DecodeScheduler` runs its completions together);
+    ``curator``: a
     :class:`privcode.pac.curator.Curator` of the same ``m``. Every method takes the calling
     key's principal: sessions and budget shares are per key. :meth:`load` builds both from
     :class:`EnsembleArgs`; :func:`build_api` puts HTTP in front.
@@ -185,10 +186,9 @@ class PacService:
         self.created = int(time.time()) if created is None else int(created)
         self._state_lock = state_lock
         self.chat_template = chat_template  #: the worlds' (None: the kit's, privcode.models.chat)
-        # One worker: completions (and session deletes) reach the curator in arrival order,
-        # and a request cancelled by its client cannot let the next one overlap it.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pac-generate")
-        self._lock = threading.Lock()
+        # One decode thread: completions of different sessions share each forward; one
+        # session's requests (and its delete) reach the curator in arrival order.
+        self._decoder = DecodeScheduler(ensemble, cfg.max_batch)
         #: A :class:`PacMetrics` (set by the Serve deployment), or None.
         self.metrics: Any = None
 
@@ -248,8 +248,8 @@ class PacService:
             raise
 
     def close(self) -> None:
-        """Stop the worker (after the running request) and release the curator's state."""
-        self._worker.shutdown(wait=True)
+        """Stop the decode thread (after the queued requests) and release the curator's state."""
+        self._decoder.close()
         if self._state_lock is not None:
             self._state_lock.release()
 
@@ -258,9 +258,10 @@ class PacService:
     def model_card(self) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "privcode"}
 
-    async def _in_order(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the worker thread, after every request queued before it."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+    async def _in_order(self, job: PacJob) -> Any:
+        """``job``'s value, from the decode thread (after the requests of its session queued
+        before it)."""
+        return await asyncio.wrap_future(self._decoder.submit(job))
 
     def _session_body(self, info: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -304,7 +305,7 @@ class PacService:
         return self._session_body(await asyncio.to_thread(self._info, sid, principal))
 
     async def close_session(self, principal: str, sid: str) -> dict[str, Any]:
-        return await self._in_order(self._close, sid, principal)
+        return await self._in_order(PacJob(sid, lambda: self._close(sid, principal)))
 
     def _close(self, sid: str, principal: str) -> dict[str, Any]:
         info = self._info(sid, principal)
@@ -399,7 +400,7 @@ class PacService:
 
     # -- completions
 
-    def _decoder(self, request: CompletionRequest) -> tuple[str, float]:
+    def _decoding(self, request: CompletionRequest) -> tuple[str, float]:
         if request.greedy or self.cfg.decoder == "greedy":
             return "greedy", 1.0  # the temperature only scales Gumbel votes
         return "gumbel", request.temperature
@@ -435,11 +436,11 @@ class PacService:
     async def _answer(
         self, principal: str, request: CompletionRequest, sid: str | None, sink: Any
     ) -> tuple[Answer, int]:
-        """Generate on the worker thread, in order; the answer (``extra``: its ``privacy``)."""
+        """Generate on the decode thread; the answer (``extra``: its ``privacy``)."""
         start = time.perf_counter()
-        decoder, temperature = self._decoder(request)
+        decoder, temperature = self._decoding(request)
         out, info = await self._in_order(
-            self._generate, principal, sid, request, decoder, temperature, sink
+            self._completion(principal, sid, request, decoder, temperature, sink)
         )
         tokens = len(out.token_ids)
         if self.metrics is not None:
@@ -479,7 +480,7 @@ class PacService:
         answer = Answer(out.text, out.finish_reason, tokens, extra={"privacy": privacy})
         return answer, out.prompt_tokens
 
-    def _generate(
+    def _completion(
         self,
         principal: str,
         sid: str | None,
@@ -487,13 +488,16 @@ class PacService:
         decoder: str,
         temperature: float,
         sink: Any = None,
-    ) -> tuple[Any, dict[str, Any]]:
-        """One completion on the worker thread; a one-shot session lives only around it.
-        ``sink`` (a :class:`~privcode.serve.streaming.TokenSink`) gets each released token;
-        once cancelled, the decode ends before its next step."""
-        from privcode.pac.curator import SessionLimitError
+    ) -> PacJob:
+        """The decode thread's job for one completion: checks and (one-shot) a session of its
+        own at its start, then its steps beside the others'; the value is ``(completion,
+        session info)``. ``sink`` (a :class:`~privcode.serve.streaming.TokenSink`) gets each
+        released token; once cancelled, the decode ends before its next step."""
+        one_shot = {"sid": None}
 
-        with self._lock:
+        def start() -> Any:
+            from privcode.pac.curator import SessionLimitError
+
             context = getattr(self.ensemble, "context", None) or self.cfg.fallback_context
             fit_context(request, self.cfg.max_prompt_chars, self.ensemble.encode, context)
             stop_when_spent = self.cfg.on_exhausted == "error"
@@ -505,34 +509,37 @@ class PacService:
                 )
                 if why is not None:
                     raise _exhausted(why)
-            one_shot = sid is None
-            if one_shot:
+            session = sid
+            if session is None:
                 try:
-                    sid = self.curator.open_session(None, principal)
+                    session = one_shot["sid"] = self.curator.open_session(None, principal)
                 except SessionLimitError as exc:
                     raise RequestError(
                         str(exc), status=429, type="rate_limit_error", code="too_many_sessions"
                     ) from None
-            try:
-                # numpy's generators take seeds >= 0; OpenAI seeds may be negative.
-                seed = None if request.seed is None else request.seed % (1 << 64)
-                out = self.ensemble.generate(
-                    self.curator,
-                    sid,
-                    request.prompt,
-                    request.max_tokens,
-                    decoder=decoder,
-                    temperature=temperature,
-                    seed=seed,
-                    stop=request.stop,
-                    on_exhausted="stop" if stop_when_spent else "fallback",
-                    **({} if sink is None else {"sink": sink}),
-                )
-                info = self.curator.session_info(sid)
-            finally:
-                if one_shot:
-                    self.curator.close_session(sid)
-            return out, info
+            # numpy's generators take seeds >= 0; OpenAI seeds may be negative.
+            seed = None if request.seed is None else request.seed % (1 << 64)
+            return self.ensemble.decode(
+                self.curator,
+                session,
+                request.prompt,
+                request.max_tokens,
+                decoder=decoder,
+                temperature=temperature,
+                seed=seed,
+                stop=request.stop,
+                on_exhausted="stop" if stop_when_spent else "fallback",
+                sink=sink,
+            )
+
+        def finish(decode: Any) -> tuple[Any, dict[str, Any]]:
+            return decode.result(), self.curator.session_info(decode.session_id)
+
+        def cleanup() -> None:
+            if one_shot["sid"] is not None:
+                self.curator.close_session(one_shot["sid"])
+
+        return PacJob(sid, start, finish, cleanup)
 
 
 async def _first(pair: Any) -> Answer:

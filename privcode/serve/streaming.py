@@ -49,6 +49,7 @@ class TokenSink:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self._cancelled = threading.Event()
         self._credit = threading.Semaphore(1) if lockstep else None
+        self._held = False  # a credit taken by ready(), for the next put
 
     @property
     def cancelled(self) -> bool:
@@ -61,7 +62,9 @@ class TokenSink:
     def put(self, token: int | str) -> bool:
         """Hand ``token`` over (from any thread; lockstep: once the last one was sent); False
         once cancelled."""
-        if self._credit is not None:
+        if self._held:
+            self._held = False
+        elif self._credit is not None:
             while not self._credit.acquire(timeout=0.05):
                 if self._cancelled.is_set():
                     return False
@@ -69,6 +72,15 @@ class TokenSink:
             return False
         self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
         return True
+
+    def ready(self) -> bool:
+        """Whether :meth:`put` would go on at once (lockstep: the last token went out); a
+        decode loop serving many sinks asks before it charges the next token, and the
+        credit is held for that ``put``. Call it from the thread that puts."""
+        if self._credit is None or self._held:
+            return True
+        self._held = self._credit.acquire(blocking=False)
+        return self._held
 
     def sent(self) -> None:
         """The last token's chunk went out (lockstep: the next ``put`` may go on)."""
