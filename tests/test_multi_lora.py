@@ -114,7 +114,8 @@ def test_stacked_forward_equals_peft_mixed_batch_each_world_alone_and_the_base(
     for phase in (0, 1):  # prefill [4, 7, vocab], then one cached token [4, 1, vocab]
         assert _max_diff(got[phase], mixed[phase]) <= ATOL
         for s, world in enumerate(alone):
-            assert _max_diff(got[phase][s], world[phase][0]) <= ATOL
+            scale = max(1.0, float(world[phase][0].abs().max()))  # float32 sums reordered
+            assert _max_diff(got[phase][s], world[phase][0]) <= ATOL * scale
         assert _max_diff(got[phase][3], plain[phase][0]) <= ATOL
         assert _max_diff(got[phase][0], got[phase][1]) > 0.1  # the adapters really act
         assert _max_diff(got[phase][0], got[phase][3]) > 0.1
