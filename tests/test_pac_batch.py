@@ -86,6 +86,21 @@ def test_groups_that_join_and_leave_get_their_solo_logprobs(pac_ensemble):
         batch.join(2, cache, pac_ensemble.m + 1, len(ids[0]))
 
 
+def test_prompts_prefilled_together_get_their_solo_logprobs_and_caches(pac_ensemble):
+    ids = [pac_ensemble.encode(p) for p in PROMPTS]
+    feeds = [5, 77, 301]
+    want = [_solo_steps(pac_ensemble, i, feeds) for i in ids]
+    prefilled = pac_ensemble.prefill_batch(ids)  # four lengths, one forward
+    batch = KvBatch()
+    for g, (lp, cache) in enumerate(prefilled):
+        _same(lp, want[g][0])
+        assert cache.get_seq_length() == len(ids[g])  # its own columns, no padding
+        batch.join(g, cache, pac_ensemble.m + 1, len(ids[g]))
+    for t, token in enumerate(feeds):  # the caches decode on as their solo ones do
+        for g, lp in enumerate(pac_ensemble.step_batch(batch, [token] * len(ids))):
+            _same(lp, want[g][t + 1])
+
+
 def _run_all(scheduler, jobs):
     futures = [scheduler.submit(j) for j in jobs]
     return [f.result(timeout=300) for f in futures]
@@ -117,8 +132,11 @@ def test_scheduled_answers_are_their_solo_answers(pac_unanimous, pac_ensemble, t
         assert a.token_ids == b.token_ids and a.text == b.text
         assert a.finish_reason == b.finish_reason and a.free_tokens == len(a.token_ids)
     # Worlds that disagree: every request's charge is b per private token, and the
-    # deployment's is the sum of them.
+    # deployment's is the sum of them. Each round's charges are one state write (group
+    # commit), and the last write holds them all.
     curator = _curator(pac_ensemble.m, tmp_path / "charged")
+    writes, write = [], curator._write
+    curator._write = lambda snap: (writes.append(snap["deployment_steps"]), write(snap))[1]
     scheduler = DecodeScheduler(pac_ensemble, max_batch=4)
     try:
         got = _run_all(scheduler, [_job(pac_ensemble, curator, p) for p in PROMPTS * 2])
@@ -128,6 +146,8 @@ def test_scheduled_answers_are_their_solo_answers(pac_unanimous, pac_ensemble, t
     assert sum(a.private_tokens for a in got) > 0
     total = curator.deployment_info()["deployment_charged"]
     assert total == pytest.approx(sum(a.charged_nats for a in got), rel=1e-9)
+    private = sum(a.private_tokens for a in got)
+    assert writes[-1] == private and len(writes) < private
 
 
 class _SlowClient:

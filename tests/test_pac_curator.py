@@ -358,3 +358,77 @@ def test_a_format_1_state_is_read_and_rewritten_as_format_2(tmp_path):
     new = json.loads(path.read_text())
     assert new["format"] == "privcode-pac-curator/2" and new["owners"] == {"default": 1}
     assert new["deployment_steps"] == 2
+
+
+def _counting_writes(cur: Curator) -> list[int]:
+    writes, real = [], cur._write
+
+    def write(snapshot):
+        writes.append(snapshot["deployment_steps"])
+        real(snapshot)
+
+    cur._write = write  # type: ignore[method-assign]
+    return writes
+
+
+def test_a_group_commit_releases_what_steps_one_after_another_do_with_one_write(tmp_path):
+    group, single = make(state_dir=tmp_path / "g"), make(state_dir=tmp_path / "s")
+    single._secret = group._secret  # the same realised world, the same noise seed
+    g_ids, s_ids = (
+        [group.open_session(), group.open_session()],
+        [
+            single.open_session(),
+            single.open_session(),
+        ],
+    )
+    plan = [(0, SPLIT), (1, SPLIT), (0, SAME), (None, SPLIT), (1, SPLIT), (0, np.array([1, 2]))]
+    g_writes, s_writes = _counting_writes(group), _counting_writes(single)
+    got = group.step_many([(g_ids[i] if i is not None else "gone", v) for i, v in plan])
+    want = []
+    for i, votes in plan:
+        try:
+            want.append(single.step(s_ids[i] if i is not None else "gone", votes))
+        except CuratorError as exc:
+            want.append(exc)
+    assert [type(o) for o in got] == [type(o) for o in want]
+    assert isinstance(got[3], UnknownSessionError) and isinstance(got[5], CuratorError)
+    assert [o for o in got if not isinstance(o, Exception)] == [
+        o for o in want if not isinstance(o, Exception)
+    ]
+    assert g_writes == [3] and s_writes == [1, 2, 3]  # one write, after all three charges
+    assert np.array_equal(group._posterior, single._posterior)
+    for g, s in zip(g_ids, s_ids, strict=True):
+        info_g, info_s = group.session_info(g), single.session_info(s)
+        assert {k: v for k, v in info_g.items() if k != "session"} == {
+            k: v for k, v in info_s.items() if k != "session"
+        }
+    restored = make(state_dir=tmp_path / "g")  # what was written is what was released
+    assert restored.deployment_info()["private_tokens"] == 3
+    assert np.array_equal(restored._posterior, group._posterior)
+
+
+def test_a_failed_group_write_undoes_every_step_of_the_group(tmp_path, monkeypatch):
+    from privcode.pac.leases import Leases
+
+    cur = make(state_dir=tmp_path)
+    cur.use_leases(
+        Leases(
+            lambda amount, holder, steps: {"granted": amount, "leased": amount, "allowance": 1e3},
+            B,
+            10,
+        )
+    )
+    a, b = cur.open_session(), cur.open_session(owner="k2")
+    cur.step(a, SPLIT)
+    before = (state(cur)[1], cur.session_info(a), cur.session_info(b), cur._leases.left)
+
+    def fail(_state):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(cur, "_write", fail)
+    with pytest.raises(OSError):
+        cur.step_many([(a, SPLIT), (b, SPLIT), (a, SPLIT)])
+    after = (cur._posterior, cur.session_info(a), cur.session_info(b), cur._leases.left)
+    assert np.array_equal(after[0], before[0]) and after[1:] == before[1:]
+    assert cur.owner_info("k2")["owner_private_tokens"] == 0
+    assert cur.deployment_info()["private_tokens"] == 1

@@ -24,7 +24,7 @@ sampling loop; here the caller decides each group's next token (the PAC curator)
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch
 
 from privcode.errors import PrivcodeError
 
-__all__ = ["KvBatch", "KvBatchError"]
+__all__ = ["KvBatch", "KvBatchError", "own_caches"]
 
 
 class KvBatchError(PrivcodeError, ValueError):
@@ -64,18 +64,24 @@ def _pad_left(t: torch.Tensor, columns: int) -> torch.Tensor:
     return t if columns == 0 else torch.nn.functional.pad(t, (0, 0, columns, 0))
 
 
-def _own_cache(cache: Any, start: int, group: _Group, width: int) -> Any:
-    """Rows ``[start, start + group.rows)`` of ``cache``, their padding cut: a cache of
-    their own."""
+def _own_cache(cache: Any, start: int, rows: int, length: int, width: int) -> Any:
+    """Rows ``[start, start + rows)`` of ``cache`` (``width`` columns, the last ``length``
+    theirs), their padding cut: a cache of their own."""
     from transformers.cache_utils import DynamicCache
 
     own = DynamicCache()
-    rows, cut = slice(start, start + group.rows), width - group.length
+    at, cut = slice(start, start + rows), width - length
     for i, layer in enumerate(_layers(cache)):
-        own.update(
-            layer.keys[rows, :, cut:].contiguous(), layer.values[rows, :, cut:].contiguous(), i
-        )
+        own.update(layer.keys[at, :, cut:].contiguous(), layer.values[at, :, cut:].contiguous(), i)
     return own
+
+
+def own_caches(cache: Any, rows: int, lengths: Iterable[int]) -> list[Any]:
+    """The groups of a right-aligned batched ``cache`` (``rows`` rows each; group g's real
+    tokens are its last ``lengths[g]`` columns), each as a cache of its own, unpadded, to
+    :meth:`KvBatch.join` (a batched prefill's)."""
+    width = _layers(cache)[0].keys.shape[2]
+    return [_own_cache(cache, g * rows, rows, n, width) for g, n in enumerate(lengths)]
 
 
 class KvBatch:
@@ -124,7 +130,7 @@ class KvBatch:
         if not self.groups:
             cache, self.cache, self.width = self.cache, None, 0
             return cache if take else None
-        mine = _own_cache(self.cache, start, gone, self.width) if take else None
+        mine = _own_cache(self.cache, start, gone.rows, gone.length, self.width) if take else None
         keep = torch.cat(
             [torch.arange(start), torch.arange(start + gone.rows, self.rows + gone.rows)]
         )

@@ -74,6 +74,7 @@ torch, no Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -82,6 +83,7 @@ import secrets
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -378,6 +380,46 @@ class Curator:
 
     def step(self, sid: str, votes: np.ndarray) -> StepOutcome:
         """One token of session ``sid`` from the worlds' ``votes[m]`` (candidate indices)."""
+        (outcome,) = self.step_many([(sid, votes)])
+        if isinstance(outcome, CuratorError):
+            raise outcome
+        return outcome
+
+    def step_many(
+        self, steps: Sequence[tuple[str, np.ndarray]]
+    ) -> list[StepOutcome | CuratorError]:
+        """Tokens of several sessions at once (group commit): the outcomes :meth:`step` would
+        give called once per ``(sid, votes)`` in order, with ONE state write for them all.
+
+        The write goes to disk before any outcome is returned; a failed write raises, undoes
+        the lot in memory and releases nothing. A step :meth:`step` would refuse (bad votes,
+        an unknown session) gets its :class:`CuratorError` in its place; the others go on.
+        """
+        with self._lock:
+            undo = (self._steps, self._posterior, dict(self._owners))
+            sessions: dict[str, _Session] = {}  # each touched session as it was
+            out: list[StepOutcome | CuratorError] = []
+            try:
+                for sid, votes in steps:
+                    try:
+                        session = self._get(sid)
+                        sessions.setdefault(sid, dataclasses.replace(session))
+                        out.append(self._release(session, self._checked(votes)))
+                    except CuratorError as exc:
+                        out.append(exc)
+                if self._path is not None and self._steps > undo[0]:
+                    self._write(self._snapshot())
+            except BaseException:
+                if self._leases is not None:  # the leased steps were not spent after all
+                    self._leases.left += self._steps - undo[0]
+                self._steps, self._posterior, self._owners = undo
+                for sid, old in sessions.items():
+                    if sid in self._sessions:
+                        self._sessions[sid] = old
+                raise
+            return out
+
+    def _checked(self, votes: Any) -> np.ndarray:
         votes = np.asarray(votes)
         if (
             votes.shape != (self.m,)
@@ -388,38 +430,31 @@ class Curator:
                 f"votes must be {self.m} candidate indices >= 0 (one per world), "
                 f"got {votes.dtype} {votes.shape}"
             )
-        with self._lock:
-            session = self._get(sid)
-            session.last_used = self._clock()
-            prior = self._posterior if self.scope == "deployment" else session.posterior
-            active = np.unique(votes[prior > 0])
-            if active.size == 1:
-                session.free += 1
-                return StepOutcome(int(active[0]), 0.0, "free")
-            if self._unpaid(session) is not None:
-                session.fallback += 1
-                return StepOutcome(None, 0.0, "fallback")
-            out = pac_step(votes, prior, self._secret, self.b, self._rng)
-            # The ledger goes to disk before the release; a failed write raises and
-            # nothing is released (the in-memory state is only updated after it).
-            if self._path is not None:
-                if self.scope == "deployment":
-                    snap = self._snapshot(
-                        steps=self._steps + 1, posterior=out.posterior, bump=(sid, None)
-                    )
-                else:
-                    snap = self._snapshot(steps=self._steps + 1, bump=(sid, out.posterior))
-                self._write(snap)
-            self._steps += 1
-            if self._leases is not None:
-                self._leases.spend()
-            session.private += 1
-            self._owners[session.owner] = self._owners.get(session.owner, 0) + 1
-            if self.scope == "deployment":
-                self._posterior = out.posterior
-            else:
-                session.posterior = out.posterior
-            return StepOutcome(out.token, out.charged, "private")
+        return votes
+
+    def _release(self, session: _Session, votes: np.ndarray) -> StepOutcome:
+        """One step in memory (under the lock): the caller writes the state before it shows
+        the outcome to anyone."""
+        session.last_used = self._clock()
+        prior = self._posterior if self.scope == "deployment" else session.posterior
+        active = np.unique(votes[prior > 0])
+        if active.size == 1:
+            session.free += 1
+            return StepOutcome(int(active[0]), 0.0, "free")
+        if self._unpaid(session) is not None:
+            session.fallback += 1
+            return StepOutcome(None, 0.0, "fallback")
+        out = pac_step(votes, prior, self._secret, self.b, self._rng)
+        self._steps += 1
+        if self._leases is not None:
+            self._leases.spend()
+        session.private += 1
+        self._owners[session.owner] = self._owners.get(session.owner, 0) + 1
+        if self.scope == "deployment":
+            self._posterior = out.posterior
+        else:
+            session.posterior = out.posterior
+        return StepOutcome(out.token, out.charged, "private")
 
     def measured_leakage_nats(self, sid: str | None = None) -> float:
         """``log m - H(P)``: the entropy drop of the current posterior (OPERATOR AUDIT ONLY).
@@ -504,31 +539,24 @@ class Curator:
     def _snapshot(
         self,
         *,
-        steps: int | None = None,
-        posterior: np.ndarray | None = None,
         sessions: dict[str, _Session] | None = None,
-        bump: tuple[str, np.ndarray | None] | None = None,
     ) -> dict[str, Any]:
-        """The state as JSON, with the given replacements (``bump``: one more private step)."""
-        post = self._posterior if posterior is None else posterior
+        """The state as JSON (``sessions``: in place of the open ones)."""
+        post = self._posterior
         out_sessions = {}
         for sid, s in (self._sessions if sessions is None else sessions).items():
-            private, spost = s.private, s.posterior
-            if bump is not None and bump[0] == sid:
-                private += 1
-                spost = bump[1] if bump[1] is not None else spost
             entry: dict[str, Any] = {
                 "owner": s.owner,
                 "last_used": s.last_used,
                 "budget": s.budget,
-                "private_tokens": private,
+                "private_tokens": s.private,
                 "free_tokens": s.free,
                 "fallback_tokens": s.fallback,
             }
             if self.scope == "session":
-                entry["posterior"] = [float(x) for x in spost]
+                entry["posterior"] = [float(x) for x in s.posterior]
             out_sessions[sid] = entry
-        steps = self._steps if steps is None else steps
+        steps = self._steps
         return {
             "format": STATE_FORMAT,
             "m": self.m,
@@ -539,17 +567,10 @@ class Curator:
             "deployment_steps": steps,
             "deployment_charged": self.b * steps,
             "posterior": None if post is None else [float(x) for x in post],
-            "owners": self._owners_after(bump),
+            "owners": dict(self._owners),
             "sessions": out_sessions,
             "NOT_PUBLIC": "holds the realised world: readable by the PAC server only",
         }
-
-    def _owners_after(self, bump: tuple[str, np.ndarray | None] | None) -> dict[str, int]:
-        owners = dict(self._owners)
-        if bump is not None:
-            owner = self._sessions[bump[0]].owner
-            owners[owner] = owners.get(owner, 0) + 1
-        return owners
 
     def _write(self, state: dict[str, Any]) -> None:
         with atomic_path(self._path) as tmp:

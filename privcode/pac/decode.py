@@ -104,6 +104,7 @@ class PacDecode:
         self.counts = {"free": 0, "private": 0, "fallback": 0}
         self.charged, self.finish, self.exhausted = 0.0, "length", False
         self.done = False
+        self._gumbel: np.ndarray | None = None  #: this step's public Gumbel draw (decoder gumbel)
         self.started = time.perf_counter()
 
     def live(self) -> bool:
@@ -121,19 +122,25 @@ class PacDecode:
     def advance(self, lp: Any) -> None:
         """One release from the step log-probs ``lp`` (a :class:`StepLogprobs` after
         :attr:`feed`); sets :attr:`feed` to the token, or :attr:`done`."""
-        if not self.live():
-            return
-        g = self._rng.gumbel(size=lp.candidates.size) if self.gumbel else None
+        if self.live():
+            self.take(lp, self.curator.step(self.session_id, self.votes(lp)))
+
+    def votes(self, lp: Any) -> np.ndarray:
+        """The worlds' votes on ``lp`` for the curator (draws this step's public Gumbel)."""
+        self._gumbel = self._rng.gumbel(size=lp.candidates.size) if self.gumbel else None
         scores = lp.worlds / self.temperature if self.gumbel else lp.worlds
-        outcome = self.curator.step(self.session_id, world_votes(scores, gumbel=g))
+        return world_votes(scores, gumbel=self._gumbel)
+
+    def take(self, lp: Any, outcome: Any) -> None:
+        """The curator's ``outcome`` on :meth:`votes` ``(lp)``: the next token, or the end."""
         if outcome.kind == "fallback" and self.on_exhausted == "stop":
             self.exhausted = self.done = True
             return
         self.counts[outcome.kind] += 1
         self.charged += outcome.charged
-        index = outcome.index
+        index, g = outcome.index, self._gumbel
         if index is None:  # budget spent: the public model's own choice, free
-            public = lp.public / self.temperature + g if self.gumbel else lp.public
+            public = lp.public / self.temperature + g if g is not None else lp.public
             index = int(np.argmax(public))
         token = int(lp.candidates[index])
         self.tokens.append(token)

@@ -312,21 +312,40 @@ class PacEnsemble:
         if not ids:
             raise PacEnsembleError("step_logprobs needs at least one token id")
         rows = torch.tensor([ids] * (self.m + 1), dtype=torch.long, device=self.device)
-        with self._lock, torch.inference_mode():
-            out = self._forward(
-                rows, use_cache=True, **{self._cache_arg: past}, **self._forward_kwargs
-            )
-            logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)  # [m+1, vocab]
-            k = min(self.top_k, logprobs.shape[-1])
-            candidates = torch.topk(logprobs[self.m], k).indices
-            chosen = logprobs[:, candidates].double().cpu().numpy()
-        step = StepLogprobs(
-            candidates=candidates.cpu().numpy().astype(np.int64),
-            worlds=chosen[: self.m],
-            public=chosen[self.m],
-        )
-        cache = getattr(out, "cache", None)
-        return step, cache if cache is not None else out.past_key_values
+        (step,), cache = self._cached_forward(rows, 1, past)
+        return step, cache
+
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> list[tuple[StepLogprobs, Any]]:
+        """The prefills of several prompts in ONE forward: for each, the ``(StepLogprobs,
+        cache)`` its :meth:`step_logprobs` ``(ids)`` would give (to float rounding).
+
+        Prompt g sits right-aligned after ``pad_g`` masked columns at positions 0..n_g - 1
+        (the last column is every prompt's next-token position); its cache comes back cut
+        to its own rows and columns (:func:`privcode.models.kv_batch.own_caches`), ready for
+        :meth:`privcode.models.kv_batch.KvBatch.join`. Raises
+        :class:`~privcode.models.kv_batch.KvBatchError` for caches that cannot be cut.
+        """
+        import torch
+
+        from privcode.models.kv_batch import own_caches
+
+        prompts = [[int(i) for i in ids] for ids in prompts]
+        if not prompts or not all(prompts):
+            raise PacEnsembleError("prefill_batch needs prompts of at least one token id")
+        if len(prompts) == 1:
+            return [self.step_logprobs(prompts[0])]
+        k, rows, width = len(prompts), self.m + 1, max(map(len, prompts))
+        pads = torch.tensor([width - len(p) for p in prompts]).repeat_interleave(rows)
+        ids = [[self.start_id] * (width - len(p)) + p for p in prompts for _ in range(rows)]
+        columns = torch.arange(width)[None, :]
+        extra = {
+            "attention_mask": (columns >= pads[:, None]).long().to(self.device),
+            "position_ids": (columns - pads[:, None]).clamp(min=0).to(self.device),
+        }
+        rows_t = torch.tensor(ids, dtype=torch.long, device=self.device)
+        steps, cache = self._cached_forward(rows_t, k, None, **extra)
+        caches = own_caches(cache, rows, map(len, prompts))
+        return list(zip(steps, caches, strict=True))
 
     def sequence_logprobs(self, ids: Sequence[int]) -> tuple[Any, Any]:
         """Log-probs after every prefix of ``ids`` in one pass: public ``[L, vocab]`` and
@@ -388,23 +407,42 @@ class PacEnsemble:
         if len(feeds) != k or batch.rows != k * rows:
             raise PacEnsembleError(f"step_batch: {len(feeds)} tokens for {k} groups")
         ids = torch.tensor([[int(t)] for t in feeds for _ in range(rows)], device=self.device)
-        extra = batch.forward_kwargs()
+        steps, _ = self._cached_forward(ids, k, batch.cache, **batch.forward_kwargs())
+        batch.stepped()
+        return steps
+
+    def _cached_forward(
+        self, rows: Any, k: int, past: Any, **extra: Any
+    ) -> tuple[list[StepLogprobs], Any]:
+        """One forward of ``k`` tiles over the KV cache ``past`` (None: a fresh one); each
+        tile's :class:`StepLogprobs` and the cache (extended in place)."""
+        import torch
+
         with self._lock, torch.inference_mode():
             out = self._forward(
-                ids,
+                rows,
                 repeat=k,
                 use_cache=True,
-                **{self._cache_arg: batch.cache},
+                **{self._cache_arg: past},
                 **extra,
                 **self._forward_kwargs,
             )
-            lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1).view(k, rows, -1)
-            top = min(self.top_k, lp.shape[-1])
-            candidates = torch.topk(lp[:, self.m], top).indices  # [k, top]
-            chosen = torch.gather(lp, 2, candidates[:, None, :].expand(k, rows, top))
-            chosen = chosen.double().cpu().numpy()
-            candidates = candidates.cpu().numpy().astype(np.int64)
-        batch.stepped()
+            steps = self._steps(out.logits, k)
+        cache = getattr(out, "cache", None)
+        return steps, cache if cache is not None else out.past_key_values
+
+    def _steps(self, logits: Any, k: int) -> list[StepLogprobs]:
+        """Each of ``k`` tiles' :class:`StepLogprobs` from a forward's ``logits`` (last
+        position): the rows' log-softmax at the public row's top-``top_k`` candidates."""
+        import torch
+
+        rows = self.m + 1
+        lp = torch.log_softmax(logits[:, -1, :].float(), dim=-1).view(k, rows, -1)
+        top = min(self.top_k, lp.shape[-1])
+        candidates = torch.topk(lp[:, self.m], top).indices  # [k, top]
+        chosen = torch.gather(lp, 2, candidates[:, None, :].expand(k, rows, top))
+        chosen = chosen.double().cpu().numpy()
+        candidates = candidates.cpu().numpy().astype(np.int64)
         return [
             StepLogprobs(
                 candidates=candidates[g], worlds=chosen[g, : self.m], public=chosen[g, self.m]

@@ -5,11 +5,14 @@ each round it makes one release per decode that can take one (in admission order
 curator sees each session's steps in order), then ONE forward of all of them
 (:meth:`privcode.pac.ensemble.PacEnsemble.step_batch`: k requests of m + 1 rows over a
 left-padded KV cache, :class:`privcode.models.kv_batch.KvBatch`, and the stacked LoRA
-forward tiled k times). A request joins after its own prefill, at any round, and leaves
-when it ends.
+forward tiled k times). The requests that start in a round prefill together, in one
+forward (:meth:`~privcode.pac.ensemble.PacEnsemble.prefill_batch`); each joins the batch
+with its cache at the next round, and leaves when it ends.
 
 Order and fairness:
 
+* the round's releases are one group commit per curator: one state write for all of them,
+  on disk before any of their tokens goes out;
 * jobs start in arrival order, except that a job waits while its session has a request
   running (and so do the later jobs of that session); closing a session is such a job,
   so it runs after the session's completions queued before it;
@@ -41,6 +44,12 @@ __all__ = ["DecodeScheduler", "PacJob"]
 
 #: How long the thread waits for a parked client before it looks again (seconds).
 PARKED_WAIT_S = 0.002
+#: The most rows x columns one batched prefill forward takes (a longer prompt goes alone).
+PREFILL_TOKENS = 16384
+
+
+def _prefill_size(runs: list[Any], rows: int) -> int:
+    return len(runs) * rows * max(len(r.decode.feed) for r in runs)
 
 
 def _same(value: Any) -> Any:
@@ -117,8 +126,7 @@ class DecodeScheduler:
                 if self._closed and not (self._queue or self._running):
                     return
                 jobs = self._admit()
-            for job in jobs:
-                self._start(job)
+            self._start(jobs)
             if self._running and not self._round():
                 with self._cv:  # every decode waits on its client: look again soon
                     self._cv.wait(PARKED_WAIT_S)
@@ -142,18 +150,50 @@ class DecodeScheduler:
         self._queue = kept
         return jobs
 
-    def _start(self, job: PacJob) -> None:
-        try:
-            value = job.start()
+    def _start(self, jobs: list[PacJob]) -> None:
+        """Start ``jobs`` in order; the decodes among them prefill together."""
+        fresh = []
+        for job in jobs:
+            try:
+                value = job.start()
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it through the future
+                self._settle(job, error=exc)
+                continue
             if not hasattr(value, "advance"):
                 self._settle(job, value=value)
-                return
+                continue
             run = _Running(job, value)
-            if value.live():
-                run.lp, run.cache = self.ensemble.step_logprobs(value.feed, None)
             self._running.append(run)
-        except BaseException as exc:  # noqa: BLE001 - the caller gets it through the future
-            self._settle(job, error=exc)
+            if value.live():
+                fresh.append(run)
+        chunk: list[_Running] = []
+        for run in fresh:  # at most PREFILL_TOKENS (rows x columns) per forward
+            if chunk and _prefill_size(chunk + [run], self.ensemble.m + 1) > PREFILL_TOKENS:
+                self._prefill(chunk)
+                chunk = []
+            chunk.append(run)
+        if chunk:
+            self._prefill(chunk)
+
+    def _prefill(self, runs: list[_Running]) -> None:
+        """One forward over the prompts of ``runs`` (alone where caches cannot be cut)."""
+        try:
+            if len(runs) > 1:
+                steps = self.ensemble.prefill_batch([r.decode.feed for r in runs])
+                for run, (lp, cache) in zip(runs, steps, strict=True):
+                    run.lp, run.cache = lp, cache
+                return
+        except KvBatchError as exc:
+            log.warning("PAC decode: requests prefill alone (%s)", exc)
+        except BaseException as exc:  # noqa: BLE001 - every request of the forward fails
+            for run in runs:
+                self._end(run, exc)
+            return
+        for run in runs:
+            try:
+                run.lp, run.cache = self.ensemble.step_logprobs(run.decode.feed, None)
+            except BaseException as exc:  # noqa: BLE001
+                self._end(run, exc)
 
     def _settle(self, job: PacJob, *, value: Any = None, error: BaseException | None = None):
         try:
@@ -184,28 +224,57 @@ class DecodeScheduler:
     def _round(self) -> bool:
         """One release for each decode that can take one, then one forward; whether any
         decode moved."""
-        moved = []
+        due = []
         for run in list(self._running):
-            decode = run.decode
-            if not decode.live():
+            if not run.decode.live():
                 self._end(run)
-            elif decode.ready():
-                try:
-                    decode.advance(run.lp)
-                except BaseException as exc:  # noqa: BLE001 - a curator or ledger error
-                    self._end(run, exc)
-                    continue
-                run.lp = None
-                if decode.live():
-                    moved.append(run)
-                else:
-                    self._end(run)
+            elif run.decode.ready():
+                due.append(run)
+        self._release(due)
+        moved = []
+        for run in due:
+            if run not in self._running:  # failed in its release
+                continue
+            if run.decode.live():
+                moved.append(run)
+            else:
+                self._end(run)
         for run in self._running:  # a parked decode takes its cache out of the batch
             if run.lp is not None and run in self._batch.groups:
                 run.cache = self._batch.leave(run, take=True)
         if moved:
             self._forward(moved)
         return bool(moved)
+
+    def _release(self, due: list[_Running]) -> None:
+        """One curator release for each decode in ``due``, in order, with one state write per
+        curator for all of them (:meth:`privcode.pac.curator.Curator.step_many`: on disk
+        before any token goes out)."""
+        groups: dict[int, list[tuple[_Running, Any]]] = {}
+        for run in due:
+            try:
+                votes = run.decode.votes(run.lp)
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it through the future
+                self._end(run, exc)
+                continue
+            groups.setdefault(id(run.decode.curator), []).append((run, votes))
+        for group in groups.values():
+            curator = group[0][0].decode.curator
+            try:
+                outcomes = curator.step_many([(r.decode.session_id, v) for r, v in group])
+            except BaseException as exc:  # noqa: BLE001 - a failed state write: none released
+                for run, _ in group:
+                    self._end(run, exc)
+                continue
+            for (run, _), outcome in zip(group, outcomes, strict=True):
+                try:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    run.decode.take(run.lp, outcome)
+                except BaseException as exc:  # noqa: BLE001
+                    self._end(run, exc)
+                    continue
+                run.lp = None
 
     def _forward(self, moved: list[_Running]) -> None:
         rows = self.ensemble.m + 1
