@@ -5,6 +5,7 @@ Run::
     .venv/bin/python bench/bench_serve.py [--clients 1 8 32] [--requests 64] [--max-tokens 16]
                                           [--worlds 8] [--preset demo] [--cache-dir DIR]
                                           [--premium DIR] [--pac-worlds DIR]
+                                          [--pac-clients 1 8] [--rounds 2] [--pac-cpus 1]
 
 Starts a local Ray cluster and Ray Serve on 127.0.0.1, deploys the premium app and the PAC
 ensemble (the real apps: FastAPI ingress, API keys, rate limits, the curator's store), and
@@ -12,7 +13,9 @@ drives them with an asyncio HTTP client (aiohttp) on the same loopback:
 
 * premium: ``--requests`` completions (``max_tokens`` tokens each, greedy and sampled mixed)
   at each of ``--clients`` concurrent clients;
-* PAC at m = ``--worlds``: the same at 1 and 8 clients (one replica decodes in order);
+* PAC at m = ``--worlds``: the same at 1 and 8 clients (``--pac-clients``; one replica's
+  decode thread steps its requests together), the settings taking ``--rounds`` turns, and
+  the ratio of their median requests/s;
 * then one burst past a tight rate limit, to show the 429s come back at once.
 
 Prints, per setting, p50 / p99 latency (ms), requests/s, completion tokens/s and the count of
@@ -154,6 +157,10 @@ def main() -> int:
     ap.add_argument("--cache-dir", help="Base-model cache (default: base.cache_dir's default).")
     ap.add_argument("--premium", help="A premium release dir (default: a throwaway one).")
     ap.add_argument("--pac-worlds", help="A PAC worlds dir (default: throwaway m worlds).")
+    ap.add_argument("--rounds", type=int, default=2, help="PAC settings' turns (medians).")
+    ap.add_argument(
+        "--pac-cpus", type=int, default=1, help="CPUs (and torch threads) of the PAC replica."
+    )
     ap.add_argument("--burst", type=int, default=20, help="Requests past a limit of 2/s, 5 burst.")
     args = ap.parse_args()
 
@@ -183,11 +190,13 @@ def main() -> int:
         )
         # A cluster of its own on 127.0.0.1 (a joined one may already run Serve elsewhere).
         os.environ.pop("RAY_ADDRESS", None)
-        connect(None, num_cpus=3)
+        connect(None, num_cpus=2 + args.pac_cpus)
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
         env = {"env_vars": {"PRIVCODE_BENCH_SERVE_KEY": KEY, "OMP_NUM_THREADS": "1"}}
+        threads = {"OMP_NUM_THREADS": str(args.pac_cpus)}
+        pac_env = {"env_vars": {**env["env_vars"], **threads}}
         common = {"device": "cpu", "api_key_env": "PRIVCODE_BENCH_SERVE_KEY"}
         fast = {**common, "rate_limit_rps": 1e4, "rate_limit_burst": 10_000}
         serve.run(
@@ -208,7 +217,7 @@ def main() -> int:
                     "key_budget_share": 1.0,
                     **fast,
                 },
-                ray_actor_options={"num_cpus": 1, "runtime_env": env},
+                ray_actor_options={"num_cpus": args.pac_cpus, "runtime_env": pac_env},
             ),
             name="pac",
             route_prefix="/ensemble",
@@ -228,9 +237,18 @@ def main() -> int:
             row("premium", f"{c} clients", r)
         pac_url = f"{url}/ensemble/v1/completions"
         asyncio.run(drive(pac_url, bodies(2, 2, pac=True), 1))
-        for c in args.pac_clients:
-            r = asyncio.run(drive(pac_url, bodies(args.requests, args.max_tokens, True), c))
-            row("pac", f"m={args.worlds}, {c} clients", r)
+        rates: dict[int, list[float]] = {c: [] for c in args.pac_clients}
+        for _ in range(args.rounds):  # settings take turns: a load that comes and goes hits all
+            for c in args.pac_clients:
+                r = asyncio.run(drive(pac_url, bodies(args.requests, args.max_tokens, True), c))
+                row("pac", f"m={args.worlds}, {c} clients", r)
+                rates[c].append(r["rps"])
+        one = statistics.median(rates[args.pac_clients[0]])
+        for c in args.pac_clients[1:]:
+            print(
+                f"pac {c} clients / {args.pac_clients[0]}: "
+                f"{statistics.median(rates[c]) / one:.2f}x requests/s (medians of {args.rounds})"
+            )
         # Past a tight limit: the guard answers 429 before the model sees the request.
         serve.run(
             premium_app(

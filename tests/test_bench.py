@@ -223,6 +223,9 @@ def test_bench_serve_smallest(ci_base_cache):
         "2",
         "--pac-clients",
         "1",
+        "2",
+        "--rounds",
+        "1",
         "--worlds",
         "2",
         "--max-tokens",
@@ -231,9 +234,16 @@ def test_bench_serve_smallest(ci_base_cache):
         "8",
     )
     _line(out, r"^app +setting +p50 ms +p99 ms +req/s +tokens/s +errors$")
-    for setting in ("premium +1 clients", "premium +2 clients", "pac +m=2, 1 clients"):
+    settings = (
+        "premium +1 clients",
+        "premium +2 clients",
+        "pac +m=2, 1 clients",
+        "pac +m=2, 2 clients",
+    )
+    for setting in settings:
         row = _line(out, rf"^{setting} +({NUMBER}) +({NUMBER}) +({NUMBER}) +({NUMBER}) +0$")
         assert float(row.group(3)) > 0  # requests/s
+    assert float(_line(out, rf"^pac 2 clients / 1: ({NUMBER})x requests/s").group(1)) > 0
     burst = _line(out, r"^rate limit 2/s burst 5: 8 requests at once -> (\d+) x 200, (\d+) x 429")
     assert int(burst.group(1)) >= 5 and int(burst.group(1)) + int(burst.group(2)) == 8
 
