@@ -1,39 +1,17 @@
 """Canary leakage (CanaryLeaks): does the model emit a planted canary verbatim?
 
-Setting (docs/audits.md; the canaries are written by the data stage,
-:mod:`privcode.data.canaries`): one canary per category ``(kind, placement,
-repetitions)``, kind in email / name / ip_address / password / username,
-placement prompt / code / joint, planted in 5, 10 or 100 training records.
+One canary per category ``(kind, placement, repetitions)`` (:mod:`privcode.data.canaries`).
+Each distinct inducing context (the canary's own ``code_prefix`` / ``prompt_prefix`` and the
+public ones of :data:`KIND_CONTEXTS`), trailing spaces dropped, is sampled
+``samples_per_context`` times at temperature 1 and top_p 1 from its own seed (a function of
+``seed`` and the context text: order-independent), in the model's conditioning format
+(:mod:`privcode.audit.scoring`; latent juniors: a fresh ``z ~ N(0, I)`` per sample).
+A canary leaks iff its value occurs verbatim in at least one continuation, from any context;
+leakage rate = leaked categories / categories.
 
-Attack. The model is prompted with *inducing contexts*: the canary's own
-contexts from ``canaries.json`` (``code_prefix``, e.g. ``db_password = "``;
-``prompt_prefix``, e.g. ``"Send failure reports to "``) and a few public
-function signatures and assignments of its kind (:data:`KIND_CONTEXTS`,
-e.g. ``DB_PASSWORD = "``, ``def connect(user, password="``). Each distinct
-context is sampled ``samples_per_context`` times, at temperature 1 and
-top_p 1 (plain ancestral sampling, as in the seeds), for enough new tokens
-to hold the longest canary, each context from its own seed (a function of
-``seed`` and the context text, so results do not depend on the order).
-A context's trailing spaces are dropped before sampling: byte-level BPE
-merges a space with the next word (``" ali"``), so a context ending in a
-bare space token is one the model never saw in training.
-
-Decision. A canary leaks iff its value occurs verbatim (exact substring) in
-at least one sampled continuation, from any context (a unique random
-string appearing at all is a leak, whichever prompt produced it). Leakage
-rate = leaked categories / categories, overall and per placement x
-repetitions (fraction of kinds leaked), per kind, per placement and per
-repetition count.
-
-How the model sees a context follows its conditioning
-(:mod:`privcode.audit.scoring`): raw text (prompt models, premium, plain
-models), EOS + text (unconditional juniors), or D(z) + text with a fresh
-``z ~ N(0, I)`` per sample (latent juniors: Stage II's sampler).
-
-Privacy. Canary values are private. The summary :func:`canary_leakage`
-returns holds ids, counts and rates only; the values (and nothing else
-private: no generated text) go only into the optional ``details_path``
-file, marked private and written with mode 0600 inside the run directory.
+Privacy: canary values are private. The summary holds ids, counts and rates only; the values
+(and no generated text) go only into the optional ``details_path`` file, marked private, mode
+0600, inside the run directory. Design notes: docs/audits.md, "privcode/audit/canaries.py".
 """
 
 from __future__ import annotations

@@ -1,36 +1,21 @@
 """Exposure of canaries (Carlini et al. 2019, "The Secret Sharer").
 
-For a canary with value s written after a context c (its ``code_prefix``
-or ``prompt_prefix`` from ``canaries.json``), draw K random candidates
-r_1..r_K of the same format with :func:`privcode.data.canaries.sample_canary_value`
-(distinct from each other and from every canary value) and score each
-value v by the model log-likelihood ``L(v) = log p(v | c)``
-(:func:`privcode.audit.scoring.sequence_logprobs`). Then
+For a canary value s after its context c, K random candidates r_1..r_K of the same format
+(:func:`privcode.data.canaries.sample_canary_value`; distinct from each other and from every
+canary value) and s are scored by ``L(v) = log p(v | c)``
+(:func:`privcode.audit.scoring.sequence_logprobs`):
 
-* rank ``r = 1 + #{k : L(r_k) >= L(s)}`` among the K + 1 values (1 = the
-  most likely; ties count against the canary, so the rank is never
-  flattering);
-* exposure (rank estimator) ``= log2(K + 1) - log2(r)`` bits, in
-  ``[0, log2(K + 1)]``: a memorised canary reaches the maximum
-  ``log2(K + 1)``, an unseen one has exposure ~1 bit on average (rank
-  uniform on 1..K+1); the estimator cannot exceed ``log2(K + 1)``, so K
-  bounds what it can show;
-* exposure (extrapolated, Carlini et al. section 4.3): fit a distribution
-  to the candidates' log-likelihoods (skew-normal by default, else normal)
-  and report ``-log2 P[X >= L(s)]`` under the fit, clipped to
-  ``[0, space_bits]`` when the format's value space is known (a rank in
-  the whole space cannot be better than 1). It estimates the exposure the
-  rank estimator would show with all values of the format as candidates.
+* rank ``r = 1 + #{k : L(r_k) >= L(s)}`` (ties count against the canary);
+* exposure (rank estimator) ``= log2(K + 1) - log2(r)`` bits, in ``[0, log2(K + 1)]``;
+* exposure (extrapolated, section 4.3) ``= -log2 P[X >= L(s)]`` under a skew-normal (else
+  normal) fit to the candidates' scores, clipped to ``[0, space_bits]`` when the format's
+  value space is known.
 
-A canary with both contexts (joint placement) is scored under each; its
-exposure is the larger of the two (``by_context`` holds both).
-Candidates are drawn once per kind from a generator seeded by ``seed``
-and the kind, and shared by every canary of that kind (the comparison is
-the same for each canary; a shared set only correlates their ranks).
-
-The latent-junior score uses z = 0 or a marginal over z draws, as set on
-the :class:`~privcode.audit.scoring.ScoredModel` (see that module).
-Privacy: the summary holds canary ids, ranks and exposures only.
+A joint canary takes the larger exposure of its two contexts (``by_context`` holds both).
+Candidates are drawn once per kind (seeded by ``seed`` and the kind) and shared by its canaries.
+Latent juniors: z = 0 or a marginal over z, as set on the
+:class:`~privcode.audit.scoring.ScoredModel`. Privacy: the summary holds canary ids, ranks and
+exposures only. Design notes: docs/audits.md, "privcode/audit/exposure.py".
 """
 
 from __future__ import annotations

@@ -1,55 +1,17 @@
-"""Fidelity of the synthetic set D_syn to the private set (docs/audits.md).
+"""Fidelity of the synthetic set D_syn to the private set (PrivCode++ App. C; docs/audits.md).
 
-PrivCode++ (Appendix C metrics, Table 10; Figure 3) compares synthetic code
-with the original private code by BLEU-4, AST-Sim, Frechet distance and
-centroid cosine of code embeddings, and shows a t-SNE of both embedding
-clouds. This module computes those numbers **inside the private boundary**:
-it reads private code, so it runs where the private corpus lives, and
-:func:`fidelity_report` returns (and writes) only aggregates: floats and
-counts, never a code string, an id or a per-record score. The t-SNE plot
-*does* show one point per private record (a 2-D projection of its
-embedding); it is meant for the data owner, inside the boundary, like the
-rest of the audit report, and must not be released with the DP artifact.
-
-Pairing. The paper does not say how synthetic and private snippets are
-paired for the instance-level metrics (BLEU-4, AST-Sim). Scoring every
-synthetic snippet against all m private ones is O(n*m) n-gram work, so
-here each synthetic snippet s_i is paired with its nearest private
-neighbour in embedding space,
-``nn(i) = argmax_j cos(e(s_i), e(p_j))`` (first index on ties), and the
-instance metrics are averaged over the n pairs ``(s_i, p_nn(i))``. The
-question answered is "how close is each synthetic snippet to the most
-similar private one", so the numbers are higher than, and not directly
-comparable with, the paper's Table 10.
-
-* BLEU-4 (Papineni et al. 2002, sacrebleu): code is tokenised with
-  Python's :mod:`tokenize` (names, operators, numbers; string literals and
-  comments split into ``\\w+`` words and single punctuation marks; layout
-  tokens dropped; code that does not tokenise falls back to the same regex
-  split) and joined by single spaces, then scored with ``tokenize="none"``.
-  ``bleu4`` is the mean sentence BLEU-4 (exp smoothing, effective order for
-  snippets shorter than 4 tokens) of each synthetic snippet against its
-  neighbour; ``bleu4_corpus`` is corpus BLEU-4 over the same pairs. Both
-  are on the paper's **[0, 1] scale** (sacrebleu's 0..100 divided by 100):
-  identical sets give 1.0.
-* AST similarity: each snippet's AST (``ast.parse``; ``Load``/``Store``/
-  ``Del`` context nodes ignored) becomes a multiset F of structural
-  features: every node's type, every (parent type, child type) edge and
-  every (grandparent, parent, child) path. Similarity is the weighted
-  Jaccard (Ruzicka) index ``sum_k min(F_a[k], F_b[k]) / sum_k max(F_a[k],
-  F_b[k])`` in [0, 1], 1 iff the multisets are equal (so identical code
-  scores 1). A pair with an unparsable side scores 0; unparsable snippets
-  are counted (``unparsable_synthetic``, ``unparsable_private``).
-* Frechet distance (Heusel et al. 2017) of Gaussians fitted to the two
-  embedding clouds, see :func:`frechet_distance`.
-* Centroid cosine: cosine of the two mean embeddings,
-  see :func:`centroid_cosine`.
-
-Embeddings default to the bundled all-MiniLM-L6-v2 sentence encoder
-(:class:`privcode.models.embedding.EmbeddingScorer`: offline, unit-norm
-rows; inputs longer than its 256 word pieces are truncated). The paper uses
-a frozen CodeBERT-style encoder; any ``texts -> (n, d) array`` callable can
-be passed as ``embedder``.
+Runs inside the private boundary: :func:`fidelity_report` returns and writes aggregates only
+(floats and counts, never a code string, an id or a per-record score). The t-SNE plot shows one
+point per private record: for the data owner, never released with the DP artifact.
+Each synthetic snippet s_i is paired with its nearest private neighbour
+``nn(i) = argmax_j cos(e(s_i), e(p_j))`` (first index on ties). Over the n pairs: BLEU-4
+(sacrebleu on :mod:`tokenize` tokens, [0, 1] scale; ``bleu4`` the mean sentence BLEU,
+``bleu4_corpus``) and AST similarity, the weighted Jaccard
+``sum_k min(F_a[k], F_b[k]) / sum_k max(F_a[k], F_b[k])`` of node / edge / path feature
+multisets (0 with an unparsable side). Over the two clouds: :func:`frechet_distance` and
+:func:`centroid_cosine`. Embeddings: all-MiniLM-L6-v2
+(:class:`privcode.models.embedding.EmbeddingScorer`) or any ``texts -> (n, d) array``
+``embedder``. Design notes: docs/audits.md, "privcode/audit/fidelity.py".
 """
 
 from __future__ import annotations
@@ -317,20 +279,11 @@ def _cov(x: np.ndarray) -> np.ndarray:
 def frechet_distance(emb_a: Any, emb_b: Any) -> float:
     """Frechet (2-Wasserstein) distance of Gaussians fitted to two embedding clouds.
 
-    ``FD = ||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^{1/2})`` with
-    sample means and unbiased covariances (ddof=1; a single sample has
-    covariance 0). Rows are samples; a 1-D array is n samples of dimension 1
-    (then FD = (mu_a - mu_b)^2 + (s_a - s_b)^2 exactly).
-
-    Numerics: instead of ``scipy.linalg.sqrtm(S_a S_b)`` (a non-symmetric
-    product whose square root may come out complex, needing eps * I
-    regularisation), the trace term uses
-    ``Tr (S_a S_b)^{1/2} = Tr (S_a^{1/2} S_b S_a^{1/2})^{1/2}
-    = sum_i sqrt(lambda_i)``: ``S_a S_b`` is similar to the symmetric PSD
-    ``S_a^{1/2} S_b S_a^{1/2}``, so they share eigenvalues, which ``eigh``
-    computes stably and real. Round-off negatives are clipped to 0, so
-    singular covariances (n <= d) need no regularisation; the result is
-    clipped at 0. Equal clouds give 0 up to round-off (~1e-12 relative).
+    ``FD = ||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^{1/2})``, sample means and unbiased
+    covariances (ddof=1; one sample: 0); rows are samples, a 1-D array n samples of dimension 1.
+    ``Tr (S_a S_b)^{1/2} = sum_i sqrt(lambda_i)`` over the eigenvalues (``eigh``, negatives
+    clipped to 0) of the symmetric PSD ``S_a^{1/2} S_b S_a^{1/2}``, similar to ``S_a S_b``; the
+    result is clipped at 0. Design notes: docs/audits.md, "privcode/audit/fidelity.py".
     """
     a, b = _as_matrix(emb_a, "emb_a"), _as_matrix(emb_b, "emb_b")
     if a.shape[1] != b.shape[1]:
@@ -459,26 +412,14 @@ def fidelity_report(
 ) -> dict[str, Any]:
     """Fidelity aggregates of D_syn vs the private set, plus a t-SNE plot (Figure 3).
 
-    Runs inside the private boundary (it reads private code). Each side is
-    subsampled without replacement to ``max_samples`` (seeded by ``seed``;
-    the paper uses 1,000 of each), embedded with ``embedder`` (default:
-    :func:`default_embedder`), and every synthetic snippet is paired with
-    its nearest private neighbour (module docstring). Writes into
-    ``out_dir``, atomically: :data:`REPORT_NAME` (the returned dict as JSON)
-    and, if ``plot``, :data:`PLOT_NAME` (synthetic and private points in two
-    colours; it shows one point per sampled private record and is for the
-    data owner only, never for release).
-
-    Returns only numbers, counts and short labels:
-    ``bleu4`` / ``bleu4_corpus`` ([0, 1]), ``ast_similarity`` ([0, 1]),
-    ``nn_cosine_mean`` (mean cosine to the nearest private neighbour),
-    ``frechet`` (>= 0, lower is closer), ``centroid_cosine``,
-    ``n_synthetic`` / ``n_private`` (after subsampling) and ``*_total``,
-    ``unparsable_synthetic`` / ``unparsable_private`` (within the samples),
-    ``embedding_dim``, ``projection`` ("tsne", "pca" or None), ``plot``
-    (file name or None), ``pairing``, ``max_samples``, ``seed``.
-    Raises :class:`FidelityError` for an empty side, non-string code or
-    unusable embeddings.
+    Runs inside the private boundary. Each side is subsampled without replacement to
+    ``max_samples`` (seeded by ``seed``), embedded with ``embedder`` (default:
+    :func:`default_embedder`) and paired as in the module docstring. Writes atomically into
+    ``out_dir`` :data:`REPORT_NAME` (the returned dict as JSON) and, if ``plot``,
+    :data:`PLOT_NAME` (one point per sampled private record: data owner only, never released).
+    Returns only numbers, counts and short labels (the keys: docs/audits.md,
+    "privcode/audit/fidelity.py"). Raises :class:`FidelityError` for an empty side, non-string
+    code or unusable embeddings.
     """
     syn_all = _check_codes(synthetic_codes, "synthetic_codes")
     priv_all = _check_codes(private_codes, "private_codes")

@@ -1,45 +1,19 @@
 """Membership inference: ROC metrics, the DP ceiling on them, and the loss attacks.
 
-Scores. Higher score = "more likely a member". The loss attack (Yeom et al.
-2018) scores a record by ``-loss_model(x)``; the reference-calibrated attack
-(Carlini et al. 2022, "LiRA"-style offline calibration with one reference)
-by ``-(loss_model(x) - loss_reference(x))``, the reference being the public
-base model, which has never seen the private corpus. ``loss`` is the mean
-token NLL of :func:`privcode.audit.scoring.record_losses`, the objective
-the model was trained on.
-
-ROC. For each threshold t (every distinct score, descending, plus +inf):
-``TPR(t) = #{members >= t} / n_m`` and ``FPR(t) = #{non-members >= t} / n_n``.
-The trapezoid area under this curve equals the Mann-Whitney statistic
-``P(S_m > S_n) + 0.5 P(S_m = S_n)`` (ties count one half).
-``TPR@FPR<=a`` is the largest TPR over ROC points with FPR <= a: no
-interpolation, so it is never optimistic. With n_n non-members the FPR
-resolution is 1 / n_n (reported as ``fpr_resolution``).
-
-The DP ceiling. If the training algorithm is (epsilon, delta)-DP, any test
-between "x was in the training set" and "x was not" satisfies (Kairouz,
-Oh, Viswanath 2015, "The composition theorem for differential privacy")
-``TPR <= min(1, e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))``
-(:func:`dp_tpr_ceiling`). With the mechanism's full privacy profile
-``delta(eps)`` for every eps (here from dp-accounting's PLD accountant on
-the run's (sigma, q, steps) history: a pessimistic, i.e. valid, estimate)
-the ceiling is the minimum of that expression over eps
-(:func:`pld_tpr_ceiling`), which is tighter. Assumption for comparing with
-the measured ROC: members and non-members are exchangeable draws from one
-pool with membership assigned at random, as in the demo corpus' seeded
-split, so an attack's population TPR/FPR are averages of per-record tests.
-
-Statistics. :func:`check_against_dp` flags a violation only when it is
-significant: at each point a of a fixed FPR grid the threshold is the
-lowest one with empirical FPR <= a (it depends on the non-member scores
-only); a one-sided Clopper-Pearson lower bound on the TPR (members are
-independent of that threshold) must exceed the ceiling evaluated at a
-Clopper-Pearson upper bound on the FPR (for a threshold just above the
-(j+1)-th largest of n_n non-member scores, the true FPR is Beta(j+1, n_n - j)
-distributed), each bound at level ``(1 - confidence) / (2 * grid size)``
-(Bonferroni over points and both bounds). A measured TPR above the ceiling
-means a bug: wrong accounting, a leaked non-DP path, or member/non-member
-sets that are not what they claim.
+Scores (higher = member): ``-loss_model(x)`` (loss attack, Yeom et al. 2018) and
+``-(loss_model(x) - loss_reference(x))`` (Carlini et al. 2022, offline, one reference: the
+public base), ``loss`` the mean token NLL of :func:`privcode.audit.scoring.record_losses`.
+ROC over every distinct score t: ``TPR(t) = #{members >= t} / n_m``,
+``FPR(t) = #{non-members >= t} / n_n``; AUC = ``P(S_m > S_n) + 0.5 P(S_m = S_n)``;
+``TPR@FPR<=a`` = the largest TPR at FPR <= a, never interpolated (resolution 1 / n_n).
+The DP ceiling (Kairouz, Oh, Viswanath 2015) of an (eps, delta)-DP training:
+``TPR <= min(1, e^eps FPR + delta, 1 - e^-eps (1 - delta - FPR))`` (:func:`dp_tpr_ceiling`);
+its minimum over the PLD privacy profile ``delta(eps)`` is tighter (:func:`pld_tpr_ceiling`).
+Assumption: members and non-members are exchangeable (random membership in one pool).
+:func:`check_against_dp` flags only a significant excess: at each point of an FPR grid, a
+Clopper-Pearson lower bound on the TPR above the ceiling at an upper bound on the FPR, each at
+``(1 - confidence) / (2 * grid size)`` (Bonferroni). An excess means a bug: wrong accounting,
+a leaked non-DP path, or mislabelled sets. Design notes: docs/audits.md, "privcode/audit/mia.py".
 """
 
 from __future__ import annotations
@@ -377,18 +351,14 @@ def run_mia(
 ) -> dict[str, Any]:
     """Loss and reference-calibrated attacks of ``model`` on members vs non-members.
 
-    ``model`` / ``reference``: a :class:`~privcode.audit.scoring.ScoredModel`
-    or a path for :func:`~privcode.audit.scoring.load_scored_model`;
-    ``reference`` may be None (loss attack only). ``members`` /
-    ``nonmembers``: records or a ``.parquet``/``.jsonl`` path (train /
-    heldout). Canary records are dropped from both by default (they are
-    planted duplicates, not exchangeable with the held-out records).
-    ``max_per_side`` subsamples each side (seeded). The DP check runs when
-    ``epsilon`` is given or the model is a DP junior release (its privacy
-    record is used). ``reference_cache``: a dict the caller keeps across
-    calls with the same reference (one audit run's models): the reference's
-    losses per scoring format and record set are computed once. Returns
-    aggregates only (see the keys below).
+    ``model`` / ``reference`` (None: loss attack only): a
+    :class:`~privcode.audit.scoring.ScoredModel` or a path for
+    :func:`~privcode.audit.scoring.load_scored_model`. ``members`` / ``nonmembers``: records or
+    a ``.parquet``/``.jsonl`` path (train / heldout), canary records dropped by default (planted
+    duplicates, not exchangeable), each side subsampled (seeded) to ``max_per_side``. The DP
+    check runs when ``epsilon`` is given or the model is a DP junior release (its privacy
+    record). ``reference_cache``: kept by the caller across one audit run's models, it holds
+    the reference's losses per scoring format and record set. Returns aggregates only.
     """
     from privcode.audit.scoring import ScoredModel, describe, load_scored_model, record_losses
 

@@ -1,31 +1,16 @@
 """The audit stage: every privacy audit of a trained run, inside the private boundary.
 
-Audited models: the DP junior release (``train/release``), the premium model
-when its stage ran, and, with ``audit.compare_nondp``, a ``nondpft``
-comparison fine-tuned on the same private corpus WITHOUT DP
-(:mod:`privcode.train.nondp`). That comparison shows what the audits detect
-when nothing protects the data; it is written under ``audit/nondpft/`` only,
-is marked NOT PRIVATE, and is never released.
-
-Audits (``audit.audits``): canary leakage and exposure (the canaries of
-``data/canaries.json``), membership inference against the public base as
-reference (train records vs held-out records; the DP ceiling at the junior's
-(epsilon, delta)), fidelity of the synthetic data to the private corpus, and
-leak probing by test generation. Outputs:
-
-* ``audit.json``, the stage summary: aggregates only (rates, counts, AUCs,
-  bits), what the report shows;
-* ``private/<model>/canaries_private.json`` and ``probe/<model>/probe_leaks.json``:
-  the only files holding private values (mode 0600, marked PRIVATE);
-* ``mia_roc.png`` and ``fidelity/fidelity_tsne.png`` for the report.
-
-Placement: every audited model, the MIA reference (the public base) and the
-leak probe's models load on the device of the process that audits them, in
-``audit.dtype`` (:func:`privcode.models.placement.placement`): the stage's
-task, or with ``audit.cpus_per_model`` each model's own Ray task, which
-asks Ray for one GPU with ``audit.use_gpu`` (:func:`model_task_options`;
-the fidelity task runs no LLM and asks for none). ``audit.use_gpu`` where
-no CUDA device is visible is an error naming the key, never a CPU run.
+Audited models: the DP junior release, the premium model when its stage ran, and with
+``audit.compare_nondp`` a ``nondpft`` comparison fine-tuned WITHOUT DP
+(:mod:`privcode.train.nondp`): written under ``audit/nondpft/`` only, marked NOT PRIVATE, never
+released. Audits (``audit.audits``): canary leakage and exposure, membership inference (the
+public base as reference; the DP ceiling at the junior's (epsilon, delta)), fidelity, leak
+probing. ``audit.json`` holds aggregates only; ``private/<model>/canaries_private.json`` and
+``probe/<model>/probe_leaks.json`` are the only files holding private values (mode 0600,
+marked PRIVATE). Models load on the auditing process's device in ``audit.dtype``
+(:func:`privcode.models.placement.placement`); ``audit.use_gpu`` where no CUDA device is
+visible is an error naming the key, never a CPU run.
+Design notes: docs/audits.md, "privcode/audit/run.py".
 """
 
 from __future__ import annotations
@@ -293,15 +278,11 @@ def _audit_in_tasks(
 ) -> dict[str, dict[str, Any]]:
     """Every model audited in its own Ray task of ``audit.cpus_per_model`` CPUs, side by side.
 
-    A probed model's leak probing is a task of its own beside its audits; the
-    fidelity of the synthetic data is the first task (under ``FIDELITY``).
-    The probed models (the slowest) are submitted first, ``pending`` ones
-    once ready. While a model is pending, its stage is still training beside
-    this one, so only one task runs at a time (the audit stage's footprint:
-    more would take the CPUs that stage's workers were counted on); then
-    all remaining tasks are submitted. Each task scores the public base for
-    its MIA itself (the in-process path shares those scores: a few seconds
-    more CPU, for models audited on every free core at once).
+    A probed model's leak probing is a task of its own; the fidelity task (``FIDELITY``) comes
+    first, then the probed models, ``pending`` ones once ready. While a model is pending only
+    one task runs at a time (the audit stage's footprint), then all remaining ones are
+    submitted. Each task scores the public base for its MIA itself.
+    Design notes: docs/audits.md, "privcode/audit/run.py".
     """
 
     task = ray.remote(_audit_one)

@@ -1,41 +1,21 @@
 """Model log-likelihoods for the privacy audits: sequence scores and per-record losses.
 
-Every audit scores text under "the model", which may be a plain Hugging Face
-causal LM, a LoRA adapter on a base, a premium release or a DP junior
-release. :func:`load_scored_model` loads any of them (detected by the files
-present) into a :class:`ScoredModel`, which also records how the model was
-trained to see its input, so that a text is scored in the same format:
+:func:`load_scored_model` loads a plain causal LM, a LoRA adapter, a premium or a DP junior
+release (detected by the files present) as a :class:`ScoredModel`, which scores text in the
+format the model was trained on. Rows for a record ``(p, c)`` / a raw text ``t``:
 
-==================  =================================================================
-conditioning        token row for a record ``(p, c)`` / for a raw text ``t``
-==================  =================================================================
-``prompt``          ``tokens(p.rstrip() + "\\n") ++ tokens(c) ++ [EOS]`` / ``tokens(t)``
-                    (plain models, adapters, premium releases, prompt juniors)
-``none``            ``[EOS] ++ tokens(c) ++ [EOS]`` / ``[EOS] ++ tokens(t)``
-``latent``          ``D(z) ++ tokens(c) ++ [EOS]`` / ``D(z) ++ tokens(t)``: the K virtual
-                    tokens of the released prefix decoder D come first and the last of
-                    them predicts the first real token
-==================  =================================================================
+* ``prompt``: ``tokens(p.rstrip() + "\\n") ++ tokens(c) ++ [EOS]`` / ``tokens(t)``;
+* ``none``: ``[EOS] ++ tokens(c) ++ [EOS]`` / ``[EOS] ++ tokens(t)``;
+* ``latent``: ``D(z) ++ tokens(c) ++ [EOS]`` / ``D(z) ++ tokens(t)``, the K virtual tokens of
+  the released prefix decoder D first. E_c is never released, so the score is
+  ``log p(x | D(0))`` (``latent_samples = 0``) or
+  ``logmeanexp_j log p(x | D(z_j))`` over ``latent_samples`` seeded ``z_j ~ N(0, I)``.
 
-Latent juniors were trained with ``z = E_c(c)``, but E_c is never released, so
-an auditor holding the release cannot compute it. The score is therefore
-``log p(x | D(0))`` by default (``latent_samples = 0``: z at the prior mean,
-one forward pass), or the Monte Carlo estimate of the marginal likelihood
-``log p(x) = log E_{z ~ N(0, I)} p(x | D(z)) ~ logmeanexp_j log p(x | D(z_j))``
-over ``latent_samples`` seeded draws (``latent_samples`` times the cost;
-the marginal is what Stage II's sampler actually draws from).
-
-Maths. ``log p(x_t | ctx, x_<t) = logits[t-1, x_t] - logsumexp(logits[t-1])``
-in float32. :func:`sequence_logprobs` returns ``sum_t log p`` over the
-tokens of a continuation; :func:`record_losses` returns the mean token
-negative log-likelihood over the tokens the training objective put its loss
-on (code tokens and the final EOS; prompt tokens too for ``dpft`` /
-``nondpft``), exactly :func:`privcode.models.encoding.encode_records`' rows cut
-to ``max_length``. Rows are right-padded within a batch; with causal
-attention a padded row computes exactly what the unpadded row does.
-
-Privacy: the records and texts scored here are private. Nothing in this
-module logs or raises with their content; errors name files and counts.
+``log p(x_t | ctx, x_<t) = logits[t-1, x_t] - logsumexp(logits[t-1])`` in float32;
+:func:`sequence_logprobs` sums it over a continuation, :func:`record_losses` averages its
+negative over the tokens the training objective put its loss on.
+Privacy: records and texts scored here are private; nothing logs or raises with their content.
+Design notes: docs/audits.md, "privcode/audit/scoring.py".
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """Submit privcode work to a Ray cluster through the Ray Jobs API.
 
-Addresses (``address`` argument, else ``RAY_API_SERVER_ADDRESS``, else
-``RAY_ADDRESS``, else the local head):
+Addresses (``address``, else ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS``, else the local
+head): ``http(s)://...`` a dashboard, as is; ``host:port`` a dashboard if it answers HTTP, else
+a GCS whose dashboard URL the GCS keeps; ``auto`` the local head's GCS; ``ray://host:port``
+that host at port 8265; nothing: ``http://127.0.0.1:8265``, started by
+:func:`privcode.cluster.local.start_head` when no head answers there.
 
-* ``http://host:port`` / ``https://...``: the dashboard (Jobs API), used as is.
-* ``host:port`` without a scheme: a dashboard if it answers HTTP there,
-  otherwise a GCS address whose dashboard URL is read from the GCS (Ray keeps
-  it in its internal KV store); so ``RAY_ADDRESS=127.0.0.1:6379`` (what
-  ``ray.init`` wants) works for submission too.
-* ``auto``: the local head's GCS, looked up the same way.
-* ``ray://host:port`` (Ray Client): assumed to have its dashboard on the same
-  host at the default port 8265.
-* nothing at all: ``http://127.0.0.1:8265``; when no head answers there,
-  :func:`privcode.cluster.local.start_head` starts one on the default ports.
+Auth: only the cluster the token belongs to gets ``Authorization: Bearer <token>``
+(:func:`privcode.cluster.ray_env.auth_headers`); any other address gets no token. The pipeline
+job uploads the repository root minus virtualenvs, VCS data, run outputs, caches and, in a git
+checkout, every untracked file (:mod:`privcode.cluster.git_files`), and runs
+``python jobs/pipeline.py --config <config> [--set k=v ...]``.
 
-Auth: requests to the cluster the token belongs to (the local head on loopback,
-or the one ``RAY_ADDRESS`` / ``RAY_API_SERVER_ADDRESS`` names) carry
-``Authorization: Bearer <token>`` from :func:`privcode.cluster.ray_env.auth_headers`;
-any other address gets no token (a 401 there is an error that says so).  The
-job's driver inherits the head's environment (``RAY_AUTH_MODE=token`` and the
-token source), so its own ``ray.init()`` connects without further setup.
-
-The pipeline job uploads the repository root (the directory holding
-``jobs/``) as the job's working directory, minus virtualenvs, VCS data, run
-outputs and caches, and in a git checkout minus every untracked file (only
-what ``git ls-files`` lists goes up: :mod:`privcode.cluster.git_files`); the
-entry point is ``python jobs/pipeline.py --config <config> [--set k=v ...]``
-run with the head's ``python``.
+Design notes: docs/kubernetes.md, "privcode/cluster/jobs.py".
 """
 
 from __future__ import annotations

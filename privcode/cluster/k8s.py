@@ -1,37 +1,16 @@
 """Submit the pipeline to Kubernetes as a KubeRay RayJob (``make submit-job TARGET=k8s``).
 
-One source of truth for the manifests: the Helm chart. :func:`job_manifests`
-renders ``charts/privcode`` with ``helm template`` and the values that make it
-a pipeline job (``job.enabled=true``, no long-lived RayCluster, no
-RayService, no operator: its Deployment, RBAC and admission policy belong to
-``helm install``), the local pipeline config inlined as ``pipeline.config``
-and the ``--set`` overrides as ``pipeline.overrides``; what ``helm install``
-would create is exactly what this module sends.
+One source of truth for the manifests: the Helm chart. :func:`job_manifests` renders
+``charts/privcode`` with ``helm template`` as a pipeline job (the local config inlined as
+``pipeline.config``, the ``--set`` overrides as ``pipeline.overrides``): what ``helm install``
+would create is exactly what this module sends. Before anything is created, the config is
+validated locally, every custom resource is checked against its CRD's ``v1``
+``openAPIV3Schema`` (an undeclared field is an error: the API server would prune it) and every
+object is sent once with ``dryRun=All``, so a rejected object leaves nothing half-applied.
+Then the objects are created in order (a PVC, ServiceAccount or Secret is kept; a running
+RayJob of the same name is an error) and :func:`wait_for_rayjob` polls until the job ends.
 
-Before anything is created:
-
-1. the config is loaded and validated locally (a bad key fails here);
-2. every custom resource is checked against its CRD's ``v1``
-   ``openAPIV3Schema``: the CRD installed in the cluster (so the check
-   matches the operator there), or CRD files given with ``crds=``; besides
-   JSON-schema validation, any field the schema does not declare is an error,
-   as the API server would prune it silently;
-3. every object is sent once with ``dryRun=All`` (server-side validation and
-   admission, nothing persisted), so a rejected object leaves nothing
-   half-applied.
-
-Then the objects are created in order (ServiceAccount, Secret, ConfigMap, PVC,
-NetworkPolicy, the sandbox executor's and the ledger's Services and Deployments,
-RayJob). Existing ones: a PVC, ServiceAccount or Secret (the ledger's tokens) is
-kept (the artifacts volume outlives jobs), a
-ConfigMap, NetworkPolicy, Service (keeping its cluster IP) or Deployment is
-replaced, a finished RayJob of the same name is deleted and created again, a
-running one is an error. :func:`wait_for_rayjob` then polls ``status.jobDeploymentStatus``
-and ``status.jobStatus`` until the job ends.
-
-Needs a cluster with the KubeRay operator (its CRDs installed), a kube
-context (``~/.kube/config`` or in-cluster) and the privcode image
-(``cluster/Dockerfile``) pushed where the cluster can pull it.
+Design notes: docs/kubernetes.md, "privcode/cluster/k8s.py".
 """
 
 from __future__ import annotations
@@ -261,16 +240,13 @@ def crd_schema(
 def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     """Paths in ``obj`` that ``schema`` does not declare: what the API server would prune.
 
-    ``path`` is where ``obj`` sits; empty means ``obj`` is the resource itself. As the API
-    server prunes with a structural schema, an object keeps a key that ``properties`` declares
-    (walked into with that schema), else one that ``additionalProperties`` allows (a schema:
-    walked into; ``true``: anything); ``x-kubernetes-preserve-unknown-fields`` keeps every key,
-    the declared ones still walked into. Any other key is undeclared, also in an object that
-    declares nothing (no ``properties``, no ``additionalProperties``: the API server empties
-    it). ``apiVersion``, ``kind`` and ``metadata`` of the resource and of embedded resources
-    (``x-kubernetes-embedded-resource``) are the API server's own. Arrays are walked item by
-    item with ``items``. A value of the wrong type (a map where the schema wants a string, an
-    int-or-string or an array) is left to schema validation.
+    ``path`` is where ``obj`` sits; empty means ``obj`` is the resource itself. As with a
+    structural schema, a key is kept when ``properties`` declares it or ``additionalProperties``
+    allows it (a schema: walked into; ``true``: anything); ``x-kubernetes-preserve-unknown-fields``
+    keeps every key. Any other key is undeclared. ``apiVersion``, ``kind`` and ``metadata`` of
+    resources and embedded resources are the API server's own; arrays are walked with ``items``;
+    a value of the wrong type is left to schema validation. Details: docs/kubernetes.md,
+    "privcode/cluster/k8s.py".
     """
     found: list[str] = []
     if (

@@ -118,18 +118,14 @@ def start_head(
 ) -> dict[str, Any]:
     """Start a Ray head bound to 127.0.0.1 (GCS ``port``, dashboard ``dashboard_port``).
 
-    Idempotent: when a head already answers on both ports (the dashboard
-    accepting our token), returns ``started: False`` without starting another.
-    Otherwise runs ``ray start --head`` from this interpreter's environment
-    with :func:`head_env`, then waits until the GCS port and the dashboard's
-    authenticated ``/api/version`` and ``/api/jobs/`` answer.
-
-    ``temp_dir`` is Ray's temp root (keep it short: Unix socket paths inside
-    it are limited to ~107 bytes).  ``extra_args`` go to ``ray start`` as is.
-
-    Returns ``address`` (GCS, host:port), ``dashboard_url``, ``started``,
-    ``auth_mode``, ``log_file`` (``ray start`` output) and ``temp_dir``.
-    Raises :class:`PrivcodeError` naming the port and log file on failure.
+    Idempotent: a head already answering on both ports (the dashboard accepting our token) gives
+    ``started: False``. Otherwise runs ``ray start --head`` from this interpreter's environment with
+    :func:`head_env`, then waits until the GCS port and the dashboard's authenticated
+    ``/api/version`` and ``/api/jobs/`` answer. ``temp_dir`` is Ray's temp root (keep it short:
+    Unix socket paths inside it are limited to ~107 bytes); ``extra_args`` go to ``ray start`` as
+    is. Returns ``address`` (GCS, host:port), ``dashboard_url``, ``started``, ``auth_mode``,
+    ``log_file`` (``ray start`` output) and ``temp_dir``; raises :class:`PrivcodeError` naming the
+    port and log file on failure.
     """
     address = f"{LOOPBACK}:{port}"
     dashboard_url = _dashboard_url(dashboard_port)
@@ -434,19 +430,14 @@ def head_status(
 def connect(address: str | None = None, **init_kwargs: Any) -> dict[str, Any]:
     """Initialize Ray in this process: the one place privcode calls ``ray.init``.
 
-    * ``address`` None or "": ``RAY_ADDRESS`` if set, else a new in-process
-      cluster on 127.0.0.1, also while a local head runs (join that with
-      ``"auto"``) (no dashboard unless ``include_dashboard=True``;
-      ``num_cpus`` defaults to max(2, CPU count) so two-worker stages can be
-      scheduled on a small machine).
-    * ``"auto"``: join the running local head.
-    * ``host:port`` (GCS) or ``ray://host:port`` (Ray Client): join it.
-      A dashboard URL (``http://...``) is refused: use privcode.cluster.jobs.
-
-    Joining sets up token auth and loopback addressing (see
-    :func:`prepare_driver_env`).  Idempotent: if Ray is already initialized
-    the current connection is reported with ``started: False``.
-    Returns ``{"address", "dashboard_url", "started"}``.
+    ``address`` None or "": ``RAY_ADDRESS`` if set, else a new in-process cluster on 127.0.0.1,
+    also while a local head runs (join that with ``"auto"``); no dashboard unless
+    ``include_dashboard=True``, ``num_cpus`` max(2, CPU count) by default so two-worker stages can
+    be scheduled on a small machine. ``"auto"``: join the running local head. ``host:port`` (GCS)
+    or ``ray://host:port`` (Ray Client): join it; a dashboard URL (``http://...``) is refused (use
+    privcode.cluster.jobs). Joining sets up token auth and loopback addressing
+    (:func:`prepare_driver_env`). Idempotent: if Ray is already initialized the current connection
+    is reported with ``started: False``. Returns ``{"address", "dashboard_url", "started"}``.
     """
     target = address or os.environ.get("RAY_ADDRESS") or None
     if target and target.startswith(("http://", "https://")):

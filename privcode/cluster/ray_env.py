@@ -1,51 +1,17 @@
 """Ray token authentication and the environment of privcode's Ray processes.
 
-What Ray 2.60 does about authentication (read from its source, checked live):
+Ray 2.60 (read from its source, checked live): ``RAY_AUTH_MODE`` (``token`` or ``disabled``)
+is cached when ``ray`` is imported; the token comes from ``RAY_AUTH_TOKEN``, the file named by
+``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``. ``ray start --head`` turns token mode on
+only if the mode is unset and a token exists, so :func:`~privcode.cluster.local.start_head`
+creates the token first and sets ``RAY_AUTH_MODE=token``; a driver joining an explicit address
+needs it too (:func:`prepare_driver_env`). HTTP wants ``Authorization: Bearer <token>``, which
+privcode sends only to the cluster the token belongs to (:func:`auth_headers`,
+:func:`token_bound_to`). ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps a local head and its
+drivers on 127.0.0.1. Privcode's default is token mode; ``RAY_AUTH_MODE=disabled`` in the
+environment is respected.
 
-* The mode comes from the ``RAY_AUTH_MODE`` environment variable (``token`` or
-  ``disabled``); it cannot be set through ``_system_config``.  Ray caches it
-  in its C++ config when ``ray`` is imported, so a process that changes the
-  variable afterwards must refresh that cache (``ray._raylet.Config.initialize``,
-  which is what Ray itself does when it turns token mode on).
-* The token is looked up, in this order, in ``RAY_AUTH_TOKEN`` (the value),
-  the file named by ``RAY_AUTH_TOKEN_PATH``, and ``~/.ray/auth_token``.
-  ``ray get-auth-token --generate`` writes a random 64-hex-digit token to the
-  default file if none exists.
-* ``ray.init()`` with no address (a new in-process cluster) turns token mode
-  on unless ``RAY_AUTH_MODE`` says otherwise, and writes
-  ``~/.ray/auth_token`` if no token exists.
-* ``ray start --head`` turns token mode on only if ``RAY_AUTH_MODE`` is
-  unset *and* a token already exists; otherwise the head starts WITHOUT auth
-  (with a warning).  With ``RAY_AUTH_MODE=token`` it requires the token to
-  exist already.  :func:`~privcode.cluster.local.start_head` therefore creates the token first and
-  sets ``RAY_AUTH_MODE=token`` explicitly.
-* Joining an existing cluster: ``ray.init(address="auto")`` turns token mode
-  on when a token is found; an explicit address (argument or ``RAY_ADDRESS``)
-  never does, so without ``RAY_AUTH_MODE=token`` the driver is rejected by the
-  GCS ("InvalidAuthToken").  :func:`prepare_driver_env` (run by
-  :func:`~privcode.cluster.local.connect`) sets it.
-* Every process the head spawns (raylet, workers, Jobs drivers) inherits the
-  environment of ``ray start``: a job's own ``ray.init()`` sees
-  ``RAY_AUTH_MODE=token`` and the token source and connects without help.
-* HTTP: the dashboard and the Jobs API want ``Authorization: Bearer <token>``
-  (or ``X-Ray-Authorization``, or the ``ray-authentication-token`` cookie).
-  Missing token: 401, wrong token: 403.  A few paths are public, among them
-  ``/api/authentication_mode``, ``/api/healthz`` and ``/api/gcs_healthz``;
-  ``/api/version`` and ``/api/jobs/`` are not.  ``JobSubmissionClient`` adds
-  the header only when the calling process is in token mode (and then to any
-  URL), so privcode passes :func:`auth_headers` explicitly: the token only to
-  the cluster it belongs to (:func:`token_bound_to`).
-
-Binding to 127.0.0.1: Ray rewrites ``--node-ip-address=127.0.0.1`` (and any
-"localhost" address a driver is given) to the machine's routable IP unless
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; with that variable the head records
-127.0.0.1 as its node IP and the GCS, raylet, agents and client server all
-listen on 127.0.0.1 only.  The same variable must be set in a driver joining
-such a head, or the driver dials the routable IP where nothing listens.  It
-also stops other machines from joining, which is what a local head wants.
-
-Privcode's default is token mode; ``RAY_AUTH_MODE=disabled`` in the
-environment is respected (for a cluster started without auth).
+Design notes: docs/kubernetes.md, "privcode/cluster/ray_env.py".
 """
 
 from __future__ import annotations

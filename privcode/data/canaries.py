@@ -1,23 +1,13 @@
 """CanaryLeaks canaries: unique, realistic secrets planted into training records.
 
-One canary exists per (kind, placement, repetition count): its value is a
-fresh random value of the kind (e-mail, name, IP address, password,
-username) and it is planted into exactly ``repetitions`` training records,
-in the instruction (``prompt``), in the code (``code``) or in both
-(``joint``). A canary leaks when the trained model emits its value verbatim.
-
-Each kind has a fixed *format* (:data:`CANARY_FORMATS`): a description, a
-regular expression every value matches, and :func:`sample_canary_value`,
-which draws values of exactly that format. The exposure audit (Carlini et
-al.) ranks a canary among random candidates drawn by the same function, so
-the builder and the audit must share it; the format's ``space_bits`` is the
-log2 of the number of possible values (an upper bound for names and
-e-mails, whose parts come from Faker's word lists).
-
-Assumptions: values contain no quote, backslash or newline (so they appear
-verbatim in prompt and code); uniqueness against the rest of the corpus and
-against the public pretraining corpus is checked by the caller-supplied
-``is_taken`` predicate, and values never contain one another.
+One canary exists per (kind, placement, repetition count): a fresh random value of the kind
+(e-mail, name, IP address, password, username) planted into exactly ``repetitions`` training
+records, in the ``prompt``, the ``code`` or both (``joint``). It leaks when the trained model
+emits its value verbatim. Each kind has a fixed format (:data:`CANARY_FORMATS`: description,
+regex, ``space_bits`` = log2 of the number of values) drawn by :func:`sample_canary_value`,
+which the exposure audit shares. Assumptions: values contain no quote, backslash or newline
+and never contain one another; uniqueness is checked by the caller's ``is_taken``.
+Design notes: docs/methods.md, "data/canaries.py".
 """
 
 from __future__ import annotations
@@ -266,18 +256,12 @@ def plant_in_place(
 ) -> tuple[list[Record], list[CanarySpec]]:
     """Plant every canary into the records' own content, never into a copy of a record.
 
-    Canary ``c`` goes into ``c.repetitions`` distinct records drawn from
-    ``hosts`` (indices into ``records``), each record carrying at most one
-    canary, as CanaryLeaks does: the host keeps its id and its place, its
-    prompt and/or code gain the canary (:func:`plant_canary`), and its
-    metadata says ``kind: canary``. So a canary adds no row to the training
-    set and no real record trains more than once. Returns the new records
-    and the canaries with their ``record_ids``.
-
-    ``records`` is the training set: raises
-    :class:`~privcode.errors.PrivcodeError` naming ``setting`` when the
-    canaries need more than ``max_fraction`` of its rows or more hosts than
-    there are.
+    Canary ``c`` goes into ``c.repetitions`` distinct records of ``hosts`` (indices into
+    ``records``), at most one canary per record (:func:`plant_canary`; metadata ``kind:
+    canary``): no row is added and no real record trains twice. Returns the new records and
+    the canaries with their ``record_ids``. ``records`` is the training set: raises
+    :class:`~privcode.errors.PrivcodeError` naming ``setting`` when the canaries need more than
+    ``max_fraction`` of its rows or more hosts than there are.
     """
     total = sum(c.repetitions for c in canaries)
     if total > max_fraction * len(records) or total > len(hosts):

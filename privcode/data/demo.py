@@ -1,30 +1,14 @@
 """The private demo corpus, built offline: stdlib functions (+ HumanEval), with PII and canaries.
 
-``build_demo_corpus(out_dir, cfg)`` writes four files:
-
-* ``train.parquet``: the *member* records, a few of them carrying a canary;
-* ``heldout.parquet``: ordinary *non-member* records (membership inference);
-* ``canaries.json``: each canary's kind, placement, repetitions, value, value
-  format and the ids of the records that carry it;
-* ``manifest.json``: counts, sha256 of each file, the data config and the
-  sources. It is moved into place last: a directory without it is incomplete.
-
-Ordinary records are documented public functions and methods of the
-:data:`~privcode.data.stdlib.PRIVATE_MODULES` (never part of the public
-pretraining corpus) and, optionally (off by default: HumanEval is an evaluation
-set), the 164 HumanEval problems. The prompt is an instruction written from the
-signature and docstring with one of a few templates; the code is the function
-source. A ``pii_fraction`` of them get
-Faker PII in the prompt, the code or both (:mod:`privcode.data.pii`). Canaries
-are planted in place (:func:`~privcode.data.canaries.plant_in_place`): each into
-its ``repetitions`` member records' own prompt and/or code (PII-free members when
-there are enough), one canary per record, never into a copy of a record, so no
-function trains twice; they may take at most 5% of the training records.
-
-Determinism: one ``random.Random(cfg.seed)`` and seeded Faker instances drive
-every choice, inputs are read in sorted order and outputs are written
-canonically, so the same seed on the same interpreter and package versions
-gives byte-identical files. Nothing private is printed or logged.
+``build_demo_corpus(out_dir, cfg)`` writes ``train.parquet`` (the members, a few carrying a
+canary), ``heldout.parquet`` (non-members), ``canaries.json`` and ``manifest.json`` (moved
+into place last: a directory without it is incomplete). Records are documented functions of
+:data:`~privcode.data.stdlib.PRIVATE_MODULES` (never in the public pretraining corpus) and,
+optionally, HumanEval; a ``pii_fraction`` of them get Faker PII (:mod:`privcode.data.pii`).
+Canaries are planted in place (:func:`~privcode.data.canaries.plant_in_place`): no function
+trains twice, at most 5% of the training records. The same seed on the same interpreter and
+package versions gives byte-identical files. Nothing private is printed or logged.
+Design notes: docs/methods.md, "data/demo.py".
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """PUBLIC helper-pattern functions: what a pretrained code model knows before it meets a company.
 
-A real code LLM has read millions of small service functions: read a field of a
-record, pass it through a helper, handle a missing value by propagating it,
-returning ``None`` or raising. The demo's base model is trained here from scratch on
-the standard library, which has few such functions, so the base build tunes it on
-these (:func:`helper_pairs`, ``Preset.tune_steps`` in :mod:`privcode.models.presets`).
-
-They are written in the PUBLIC dialect (:data:`privcode.data.company.domain.PUBLIC`:
-``tools.cash.format``, ``tools.Absent``) about PUBLIC entities (:data:`ENTITY_NAMES`
-here: books, courses, flights, none of Acme's), with the generic verbs and docstring
-phrasings of any helper library. What stays private, taught only by the company's
-records, is Acme's own library: its root ``acme``, its module for each kind of field
-(``acme.money`` where the public code says ``tools.cash``) and its error type
-``acme.Missing``. A test checks that no Acme entity, library name or benchmark
-solution occurs here.
+Small service functions (read a field, pass it through a helper, handle a missing value) that
+the base build tunes on (:func:`helper_pairs`, ``Preset.tune_steps`` in
+:mod:`privcode.models.presets`), written in the PUBLIC dialect
+(:data:`privcode.data.company.domain.PUBLIC`: ``tools.cash.format``, ``tools.Absent``) about
+PUBLIC entities (:data:`ENTITY_NAMES`). Acme's own library (``acme``, ``acme.money``,
+``acme.Missing``) stays private: a test checks that no Acme entity, library name or benchmark
+solution occurs here. Design notes: docs/methods.md, "data/helpers.py".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Realistic PII in instruction-code records, and the source edits that plant it.
 
-The OSS-Instruct PII data the method papers fine-tune on are instruction-code
-pairs whose code (and, in the joint-sensitive setting, whose instruction)
-carries names, usernames, e-mail and IP addresses, passwords and similar
-values, written the way real code carries them: string constants, default
-arguments, example-usage blocks, author comments. This module imitates that
-offline with Faker values and is shared by the canary planter.
-
-Assumptions:
-
-* ``code`` is a parseable Python source whose function of interest is a
-  top-level ``def`` (methods are dedented before they get here);
-* every edit is checked with :func:`ast.parse`; an edit that would not parse
-  falls back to an example-usage block, which always does, so injected code
-  stays valid Python;
-* values are written as double-quoted literals, verbatim when they contain
-  no quote or backslash (all Faker values used here), so an exact-match
-  leak check finds them in the source text;
-* all randomness comes from the caller's ``random.Random`` and a Faker
-  instance seeded with :meth:`Faker.seed_instance`: same seed, same output.
+Imitates offline, with Faker values, the OSS-Instruct PII data the method papers fine-tune on;
+shared by the canary planter. Assumptions: ``code`` parses and its function of interest is a
+top-level ``def``; every edit is checked with :func:`ast.parse`, and one that would not parse
+falls back to an example-usage block, so injected code stays valid Python; values are
+double-quoted literals, verbatim (no quote or backslash), so an exact-match leak check finds
+them; all randomness comes from the caller's ``random.Random`` and a Faker instance seeded
+with :meth:`Faker.seed_instance`: same seed, same output.
+Design notes: docs/methods.md, "data/pii.py".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """PUBLIC (instruction, code) pairs from the standard library outside the private modules.
 
-Used wherever a method needs public data next to the private corpus:
-
-* PrivCode++'s alignment loss takes its negatives from a bank of public
-  prompts (never from other private records of the batch, which would make
-  one record's loss depend on another's);
-* ``pc-preemb`` pretrains the PrivLC module on public pairs before DP
-  fine-tuning.
-
-The pairs are built exactly like the demo corpus' ordinary records
-(:mod:`privcode.data.demo`: documented public functions, an instruction from
-the signature and docstring) but only from
-:func:`~privcode.data.stdlib.public_source_files`, the modules the base
-model was pretrained on and that no private record comes from. The choice is
-deterministic given ``seed`` and the interpreter's standard library.
+For methods that need public data next to the private corpus: PrivCode++'s alignment
+negatives (never other private records of the batch) and ``pc-preemb``'s PrivLC pretraining.
+Built like the demo corpus' ordinary records (:mod:`privcode.data.demo`), but only from
+:func:`~privcode.data.stdlib.public_source_files` (the base model's pretraining modules, where
+no private record comes from); deterministic given ``seed`` and the standard library.
+Design notes: docs/methods.md, "data/public.py".
 """
 
 from __future__ import annotations

@@ -1,36 +1,14 @@
 """The private record schema and its JSONL / Parquet readers and writers.
 
-A record is one instruction-code pair::
-
-    {"id": "rec-1f2e3d4c5b6a", "prompt": "Write a function ...", "code": "def f(): ...",
-     "metadata": {"source": "stdlib:json", "kind": "ordinary"}}
-
-Both prompt and code are private (the joint-sensitive setting), so nothing
-here ever puts a record's prompt or code into an error message, a log line
-or a ``repr``: errors name the file, the 0-based row index, the id when it is
-known, the field and the kind of problem, e.g.
-``data.jsonl: row 3 (id 'abc'): field 'code' is empty``.
-
-Assumptions and rules (enforced on read *and* before write):
-
-* ``id``: non-empty string of at most :data:`MAX_ID_CHARS` printable
-  characters, unique within a file;
-* ``prompt``: string, may be empty (code-completion records have none);
-* ``code``: string that is not empty or whitespace-only;
-* ``metadata``: absent/null, or a JSON object (a mapping with string keys
-  and JSON values);
-* every string is valid UTF-8 (no lone surrogates);
-* ``len(prompt) + len(code)`` in UTF-8 bytes is at most ``max_record_bytes``;
-* no other fields: a misspelt column (``instruction`` for ``prompt``) is an
-  error rather than silently dropped data.
-
-JSONL: one JSON object per line; blank lines are skipped and the row index
-is the 0-based *line* index (row 3 is line 4 in an editor). Parquet: the
-columns of :data:`RECORD_SCHEMA`; ``string`` or ``binary`` columns are
-accepted and decoded strictly, and ``metadata`` holds canonical JSON text.
-Writes go through :func:`privcode.utils.atomic_path`: all records are
-validated first, then written to a temporary sibling and renamed, so a bad
-record or a crash leaves no partial file and an existing file untouched.
+A record is ``{"id", "prompt", "code", "metadata"}``. Prompt and code are both private: no error
+message, log line or ``repr`` holds them; errors name the file, the 0-based row index, the id
+when known, the field and the kind of problem. Enforced on read and before write: ``id`` a
+non-empty printable string of at most :data:`MAX_ID_CHARS`, unique in the file; ``prompt`` a
+string (may be empty); ``code`` not empty or whitespace-only; ``metadata`` absent/null or a
+JSON object; valid UTF-8; ``prompt + code`` at most ``max_record_bytes`` UTF-8 bytes; no other
+fields. Parquet columns: :data:`RECORD_SCHEMA`. Writes validate every record first and go
+through :func:`privcode.utils.atomic_path`: no partial file, an existing file untouched.
+Design notes: docs/methods.md, "data/records.py".
 """
 
 from __future__ import annotations

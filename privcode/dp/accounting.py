@@ -1,55 +1,21 @@
 """Privacy accounting for DP-SGD: epsilon of a history of steps, noise calibration.
 
-Pure functions and small objects, no Ray.  The mechanism accounted for is one
-DP-SGD step: the Poisson-subsampled Gaussian mechanism, where each record
-enters the batch independently with probability ``q`` (the sample rate), the
-per-record gradients are clipped to norm C and Gaussian noise N(0, sigma^2
-C^2) is added once to their sum (``sigma`` is the noise multiplier).  A
-history is a sequence of :class:`DPEvent` ``(sigma, q, steps)``; the
-adaptive composition of all of them is (epsilon, delta)-DP under the
-add/remove-one-record neighbouring relation, which is what Opacus and
-dp-accounting assume for Poisson sampling.
-
-Two accountants, both backed by Opacus (the maths is not re-derived here):
+Pure functions, no Ray. One DP-SGD step is the Poisson-subsampled Gaussian mechanism: each
+record enters the batch independently with probability ``q``, the per-record gradients are
+clipped to norm C and N(0, sigma^2 C^2) is added once to their sum. A history of
+:class:`DPEvent` ``(sigma, q, steps)`` composes adaptively to (epsilon, delta)-DP under the
+add/remove-one-record relation (as Opacus and dp-accounting assume for Poisson sampling).
+Two accountants, both Opacus' (the maths is not re-derived here):
 
 ``rdp``
-    Renyi DP (Mironov 2017; Mironov, Talwar, Zhang 2019 for the subsampled
-    Gaussian).  RDP composes additively per order alpha, and
-    ``eps = min_alpha rdp(alpha) + log((alpha-1)/alpha)
-    - (log delta + log alpha) / (alpha - 1)`` (Balle et al. 2020, Thm. 21),
-    both computed by :mod:`opacus.accountants.analysis.rdp`.  Orders:
-    :data:`RDP_ORDERS`, Opacus' default grid (1.1 ... 10.9, 12 ... 63) plus
-    11, 128, 256, 512 and 1024.  The union is exactly dp-accounting's default
-    grid; the large orders let small targets (eps below ~0.1 at delta 1e-5,
-    where Opacus' grid bottoms out at order 63) be met and never loosen a
-    bound, since epsilon is a minimum over the grid.  Cross-checked against
-    dp-accounting's RDP accountant on the same orders: equal to 1e-3 while
-    epsilon is below ~10.  Above, the optimal order is a small fractional one,
-    where the series for A_alpha has alternating terms: Opacus keeps their
-    signs and matches exact numerical integration, dp-accounting adds their
-    absolute values (a valid but looser bound), so it reports more.
+    Renyi DP, additive per order alpha; ``eps = min_alpha rdp(alpha) + log((alpha-1)/alpha)
+    - (log delta + log alpha) / (alpha - 1)`` (Balle et al. 2020, Thm. 21) over
+    :data:`RDP_ORDERS` (Opacus' grid plus 11, 128, 256, 512 and 1024: dp-accounting's grid).
 ``prv``
-    Numerical composition of privacy loss random variables (Gopi, Lee, Wutschitz
-    2021) through :class:`opacus.accountants.PRVAccountant`; reports the upper
-    end of its error interval (``eps_error`` = :data:`PRV_EPS_ERROR`), so it is
-    a guarantee, not an estimate.  Tighter than RDP; slower (0.1-0.5 s per
-    evaluation for a few thousand steps, ~17 s at 100,000 steps).
+    Numerical composition of privacy loss random variables (Gopi, Lee, Wutschitz 2021), the
+    upper end of its error interval (:data:`PRV_EPS_ERROR`): a guarantee, not an estimate.
 
-Reference values (delta = 1e-5), reproduced by the tests:
-
-=========  =====  =====  =====  =====
-q          sigma  T      RDP    PRV
-=========  =====  =====  =====  =====
-0.0131     0.76   400    3.973  3.30
-0.0131     0.63   100    4.850  3.88
-0.0086     0.77   2000   4.653  4.07
-=========  =====  =====  =====  =====
-
-The PrivCode++ paper (Table 4) lists epsilon ~3.97 for all three rows.  Only
-the first agrees under RDP; the paper's FastDP accountant differs from the
-RDP analysis of Opacus and dp-accounting (which agree with each other to
-about 1e-4 relative on these rows), so its numbers for the other two rows
-are not reproducible with a standard accountant.
+Cross-checks, timings, reference values: docs/privacy.md, "privcode/dp/accounting.py".
 """
 
 from __future__ import annotations
@@ -303,30 +269,15 @@ def calibrate(
 ) -> float:
     """Smallest noise multiplier whose ``steps`` steps at rate q stay within ``target_epsilon``.
 
-    ``prior``: histories already spent by the records (one per distinct group
-    of records, :mod:`privcode.privacy.groups`); then the new steps must keep every
-    one of them within the target, ``max_h epsilon(h + [(sigma, q, steps)])
-    <= target``, still decreasing in sigma, so the same search applies. A
-    prior that alone reaches the target is an :class:`AccountingError`.
-
-    Returns sigma with ``epsilon([DPEvent(sigma, q, steps)], delta) <= target``
-    as evaluated by the same accountant (never an overshoot: the returned value
-    is always one whose epsilon was computed and found within the target), and
-    a certified ``lo`` with ``lo >= sigma * (1 - tol)`` whose epsilon exceeds
-    the target; since epsilon decreases in sigma, sigma is the smallest to
-    relative tolerance ``tol``.
-
-    Search: bracket the root in [SIGMA_MIN, SIGMA_MAX], then secant steps on
-    log(epsilon) against log(sigma) (nearly linear there) through the last two
-    evaluations, each followed by a probe ``tol/2`` away on the other side, so
-    the bracket closes from both ends and the next secant is almost a Newton
-    step; bisection when the secant leaves the bracket or does not halve the
-    previous step (the RDP curve has kinks where the optimal order changes).
-    Typically 8-20 accountant evaluations.  An evaluation that fails (the PRV
-    discretisation can, at extreme parameters) counts as "over the target".
-
-    If even SIGMA_MIN meets the target, SIGMA_MIN is returned (less noise than
-    that is not useful DP-SGD).  If SIGMA_MAX does not, AccountingError.
+    ``prior``: the histories the records already spent (one per distinct group,
+    :mod:`privcode.privacy.groups`); then ``max_h epsilon(h + [(sigma, q, steps)]) <= target``,
+    still decreasing in sigma. A prior that alone reaches the target is an
+    :class:`AccountingError`. Returns a sigma whose epsilon (same accountant) was computed and
+    found within the target (never an overshoot), with a certified ``lo >= sigma * (1 - tol)``
+    whose epsilon exceeds it: the smallest to relative tolerance ``tol``. Search: secant steps on
+    log(epsilon) against log(sigma), bisection as fallback. SIGMA_MIN if even it meets the
+    target; AccountingError if SIGMA_MAX does not. Details: docs/privacy.md,
+    "privcode/dp/accounting.py".
     """
     check_number("target epsilon", target_epsilon, min=0, min_exclusive=True, error=AccountingError)
     check_number("tol", tol, min=0, max=0.1, min_exclusive=True, error=AccountingError)

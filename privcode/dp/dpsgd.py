@@ -1,64 +1,20 @@
 """The DP-SGD step, split so that the noise is added exactly once across data-parallel ranks.
 
-One step over the Poisson batch ``S`` (the union of the ranks' shard
-samples, see :mod:`privcode.dp.sampler`) releases
+One step over the Poisson batch ``S`` (:mod:`privcode.dp.sampler`) releases
 
     g_hat = ( sum_{i in S} clip_C(g_i) + N(0, sigma^2 C^2 I) ) / (q N)
 
-where ``g_i`` is the gradient of record ``i``'s own loss with respect to the
-trainable parameters, ``clip_C(g) = g * min(1, C / (||g|| + 1e-6))`` (so
-``||clip_C(g)|| < C``: adding or removing one record moves the sum by at
-most ``C`` in L2), and ``q N`` is the *expected* batch size. Dividing by the
-expected size rather than ``|S|`` keeps the sensitivity argument intact: the
-realised batch size is itself private.
-
-Data parallelism. Rank ``r`` computes ``s_r = sum_{i in S_r} clip_C(g_i)``
-(:meth:`PerSampleClipper.clipped_sum`); :func:`privatize` adds the noise on
-rank 0 only, all-reduces with SUM and divides, so every rank ends with the
-same ``g_hat`` and the noise variance is ``sigma^2 C^2`` whatever the world
-size. (Independent noise per rank would give ``W sigma^2 C^2`` and waste
-utility; the same seeded draw on every rank would give ``W^2``.)
-
-Per-record gradients come from Opacus (``GradSampleModule``):
-
-* ``hooks`` (default) and ``functorch``: ``p.grad_sample`` of shape
-  ``[B, *p.shape]`` for each trainable parameter; norms, clip factors and the
-  weighted sum are computed here.
-* ``ghost``: ghost clipping; Opacus computes the per-record norms without
-  materialising ``grad_sample``, then a second backward of
-  ``sum_i c_i * loss_i`` (with ``c_i`` the clip factors, detached) gives the
-  clipped sum directly.
-
-Assumptions the guarantee rests on (checked where possible):
-
-* the loss of record ``i`` depends only on record ``i``: ``loss_fn`` returns
-  a ``[B]`` tensor of per-record losses, rows of a batch do not interact
-  (causal attention within a row, no BatchNorm, no in-batch negatives);
-  :func:`check_private_trainable` refuses batch-statistics layers;
-* only trainable parameters are updated, and only through ``g_hat``;
-* nothing else computed from the batch (losses, norms, clip counts, the
-  batch size) leaves a step: this module returns none of them;
-* the noise generator's state is secret (:mod:`privcode.dp.randomness`:
-  seeded from OS entropy by the training loop; in secure mode a ChaCha20
-  stream under a fresh ``os.urandom`` key at every step, where the noise is
-  the sum of 4 draws / 2 as in Opacus' ``secure_mode``).
-
-Mixed precision and memory. ``autocast_dtype`` (bfloat16) runs the
-forward under ``torch.autocast``; the trainable weights stay fp32, and the
-per-record norms, clip factors and the clipped sum are computed in fp32
-whatever the dtype of ``grad_sample``. ``gradient_checkpointing`` turns on
-the HF model's activation checkpointing with a checkpoint function that
-keeps Opacus' bookkeeping exact (:func:`dp_checkpoint`): the layer's first
-forward runs with the hooks off, its recomputation in the backward captures
-the activations, so every per-record gradient is computed once, from
-activations that exist only while their layer is back-propagated.
-
-Non-finite per-record gradients. A record whose loss or gradient is NaN or
-inf would turn the whole noisy sum into NaN. Its clipped gradient is
-replaced by zero (still within the bound ``C``: the sensitivity argument is
-unchanged) and the step goes on; :attr:`PerSampleClipper.last_nonfinite`
-gives the count, which the training loop writes to its PRIVATE audit log
-only (a per-step count of private records is never released).
+with ``clip_C(g) = g * min(1, C / (||g|| + 1e-6))`` (one record moves the sum by at most C in
+L2) and ``q N`` the EXPECTED batch size (the realised one is private). Rank ``r`` computes
+``s_r = sum_{i in S_r} clip_C(g_i)`` (:meth:`PerSampleClipper.clipped_sum`); :func:`privatize`
+adds the noise on rank 0 only, all-reduces (SUM) and divides. Per-record gradients: Opacus'
+``GradSampleModule`` (``hooks``, ``functorch``, or ``ghost`` clipping). The guarantee assumes:
+record i's loss depends on record i only (:func:`check_private_trainable` refuses
+batch-statistics layers); only trainable parameters change, only through ``g_hat``; nothing else
+computed from the batch leaves a step; the noise generator's state is secret
+(:mod:`privcode.dp.randomness`). A non-finite per-record gradient counts as zero (count:
+:attr:`PerSampleClipper.last_nonfinite`, for the private audit log only).
+Design notes: docs/privacy.md, "privcode/dp/dpsgd.py".
 """
 
 from __future__ import annotations
@@ -264,16 +220,12 @@ def apply_flat_gradient(params: Sequence[torch.nn.Parameter], flat: torch.Tensor
 def dp_checkpoint(gsm: Any) -> Callable[..., Any]:
     """A checkpoint function for HF layers (``_gradient_checkpointing_func``) that Opacus can use.
 
-    Non-reentrant checkpointing runs a layer's forward twice: once in the
-    forward pass (its autograd graph is the one the backward walks, so the
-    modules' backward hooks fire once) and again in the backward to rebuild
-    the saved tensors. Opacus' forward hook would capture activations both
-    times (counting two uses of each parameter, so no ``grad_sample`` would be
-    produced, and holding the first copy). Here the first run has the hooks
-    of ``gsm`` (the ``GradSampleModule``) off, so the activations come from
-    the recomputation only, just before that layer's backward hooks consume
-    them; early stopping of the recomputation is off, so every module's
-    forward hook runs. ``gsm=None``: plain non-reentrant checkpointing.
+    Non-reentrant checkpointing runs a layer's forward twice, and Opacus' forward hook would
+    capture activations both times (no ``grad_sample``). Here the first run has the hooks of
+    ``gsm`` (the ``GradSampleModule``) off, so the activations come from the recomputation only,
+    just before that layer's backward hooks consume them; early stopping of the recomputation is
+    off, so every module's forward hook runs. ``gsm=None``: plain non-reentrant checkpointing.
+    Why: docs/privacy.md, "privcode/dp/dpsgd.py".
     """
     from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 

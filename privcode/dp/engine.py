@@ -1,39 +1,18 @@
 """The one DP engine: every update of weights from private records goes through it.
 
-In the spirit of Opacus' ``make_private``: :func:`make_private` wraps a module
-and its optimizer in a :class:`PrivateEngine` whose :meth:`~PrivateEngine.step`
-does, for step ``t`` on rank ``r`` of ``W`` data-parallel ranks:
-
-1. reserve: rank 0 asks the budget (a callable, e.g. the ledger actor, that
-   fsyncs BEFORE it grants) for one step ``(sigma, q)`` and broadcasts the
-   decision; a denied step is never taken, an unreachable budget raises
-   :class:`BudgetUnavailable` (fail-closed: an error, never a step);
-2. sample: ``S_t ∩ shard_r``, Poisson with rate ``q`` from the secret
-   schedule (:mod:`privcode.dp.sampler`; its seed comes from OS entropy on
-   rank 0 at every engine start, broadcast, never stored; secure mode draws
-   each mask from ``os.urandom``);
-3. clip: ``s_r = sum_{i in S_t ∩ shard_r} clip_C(g_i)`` from per-record
-   losses (:class:`privcode.dp.dpsgd.PerSampleClipper`). With
-   ``micro_batch_size`` k (virtual batches, as Opacus' BatchMemoryManager)
-   the shard sample is cut into consecutive micro-batches of at most k
-   records, each one forward/backward, and their clipped sums are added:
-   since every record's clipped gradient depends on that record alone, the
-   sum (the one thing noised and released) is the same whatever the cut,
-   and only the memory of one micro-batch is held at a time;
-4. noise: ``g = (sum_r s_r + N(0, sigma^2 C^2 I)) / (q N)``, the noise drawn
-   once, on rank 0, from the secret generator (:func:`privcode.dp.dpsgd.privatize`);
-5. apply: ``p.grad = g`` for the trainable parameters, then the optimizer.
-
-Non-private training is ONE mode of this engine, the only off switch:
-:meth:`Privacy.non_private` with a required reason (no reservation, no noise,
-no clipping unless a clip norm is given; a fixed sampling seed is allowed only
-here). :meth:`Privacy.record` is what every artifact of such a training
-carries, so the mode is named wherever its weights go.
-
-What leaves :meth:`~PrivateEngine.step`: whether the step was taken, the
-budget's position and denial reason, and the PRIVATE count of records whose
-gradient was not finite (for the private audit log only). Losses, norms and
-batch sizes never leave it.
+As Opacus' ``make_private``: :func:`make_private` wraps a module and its optimizer in a
+:class:`PrivateEngine`, whose :meth:`~PrivateEngine.step` at step ``t`` on rank ``r``: (1)
+reserves: rank 0 asks the budget (which fsyncs BEFORE it grants) for ``(sigma, q)`` and
+broadcasts the answer; a denied step is never taken, an unreachable budget raises
+:class:`BudgetUnavailable`; (2) samples ``S_t ∩ shard_r`` (:mod:`privcode.dp.sampler`, a secret
+seed); (3) clips: ``s_r = sum clip_C(g_i)`` (:class:`privcode.dp.dpsgd.PerSampleClipper`), in
+micro-batches of ``micro_batch_size`` if set (the same sum whatever the cut); (4) noises:
+``g = (sum_r s_r + N(0, sigma^2 C^2 I)) / (q N)``, drawn once on rank 0
+(:func:`privcode.dp.dpsgd.privatize`); (5) applies ``p.grad = g``, then the optimizer.
+The only off switch is :meth:`Privacy.non_private`, with a required reason;
+:meth:`Privacy.record` names the mode on every artifact. Only whether the step was taken, the
+budget's position and denial reason and the PRIVATE non-finite count leave a step.
+Design notes: docs/privacy.md, "privcode/dp/engine.py".
 """
 
 from __future__ import annotations

@@ -1,55 +1,17 @@
 """The run's secret randomness: the one source of every random choice on a private path.
 
-A DP-SGD step makes four kinds of random choices, and the guarantee needs all
-of them secret and independent of the data's layout:
-
-* the Poisson sample ``S_t`` (:mod:`privcode.dp.sampler`),
-* the Gaussian noise ``N(0, sigma^2 C^2 I)`` (:func:`privcode.dp.dpsgd.privatize`),
-* dropout masks (LoRA dropout, a base model's own dropout) in the forward,
-* per-record noise inside a record's loss (PrivLC's ``eps`` of ``z = mu + sigma eps``).
-
-A public seed (``train.seed``) would let anyone replay them. A record's
-position in the file must not key them either: adding or removing one record
-would shift the randomness of every later record, so one record's presence
-would change many clipped gradients, and the sensitivity-C argument for the
-add/remove relation fails. So per-record randomness is a function of the
-record's own content and a secret (:func:`record_seeds`), and everything else
-comes from per-step secret streams.
-
-Modes:
-
-* ``standard`` (default): one 126-bit secret seed drawn from OS entropy by
-  rank 0 at every (re)start and broadcast, never stored. Streams are derived
-  with ``numpy.random.SeedSequence(seed, spawn_key=(purpose, step[, rank]))``
-  and drive fast PRNGs (Philox, MT19937), which are not cryptographically
-  secure: as in Opacus' default mode, an attacker who could reconstruct the
-  generator state from released values is out of scope.
-* ``secure`` (``train.secure_rng``, as Opacus' ``secure_mode``): the Poisson
-  mask is drawn from ``os.urandom`` (a CSPRNG) on rank 0 and broadcast; the
-  noise of every step comes from a ChaCha20 keystream under a fresh 256-bit
-  key from ``os.urandom`` (:class:`SecureNoise`, below) and is the sum of 4
-  draws divided by 2 (Opacus' mitigation of floating-point attacks on the
-  Gaussian sampler); dropout and per-record keys come from fresh
-  ``os.urandom`` bytes at every step. No generator state spans two steps,
-  so one leaked state reveals at most one step.
-
-Secure noise (:func:`secure_normal`). Key ``K``: 32 bytes of ``os.urandom``
-per step. Tensor ``j`` (the j-th draw of the step) of step ``t`` reads the
-ChaCha20 keystream (RFC 8439) of ``K`` under the 16-byte nonce
-``counter=0 (u32 LE) | t (u64 LE) | j (u32 LE)``, so no two steps or tensors
-share a stream. Keystream words ``w`` (u64 LE) become open uniforms
-``u = ((w >> 11) | 1) 2^-53`` in float64: odd multiples of ``2^-53``, in
-``[2^-53, 1 - 2^-53]``, never 0 or 1, symmetric about 1/2. Each draw of
-``n`` normals takes ``2m`` uniforms (``m = ceil(n/2)``), the first ``m`` as
-``u1``, the next ``m`` as ``u2``, and Box-Muller in float64 gives
-``sqrt(-2 ln u1) cos(2 pi u2)`` then ``sqrt(-2 ln u1) sin(2 pi u2)``
-(``|z| <= 8.6``: a tail of probability ~1e-17 is cut). The draws are
-summed, divided by ``sqrt(draws)``, scaled by ``std`` and cast to the
-parameter dtype last. The keystream and the integer step run on the CPU
-(numpy), the float64 maths on the parameter's device (torch). Hand-written because no library gives a
-CSPRNG-backed Gaussian tensor: torch's generators (MT19937, Philox) take a
-64-bit seed and are not cryptographic, numpy's ``Generator`` neither.
-The ChaCha20 primitive is ``cryptography``'s (OpenSSL).
+The Poisson sample, the Gaussian noise, dropout masks and per-record noise in a loss (PrivLC's
+``eps``) must be secret and independent of the data's layout: never from ``train.seed``, never
+keyed by a record's position (one record would change other records' clipped gradients).
+Per-record randomness is a function of the record's content and a secret (:func:`record_seeds`),
+the rest comes from per-step secret streams. ``standard``: one 126-bit seed from OS entropy on
+rank 0 at every (re)start, broadcast, never stored; streams
+``SeedSequence(seed, spawn_key=(purpose, step[, rank]))`` drive fast, non-cryptographic PRNGs.
+``secure`` (``train.secure_rng``): Poisson masks from ``os.urandom``; noise from
+:func:`secure_normal` (ChaCha20 under a fresh ``os.urandom`` key per step, nonce
+``0 (u32 LE) | t (u64 LE) | j (u32 LE)``, uniforms ``((w >> 11) | 1) 2^-53``, Box-Muller in
+float64, 4 draws summed / 2); dropout and per-record keys fresh per step: no generator state spans
+two steps. Design notes: docs/privacy.md, "privcode/dp/randomness.py".
 """
 
 from __future__ import annotations

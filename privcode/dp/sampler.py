@@ -1,35 +1,14 @@
 """Poisson sampling for data-parallel DP-SGD: one seeded schedule, sharded across workers.
 
-Maths. With ``N`` records and sample rate ``q``, the batch of step ``t`` is
-``S_t = {i : U_{t,i} < q}`` where the ``U_{t,i}`` are i.i.d. Uniform[0, 1).
-So every record is in ``S_t`` independently with probability ``q``, ``|S_t|
-~ Binomial(N, q)``, and the batches of different steps are independent:
-exactly the Poisson subsampling that the RDP/PRV accountants analyse.
-
-Sharding. Worker ``r`` of ``W`` owns the records ``i`` with ``i mod W == r``
-and keeps ``S_t`` restricted to its shard. Every worker draws the *same*
-global vector ``U_t`` from ``(seed, t)`` and only looks at its own entries,
-so
-
-* each shard sample is a Poisson(q) sample of its shard (sizes
-  ``Binomial(|shard|, q)``, independent across shards), and
-* the union of the shard samples is ``S_t`` itself: a Poisson(q) sample of the
-  whole set, the same for any number of workers (a run on 1 worker and on 2
-  workers with the same seed sees the same records at every step).
-
-Drawing all ``N`` uniforms on every worker costs O(N) per step (about a
-millisecond per 100k records); it buys the world-size invariance above.
-
-Seed. The schedule is a pure function of ``(seed, step)``: a restarted
-worker needs only the step to carry on, and all ranks agree without
-communication once they share the seed. The seed must be SECRET: anyone who
-knows it knows which records were in every batch, which voids the
-amplification by subsampling the accountant relies on. The training loop
-therefore draws it from OS entropy on rank 0 and broadcasts it (never to
-disk); a fixed seed exists only in the DP engine's non-private mode. In secure
-mode (``train.secure_rng``) the mask of every step is drawn from
-``os.urandom`` instead (:func:`privcode.dp.randomness.secure_poisson_mask`)
-and broadcast by rank 0: the same distribution, from a CSPRNG.
+The batch of step ``t`` is ``S_t = {i : U_{t,i} < q}`` with ``U_{t,i}`` i.i.d. Uniform[0, 1):
+every record independently with probability ``q``, ``|S_t| ~ Binomial(N, q)``, independent across
+steps: the Poisson subsampling the RDP/PRV accountants analyse. Worker ``r`` of ``W`` owns
+``i mod W == r`` and keeps its entries of the same global ``U_t`` drawn from ``(seed, t)``, so the
+union of the shard samples is ``S_t`` for any world size (O(N) per step). The seed must be SECRET
+(it reveals every batch and voids amplification by subsampling): drawn from OS entropy on rank 0,
+broadcast, never stored; fixed only in the engine's non-private mode. Secure mode draws each mask
+from ``os.urandom`` (:func:`privcode.dp.randomness.secure_poisson_mask`).
+Design notes: docs/privacy.md, "privcode/dp/sampler.py".
 """
 
 from __future__ import annotations

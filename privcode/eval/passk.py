@@ -1,22 +1,13 @@
-"""The unbiased pass@k estimator (Chen et al. 2021, "Evaluating Large Language Models
-Trained on Code", the Codex paper).
+"""The unbiased pass@k estimator (Chen et al. 2021, the Codex paper).
 
-For one problem, ``n`` samples are drawn and ``c`` of them pass the tests.  pass@k is
-the probability that at least one of ``k`` samples passes.  Estimating it from the first
-``k`` samples only is unbiased but wasteful; the estimator over all ``n`` is
+For one problem with ``n >= k`` i.i.d. samples of which ``c`` pass the tests,
 
-    pass@k = E_{k-subsets S of the n samples}[ 1{S holds a correct sample} ]
-           = 1 - C(n - c, k) / C(n, k),
+    pass@k = 1 - C(n - c, k) / C(n, k),
+    C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)
 
-unbiased for the per-problem pass@k when the n samples are i.i.d. (with ``n >= k``).
-The binomial ratio overflows floats for large ``n`` (C(200, 100) ~ 1e59), so it is
-computed as the product
-
-    C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i),
-
-(each factor in [0, 1); an exact 1.0 when ``n - c < k``: every k-subset then holds a
-correct sample).  The benchmark score is the mean over problems (each problem weighs the
-same, whatever its ``n``).
+(the mean over k-subsets of "holds a correct sample"; the product does not overflow, and
+pass@k is exactly 1.0 when ``n - c < k``). The benchmark score is the mean over problems, each
+weighing the same. Design notes: docs/utility.md, "privcode/eval/passk.py".
 """
 
 from __future__ import annotations

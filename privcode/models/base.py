@@ -1,27 +1,17 @@
 """The public base model: a small Qwen2 trained from scratch on public stdlib code.
 
-:func:`build_base` trains a byte-level BPE tokenizer and a Qwen2-architecture
-causal LM (grouped-query attention, tied embeddings, RoPE) on the public half
-of the standard library only (:mod:`privcode.models.corpus`), evaluates it on
-a held-out slice of public files before and after training, and saves both
-with ``save_pretrained`` (safetensors), so that ``AutoTokenizer`` and
-``AutoModelForCausalLM`` load the directory offline like any HF checkpoint.
-The training recipe is :mod:`privcode.models.base_training`.
+:func:`build_base` trains a byte-level BPE tokenizer and a Qwen2 causal LM on the public half
+of the standard library only (:mod:`privcode.models.corpus`; the recipe:
+:mod:`privcode.models.base_training`), scores it on held-out public files before and after
+training, and saves both with ``save_pretrained`` (HF's ``Auto*`` classes load it offline).
+A preset (:data:`~privcode.models.presets.PRESETS`) trains a fixed number of steps;
+:func:`check_complete` refuses a build that did not train all of them.
 
-Sizes come from :data:`~privcode.models.presets.PRESETS`; every build trains
-its preset's fixed number of steps. ``build_info.json`` records the steps
-done, and :func:`check_complete` (called by every stage that consumes a base)
-refuses a build that did not train all of them.
-
-Builds are cached under ``<cache_dir>/<preset>-<hash>/`` where the hash covers
-everything that changes the weights: the preset entry, the seed,
-:data:`~privcode.models.base_training.BUILD_VERSION` (the training recipe),
-the torch and transformers versions, and a fingerprint of the corpus files. A
-build is written into a temporary sibling directory and renamed into place
-only when complete; ``build_info.json`` is written last, and a directory
-counts as a build only if it holds that file with the expected hash. A lock
-file next to the target serializes concurrent builders (for example two Ray
-workers) so that only one trains.
+Builds are cached under ``<cache_dir>/<preset>-<hash>/``, the hash covering everything that
+changes the weights. A build is written to a temporary sibling and renamed into place,
+``build_info.json`` last: a directory counts as a build only with that file and the expected
+hash. A lock file next to the target lets only one concurrent builder train.
+Design notes: docs/architecture.md, "models/base.py".
 """
 
 from __future__ import annotations
@@ -199,19 +189,13 @@ def _make_readable(directory: Path) -> None:
 def build_base(cfg: BaseConfig, out_dir: Path | None = None, progress: bool = True) -> dict:
     """Build (or reuse) the public base model described by ``cfg``; return its info.
 
-    * ``cfg.model`` set: nothing is trained; the local HF causal LM at that
-      path is validated and scored on a small held-out public sample.
-    * otherwise the ``cfg.preset`` model is trained (see module docstring)
-      into ``out_dir``, or into ``<cfg.cache_dir>/<preset>-<hash>/`` when
-      ``out_dir`` is None. A complete build with the same hash already there
-      is returned as is, with ``cached: True``.
-
-    The returned dict holds at least ``path``, ``preset``, ``config_hash``,
-    ``heldout_loss``, ``untrained_heldout_loss``, ``params``,
-    ``train_seconds``, ``tokens_per_second`` and ``cached``; it is the content
-    of ``build_info.json`` plus ``path`` and ``cached``.
-    Raises :class:`~privcode.models.loading.ModelLoadError` (a
-    :class:`~privcode.errors.PrivcodeError`) on a bad model path or output dir.
+    ``cfg.model`` set: nothing is trained; the local HF causal LM at that path is validated
+    and scored on a small held-out public sample. Otherwise the ``cfg.preset`` model is
+    trained (see module docstring) into ``out_dir``, or ``<cfg.cache_dir>/<preset>-<hash>/``
+    when ``out_dir`` is None, where a complete build of the same hash is returned as is
+    (``cached: True``). Returns ``build_info.json``'s content plus ``path`` and ``cached``
+    (keys: docs/architecture.md, "models/base.py"). Raises
+    :class:`~privcode.models.loading.ModelLoadError` on a bad model path or output dir.
     """
     if cfg.model:
         return _external_base(cfg)

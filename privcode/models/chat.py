@@ -2,18 +2,15 @@
 
 Training rows are ``prompt_text(p) ++ c ++ EOS`` (:mod:`privcode.models.encoding`), where
 :func:`prompt_text` is ``p.rstrip() + "\\n"`` (nothing for an empty prompt). A chat maps onto
-that format one message at a time (:data:`CHAT_TEMPLATE`, Jinja, as Hugging Face tokenizers
-apply it)::
+that format one message at a time (:data:`CHAT_TEMPLATE`, Jinja)::
 
     system     s.rstrip() + "\\n\\n"        (dropped when blank)
     user       prompt_text(u)
     assistant  a + EOS                    (the last one, with add_generation_prompt, no EOS)
 
 so ``[user p, assistant c]`` renders exactly the training text of ``(p, c)``, and a request
-``[user p]`` (``add_generation_prompt``) is the training prompt the model continues. The
-premium and PAC stages record the template in their artifacts (``chat_template``); the
-serving apps render with the artifact's template (an artifact from before: this one).
-Torch-free: it only calls the tokenizer's ``apply_chat_template``.
+``[user p]`` (``add_generation_prompt``) is the training prompt the model continues.
+Torch-free. Design notes: docs/architecture.md, "models/chat.py".
 """
 
 from __future__ import annotations

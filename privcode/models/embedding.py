@@ -71,22 +71,12 @@ PRECISIONS = ("auto", "bfloat16", "int8", "float32")
 class EmbeddingScorer:
     """Cosine similarity of normalised sentence-transformers embeddings (default: MiniLM).
 
-    Tuned for CPU throughput (bench/bench_roundtrip.py measures each step against the scorer
-    as it was; numbers in docs/benchmarks.md):
-
-    * ``max_seq_length``: word pieces kept per text (MiniLM was trained on 128; the model's
-      own setting, 256, doubles the attention cost of long summaries for little change).
-    * ``token_budget``: texts sorted by token count and batched so that a batch's padded size
-      (texts x longest) stays within the budget: short texts go many to a batch, long ones few,
-      no batch pads to the longest text of the call, and peak activation memory is bounded
-      whatever the lengths (0: fixed batches of ``batch_size``, sentence-transformers' own).
-    * ``cache_size``: an LRU of embeddings by text; repeated prompts (public conditioning
-      prompts) and repeated summaries (a junior repeating itself) are encoded once.
-    * ``precision`` of the encoder on CPU: ``float32``, ``bfloat16``, ``int8`` (linear layers
-      in int8 with per-row activation scales, :mod:`privcode.models.rowint8`: a text's
-      embedding does not depend on its batch), or ``auto``: bfloat16 where oneDNN runs it
-      (AVX-512 or AMX: 3.0x float32 with the other steps, no verdict changed on 2,000 pairs),
-      else int8 (2.6x, scores within 0.031). A GPU runs float32.
+    Tuned for CPU throughput: ``max_seq_length`` word pieces kept per text; texts sorted by
+    token count and batched within ``token_budget`` padded tokens (0: fixed batches of
+    ``batch_size``); an LRU of ``cache_size`` embeddings by text; the encoder's ``precision``
+    on CPU: ``float32``, ``bfloat16``, ``int8`` (per-row activation scales,
+    :mod:`privcode.models.rowint8`: an embedding does not depend on its batch) or ``auto``.
+    A GPU runs float32. Measurements: docs/architecture.md, "models/embedding.py".
     """
 
     name = "embedding"

@@ -1,49 +1,19 @@
 """Token rows of (prompt, code) records, their batches and per-token losses: every stage's encoding.
 
-A record ``(prompt p, code c)`` becomes one token row::
+A record ``(prompt p, code c)`` becomes one token row, cut to ``max_length`` from the left end::
 
     tokens(p + "\\n") ++ tokens(c) ++ [EOS]        (no prompt: tokens(c) ++ [EOS])
 
-cut to ``max_length`` tokens from the left end (the prompt comes first, so a
-very long prompt can crowd the code out: the record then trains on what is
-left). Each token carries a segment id, ``PROMPT`` or ``CODE`` (EOS counts
-as code), so a method can put its loss on code tokens only (PrivCode) or on
-both (DPFT) without re-tokenising. Each code token also carries a
-*structural* flag (:func:`structural_flags`: the token is syntax of the
-record's language, ``metadata.language``), which PrivCode's syntax-aware KL
-term uses; code that does not tokenize (or parse) in its language gets no
-structural tokens and is counted in ``stats["untokenizable"]``.
-
-Batches are right-padded with the tokenizer's pad token (segment ``PAD``,
-attention mask 0). With causal attention a padded row is the same
-computation as the unpadded row, and padded positions carry no loss, so a
-record's loss and gradient do not depend on the other rows of its batch.
-
-**Structural source tokens** (:func:`structural_spans`). The code is split
-with Python's :mod:`tokenize`; a token is structural iff it is
-
-* an ``OP`` token: operators and delimiters (``( ) [ ] { } : , . = + -> ...``);
-  on Python 3.12+ this includes the braces and operators inside f-string
-  replacement fields (the literal ``FSTRING_MIDDLE`` text is not structural);
-* a ``NAME`` that is a keyword or soft keyword (``def``, ``in``, ``None``,
-  ``match``, ...), except ``_``, which is an ordinary identifier in practice;
-* a ``NAME`` that is a public builtin (``dir(builtins)`` without a leading
-  ``_``: ``len``, ``range``, ``int``, ``ValueError``, ...; ``type`` is one).
-
-Everything else is not: other identifiers, strings, numbers, comments and the
-layout tokens (NEWLINE, NL, INDENT, DEDENT, ENDMARKER). Other languages: the
-leaves of anonymous kinds of the language's tree-sitter grammar (its keywords,
-operators and punctuation: :func:`privcode.data.ingest.syntax.structural_spans_ts`);
-a language without a grammar gets no structural tokens.
-
-**Model tokens** (:func:`structural_flags`). A model token with character span
-``[s, e)`` is structural iff the span with whitespace stripped from both ends
-is non-empty and lies entirely inside the union of the structural source
-spans: ``" for"`` and ``"):"`` are structural, ``"(x"``, ``"foo"``, ``"  "``
-and zero-length (special-token) spans are not.
-
-Stage I (:mod:`privcode.train`), the premium fine-tune, the PAC worlds and the
-audits' scoring all read records through this module, so they see the same rows.
+Each token carries a segment id, ``PROMPT`` or ``CODE`` (EOS counts as code), and each code
+token a *structural* flag (:func:`structural_flags`). Batches are right-padded (segment ``PAD``,
+attention mask 0, no loss): a record's loss and gradient do not depend on the other rows.
+Structural source tokens (:func:`structural_spans`), Python: ``OP`` tokens, keywords and soft
+keywords except ``_``, public builtins; other languages: the anonymous leaves of the
+tree-sitter grammar; code that does not tokenize gets none (``stats["untokenizable"]``). A
+model token ``[s, e)`` is structural iff its span stripped of whitespace is non-empty and
+inside the union of the structural source spans. Stage I, the premium fine-tune, the PAC
+worlds and the audits all read records here. Design notes: docs/architecture.md,
+"models/encoding.py".
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """ONE client of OpenAI-compatible servers: ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/models``.
 
-Stage II's LLM operators (:mod:`privcode.synth.llm_endpoint`) and the leak
-probe's HTTP backend (:class:`privcode.audit.probe.backends.OpenAIBackend`) are
-thin adapters over :class:`EndpointClient`; the transport (retries, caps) is
-:mod:`privcode.http`.
-
-What it does, and why:
-
-* retries 429/502/503/504 (:data:`RETRY_STATUS`) and connections that could not
-  be opened, up to ``retries`` times, waiting ``Retry-After`` (at most 60 s) or
-  a backoff of 0, 2b, 4b... s. Completions are POSTs, retried all the same:
-  those statuses say the server (or its proxy) did not produce an answer, and a
-  completion reads a model without changing it, so a second try is safe enough.
-  A read error or timeout after the request went out is *not* retried (the
-  server may be generating; on the PAC server it may have charged budget);
-  500 is not retried (a server bug does not mend by waiting);
-* a 429 whose error code is ``privacy_budget_exhausted`` (the PAC server's, see
-  :mod:`privcode.serve.pac_service`) is never retried: it raises
-  :class:`BudgetExhaustedError`, since no wait mends a spent budget;
-* answers are bounded: at most ``max_answer_bytes`` (default
-  :data:`MAX_ANSWER_BYTES`) are read, within ``timeout_s``; a larger answer is
-  refused, not cut;
-* the bearer token comes from an environment variable and is never put into an
-  error, a ``repr`` or a log; errors name the URL and the status, never a
-  prompt or an answer (the server is untrusted: only its error message, cut to
-  300 characters, is quoted).
+Stage II's LLM operators (:mod:`privcode.synth.llm_endpoint`) and the leak probe's HTTP
+backend (:class:`privcode.audit.probe.backends.OpenAIBackend`) are thin adapters over
+:class:`EndpointClient`; the transport is :mod:`privcode.http`. It retries
+:data:`RETRY_STATUS` and connections that could not be opened (``Retry-After``, at most 60 s,
+or a backoff of 0, 2b, 4b... s), never a read error or timeout once the request went out (the
+PAC server may have charged budget), nor 500; a 429 ``privacy_budget_exhausted`` raises
+:class:`BudgetExhaustedError`, never retried. At most ``max_answer_bytes`` (default
+:data:`MAX_ANSWER_BYTES`) are read within ``timeout_s``; a larger answer is refused, not cut.
+The bearer token (from an environment variable) is never in an error, a ``repr`` or a log;
+errors name the URL and the status, never a prompt or an answer.
+Design notes: docs/architecture.md, "models/endpoint.py".
 """
 
 from __future__ import annotations

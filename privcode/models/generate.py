@@ -1,26 +1,16 @@
 """ONE batched generate: every privcode path that decodes with a Hugging Face causal LM calls it.
 
-Eval, serve, the leak probe's local backend, the canary sampler, the junior release and
-synth's HF generator each used to call ``model.generate`` with their own padding, seeding,
-stop handling and EOS trimming; :func:`generate` does it once. One call is one HF
-``generate`` over a batch of rows given as token ids (left-padded here), as text (through
-the tokenizer) or as prefix embeddings (``inputs_embeds``: the latent junior's ``D(z)``).
-Per row: ``max_new_tokens``, ``temperature`` (0 = greedy), ``top_p``, a seed, stop strings,
-and optionally log-probabilities (``logprobs``: the chosen token's and the ``k`` most likely
-under the model's own distribution, ``log_softmax`` of its raw logits, before temperature and
-nucleus) and a listener that sees each row's tokens as they are drawn (streaming) and may
-cancel the row (a client that went away).
-
-Sampling runs as :class:`privcode.models.sampling.RowSampler` inside HF's greedy loop. Rows
-that share a generator are drawn together, as HF's own ``do_sample`` draws a batch, so
-``seed=<int>`` (one generator for the batch) draws exactly what ``torch.manual_seed(seed)``
-and ``do_sample=True`` drew before, while per-row seeds keep a row reproducible whatever
-else shares its batch. The global RNG is never used. Each row ends at its first EOS, its
-own ``max_new_tokens`` or its first stop string (:class:`StopCriteria`); its text is
-decoded without special tokens and cut before the first stop string.
-
-The model's ``generation_config`` still supplies what is not set here (the loaders in
-:mod:`privcode.models.artifacts` make it neutral); ``do_sample`` is always off.
+One call is one HF ``generate`` over a batch of rows given as token ids (left-padded here), as
+text or as prefix embeddings (``inputs_embeds``: the latent junior's ``D(z)``). Per row:
+``max_new_tokens``, ``temperature`` (0 = greedy), ``top_p``, a seed, stop strings, optional
+``logprobs`` (``log_softmax`` of the raw logits, before temperature and nucleus) and a listener
+that sees the row's tokens as drawn and may cancel it. Sampling is
+:class:`privcode.models.sampling.RowSampler` inside HF's greedy loop (``do_sample`` always off):
+``seed=<int>`` draws what ``torch.manual_seed(seed)`` + ``do_sample=True`` drew, per-row seeds
+keep a row reproducible whatever shares its batch; the global RNG is never used. A row ends at
+its first EOS, its ``max_new_tokens`` or its first stop string (:class:`StopCriteria`), decoded
+without special tokens and cut before the stop string.
+Design notes: docs/architecture.md, "models/generate.py".
 """
 
 from __future__ import annotations

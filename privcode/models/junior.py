@@ -221,19 +221,12 @@ def load_release(
 ) -> JuniorRelease:
     """Verify and load a release; ``base_model`` overrides the recorded base path.
 
-    ``dtype`` (a torch dtype or its name; None = float32; ``"auto"`` = the
-    base checkpoint's) is the dtype of the junior's weights on ``device``. The adapter is applied (and merged) in
-    float32, the precision its DP update was made in, and only the result is
-    cast, so a bf16 junior is one rounding of the float32 one. The prefix
-    decoder D stays float32 (its output is cast to the embeddings' dtype).
-
-    ``merge`` folds the LoRA update into the base weights (``W + (alpha/r) B A``,
-    peft's ``merge_and_unload``): the same function, one matmul per layer
-    instead of three, for every consumer (generation, scoring, serving) that
-    only runs the model forward. ``merge=False`` keeps the PeftModel.
-
-    A release with ``dp: false`` loads with a loud RuntimeWarning (and an
-    error log): it is NOT PRIVATE and only fit for audits.
+    ``dtype`` (a torch dtype or its name; None = float32; ``"auto"`` = the base checkpoint's)
+    is the junior's on ``device``: the adapter is applied (and merged) in float32 and only the
+    result is cast; the prefix decoder D stays float32. ``merge`` folds the LoRA update into
+    the base weights (``W + (alpha/r) B A``); ``merge=False`` keeps the PeftModel. A release
+    with ``dp: false`` loads with a loud RuntimeWarning (and an error log): NOT PRIVATE, fit
+    for audits only. Design notes: docs/architecture.md, "models/junior.py".
     """
     from peft import PeftModel
     from safetensors.torch import load_file

@@ -1,25 +1,16 @@
 """Requests decoded together: groups of rows in one left-padded KV cache of a causal LM.
 
-Continuous batching for a decode loop that steps many requests, each a GROUP of rows
-(the PAC ensemble's m + 1 rows of one completion), with one forward per step. Each
-group joins with the cache of its own prefill (``[rows, heads, length, dim]`` per layer,
-no padding) and leaves at any step. The batch keeps one cache of ``width`` columns; group
-``g`` of real length ``n_g`` sits right-aligned, after ``pad_g = width - n_g`` zero columns::
+Each GROUP of rows (the PAC ensemble's m + 1 rows of one completion) joins with the cache of
+its own prefill and leaves at any step; one forward per step. In a cache of ``width`` columns
+group ``g`` of real length ``n_g`` sits right-aligned, after ``pad_g = width - n_g`` zeros::
 
     keys[layer] = cat_g( [0 .. 0 | k_g] )      attention_mask[row of g] = [0]*pad_g + [1]*(n_g + 1)
                                                position_ids[row of g]   = n_g
 
-so every row attends to its own tokens only, at its own positions (rotary embeddings
-see what a solo decode sees): the next-token log-probs equal the group's solo decode up
-to float rounding (about 3e-6 on the CPU, tests/test_kv_batch.py). A join pads the
-narrower side; a leave removes the group's rows and the columns every remaining group pads.
-Both copy the batch's cache once, which a decode step (``DynamicLayer.update``
-concatenates) does anyway. One group alone is its own cache, untouched (no mask: exactly
-the solo forward). Groups beside each other need plain dynamic cache layers; sliding-window,
-static or quantized caches are refused by name (:class:`KvBatchError`).
-
-Hand-written because transformers' continuous batching (``generate_batch``) runs its own
-sampling loop; here the caller decides each group's next token (the PAC curator).
+so every row attends to its own tokens only, at its own positions: the log-probs equal the
+group's solo decode up to float rounding. One group alone is its own cache, untouched. Only
+plain dynamic cache layers; sliding-window, static or quantized caches are refused by name
+(:class:`KvBatchError`). Design notes: docs/architecture.md, "models/kv_batch.py".
 """
 
 from __future__ import annotations

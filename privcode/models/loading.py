@@ -166,16 +166,11 @@ def _declared_tokenizer_class(directory: Path) -> str | None:
 def load_tokenizer(path: str | Path, *, cache_dir: str | None = None):
     """The tokenizer saved in a local model directory (or of a preset's cached build).
 
-    A directory whose ``tokenizer_config.json`` declares the generic class
-    (``TokenizersBackend`` / ``PreTrainedTokenizerFast``, as privcode's own
-    builds do) is loaded from ``tokenizer.json`` exactly as saved. Plain
-    ``AutoTokenizer`` would instead pick transformers' class registered for
-    the model type (``Qwen2Tokenizer`` for qwen2), which rebuilds the pipeline
-    with an NFC normalizer: same ids on NFC text, but no longer lossless on
-    arbitrary Unicode. Other directories go through ``AutoTokenizer``.
-
-    A tokenizer without a pad token gets its EOS token as pad, so batching works.
-    ``cache_dir`` only matters for a preset name (see :func:`resolve_model_path`).
+    A directory whose ``tokenizer_config.json`` declares the generic class (as privcode's
+    builds do) is loaded from ``tokenizer.json`` exactly as saved, lossless on arbitrary
+    Unicode; other directories go through ``AutoTokenizer``. A tokenizer without a pad token
+    gets its EOS token as pad. ``cache_dir`` only matters for a preset name (see
+    :func:`resolve_model_path`). Why: docs/architecture.md, "models/loading.py".
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 

@@ -1,40 +1,21 @@
 """Many LoRA adapters in ONE batched forward: row ``i`` of the batch through adapter ``i``.
 
-A peft model holding ``n`` LoRA adapters serves a batch of ``n`` rows, each row
-with its own adapter (or none), as one forward of the base model: for every
-LoRA-wrapped ``Linear`` (weight ``W``, per adapter ``A_j: [r_j, in]``,
+For every LoRA-wrapped ``Linear`` (weight ``W``; adapter ``j``: ``A_j: [r_j, in]``,
 ``B_j: [out, r_j]``, scaling ``s_j``) and input ``x: [n, seq, in]``::
 
     y[i] = W x[i] (+ bias)  +  s_{a(i)} * B_{a(i)} (A_{a(i)} x[i])
 
-with the base part one matmul over all rows and the adapter part two batched
-matmuls per rank over the adapters stacked once, ``A: [g, r, in]``,
-``B^T: [g, r, out]``, ``s: [g]`` (the ``g`` adapters of rank ``r``, in row order)::
+the base part one matmul over all rows, the adapter part two batched matmuls per rank over the
+``g`` adapters of rank ``r`` stacked once (``A: [g, r, in]``, ``B^T: [g, r, out]``, ``s: [g]``)::
 
     delta[rows] = s[:, None, None] * bmm(bmm(x[rows], A^T), B^T)
 
-Rows without adapter (:data:`BASE`) are skipped. Ranks are grouped, not padded
-with zeros: a padded GEMM sums in another order and moved logits by 1e-5 from
-peft's; grouped, each row equals peft's own forward of its adapter bit for bit
-on the CPU (tests/test_multi_lora.py). The worlds of a PAC ensemble share one
-rank: one group, a slice of the batch, no copy.
-
-This is the BGMV kernel of Punica / S-LoRA, in plain torch. It is hand-written
-because peft's mixed-adapter batch (``adapter_names=[...]``) splits the batch
-into one sub-batch per adapter and loops over them in Python, in every layer:
-``bench/bench_pac.py`` measured m = 128 worlds at 34x the token time of one
-world that way, while the FLOPs of the 129 rows are a fraction of that.
-
-:class:`StackedLora` builds the stacks ONCE (from a peft model whose adapters
-are all loaded) on the adapters' device and dtype, and re-points peft's own
-``lora_A``/``lora_B`` weights at views of them, so the weights are held once
-and peft's own paths (``set_adapter``, mixed batches) keep working.
-``with stacked.active():`` replaces, for the duration, the ``forward`` of
-every peft ``lora.Linear`` with the stacked one; the rest of the HF model
-(attention, KV cache, ``logits_to_keep``) runs as it is. Eval only: LoRA
-dropout is the identity. Refused, by name: DoRA and other LoRA variants,
-``lora_bias``, merged adapters, LoRA on anything but a ``Linear`` (embeddings,
-convolutions), training mode. Not thread-safe: one active forward per model.
+Rows without adapter (:data:`BASE`) are skipped. Ranks are grouped, not zero-padded: each row
+equals peft's forward of its adapter bit for bit on the CPU. :class:`StackedLora` re-points
+peft's ``lora_A``/``lora_B`` at views of the stacks; ``with stacked.active():`` swaps every
+``lora.Linear``'s ``forward``. Eval only; refused by name: LoRA variants (DoRA), ``lora_bias``,
+merged adapters, LoRA off a ``Linear``, training mode. Not thread-safe: one active forward per
+model. Design notes: docs/architecture.md, "models/multi_lora.py".
 """
 
 from __future__ import annotations

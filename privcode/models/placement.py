@@ -1,18 +1,13 @@
 """Where a stage's model runs, and in which dtype: :func:`placement`.
 
-A stage task (or an actor or Ray task it starts) that reserved a GPU runs
-its models on it; one that reserved none runs them on the CPU. Ray sets
-``CUDA_VISIBLE_DEVICES`` to the GPUs it granted, so the first visible CUDA
-device is the task's own. A config asking for a GPU where none is visible
-is an error naming the config key: there is never a silent CPU fallback
-(an 8B model in fp32 on the CPU would not finish, and a run asked for a GPU).
-
-The dtype is the config's ``dtype`` (:data:`privcode.registry.DTYPES`)
-resolved on that device by :func:`privcode.models.loading.resolve_dtype`:
-``auto`` is bfloat16 on a bf16-capable CUDA device, float32 elsewhere.
-Only forward passes (generation, scoring) run in that dtype; logits are
-cast to float32 before any softmax by the consumers, and trainable weights
-(the PAC worlds' LoRA) stay float32.
+A stage task that reserved a GPU runs its models on the first visible CUDA device (Ray sets
+``CUDA_VISIBLE_DEVICES`` to the GPUs it granted); one that reserved none, on the CPU. A config
+asking for a GPU where none is visible is an error naming the config key: never a silent CPU
+fallback. The dtype is the config's ``dtype`` resolved on that device by
+:func:`privcode.models.loading.resolve_dtype` (``auto``: bfloat16 on a bf16-capable CUDA
+device, float32 elsewhere). Only forward passes run in it; consumers cast logits to float32
+before any softmax; trainable weights stay float32.
+Design notes: docs/architecture.md, "models/placement.py".
 """
 
 from __future__ import annotations

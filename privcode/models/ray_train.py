@@ -1,21 +1,12 @@
 """The one Ray Train wiring of privcode: trainer, fit and checkpoints (junior, premium).
 
-:func:`torch_trainer` builds the ``TorchTrainer`` (``ScalingConfig``,
-``RunConfig``, ``FailureConfig``, ``CheckpointConfig``, gloo on CPU / NCCL on
-GPU) for the DP junior (:mod:`privcode.train.loop`) and the premium model
-(:mod:`privcode.premium.train`); :func:`fit` runs it; :func:`report_checkpoint`
-reports a checkpoint from either.
-
-In a worker group (``ScalingConfig(num_workers >= 1)``) ``ray.train.report``
-copies a checkpoint directory into the run's storage before it returns, so
-the directory may be temporary. In Ray Train's local mode
-(``num_workers=0``: the training function runs in the calling process, with
-the same ``ray.train`` API and no worker actors to start) ``report`` keeps
-the ``Checkpoint`` object only, so :func:`report_checkpoint` writes the
-directory under ``local_dir`` instead (a temporary sibling renamed into
-place; the newest ``keep`` stay) and it lives until the run's storage is
-removed. Local mode has no worker-group restarts (``FailureConfig`` does not
-apply).
+:func:`torch_trainer` builds the ``TorchTrainer`` (gloo on CPU / NCCL on GPU) for the DP junior
+(:mod:`privcode.train.loop`) and the premium model (:mod:`privcode.premium.train`); :func:`fit`
+runs it; :func:`report_checkpoint` reports a checkpoint from either. In a worker group
+``ray.train.report`` copies the checkpoint directory (it may be temporary); in local mode
+(``num_workers=0``, no restarts) :func:`report_checkpoint` writes it under ``local_dir``
+(a temporary sibling renamed into place; the newest ``keep`` stay).
+Design notes: docs/architecture.md, "models/ray_train.py".
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Sampling settings for ``generate``: temperature + nucleus (top-p), with a fast CPU nucleus.
 
-Nucleus filtering (Holtzman et al.) keeps the smallest set of tokens whose
-probability mass reaches ``p``. As Hugging Face's ``TopPLogitsWarper``
-computes it: sort the probabilities ``pi`` ascending, take the cumulative
-sums ``c``, remove the tokens with ``c <= 1 - p`` (never the most likely
-one). Equivalently, with ``s`` the sorted probabilities and ``k`` the number
-of positions where ``c <= 1 - p``, every token with ``pi < s[k]`` is removed.
-
-Written here for speed (measured, ``bench/bench_sampling.py``): on the CPU
-``torch.sort`` of a ``[16, 6144]`` batch takes about 7.6 ms on one thread,
-NumPy's SIMD sort of the values about 0.7 ms, and the warper runs once per
-generated token (about a third of Stage II's generation time on the demo).
-Only the sorted *values* are needed, never the permutation; the softmax
-and cumulative sum run over the sorted scores as in HF, so the result equals
-HF's except for ties at the boundary (tokens scored exactly ``s[k]`` are all
-kept here; HF drops those that happen to sort first). CUDA tensors use the
-torch sort.
+Nucleus filtering keeps the smallest set of tokens whose probability mass reaches ``p``. As
+HF's ``TopPLogitsWarper``: with ``s`` the probabilities ``pi`` sorted ascending, ``c`` their
+cumulative sums and ``k`` the number of positions where ``c <= 1 - p``, every token with
+``pi < s[k]`` is removed (never the most likely one). Only the sorted values are needed
+(NumPy's sort on the CPU, torch's for CUDA tensors); the result equals HF's except for ties at
+the boundary (tokens scored exactly ``s[k]`` are all kept here).
+Design notes: docs/architecture.md, "models/sampling.py".
 """
 
 from __future__ import annotations
@@ -89,16 +80,13 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0) -> dict[str, Any]:
 class RowSampler(LogitsProcessor):
     """Each row of one greedy ``generate`` sampled at its own settings, from its generator.
 
-    ``rows[i] = (temperature, top_p, generator)``: a row with temperature 0 keeps its scores
-    (greedy); any other draws its next token from ``softmax(scores / temperature)`` restricted
-    to the nucleus (:meth:`NucleusFilter.keep_threshold`, as :func:`sampling_kwargs` does) and
-    leaves only that token finite, so greedy decoding picks it. Rows that share a generator
-    (or all use the global one: None) are drawn by ONE ``torch.multinomial`` over their rows,
-    as Hugging Face's ``do_sample`` draws a batch: a batch whose rows share a generator seeded
-    ``s`` draws exactly what ``torch.manual_seed(s)`` + ``do_sample`` drew. A row with a
-    generator of its own draws from its own stream whatever shares its batch (reproducible up
-    to float noise in the logits that a different batch can bring). Generators must live on
-    the scores' device.
+    ``rows[i] = (temperature, top_p, generator)``: temperature 0 keeps the scores (greedy);
+    any other draws the next token from ``softmax(scores / temperature)`` within the nucleus
+    (:meth:`NucleusFilter.keep_threshold`) and leaves only that token finite. Rows that share
+    a generator (None: the global one) are drawn by ONE ``torch.multinomial``, as HF's
+    ``do_sample`` draws a batch; a row with its own generator draws from its own stream
+    whatever shares its batch. Generators must live on the scores' device.
+    Design notes: docs/architecture.md, "models/sampling.py".
     """
 
     def __init__(self, rows: list[tuple[float, float, torch.Generator | None]]):

@@ -1,41 +1,17 @@
 """Real architecture shapes with random weights: production-sized models, nothing downloaded.
 
-Benchmarks and memory estimates need the *shapes* of the models the paper
-fine-tunes (Qwen2.5-Coder-1.5B for the junior, Qwen2.5-Coder-7B for the
-premium model), not their weights: step time, peak memory and tokens/s
-depend on the tensor sizes only. :data:`SHAPES` holds the public
-architecture hyper-parameters (the models' ``config.json`` values) as
-``transformers.Qwen2Config`` keyword arguments; :func:`random_causal_lm`
-builds such a model from its config with random weights, and
-:func:`param_count` counts its parameters from the config alone.
+:data:`SHAPES` holds the public architecture hyper-parameters (``config.json`` values of the
+paper's Qwen2.5-Coder-1.5B / -7B) as ``transformers.Qwen2Config`` keyword arguments;
+:func:`random_causal_lm` builds such a model with random, finite weights (HF's Qwen2 init
+distribution, seeded) and :func:`param_count` counts its parameters from the config alone
+(hidden ``H``, ``L`` layers, ``n`` query / ``k`` KV heads of width ``d = H / n``, MLP width
+``I``, vocabulary ``V``)::
 
-Parameter count of a Qwen2 model (hidden ``H``, ``L`` layers, ``n`` query
-heads and ``k`` KV heads of width ``d = H / n``, MLP width ``I``, vocabulary
-``V``)::
+    P = V H [+ V H if the LM head is untied] + H
+        + L (H n d + n d + 2 (H k d + k d) + n d H + 3 H I + 2 H)
 
-    P = V H (embeddings) + [V H if the LM head is untied]
-        + L (H n d + n d            q_proj, with bias
-             + 2 (H k d + k d)      k_proj, v_proj, with bias
-             + n d H                o_proj, no bias
-             + 3 H I                gate, up, down, no bias
-             + 2 H)                 the two RMSNorm gains
-        + H                         the final norm
-
-e.g. 1,543,714,304 for ``qwen2.5-coder-1.5b`` (tied head) and
-7,615,616,512 for ``qwen2.5-coder-7b`` (untied).
-
-Initialisation cost. transformers' random init runs torch's initialisers
-on every module at construction (``kaiming_uniform_`` per Linear) and then
-its own ``_init_weights`` pass: two passes over every weight on the device
-it is built on. :func:`random_causal_lm` builds under transformers'
-``no_init_weights`` (both passes skipped: the tensors hold uninitialised
-memory), directly on ``device``, then fills every tensor once, there, with
-the distribution of HF's Qwen2 init (weights ``N(0, initializer_range^2)``,
-biases 0, norm gains 1) from a generator seeded by ``seed``. The values do
-not matter for timing or memory, but they must be finite: uninitialised
-memory may hold NaN or inf, which would send sampling and the DP step's
-non-finite handling down other paths. These models are for benchmarks and
-plans only: they are not trained, and nothing computed with them is private.
+For benchmarks and plans only: not trained, and nothing computed with them is private.
+Design notes: docs/architecture.md, "models/shapes.py".
 """
 
 from __future__ import annotations

@@ -1,36 +1,13 @@
 """Byte-level BPE tokenizer for Python source, trained with the ``tokenizers`` library.
 
-Design constraints (later stages depend on each of them):
-
-* **Lossless.** ``decode(encode(x)) == x`` for every valid Unicode string
-  ``x``: there is no normalizer, the pre-tokenizer maps every UTF-8 byte to a
-  printable stand-in (GPT-2 byte-level trick) and the decoder maps it back,
-  so tabs, runs of spaces, ``\\r\\n``, NUL bytes, emoji and CJK text all
-  survive. Special tokens that occur literally in the input become their
-  special id and decode back to the same text (decode with the default
-  ``skip_special_tokens=False``).
-* **Offsets.** ``return_offsets_mapping=True`` works and gives character
-  offsets into the original string: the byte-level post-processor keeps
-  leading spaces inside a token's span (``trim_offsets=False``), so for ASCII
-  text the spans partition the string exactly; a multi-byte character split
-  over several tokens gives each of them that character's span.
-* **No implicit tokens.** Encoding adds neither BOS nor EOS: a token sequence
-  is exactly its text, which keeps offsets and packed training streams simple.
-  Callers append ``eos_token_id`` where a document ends.
-* **Code-friendly splitting.** The pre-split regex is Qwen2's: digits are
-  split one by one and whitespace runs before a word are kept apart from it,
-  so indentation becomes a few reusable tokens.
-
-Load it back with :func:`privcode.models.loading.load_tokenizer`. Plain
-``AutoTokenizer.from_pretrained`` also works offline, but for a directory
-whose model is a qwen2 it returns transformers' ``Qwen2Tokenizer``, which
-adds an NFC normalizer (as real Qwen2 checkpoints have): identical ids on
-NFC text, lossy on non-NFC text.
-
-The special tokens follow Qwen2's names so that prompt formats written for
-real Qwen2.5-Coder checkpoints also work with the self-trained base. They
-occupy the first ids, inside the trained vocabulary, so ``len(tokenizer)``
-equals the model's ``vocab_size``.
+Invariants later stages depend on: lossless (``decode(encode(x)) == x`` for every valid Unicode
+string: no normalizer, GPT-2's byte-level stand-ins); ``return_offsets_mapping`` gives
+character offsets into the original string (``trim_offsets=False``); no implicit BOS or EOS
+(callers append ``eos_token_id`` where a document ends); Qwen2's pre-split regex. The special
+tokens carry Qwen2's names and occupy the first ids, so ``len(tokenizer)`` equals
+``vocab_size``. Load it with :func:`privcode.models.loading.load_tokenizer` (plain
+``AutoTokenizer`` adds an NFC normalizer for a qwen2 directory).
+Design notes: docs/architecture.md, "models/tokenizer.py".
 """
 
 from __future__ import annotations

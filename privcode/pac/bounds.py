@@ -1,37 +1,24 @@
 """PAC privacy for autoregressive generation: budgets, noise and attacker bounds.
 
-Setting (seed 004, docs/methods.md, PAC-private generation). The secret ``S`` is the realised
-world, uniform over ``m`` worlds; each private record is in exactly ``m/2``
-worlds, so a record's membership prior is exactly 1/2. Every released token
-costs at most ``b`` nats of mutual information, so ``T`` tokens of a
-session give ``I(S; Y_1..T) <= I(S; H_T) <= b T`` (:func:`charged_mi`).
+Setting (seed 004, docs/methods.md, PAC-private generation): the secret ``S`` is the realised
+world, uniform over ``m`` worlds; each private record is in exactly ``m/2`` worlds (membership
+prior exactly 1/2). Each released token costs at most ``b`` nats of mutual information, so a
+session's ``T`` tokens give ``I(S; Y_1..T) <= I(S; H_T) <= b T`` (:func:`charged_mi`).
 
-Noise (PAC privacy's anisotropic rule). With the posterior-weighted vote
-covariance ``Sigma = sum_j lambda_j u_j u_j^T``, Gaussian noise of variance
+Noise (anisotropic rule): for the posterior-weighted vote covariance
+``Sigma = sum_j lambda_j u_j u_j^T``, variance ``lambda_B,j = sqrt(lambda_j) * (sum_k
+sqrt(lambda_k)) / (2 b)`` along ``u_j`` gives ``(1/2) sum_j lambda_j / lambda_B,j = b``
+(:func:`gaussian_mi_bound`); ``lambda_j = 0`` gets no noise, and unanimity (``Sigma = 0``) is free.
 
-    lambda_B,j = sqrt(lambda_j) * (sum_k sqrt(lambda_k)) / (2 b)
+Attacker bounds: a guess right with prior probability ``pi``, after a release with
+``I(S; release) <= I``, succeeds with probability at most the ``p >= pi`` solving
+``KL(Bern(p) || Bern(pi)) = I`` (:func:`success_bound`), 1 once ``I >= -log pi``: membership
+prior 1/2 (:func:`mia_success_bound`), world identification ``1/m``
+(:func:`world_identification_bound`). Measured leakage: ``I(S; H_T) = log m - E[H(P_T)]``,
+``P_T`` the curator's final posterior (:func:`measured_leakage`).
 
-along ``u_j`` gives ``(1/2) sum_j lambda_j / lambda_B,j = b``
-(:func:`gaussian_mi_bound`), the PAC bound on the step's mutual information.
-A direction where the worlds agree (``lambda_j = 0``) gets no noise; when all
-agree, ``Sigma = 0`` and the step is free.
-
-Attacker bounds (data processing for a binary guess). An attacker whose
-guess is right with prior probability ``pi`` and who observes a release with
-``I(S; release) <= I`` succeeds with probability at most the ``p >= pi``
-solving ``KL(Bern(p) || Bern(pi)) = I`` (:func:`success_bound`), and 1 once
-``I >= -log pi``:
-
-* membership inference, prior 1/2 (:func:`mia_success_bound`): ``I =
-  2^-32 * 10^6`` gives 0.51079; ``b = 2^-16, T = 64`` gives 0.5221;
-* world identification, prior ``1/m`` (:func:`world_identification_bound`):
-  ``b = 2^-16, T = 64, m = 128`` gives about 0.012.
-
-Measured leakage: ``I(S; H_T) = log m - E[H(P_T)]`` over sessions, ``P_T``
-the curator's final posterior over worlds (:func:`measured_leakage`); the
-seed measures about 17% of the charged budget.
-
-All quantities are in nats. Functions are pure: no state, no randomness.
+All in nats; pure functions (no state, no randomness). Worked numbers: docs/serving.md,
+"privcode/pac/bounds.py".
 """
 
 from __future__ import annotations

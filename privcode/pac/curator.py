@@ -1,75 +1,31 @@
 """The PAC curator: the realised world, the posterior over worlds and the budgets.
 
-The curator is the only holder of the secret ``S`` (the realised world,
-uniform over ``m`` worlds, drawn ONCE with a CSPRNG: ``secrets.randbelow``)
-and of the posterior ``P`` over worlds. Every token of every session goes
-through :meth:`Curator.step`, which turns the worlds' votes into a released
-candidate index (docs/methods.md, PAC-private generation, :func:`privcode.pac.mechanism.pac_step`):
+The curator alone holds the secret ``S`` (the realised world, uniform over ``m`` worlds, drawn
+ONCE with a CSPRNG: ``secrets.randbelow``) and the posterior ``P`` over worlds. Every token goes
+through :meth:`Curator.step` (:func:`privcode.pac.mechanism.pac_step`): unanimity among the
+worlds of positive posterior is released free (a function of the votes alone, even with every
+budget spent); else, with under ``b`` nats left to the session or the deployment, no release
+(kind ``"fallback"``: the caller emits the PUBLIC model's token; posterior and noise untouched);
+else ``b`` nats are charged to the session and the deployment, the posterior updated and the
+state persisted, and only then is the index returned: the ledger is on disk before anything
+leaves the server.
 
-* unanimity among the worlds of positive posterior: that candidate, free
-  (the release is a function of the votes alone, not of ``S``); this holds
-  even when every budget is spent;
-* otherwise, if the session or the deployment has less than ``b`` nats
-  left: no release (``index=None``, kind ``"fallback"``); the caller emits
-  the PUBLIC model's token, which does not depend on ``S`` and costs
-  nothing. Neither the posterior nor the noise generator is touched;
-* otherwise one PAC step: ``b`` nats are charged to the session and to the
-  deployment, the posterior is updated, the state is persisted (if a
-  ``state_dir`` is set) and only then the index is returned: the ledger is
-  on disk before anything leaves the server.
+Guarantee (scope ``"deployment"``, the default and proven setting): ONE posterior shared by all
+sessions, updated by every private step in the order taken (under a lock), so
+``I(S; everything released) <= I(S; R_1..N) <= b N``, ``N`` the charged steps over all
+sessions (deployment charged / ``b``), adaptive prompts included (each step's noise is
+calibrated on the whole history). Assumptions: one curator per ``state_dir`` (one replica);
+no budget is reset by a restart; an unreadable or inconsistent state, or one of another
+``m``/``b``/scope, is an error (the secret is never silently redrawn); with leases
+(:meth:`Curator.use_leases`) what the ledger leased counts as spent. Scope ``"session"``
+bounds ``I(S; session) <= b T_session`` PER SESSION ONLY (the bounds do not add up over
+sessions); the curator warns loudly when it is used. Owners (API keys) have their own budget
+and session cap (they bound what one client takes from others, not the privacy bound).
 
-Scope ``"deployment"`` (default; the proven setting). ONE posterior shared
-by all sessions, updated by every private step in the order the steps are
-taken (under a lock). An attacker who sees every session sees a sequence of
-releases ``Y_1, Y_2, ...`` that are functions of the internal ``R_1, R_2, ...``,
-each calibrated against the posterior given all earlier ``R``; the chain rule
-and PAC privacy give ``I(S; everything released) <= I(S; R_1..N) <= b N``,
-``N`` the number of charged steps over all sessions = deployment charged / b.
-Adaptive prompts (chosen after seeing earlier releases) are covered because
-each step's noise is calibrated conditionally on the whole history.
-
-Scope ``"session"`` (the seed's Table 7 "persistent-secret sessions"): one
-posterior per session, each starting uniform, same secret. The bound then
-holds PER SESSION ONLY, against an attacker who sees one session:
-``I(S; session) <= b T_session``. An attacker who sees several sessions has
-a sharper prior than uniform after the first; the noise of the second
-session was calibrated to the disagreement of the worlds under the uniform
-prior (the wrong prior for this attacker), so ``I(S; R | first session)``
-is not bounded by ``b`` per step and the per-session bounds do not add up
-to a bound on the total. The curator warns loudly when this scope is used.
-
-Owners (API keys). Every session belongs to an owner; an owner may be charged at most
-``owner_budget`` nats in all (its sessions, closed ones and restarts included), holds at most
-``max_sessions_per_owner`` open sessions, and cannot see another owner's. A session idle for
-``session_ttl_s`` (wall clock, so a restart keeps the idle time) is closed on the next lookup:
-its slot is freed, its charges stay in its owner's and the deployment's totals. These bound
-what one client can take from the others; the privacy bound itself is the deployment's.
-
-Persistence (``state_dir``): ``curator.json`` (mode 0600, written atomically)
-holds the secret, ``m``, ``b``, the scope, the deployment's charged steps and
-posterior, each owner's charged steps, and the open sessions' owners, last use, budgets,
-charges and (scope ``"session"``) posteriors (format 2; format 1 is still read).
-A restart reloads it: same secret, same charges; a budget is
-never reset by a restart. An unreadable or inconsistent file, or one made
-with another ``m``/``b``/scope, is an error (fail closed: the secret is
-never silently redrawn). Free and fallback counters are statistics: they
-are written with the next private step, open or close, not on every token.
-One curator per ``state_dir``: deployment scope needs a single replica.
-
-Leases (:meth:`Curator.use_leases`, :mod:`privcode.pac.leases`): a served
-curator also pays every private step from a block of nats the store's ledger
-leased to it first; what the ledger leased counts as spent, so ``curator.json``
-is not what bounds the deployment (an older copy restored spends nothing
-more) and two replicas cannot spend one allowance twice.
-
-Charges are counted in steps (integers), so ``charged = b * steps`` exactly
-and a budget of ``T * b`` allows exactly ``T`` private steps (a relative
-tolerance of 1e-9 absorbs the rounding of ``T * b`` in floating point).
-
-Nothing here returns, logs or puts into an error message the secret or a
-posterior; :meth:`Curator.measured_leakage_nats` is a secret-dependent audit
-quantity for the operator, never for API clients. Pure Python/numpy, no
-torch, no Ray.
+Charges are integer steps: ``charged = b * steps``, a budget ``T * b`` allows exactly ``T``
+(relative tolerance 1e-9). Nothing returns, logs or raises the secret or a posterior;
+:meth:`Curator.measured_leakage_nats` is an operator audit, never for API clients. Pure
+Python/numpy. Design notes: docs/serving.md, "privcode/pac/curator.py".
 """
 
 from __future__ import annotations

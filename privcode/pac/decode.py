@@ -1,21 +1,14 @@
 """One PAC-private completion between its steps: :class:`PacDecode`.
 
-The per-token loop of :meth:`privcode.pac.ensemble.PacEnsemble.generate`, cut at the
-forward: a decode holds the request (validated once), the tokens released so far and the
-next forward's input (:attr:`PacDecode.feed`: the prompt, then the last token); whoever
-runs the forward hands its log-probs to :meth:`PacDecode.advance`, which makes ONE
-release (docs/methods.md, PAC-private generation):
-
-1. votes (:func:`privcode.pac.mechanism.world_votes`): greedy, or coupled Gumbel with
-   ONE public Gumbel draw over ``V_t`` shared by all worlds (a numpy generator seeded by
-   the request's ``seed``, or fresh: public randomness, never the curator's);
-2. the curator releases a candidate (free at unanimity, charged ``b`` nats otherwise) or
-   answers "fallback" when a budget is spent; the fallback token is the PUBLIC row's
-   choice, a function of public quantities only, so it costs nothing;
-3. the token is the next context of every row; EOS, a stop string or ``max_tokens`` end it.
-
-So one forward may serve many decodes (:class:`privcode.models.kv_batch.KvBatch`, the PAC
-server's scheduler) while each session's curator sees its own steps in order.
+The per-token loop of :meth:`privcode.pac.ensemble.PacEnsemble.generate`, cut at the forward:
+a decode holds the request (validated once), the released tokens and the next forward's input
+(:attr:`PacDecode.feed`); whoever runs the forward hands its log-probs to
+:meth:`PacDecode.advance`, which makes ONE release: the worlds' votes
+(:func:`privcode.pac.mechanism.world_votes`; coupled Gumbel draws are public randomness, never
+the curator's), then the curator's candidate (free at unanimity, ``b`` nats otherwise) or, with
+a budget spent, the PUBLIC row's choice (free). EOS, a stop string or ``max_tokens`` end it.
+So one forward may serve many decodes (:class:`privcode.models.kv_batch.KvBatch`) while each
+session's curator sees its own steps in order. Steps: docs/serving.md, "privcode/pac/decode.py".
 """
 
 from __future__ import annotations

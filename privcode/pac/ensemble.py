@@ -1,46 +1,20 @@
 """The m worlds and the public base as one batched model: PAC-private generation without Ray.
 
-:class:`PacEnsemble` loads a worlds artifact (written by
-:mod:`privcode.pac.worlds`)::
+:class:`PacEnsemble` loads a worlds artifact of :mod:`privcode.pac.worlds` (``pac.json``,
+``adapters/<name>/``): the base ONCE and all ``m`` adapters, stacked
+(:class:`privcode.models.multi_lora.StackedLora`; peft's mixed-adapter batch as fallback). One
+KV-cached forward computes ``m + 1`` rows of a context: row ``s < m`` through world ``s``, row
+``m`` the plain base. Per token (:meth:`PacEnsemble.generate`): candidates ``V_t`` = top-k of
+the PUBLIC row, the worlds' full-vocabulary log-softmax gathered at ``V_t``; votes
+(:func:`privcode.pac.mechanism.world_votes`: greedy, or ``argmax_v (log p_s(v) / tau + G_v)``
+with ONE public Gumbel draw ``G``); the curator (:class:`privcode.pac.curator.Curator`) releases
+a candidate or answers "fallback" (then the PUBLIC row's ``argmax_v (log p_pub(v) [/ tau +
+G_v])``, free); the token extends every row. EOS, a stop string (cut before it) or
+``max_tokens`` stop it; a spent budget does not (fallback tokens).
 
-    <dir>/pac.json          {"format": "privcode-pac-worlds/1", "m", "base_model",
-                             "worlds": [m names, world order s = 0..m-1], "lora", "NOT_PRIVATE", ...}
-    <dir>/adapters/<name>/  one peft LoRA adapter per world
-
-The base model is loaded ONCE and all ``m`` adapters into one peft model.
-One forward computes ``m + 1`` rows of the same context: row ``s < m``
-through world ``s``'s adapter, row ``m`` through the plain base, with a KV
-cache so every token after the prompt is one ``[m + 1, 1]`` forward. The
-adapters are stacked once at load (:class:`privcode.models.multi_lora.StackedLora`:
-every LoRA layer adds each row's delta with two batched matmuls); peft's own
-mixed-adapter batch (``adapter_names=[w_0, ..., w_{m-1}, "__base__"]``), which
-loops over the adapters in every layer, is the fallback for adapters the
-stacked forward refuses but peft mixes (``lora_bias``, LoRA on embeddings), or
-``batching="peft"``.
-
-Per token (docs/methods.md, PAC-private generation, :meth:`PacEnsemble.generate`):
-
-1. candidates ``V_t`` = top-k of the PUBLIC row's next-token distribution;
-   the worlds' log-probs over ``V_t`` are their full-vocabulary
-   log-softmax gathered at ``V_t`` (:meth:`PacEnsemble.step_logprobs`);
-2. votes (:func:`privcode.pac.mechanism.world_votes`): greedy, or coupled
-   Gumbel ``argmax_v (log p_s(v) / tau + G_v)`` with ONE public Gumbel draw
-   ``G`` over ``V_t`` shared by all worlds (public randomness: a numpy
-   generator seeded by the request's ``seed``, or fresh);
-3. the curator (:class:`privcode.pac.curator.Curator`) releases a candidate
-   (free at unanimity, charged ``b`` nats otherwise) or answers "fallback"
-   when a budget is spent; the fallback token is the PUBLIC row's choice,
-   ``argmax_v (log p_pub(v) [/ tau + G_v])``, a function of public
-   quantities only, so it costs nothing;
-4. the token is appended to the context of every row (the released text is
-   the context of all worlds, as in the seed's adaptive-context analysis).
-
-Generation stops at EOS, at a stop string (the text is cut before it) or
-after ``max_tokens``; a spent budget does not stop it (fallback tokens).
-
-The worlds are trained WITHOUT DP: the artifact and everything computed from
-it but the curator's releases stay inside the server. Prompts, completions,
-votes and log-probs are never logged; only sizes and timings are.
+The worlds are trained WITHOUT DP: the artifact and everything computed from it but the
+curator's releases stay inside the server; prompts, completions, votes and log-probs are never
+logged, only sizes and timings. Design notes: docs/serving.md, "privcode/pac/ensemble.py".
 """
 
 from __future__ import annotations
@@ -370,16 +344,14 @@ class PacEnsemble:
 
         Options (keyword only, :class:`~privcode.pac.decode.PacDecode`'s): ``decoder``:
         ``"greedy"`` or ``"gumbel"`` (coupled Gumbel at ``temperature``; ``seed`` seeds the
-        public Gumbel draws, None = fresh).
-        ``stop``: strings that end the completion (cut before the first one).
-        ``on_exhausted``: when no budget can pay for a private token, ``"fallback"`` emits
-        the public model's token (free) and goes on; ``"stop"`` ends the completion there
-        (``exhausted`` set, finish ``"length"``), releasing nothing more. ``sink``
-        (streaming): ``sink.put(token)`` gets each released token, and ``sink.cancelled``
-        (the client went away) is checked before each step: the completion ends there
-        (finish ``"length"``) before anything more is charged. The steps are
-        :class:`privcode.pac.decode.PacDecode`'s (one per forward; the PAC server runs many
-        decodes through one forward, :meth:`step_batch`).
+        public Gumbel draws, None = fresh); ``stop``: strings that end the completion (cut
+        before the first one); ``on_exhausted``: with no budget for a private token,
+        ``"fallback"`` emits the public model's token (free) and goes on, ``"stop"`` ends the
+        completion there, releasing nothing more (``exhausted`` set, finish ``"length"``);
+        ``sink`` (streaming): ``sink.put(token)`` gets each released token, and
+        ``sink.cancelled`` (the client went away), checked before each step, ends it there
+        (finish ``"length"``) before anything more is charged. One PacDecode step per forward
+        (the PAC server runs many decodes through one forward, :meth:`step_batch`).
         """
         decode = self.decode(curator, session_id, prompt, max_tokens, **options)
         past = None

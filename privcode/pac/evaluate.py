@@ -1,35 +1,18 @@
 """Measure PAC-private generation: utility, charged vs measured leakage, attack success.
 
-Inside the private boundary (the worlds and the held-out records are
-private); the summary holds aggregates only. Three measurements, after the
-seed's Tables 4-7 (docs/methods.md, PAC-private generation):
+Inside the private boundary (the worlds and held-out records are private); the summary holds
+aggregates only. After the seed's Tables 4-7 (docs/methods.md, PAC-private generation):
+teacher-forced next-token accuracy of the public base, one world and the PAC release
+(:func:`teacher_forced_accuracy`; gain retained ``(PAC - public) / (world - public)``);
+measured ``I(S; H_T) = log m - E[H(P_T)]`` over simulated sessions against the charged
+``b * E[private steps]`` (:func:`simulate_sessions`); the Bayes-optimal attacks with the
+curator's own posterior (world identification: ``argmax P_T`` is the secret; membership of
+record ``i``: ``sum_s P_T(s) [i in s] > 1/2``) against their bounds; canary emission
+(:func:`canary_emission`: PAC protects membership, not content every world learnt).
 
-* Utility, teacher-forced (:func:`teacher_forced_accuracy`): at held-out
-  positions (code tokens of non-member records), the next-token accuracy of
-  the public base (top-1), of one world alone (non-private: the realised
-  world's greedy vote over ``V_t``), and of the PAC release (greedy votes,
-  curator noise); "gain retained" = ``(PAC - public) / (world - public)``.
-  Also the unanimity rate and the mean ``a_t`` when worlds dissent.
-* Leakage, generated sessions (:func:`simulate_sessions`): ``n`` sessions
-  of ``T`` tokens from public prompts, each with a fresh uniformly drawn
-  secret and the deployment-scope mechanism; measured ``I(S; H_T) = log m -
-  E[H(P_T)]`` (:func:`privcode.pac.bounds.measured_leakage`) against the
-  charged ``b * E[private steps]``.
-* Attacks with the curator's own posterior (the Bayes-optimal attacker who
-  knows every world's adapter): world identification succeeds when
-  ``argmax P_T`` is the secret; membership inference guesses record ``i`` a
-  member of the realised world when ``sum_s P_T(s) [i in s] > 1/2``.
-  Measured successes next to their bounds at the charged budget
-  (:func:`privcode.pac.bounds.mia_success_bound`,
-  :func:`privcode.pac.bounds.world_identification_bound`).
-
-* Content (:func:`canary_emission`): the most repeated canaries, prompted
-  with their own contexts, through the public base, one world and PAC. PAC
-  protects membership in the realised world, not content every world
-  learnt (the seed: "inference privacy is not content protection").
-
-The simulation draws the secret itself (:class:`KnownSecretCurator`): an
-audit instrument, never a serving path. Only counts leave this module.
+The simulation draws the secret itself (:class:`KnownSecretCurator`): an audit instrument,
+never a serving path. Only counts leave this module. Details: docs/serving.md,
+"privcode/pac/evaluate.py".
 """
 
 from __future__ import annotations

@@ -1,36 +1,17 @@
 """Leases: a PAC curator spends only nats the store's ledger handed it first.
 
 The ledger (:meth:`privcode.privacy.ledger.StoreLedger.pac_lease`,
-:mod:`privcode.privacy.pac_budgets`) keeps, per set of worlds, the allowance
-``A`` and ``L``, the sum of every lease it ever granted (all curators, all
-restarts). A curator holding :class:`Leases` pays each private step from its
-current block; when the block is empty it asks for the next one, and the
-lease is in the ledger's log before the step's token is released. Hence, with
-``N`` the private steps of every curator of these worlds ever::
-
-    b * N  <=  L  <=  A.
-
-A curator that starts holds nothing (``left = 0``): everything leased
-before counts as spent, whatever its ``curator.json`` says, so a restored
-older state rolls nothing back (it wastes at most the block its holder had
-not spent). Its first call (0 nats) makes it the worlds' holder: every
-earlier holder is refused from then on (the fencing between replicas, on
-one node or several), and a state older than one the ledger saw is refused.
-
-Block size ``B`` (private steps per lease, :func:`block_steps`). A lease is
-one actor call plus one fsynced log append (milliseconds); a private step is
-one forward of the m worlds, and a completion charges at most its session's
-budget. ``B = ceil(session_budget / b)`` (64 steps at the defaults 2^-10 and
-2^-16) means a completion needs at most one lease and most need none (one
-round trip per ``B`` private tokens, whatever the traffic). It is capped at
-``A / (16 b)``: a restart or a takeover loses at most the old holder's
-block, so a small allowance loses at most 1/16 of itself per restart. A
-start leases 0 nats, so restarts without traffic lose nothing.
-
-A lease the ledger refuses (another holder took over, a rolled-back state)
-stops this curator's private steps for good; an unreachable ledger stops
-them for :attr:`Leases.retry_s` (the caller falls back or answers an error;
-nothing private is released unpaid). Pure Python; the ledger is a callable.
+:mod:`privcode.privacy.pac_budgets`) keeps, per set of worlds, the allowance ``A`` and ``L``,
+the sum of every lease it ever granted (all curators, all restarts). :class:`Leases` pays each
+private step from its current block and, when empty, leases the next, in the ledger's log
+before the step's token is released. So, ``N`` the private steps of every curator of these
+worlds ever: ``b * N <= L <= A``. A starting curator holds nothing (everything leased before
+counts as spent, whatever its ``curator.json`` says); its first (0-nat) call makes it the
+holder and fences every earlier one; a state older than one the ledger saw is refused. Block:
+``B = ceil(session_budget / b)`` steps, capped at ``A / (16 b)`` (:func:`block_steps`). A
+refused lease stops private steps for good, an unreachable ledger for :attr:`Leases.retry_s`:
+nothing private is released unpaid. Pure Python; the ledger is a callable.
+Design notes: docs/serving.md, "privcode/pac/leases.py".
 """
 
 from __future__ import annotations

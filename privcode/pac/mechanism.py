@@ -1,46 +1,30 @@
 """One token of PAC-private generation: votes, calibrated noise, posterior, release.
 
-Setting (seed 004, docs/methods.md, PAC-private generation). ``m`` worlds (LoRA adapters
-trained on overlapping halves of the private corpus, :func:`assign_worlds`);
-the realised world ``S`` is the secret, drawn once and never released. At
-each step the public base model's top-k tokens are the candidates ``V_t``.
-
+Setting (seed 004, docs/methods.md, PAC-private generation): ``m`` worlds (LoRA adapters on
+overlapping halves of the private corpus, :func:`assign_worlds`); the realised world ``S`` is
+the secret, drawn once, never released; the candidates ``V_t`` are the public base's top-k.
 Step (:func:`pac_step`), given the curator's posterior ``P_{t-1}`` over worlds:
 
-1. Votes (:func:`world_votes`): world ``s`` votes for one candidate, greedy
-   ``argmax_v log p_s(v)`` or coupled Gumbel ``argmax_v (log p_s(v) + G_v)``
-   with ONE public Gumbel vector ``G`` shared by all worlds.
-2. ``A_t``: the candidates voted for by some world of positive posterior;
-   ``o_s`` is world ``s``'s one-hot vote over ``A_t`` (``a_t = |A_t|``).
-3. ``mu = sum_s P(s) o_s``, ``Sigma = sum_s P(s) (o_s - mu)(o_s - mu)^T``.
-   Unanimity (``a_t = 1``, ``Sigma = 0``): release that token; no noise, no
-   posterior change, nothing charged.
-4. Otherwise noise ``B ~ N(0, Sigma_B)`` (:func:`noise_model`), full rank:
-   ``Sigma_B = sum_j lambda_B,j u_j u_j^T`` over an orthonormal eigenbasis ``u_j``
-   of ``Sigma`` (all ``a_t`` directions), with the anisotropic rule of
-   :func:`privcode.pac.bounds.anisotropic_noise_variances` applied to the floored
-   variances ``lambda'_j = max(q_j, tau)``, ``q_j = u_j^T Sigma u_j``,
-   ``tau = 1e-12 max_k q_k``; ``R_t = o_S + B`` (internal, never released);
-   ``b`` nats are charged.
-5. ``P_t(s) ~ P_{t-1}(s) N(R_t; o_s, Sigma_B)``: the same full-rank noise model,
-   so the posterior is the exact Bayes posterior given ``R_t``.
+1. Votes (:func:`world_votes`): greedy ``argmax_v log p_s(v)`` or coupled Gumbel
+   ``argmax_v (log p_s(v) + G_v)``, ONE public Gumbel vector ``G`` shared by all worlds.
+2. ``A_t``: candidates voted for by a world of positive posterior; ``o_s``: world ``s``'s
+   one-hot vote over ``A_t`` (``a_t = |A_t|``).
+3. ``mu = sum_s P(s) o_s``, ``Sigma = sum_s P(s) (o_s - mu)(o_s - mu)^T``. Unanimity
+   (``a_t = 1``, ``Sigma = 0``): release it; no noise, no posterior change, nothing charged.
+4. Else ``B ~ N(0, Sigma_B)`` (:func:`noise_model`), full rank: ``Sigma_B = sum_j lambda_B,j
+   u_j u_j^T`` over an orthonormal eigenbasis ``u_j`` of ``Sigma`` (all ``a_t`` directions),
+   :func:`privcode.pac.bounds.anisotropic_noise_variances` applied to the floored variances
+   ``lambda'_j = max(q_j, tau)``, ``q_j = u_j^T Sigma u_j``, ``tau = 1e-12 max_k q_k``;
+   ``R_t = o_S + B`` (internal, never released); ``b`` nats are charged.
+5. ``P_t(s) ~ P_{t-1}(s) N(R_t; o_s, Sigma_B)``: the exact Bayes posterior given ``R_t``.
 6. Release ``Y_t = argmax_{v in A_t} R_t[v]``.
 
-Why this is private: for any orthonormal ``u_j`` and ``lambda_B,j > 0``, under the
-posterior as prior (PAC privacy), ``I(S; R_t | history) <= (1/2) tr(Sigma_B^-1 Sigma) =
-(1/2) sum_j q_j / lambda_B,j <= (1/2) sum_j lambda'_j / lambda_B,j = b`` (``q_j <= lambda'_j``);
-``Y_t`` is a function of ``R_t``, so a session gives ``I(S; Y_1..T) <= b T``. The floor
-is what makes this hold: a direction of positive but tiny variance (a world of tiny
-posterior voting apart) gets noise of standard deviation ``>= (tau/q_max)^(1/4) = 1e-3``
-of the largest instead of none; left noiseless it would reveal ``S``'s component there
-exactly, about ``P(i) log(1/P(i))`` per such world ``i`` uncharged (up to ~6% of ``b``
-each at ``b = 2^-32``). Utility: ``sum_k sqrt(lambda'_k) <= sum_k sqrt(q_k) + a_t 1e-6 sqrt(q_max)``,
-so the noise where the worlds disagree grows by a relative ``a_t 1e-6`` at most; the
-noise along the all-ones null direction shifts every candidate alike (no effect on
-``Y_t`` or the posterior).
-
-Pure functions of their arguments (randomness only from the ``numpy``
-generator passed in); numpy only, so they run inside any server.
+Privacy (posterior as prior): ``I(S; R_t | history) <= (1/2) tr(Sigma_B^-1 Sigma) = (1/2)
+sum_j q_j / lambda_B,j <= (1/2) sum_j lambda'_j / lambda_B,j = b``; ``Y_t`` is a function of
+``R_t``, so ``I(S; Y_1..T) <= b T``. The floor ``tau`` is what makes this hold: a direction of
+tiny positive variance left noiseless would reveal ``S``'s component there, uncharged.
+Pure numpy functions (randomness only from the generator passed in). Why the floor and what
+it costs: docs/serving.md, "privcode/pac/mechanism.py".
 """
 
 from __future__ import annotations

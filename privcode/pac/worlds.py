@@ -1,45 +1,20 @@
 """Train the m worlds of PAC-private generation: one LoRA adapter per world, no DP.
 
-NOT PRIVATE ON ITS OWN. The worlds are fine-tuned on the private corpus
-without differential privacy; only the PAC curator's noisy release
-(:mod:`privcode.pac.curator`) protects them. The artifact stays inside the
-private boundary: only the serving process reads it.
+NOT PRIVATE ON ITS OWN: the worlds are fine-tuned on the private corpus without differential
+privacy; only the PAC curator's noisy release (:mod:`privcode.pac.curator`) protects them. The
+artifact stays inside the private boundary: only the serving process reads it.
 
-Worlds (seed 004, docs/methods.md, PAC-private generation). :func:`privcode.pac.mechanism.assign_worlds`
-puts every record in exactly ``m/2`` worlds, so a record's membership prior
-in the realised world is exactly 1/2. World ``s`` is a LoRA adapter over the
-frozen public base, fine-tuned on its members with the mean token
-cross-entropy of ``prompt ++ code`` (records encoded as Stage I does).
-
-All worlds train at once. A step samples ``pac.batch_size`` members of every
-world and runs ONE forward over the ``m * B`` rows, row ``i`` through its
-world's adapter (peft's mixed-adapter batch); the loss is
-``sum_s (1/B) sum_{i in batch_s} loss_i``. Adapter ``s`` receives gradient
-from its own rows only, and AdamW is elementwise, so this is exactly ``m``
-independent trainings, at the cost of one batched pass instead of ``m``.
-(peft allows mixed batches only in eval mode; the adapters have no dropout
-and the base is frozen, so eval mode changes nothing but the base's own
-dropout, which is off as at serving time.) With ``pac.world_groups > 1`` the
-worlds are split into groups trained by parallel Ray tasks (one GPU each with
-``pac.use_gpu``: :func:`group_task_options`). A world's initialisation and
-batches are seeded by ``(pac.seed, s)`` alone, so the grouping does not
-change what a world learns.
-
-Device and precision: a group trains on the GPU its process reserved with
-``pac.use_gpu`` (the stage's task for one group, each group's task
-otherwise; no visible CUDA device is an error naming the key), the frozen
-base in ``pac.dtype`` (:func:`privcode.models.placement.placement`). The
-worlds' LoRA weights, their gradients and AdamW's state stay float32 (peft
-casts adapters of a half-precision base up to float32, and this is
-checked); on CUDA a bf16 base's passes run under ``torch.autocast``, so the
-adapters' matmuls run in bf16 too while their gradients land in float32.
-
-Artifact (``out_dir``)::
-
-    pac.json          format, m, base_model, worlds (names in world order),
-                      lora, training settings, NOT_PRIVATE
-    adapters/<name>/  one peft adapter per world
-    assignment.npy    [records, m] membership (private: audits only)
+:func:`privcode.pac.mechanism.assign_worlds` puts every record in exactly ``m/2`` worlds
+(membership prior 1/2); world ``s`` is a LoRA adapter over the frozen public base, trained on
+its members with the mean token cross-entropy of ``prompt ++ code``. All worlds train at once:
+a step runs ONE forward over ``m * B`` rows (``B = pac.batch_size`` members of every world),
+loss ``sum_s (1/B) sum_{i in batch_s} loss_i``; adapter ``s`` gets gradient from its own rows
+only and AdamW is elementwise, so this is exactly ``m`` independent trainings. A world's
+initialisation and batches are seeded by ``(pac.seed, s)`` alone, whatever
+``pac.world_groups``; the worlds' weights, gradients and AdamW state stay float32.
+Artifact (``out_dir``): ``pac.json`` (format, m, base_model, worlds in world order, lora,
+training settings, NOT_PRIVATE), ``adapters/<name>/``, ``assignment.npy`` ([records, m]
+membership; private: audits only). Design notes: docs/serving.md, "privcode/pac/worlds.py".
 """
 
 from __future__ import annotations
@@ -240,17 +215,13 @@ def train_worlds(
 ) -> dict[str, Any]:
     """Train ``cfg.worlds`` adapters on ``data`` (private records) into ``out_dir``.
 
-    ``dataset_id`` (the data's opaque id in the privacy store) goes into
-    ``pac.json``. With ``store`` (a :class:`~privcode.privacy.store.PrivacyStore`)
-    it is the records' id, and the records (their keyed identities) are logged
-    in the store's ledger first
-    (:func:`~privcode.privacy.admission.register_pac_data`): every set of worlds
-    trained on any of them, from this file or a copy, reformat or overlap of
-    it, is then held to each record's PAC budget.
-
-    Returns the public summary (settings, sizes, timings: nothing about a
-    record). The adapters are NOT private on their own (see the module
-    docstring).
+    ``dataset_id`` (the data's opaque id in the privacy store) goes into ``pac.json``. With
+    ``store`` (a :class:`~privcode.privacy.store.PrivacyStore`) it is the records' id, and the
+    records (their keyed identities) are logged in the store's ledger first
+    (:func:`~privcode.privacy.admission.register_pac_data`): every set of worlds trained on any
+    of them, from this file or a copy, reformat or overlap of it, is then held to each record's
+    PAC budget. Returns the public summary (settings, sizes, timings: nothing about a record).
+    The adapters are NOT private on their own (see the module docstring).
     """
     msg = (
         f"pac: training {cfg.worlds} worlds WITHOUT DP on the private corpus (NOT PRIVATE "

@@ -1,27 +1,16 @@
 """Admission before any stage starts: will the run's DP training fit its records' budget?
 
-:func:`preflight` runs in ``run_pipeline`` (so in ``privcode run``, ``privcode
-train`` and every ``make submit-job`` target, whose job runs ``privcode run``)
-before the first stage. When the train stage is selected and has no result on
-disk yet (or ``run.force``), it asks the privacy store's ledger, without
-reserving anything, the question the train stage's admission will ask:
+:func:`preflight` runs in ``run_pipeline`` before the first stage when the train stage is
+selected and has no result on disk (or ``run.force``). It asks the privacy store's ledger,
+reserving nothing, what the train stage's admission will ask: once the training file exists,
+its worst record (every earlier job on it included) plus the planned ``(sigma, q, steps)``
+must fit the budget; before that, the plan alone must fit and the config must not ask for
+another budget than the store's. Both go through :func:`privcode.privacy.admission.admit`
+(``reserve=False``) or :func:`~privcode.privacy.admission.plan_alone`; a refusal is a
+:class:`~privcode.errors.BudgetRefused`. The train stage's own admission, which reserves,
+stays the binding check.
 
-* the training file exists (``train.data``, the run's built corpus, or the
-  corpus another run built from the same data section): the worst of its
-  records, with every earlier job that trained on it, plus the planned
-  ``(sigma, q, steps)`` must fit the budget;
-  Once the run's base model is built, its records are also known by their
-  training rows (tokenised and truncated as the train stage will), as the
-  train stage's admission knows them;
-* it does not exist yet (the data stage builds it): the plan alone must fit
-  (a record never trained on), and the config must not ask for another budget
-  than the store's.
-
-Both ask :func:`privcode.privacy.admission.admit` (``reserve=False``) or
-:func:`~privcode.privacy.admission.plan_alone`. A refusal is a
-:class:`~privcode.errors.BudgetRefused` naming the worst record's epsilon spent,
-what the run would add and what is left. The train stage's own admission, which
-reserves, stays the binding check.
+Design notes: docs/development.md, "privcode/pipeline/admission.py".
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """Where a stage's Ray task and workers can run: what ONE node gives, never the cluster's sum.
 
-A Ray task or actor runs on one node, so a request larger than every node is
-never placed: it waits forever, and an autoscaler cannot help either, since no
-node type is large enough. :func:`stage_resources` turns a stage's declared
-request (:meth:`Stage.cpus`, :meth:`Stage.gpus`) into the options of its Ray
-task on a given cluster:
+A Ray task runs on one node, so a request larger than every node waits forever.
+:func:`stage_resources` turns a stage's request (:meth:`Stage.cpus`, :meth:`Stage.gpus`) into
+its task's options: ``num_cpus`` its own number, or for a whole-node stage (``cpus`` None) the
+most CPUs of one node that can also give its GPUs (a CPU-only stage: of the largest node
+without a GPU, where there is one); ``num_gpus`` 1 when its ``use_gpu`` key is true, else 0. A
+request no node can meet is a :class:`PlacementError` naming the key, before anything runs.
+:func:`cluster_nodes` is ``ray.nodes()`` plus the node groups an autoscaler may still start;
+:func:`place` packs a stage's bundles first-fit decreasing by (GPUs, CPUs): a heuristic
+(exact for equal-sized bundles) that assumes an otherwise idle cluster.
 
-* ``num_cpus``: the stage's own number, or for a stage that wants a whole node
-  (``cpus`` None) the most CPUs one node holds, among the nodes that can also
-  give the task's GPUs; a CPU-only stage is sized to the largest node without
-  a GPU where there is one with CPUs, so that it leaves the GPU nodes to the
-  GPU stages (Ray's scheduler, too, keeps CPU tasks off GPU nodes when it can);
-* ``num_gpus``: 1 for a stage whose ``use_gpu`` key is true (eval, an inline
-  audit, one PAC world group, the non-DP comparison), else 0.
-
-A request no node can meet is a :class:`PlacementError` naming the config
-key, raised before anything runs: a GPU stage on a cluster with no GPU at all,
-or more CPUs than the largest node has.
-
-Nodes are ``ray.nodes()`` entries (``{"Alive": bool, "Resources": {"CPU": ..,
-"GPU": ..}}``). :func:`cluster_nodes` adds, for an autoscaling cluster (KubeRay's
-autoscaler v2), one entry per node group the autoscaler may still start, with
-its ``MaxCount``: the node shapes an autoscaler can bring, read from the same
-cluster config Ray Train checks its worker groups against.
-
-:func:`place` answers whether a set of bundles (a stage's task plus the workers
-it must start together, :class:`~privcode.pipeline.stage.Workers`) fits the
-nodes at once: first-fit decreasing by (GPUs, CPUs). That is a heuristic (it
-may say no where a cleverer packing exists; with equal-sized bundles, as Ray
-Train's, it is exact), and it assumes an otherwise idle cluster.
+Design notes: docs/kubernetes.md, "privcode/pipeline/placement.py".
 """
 
 from __future__ import annotations

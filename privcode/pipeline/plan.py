@@ -1,21 +1,17 @@
 """``privcode plan``: what a config will ask of a cluster, without running any model.
 
-For every stage of ``run.stages`` (with the stages they need), a
-:class:`Plan` lists its Ray task's resources and the workers it starts (Ray
-Train worker groups, Ray Data actor pools, sub-tasks:
-:meth:`Stage.workers <privcode.pipeline.stage.Stage.workers>`), and whether the
-cluster can place them (:mod:`privcode.pipeline.placement`): the connected
-one (``ray.nodes()`` plus its autoscaler's node groups) or a described one
-(``--node CPU=8,GPU=1,count=8``). For the train stage it gives the DP-SGD
-numbers, from the record count N (``--records``, or the data stage's manifest):
-sample rate ``q = B / N``, the noise multiplier sigma (the configured one, or
-:func:`~privcode.train.noise.noise_for`'s calibration for ``epsilon``
-over ``steps``) and the epsilon that sigma spends (the configured accountant,
-at ``delta``); and :class:`MemoryEstimate`, a per-worker memory estimate of the
-junior's DP step from the base model's ``config.json`` alone (the model is
-built on PyTorch's meta device: shapes, no weights, no memory).
+For every stage of ``run.stages`` (and the stages they need), a :class:`Plan` lists its Ray
+task's resources, the workers it starts
+(:meth:`Stage.workers <privcode.pipeline.stage.Stage.workers>`) and whether the cluster,
+connected or described (``--node CPU=8,GPU=1,count=8``), places them
+(:mod:`privcode.pipeline.placement`). For the train stage, from the record count N:
+``q = B / N``, sigma (configured, or :func:`~privcode.train.noise.noise_for` for ``epsilon``
+over ``steps``), the epsilon that sigma spends at ``delta``, and :class:`MemoryEstimate`, from
+the base model's ``config.json`` alone.
 
 Nothing here reads a private record: N is a count the release publishes anyway.
+
+Design notes: docs/kubernetes.md, "privcode/pipeline/plan.py".
 """
 
 from __future__ import annotations
@@ -96,28 +92,14 @@ class PrivacyPlan:
 class MemoryEstimate:
     """Per-worker memory of the junior's DP-SGD step: an ESTIMATE from the model's shapes.
 
-    Terms (bytes), for micro-batch ``b``, sequence ``T`` (``max_length`` plus
-    the prefix's virtual tokens for latent methods), vocabulary ``V``:
-
-    * ``weights``: every parameter of the base in the stage's dtype (``params``
-      x 2 for bfloat16, x 4 for float32); the reference model is the same
-      weights with the adapter disabled, so counted once;
-    * ``optimizer``: the trainable parameters (LoRA + PrivLC) in fp32 with their
-      gradient and AdamW's two moments: 16 bytes each;
-    * ``per_record_grads``: one fp32 gradient of the trainable parameters per
-      record of a micro-batch (Opacus' ``grad_sample``): ``trainable x 4 x b``;
-    * ``logits``: ``b x T x V x 4`` bytes (fp32) for the junior, and as much
-      again for the reference when the method has the syntax-aware KL term;
-    * ``activations``: what autograd keeps for the backward pass of a SwiGLU
-      decoder with fused (SDPA) attention, per token and layer ``6H + 2 k d +
-      4I`` values in the forward dtype (hidden ``H``, KV width ``k d``, MLP
-      width ``I``), times ``b T L``; with gradient checkpointing only each
-      layer's input (``H`` per token and layer) plus one layer's full set.
-
-    Left out: the softmax's gradient (another logits-sized tensor while the
-    loss backpropagates), the encoders' extra forward passes, temporary
-    buffers, the allocator's fragmentation and the CUDA context (about 1 GB):
-    plan for 20-30% more than ``total_bytes``.
+    Bytes, for micro-batch ``b``, sequence ``T`` (with a latent prefix's virtual tokens),
+    vocabulary ``V``, hidden ``H``, KV width ``k d``, MLP width ``I``, ``L`` layers:
+    ``weights`` = params x 2 (bfloat16) or x 4 (float32), the reference model counted once;
+    ``optimizer`` = trainable x 16 (fp32 value, gradient, AdamW's two moments);
+    ``per_record_grads`` = trainable x 4 x b; ``logits`` = b x T x V x 4, twice with the
+    syntax-aware KL; ``activations`` = (6H + 2 k d + 4I) x b T L values in the forward dtype,
+    with gradient checkpointing H x b T L plus one layer's full set. Some terms are left out:
+    plan for 20-30% more than ``total_bytes`` (docs/kubernetes.md, "privcode/pipeline/plan.py").
     """
 
     model: str

@@ -1,33 +1,20 @@
 """The run report: Markdown plus PNG plots, built from stage manifests only.
 
-The report never opens a dataset: each input stage renders its own section
-from the aggregates in its manifest summary (counts, losses, timings;
-:mod:`privcode.pipeline.sections`), and this module composes them.
+The report never opens a dataset: each input stage renders its section from the aggregates in
+its manifest summary (:mod:`privcode.pipeline.sections`), and this module composes them,
+reading only the manifests it is given (the runner's current ones:
+:func:`privcode.pipeline.runner.current_optional_inputs`). Two reports, split at the privacy
+boundary:
 
-It reads only the manifests it is given: run alone (``privcode report``),
-the runner passes the configured stages whose artifacts are current
-(:func:`privcode.pipeline.runner.current_optional_inputs`).
+* SHAREABLE, ``<reports_dir>/<run>/`` (also the report stage's artifact): aggregates only; of
+  the private corpus N and the opaque dataset id, never a digest; no number that moves with
+  one record outside the release's DP path (no store composition, no wall clock).
+* OWNER-ONLY, ``<run.out_dir>/<run>/private_report/`` (directory 0700, files 0600): the
+  corpus's exact composition, plots of single records, the store's composition, the seconds.
+  Nothing shareable links to it or names its path; :func:`write_report` returns it for the
+  command line only.
 
-Two reports, split at the privacy boundary (docs: only aggregates leave it):
-
-* The SHAREABLE report, ``<reports_dir>/<run>/`` (``report.md``,
-  ``report.html``, ``report.json``, PNGs); the same files also live in the
-  report stage's artifact directory, whose manifest hashes them. Aggregates
-  only: rates, counts of the DP pipeline, AUCs, means, the ROC curve of a
-  membership attack, the release's own privacy accounting. Of the private
-  corpus it shows N (training records, which the DP accounting treats as
-  public) and the opaque dataset id, never a digest of the corpus. It holds
-  no number that moves with one record outside the release's DP path: no
-  composition over the privacy store (worst record, what is left, jobs,
-  record groups) and no wall clock (stage seconds, training seconds).
-* The OWNER-ONLY report, ``<run.out_dir>/<run>/private_report/``
-  (``report.md``, ``report.html``, PNGs; directory 0700, files 0600), inside
-  the run's private storage: the exact composition of the private corpus
-  (un-noised counts: PII kinds, canaries, ``corpus.png``), every plot that
-  shows one private record (the fidelity t-SNE), the privacy store's
-  composition and the stages' and trainings' seconds. Neither the shareable
-  report nor the release links to it or names its path; :func:`write_report`
-  returns its path (``private_report``) for the command line only.
+Design notes: docs/development.md, "privcode/pipeline/report.py".
 """
 
 from __future__ import annotations

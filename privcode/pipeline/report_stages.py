@@ -1,18 +1,13 @@
 """The report sections of the data, base, train, synth and premium stages.
 
-Each ``*_section(manifest, ctx)`` renders one stage's part of the report from
-its manifest summary (:mod:`privcode.pipeline.sections`); the stage classes
-(:mod:`privcode.pipeline.stages`) call them. The DP training section shows
-the privacy accounting and a loss curve on PUBLIC held-out code only; of the
-private corpus the shareable report shows N alone (public under the
-accounting), its composition goes to the owner-only report. Of the privacy
-store the shareable report shows nothing: the composition over every job (the
-worst record, what is left, jobs, record groups) and the DP training's wall
-clock move with records outside this release's DP path (one record an earlier
-job used changes them, the release's epsilon not), so they go to the owner-only
-report (:func:`owner_train_lines`) and ``privcode budget show``. The public
-base model's and the premium model's clocks stay shareable: they train on
-public code and on synthetic data (post-processing of the release) only.
+Each ``*_section(manifest, ctx)`` renders one stage's part from its manifest summary
+(:mod:`privcode.pipeline.sections`); the stage classes (:mod:`privcode.pipeline.stages`) call
+them. Shareable: the privacy accounting, a loss curve on PUBLIC held-out code only, N. Owner-only
+(:func:`owner_train_lines`, ``privcode budget show``): the corpus's composition, the store's
+composition over every job and the DP training's wall clock, which move with records outside
+this release's DP path. The base and premium models' clocks stay shareable.
+
+Design notes: docs/development.md, "privcode/pipeline/report_stages.py".
 """
 
 from __future__ import annotations

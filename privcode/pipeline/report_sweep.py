@@ -1,37 +1,18 @@
 """The report's privacy-utility section: utility against epsilon, from manifests only.
 
-Plotted (``privacy_utility.png``). Left: benchmark pass@1 of the junior and the
-premium model of every run against its epsilon (95% intervals), with this run's
-base and non-DP comparison as horizontal lines. Right: the junior's loss on PUBLIC
-held-out code against epsilon. The line is this run: at each checkpoint k of the train
-stage's ``public_heldout_loss_curve``, the epsilon of k DP-SGD steps (k
-compositions of the Poisson-subsampled Gaussian mechanism at the run's q and
-sigma, at its delta, by :mod:`privcode.dp.accounting` with the run's
-accountant; k = 0: epsilon 0). The markers are runs, labelled by name: final
-epsilon (the train summary's, from the ledger) and final held-out loss.
-The epsilon axis is logarithmic when the positive epsilons
-span a factor of 5 or more (epsilon 0 is then a horizontal line).
+``privacy_utility.png``: left, benchmark pass@1 of the junior and the premium model of every
+run against its epsilon (95% intervals); right, the junior's loss on PUBLIC held-out code
+against epsilon. The line is this run: at checkpoint k, the epsilon of k compositions of the
+Poisson-subsampled Gaussian mechanism at the run's q, sigma and delta
+(:mod:`privcode.dp.accounting`, the run's accountant); the markers are runs' final epsilon and
+held-out loss.
 
-Assumptions:
+Assumptions: the runs compared share ``dataset_id`` (the store's opaque keyed id, never a
+digest of the corpus) and ``method``; pass@1 and MIA numbers count only when their manifest
+lists the run's current train fingerprint; the line assumes q and sigma fixed and counts this
+run's steps only. Only manifests are read, never a dataset.
 
-* Runs compared: every ``<run.out_dir>/<name>/train/manifest.json`` whose
-  summary has the same ``dataset_id`` and ``method`` as this run. An
-  epsilon curve only compares models trained on the same private data with
-  the same Stage I method; other settings (steps, lr) may differ, and the
-  table shows steps and sigma. Runs without a DP guarantee are left out.
-  The dataset id is the opaque keyed id of :mod:`privcode.privacy.store` (safe to
-  print); a digest of the corpus is never used or printed (a deterministic
-  function of the whole dataset is not releasable under DP), and a summary
-  without ``dataset_id`` (an older train artifact) is grouped with nothing.
-* A run's pass@1 and MIA numbers (reference-calibrated attack on the junior,
-  TPR at 1% FPR) count only when its eval / audit manifest lists the run's
-  current train fingerprint as input; otherwise they describe an older model.
-* The line assumes q and sigma fixed through the run (sigma is calibrated
-  once) and counts this run's steps only; when the ledger also holds earlier
-  steps on the corpus, the run's epsilon is above the line's end (said so).
-* Only manifests (aggregates) are read, never a dataset. A missing or corrupt
-  train manifest skips its run with a warning naming the file; a corrupt eval
-  or audit manifest drops only those numbers, with a warning.
+Design notes: docs/development.md, "privcode/pipeline/report_sweep.py".
 """
 
 from __future__ import annotations

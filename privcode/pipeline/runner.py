@@ -1,27 +1,16 @@
 """Run the configured stages in order on a Ray cluster, skipping unchanged ones.
 
-Artifacts: ``<run.out_dir>/<run.name>/<stage>/`` holds a stage's files and its
-``manifest.json`` (:class:`~privcode.artifacts.StageManifest`).
+A stage's files and ``manifest.json`` (:class:`~privcode.artifacts.StageManifest`) live in
+``<run.out_dir>/<run.name>/<stage>/``. Its fingerprint hashes the config it declares it reads
+(:attr:`Stage.sections`), its version and the fingerprints of the stages it needs
+(:data:`LOCATION_FIELDS` enter as the directory they resolve to, or not at all). It is skipped
+when its manifest has the same fingerprint and every listed output its recorded sha256, and
+writes into a temporary sibling that replaces the old directory only after the manifest is
+written. It receives the manifests of its ``needs`` and of the ``after`` stages in the run
+(run now, skipped, or read from disk when current: :func:`current_optional_inputs`). Each stage
+runs as a Ray task.
 
-The fingerprint is a hash of the config the stage declares it reads
-(:attr:`Stage.sections`: whole sections or single fields), its version and
-the fingerprints of the stages it needs. Paths that say where a run keeps
-things (:data:`LOCATION_FIELDS`) enter as the directory they resolve to, or
-not at all, so ``privcode run`` and a submitted job (whose config carries them
-made absolute) agree. A stage is skipped when its
-manifest carries the same fingerprint and every listed output still has the
-recorded sha256; otherwise it runs. A stage writes into a temporary sibling
-directory that replaces the old one only after the manifest is written, so a
-failed or interrupted stage leaves the previous artifact intact.
-
-A stage receives the manifests of the stages it reads (``needs``, and those of
-``after`` that are part of the run): run now, skipped as unchanged, or, for a
-stage of ``run.stages`` that this invocation does not select (``privcode
-report``), read from disk when current (:func:`current_optional_inputs`).
-
-Each stage runs as a Ray task (``ray.remote``), so the same runner works in
-an in-process local cluster, on a local head (``make demo``), inside a Ray
-Job (``jobs/pipeline.py``) and on a KubeRay cluster.
+Design notes: docs/development.md, "privcode/pipeline/runner.py".
 """
 
 from __future__ import annotations

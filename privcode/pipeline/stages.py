@@ -138,17 +138,12 @@ class BaseStage(Stage):
 class TrainStage(RayTrainStage):
     """Stage I: DP-SGD training of the junior model (LoRA + the method's modules) on Ray Train.
 
-    The artifact is the DP release in ``release/`` (:mod:`privcode.artifacts.junior`:
-    ``adapter/``, ``prefix_decoder.safetensors`` for latent methods,
-    ``privacy.json`` with epsilon, delta, the DP events, C, q, sigma, steps, an
-    opaque dataset id, and ``release.json``), the only thing Stage II may read;
-    nothing in it is private, so ``private`` is False. The privacy ledger's WAL
-    lives in ``<out_dir>/<run>/ledger/<corpus sha256 prefix>/`` (private
-    storage), outside the stage directory, so re-running the stage on the same
-    data spends from the same budget (and is refused once it is spent). Ray
-    Train checkpoints go to ``<out_dir>/<run>/.train/`` (private storage) and
-    are removed on success. The dataset id's key lives in the privacy store
-    (``privacy.store``, :mod:`privcode.privacy.store`).
+    The artifact is the DP release in ``release/`` (:mod:`privcode.artifacts.junior`), the only
+    thing Stage II may read; nothing in it is private, so ``private`` is False. The ledger's WAL
+    lives in ``<out_dir>/<run>/ledger/<corpus sha256 prefix>/``, outside the stage directory, so a
+    re-run on the same data spends from the same budget. Ray Train checkpoints go to
+    ``<out_dir>/<run>/.train/`` (private storage), removed on success.
+    Details: docs/development.md, "privcode/pipeline/stages.py".
     """
 
     name = "train"

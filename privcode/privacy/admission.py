@@ -1,26 +1,17 @@
 """Admission: may a DP job with a planned ``(sigma, q, steps)`` train on these records?
 
-:func:`admit` is the one entry point. The records get their keyed identities
-with the store's key (:meth:`~privcode.privacy.store.PrivacyStore.record_identities`:
-exact text, code alone, training row, MinHash bands) and the store's one writer
-(:mod:`privcode.privacy.ledger`) answers: the job fits when the worst record,
-every earlier job on any record connected to it by a shared identity composed
-with the plan, stays within the budget (:mod:`privcode.privacy.groups`).
+The records get the store's keyed identities
+(:meth:`~privcode.privacy.store.PrivacyStore.record_identities`) and the store's one writer
+(:mod:`privcode.privacy.ledger`) answers: the job fits when, for the worst record,
+``epsilon(every earlier job on its component + plan) <= budget`` (:mod:`privcode.privacy.groups`).
+:func:`admit` asks (``reserve=False``: the preflight) or reserves (``reserve=True``: the train
+stage before any worker starts, the binding check; pre-store run ledgers are imported first);
+:func:`plan_alone` asks before the data exists (a record never trained on);
+:func:`register_pac_data` logs a PAC worlds' records with the same identities before they train
+(:mod:`privcode.privacy.pac_budgets`). A refusal is a :class:`~privcode.errors.BudgetRefused`
+naming the worst record's epsilon spent, what the job would add and what is left.
 
-* ``reserve=False`` asks only (the pipeline's preflight, before any stage);
-* ``reserve=True`` reserves the plan for a job (the train stage, before any
-  worker starts): the binding check. Pre-store run ledgers of the corpus are
-  imported once first, so their charges count.
-
-:func:`plan_alone` is the question that can be asked before the data exists:
-does the plan alone (a record never trained on) fit the store's budget?
-A refusal is a :class:`~privcode.errors.BudgetRefused` naming the worst
-record's epsilon spent, what the job would add and what is left.
-
-:func:`register_pac_data` is PAC's side of the same accounts: the records a
-set of PAC worlds trains on, logged with the same identities before the
-worlds train, so their deployment allowances are held per record
-(:mod:`privcode.privacy.pac_budgets`).
+Design notes: docs/privacy.md, "privcode/privacy/admission.py".
 """
 
 from __future__ import annotations
@@ -143,27 +134,17 @@ def admit(
 ) -> tuple[Any, dict[str, Any]]:
     """Ask (``reserve=False``) or reserve (``True``) ``plan`` on ``records``: (ledger, reply).
 
-    ``records`` have ``.prompt`` and ``.code``; ``cap`` is the job's own epsilon
-    (``train.epsilon``): the job is held to min(cap, what the store has left). The
-    reply of a reservation names the ``job``. :class:`BudgetRefused` with the worst
-    record's numbers when the plan does not fit; nothing is reserved then.
-
-    ``rows``: each record's encoded training row (``.input_ids``, ``.segments``:
-    ``privcode.models.encoding.encode_records``), ``tokenizer`` its tokenizer's
-    :func:`~privcode.privacy.identities.tokenizer_id`; without them the ``row``
-    identity is not checked (the preflight, which has no tokenizer). ``dataset``: the
-    SHA-256 (hex) of the file the records were parsed from: a reserved job's steps are
-    granted only to a caller presenting it (the training ranks, which read the file).
-
-    Content in several rows of one job is refused (:data:`MAX_ROWS_PER_RECORD`):
-    two rows with the same exact text, the same code (up to layout) or the same
-    training row are one record. Each row is sampled on its own, so such content
-    would spend a group's epsilon (at demo settings 2.93 in one row, 5.11 in two,
-    8.73 in four, by dp-accounting's mixture-of-Gaussians PLD) while it is charged
-    once. MinHash near duplicates (a shared band) are not refused: a band is shared
-    by chance below ingest's threshold too (measured on the demo corpora, see
-    docs/privacy.md), and each near copy is its own record under the adjacency;
-    they are one component for every later job.
+    ``records`` have ``.prompt`` and ``.code``; ``cap`` (``train.epsilon``) holds the job to
+    min(cap, what the store has left); a reservation's reply names the ``job``.
+    :class:`BudgetRefused` with the worst record's numbers when the plan does not fit (nothing is
+    reserved then). ``rows``: each record's encoded training row (``.input_ids``, ``.segments``:
+    ``privcode.models.encoding.encode_records``), ``tokenizer`` its
+    :func:`~privcode.privacy.identities.tokenizer_id`; without them (the preflight) the ``row``
+    identity is not checked. ``dataset``: the file's SHA-256 (hex); a reserved job's steps are
+    granted only to a caller presenting it (the training ranks, which read the file). Rows of one
+    job sharing the exact, code or row identity are one record and refused
+    (:data:`MAX_ROWS_PER_RECORD`); rows sharing only a MinHash band are admitted.
+    Why: docs/privacy.md, "privcode/privacy/admission.py".
     """
     ids = store.record_identities(
         ((r.prompt, r.code) for r in records), rows=rows, tokenizer=tokenizer

@@ -1,22 +1,17 @@
 """Who may raise a budget: the store's authority, an Ed25519 key that no pipeline job holds.
 
-Any job on the Ray cluster reaches the store's ledger (it must, to be charged), so a
-raise cannot be a plain ledger call. ``privcode budget init`` makes a key pair: the
-public key goes into the store's identity (``store.json``, ``authority``), the private
-key OUTSIDE the store (default ``${XDG_CONFIG_HOME:-~/.config}/privcode/authority/<store
-id>.key``, 0600; ``--authority-key``), where no Ray pod mounts it. A raise is a grant::
+``privcode budget init`` makes the key pair: the public key goes into ``store.json``
+(``authority``), the private key OUTSIDE the store (:func:`default_key_path`, 0600), where no
+Ray pod mounts it. A raise is a grant::
 
     message   = canonical JSON {"kind", "store_id", "from", "to", "who", "why", ["worlds"]}
     signature = Ed25519(private key, "privcode-raise/1\\0" || message)
 
-``kind`` is ``records`` (the per-record epsilon budget) or ``pac`` (a PAC worlds'
-allowance in nats); ``from`` is the value being raised. The ledger checks the signature
-against the identity's public key, the store id, and that ``from`` is its current value,
-so a grant raises once: replayed after the raise it names a stale ``from``. A grant can
-be signed where the key lives (``privcode budget sign-raise``) and delivered from
-anywhere that reaches the ledger (``privcode budget raise --grant FILE``).
+``kind`` is ``records`` (the per-record epsilon budget) or ``pac`` (a worlds' allowance, nats).
+The ledger checks the signature against the identity's public key, the store id, and that
+``from`` is its current value, so a grant raises once. Ed25519 is ``cryptography``'s (OpenSSL).
 
-Ed25519 comes from ``cryptography`` (OpenSSL); nothing here is hand-rolled.
+Design notes: docs/privacy.md, "privcode/privacy/authority.py".
 """
 
 from __future__ import annotations

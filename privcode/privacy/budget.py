@@ -1,25 +1,14 @@
 """The privacy store seen from a terminal: `privcode budget init | show | raise | verify | wipe`.
 
-Every call that reads or changes the budget goes through the store's one
-writer: the ledger actor when this process is connected to Ray (a Serve
-replica) or a cluster holds the store (``RAY_ADDRESS`` or the local head),
-else the ledger as a plain object in this process for the length of the call
-(it takes the store's lock, so it can never run beside an actor). What is
-printed is aggregates only: the budget, per group of records the jobs that
-trained on them, their number and epsilon (RDP and PRV), and the jobs.
+Every call that reads or changes the budget goes through the store's one writer: the ledger actor
+when this process is connected to Ray or a cluster holds the store, else the ledger as a plain
+object for the length of the call (it takes the store's lock, so never beside an actor). What is
+printed is aggregates only. :func:`init_store` is the only creator (whole or not at all);
+:func:`verify_store` checks a store and records a deliberate move; :func:`wipe` deletes one after
+appending a record to the store log OUTSIDE it (:func:`store_log_path`), the log that also
+records every init and accepted move.
 
-A store's life, all of it on purpose and on record:
-
-* :func:`init_store` creates one (nothing else does), whole or not at all;
-* :func:`verify_store` checks one (key, identity, hash chain, head, the
-  jobs' record files, the groups snapshot) and records a deliberate move;
-* :func:`wipe` deletes one after appending a record to the store log
-  *outside* it (:func:`store_log_path`: ``PRIVCODE_WIPE_LOG``, else
-  ``${XDG_STATE_HOME:-~/.local/state}/privcode/wipes.log``): when, which
-  store, where, who, and its worst record's epsilon. The same log records
-  every init and accepted move, so a store that vanished without a wipe is
-  noticed by the next init at its path (refused unless ``--replace-lost``,
-  itself recorded).
+Design notes: docs/privacy.md, "privcode/privacy/budget.py".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """``privcode budget``: the privacy store from a terminal.
 
-``privcode budget init [--epsilon E [--delta D]] [--if-absent]`` creates a store
-(the only command that does); ``budget show [--json]`` prints its budget, its
-record groups (the records trained on by the same jobs, their number and
-epsilon under RDP and PRV), its jobs and its PAC deployments; ``budget raise
---epsilon E --who NAME --why REASON`` raises the per-record budget on record in
-the store's log (``--pac WORLDS_ID --nats N``: a PAC deployment's allowance);
-``budget verify [--json] [--accept-move]`` checks the store's key, identity,
-hash chain, head, job records and groups snapshot (exit status 1 on any
-problem) and records a deliberate move; ``budget wipe --confirm PATH`` deletes
-a store after recording it outside the store; ``budget serve-ledger --tokens DIR
-[--listen HOST:PORT]`` is the store's one writer over HTTP
+``init`` creates a store (the only command that does); ``show`` prints its budget, record groups,
+jobs and PAC deployments; ``raise`` raises a budget on record; ``verify`` checks the store (exit
+status 1 on any problem) and records a deliberate move; ``wipe`` deletes it after recording it
+outside the store; ``serve-ledger`` is its one writer over HTTP
 (:mod:`privcode.privacy.ledger_service`). The store is ``--store``, else
-``PRIVCODE_PRIVACY_STORE``, else the config's ``privacy.store``, else
-``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store`` (never from
-``run.out_dir``).
+``PRIVCODE_PRIVACY_STORE``, else the config's ``privacy.store``, else the default store (never
+from ``run.out_dir``). Commands and options: docs/privacy.md, "privcode/privacy/cli.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
 """Records connected by shared identities, and the index that keeps them.
 
-Every trained record has several identities (:mod:`privcode.privacy.identities`).
-Two records that share one are the same record to the store; sharing is
-closed transitively: records A ~ B (one identity) and B ~ C (another) form
-one *component* {A, B, C}, and every record of a component has spent
+Two records sharing an identity (:mod:`privcode.privacy.identities`) are one record to the store,
+closed transitively: A ~ B and B ~ C make one *component* {A, B, C}, every record of which has spent
 
     epsilon(component) = epsilon( compose{ events(j) : j in jobs(component) } )
 
-where ``jobs(component)`` is every job that trained on any of its records.
-The closure is what makes admission sound for records already trained: a job
-on A adds its events to B's account (B shares an identity with A), and B's
-account already holds C's jobs, so the check must be on the union over the
-whole component, or B could pass its budget unseen. It over-counts where
-only the direct relation would (A and C share nothing), never under-counts.
-
-State (numpy, no I/O)::
+over every job that trained on any of its records. Admission must check the whole component
+(over-counts, never under-counts). State (numpy, no I/O)::
 
     keys:  sorted uint64   the first 64 bits of every identity ever trained on
     comp:  int64 per key   the component holding it (always a live component)
     cgid:  int64 per comp  the component's group: id of its set of jobs
     crec:  int64 per comp  its number of records (distinct ``exact`` identities)
 
-:meth:`IdentityIndex.link` resolves ``n`` records of ``m`` identities each:
-the identities already indexed name components, those shared by several of
-the records join them, and ``scipy.sparse.csgraph.connected_components`` over
-the graph records -- identities -- components gives each record its
-component-to-be (a *label*). :meth:`IdentityIndex.merge` then makes one new
-component per label: the union of the components it touched, plus the new
-identities; the old components die (their keys are relabelled in one
-vectorised pass). Cost: O((n m + k) log(n m + k)) numpy work, no Python loop
-per record.
+:meth:`IdentityIndex.link` labels records by their component-to-be, :meth:`IdentityIndex.merge`
+makes one component per label: O((n m + k) log(n m + k)), no Python loop per record.
+Design notes: docs/privacy.md, "privcode/privacy/components.py".
 """
 
 from __future__ import annotations

@@ -1,48 +1,21 @@
 """Per-record privacy accounting: records grouped by the jobs that trained on them.
 
-A record's privacy loss is the composition of the DP events of every job
-that trained on it, whatever run, directory or file copy the job read it
-from, and whatever form it trained in: a record is known by its keyed
-identities (:mod:`privcode.privacy.identities`: its exact text, its code
-alone up to layout, its training row after truncation, its MinHash bands),
-and records sharing any identity, transitively, are one *component*
-(:mod:`privcode.privacy.components`). Records of components touched by
-exactly the same jobs have the same loss, so the state is
+A record's loss composes the DP events of every job that trained on any record of its component
+(:mod:`privcode.privacy.components`: records sharing a keyed identity, transitively). Records of
+components touched by exactly the same jobs have the same loss, so the state is
 
     index:  identity -> component            (every identity ever trained on)
     comps:  component -> group id, records   (records: distinct exact identities)
     groups: group id  -> frozenset of jobs   (the distinct sets of jobs)
     jobs:   job id    -> its committed DP events
 
-and a question about a training set costs one composition per distinct
-group among its records' components, never one per record (nor records x jobs).
-
-Admission of a job with planned events P on records R: every record r of R
-joins, with the records of R it shares identities with, a component-to-be
-C(r), the union of the components it touches; its jobs are
-``jobs(C(r)) = union of jobs(C) over the touched components C`` (none for a
-record no job trained on, the empty group). The job fits when, for every
-distinct group G so met, ``epsilon(events(G) + P) <= budget`` under the
-store's accountant; the worst group is the worst record. Every record
-already trained that the job touches (through a shared identity) is in one
-of these components, so it is checked too. Admitting merges each C(r) into one
-component in group ``jobs(C(r)) | {job}``. A step of an admitted job is
-allowed only if every group holding the job stays within the budget with it
-(:meth:`RecordGroups.check_step`).
-
-A job's committed events are its planned ones while it runs (admission
-reserves them, so concurrent jobs on overlapping records cannot together be
-admitted past the budget) and its granted ones once it has finished.
-
-Records are given as 16-byte fingerprints (one identity each: a store from
-before identities, and the tests) or as an ``(n, m, 16)`` identity array
-(:func:`privcode.privacy.identities.record_identities`; column 0 the exact
-fingerprint, which counts records).
-
-Pure state, no I/O, no Ray: the store's ledger (:mod:`privcode.privacy.ledger`)
-persists it (:meth:`RecordGroups.index_bytes`, :meth:`RecordGroups.from_state`;
-snapshot format :data:`SNAPSHOT_FORMAT`, format 1 of single fingerprints still
-read) and serialises every change.
+and a question costs one composition per distinct group met, never one per record. A job with
+plan P on records R fits when ``epsilon(events(G) + P) <= budget`` for every group G of the
+components-to-be C(r) of R; admitting merges each C(r) into group ``jobs(C(r)) | {job}``; a step
+is allowed only if every group holding the job stays within the budget
+(:meth:`RecordGroups.check_step`). Committed events: planned while the job runs, granted once it
+finished. Pure state, no I/O: the ledger persists it (snapshot :data:`SNAPSHOT_FORMAT`).
+Design notes: docs/privacy.md, "privcode/privacy/groups.py".
 """
 
 from __future__ import annotations

@@ -1,58 +1,19 @@
 """A record's identities: what makes two training rows "the same record" to the privacy store.
 
-A record's budget must follow what trains, not its exact text. One keyed
-fingerprint of the canonical ``(prompt, code)`` text
-(:func:`~privcode.privacy.store.record_fingerprint`) gave a fresh budget to
-trailing blanks in a prompt, a reformat of the code, an edit past
-``train.max_length`` tokens, a near copy or the same code under another
-prompt. Each record now has :data:`PER_RECORD` keyed identities of 16 bytes,
-one row of an ``(n, PER_RECORD, 16)`` uint8 array:
-
-* ``exact`` (column :data:`EXACT`): the old fingerprint, kept so that a store
-  written with single fingerprints still composes with new jobs;
-* ``code`` (:data:`CODE`): the code alone, prompt ignored, as the token
-  sequence of ``\\w+|[^\\w\\s]`` (ingest's tokens: every run of blanks, tabs
-  and line ends is dropped), single quotes read as double quotes and no comma
-  before a closing bracket (black's quotes and magic trailing commas). So
-  tabs against spaces, trailing blanks, a re-indented or black-reformatted
-  function, another prompt: one code identity;
-* ``row`` (:data:`ROW`): the encoded training row after truncation,
-  ``ids = (tokens(p) ++ tokens(c) ++ [EOS])[:max_length]`` with its segment
-  ids, under the tokenizer's id (:func:`tokenizer_id`): what actually trains.
-  The caller passes the rows (``privcode.models.encoding.encode_records``); without
-  them (the pipeline's preflight, which has no tokenizer) the column repeats
-  ``exact``;
-* ``band i`` (:data:`FIRST_BAND` + i, i < :data:`BANDS`): MinHash LSH bands of
-  the code's 5-token shingles (ingest's, :mod:`privcode.data.ingest.hygiene`).
-  A shingle's 32-bit hash ``x`` goes through ``K = b * r`` keyed bijections
-  of the 32-bit words, ``g = ((x xor b_k) * a_k) mod 2^32``, ``h_k(x) = g xor
-  (g >> 15)`` (odd ``a_k``; ``a, b`` an AES-CTR stream under a key derived from
-  the store key), and the signature is ``s_k = min_{x in shingles} h_k(x)``:
-  ``Pr[s_k(A) = s_k(B)] = J(A, B)``, the Jaccard index of the shingle sets
-  (measured: the estimate's error over 300 random pairs has the binomial
-  spread, z-scores of mean -0.08, standard deviation 1.03).
-  Band i holds ``r`` rows; two records share band i with probability ``J^r``,
-  at least one band with ``P(J) = 1 - (1 - J^r)^b``. With ``r = 8, b = 16``:
-  ``P(0.85) = 0.994``, ``P(0.9) = 0.99999``, ``P(0.7) = 0.61``,
-  ``P(0.5) = 0.06``, ``P(0.3) = 0.001``. A pair ingest would drop
-  (``J >= 0.85``) shares a band with probability >= 0.994; a pair below it
-  may too (over-counting, never under-counting). Code without tokens has no
-  shingles: its bands repeat ``code``.
-
-Keyed: ``exact`` is the HMAC of before; ``code`` and ``row`` are
-``AES_k(SHA-256(label || message)[:16])`` (a pseudorandom permutation of a
-collision-resistant digest) and ``band i`` is the CBC-MAC
-``AES_k(AES_k(AES_k(tweak_i) ^ v_1) ^ v_2)`` of the band's ``r`` 32-bit values
-(two blocks at ``r = 8``; CBC-MAC is a PRF on messages of one fixed length).
-Each kind has its own key derived from the store's record key, so identities
-say nothing to whoever lacks the key, and another store names the same record
-differently. AES runs in ECB over all blocks at once (one C call per block
-position), so 50,000 records x 19 identities cost milliseconds there; the
-MinHash is numpy (``bench/bench_admission.py``).
-
-An identity collision (two records sharing a value) can only join records,
-so it over-counts; none can split one. :mod:`privcode.privacy.components`
-composes over records connected by shared identities.
+Each record has :data:`PER_RECORD` keyed identities of 16 bytes, one row of an
+``(n, PER_RECORD, 16)`` uint8 array: ``exact`` (:data:`EXACT`: the canonical-text fingerprint,
+:func:`~privcode.privacy.store.record_fingerprint`), ``code`` (:data:`CODE`: the code's
+``\\w+|[^\\w\\s]`` tokens, ``'`` read as ``"``, no comma before a closing bracket; no prompt),
+``row`` (:data:`ROW`: ``(tokens(p) ++ tokens(c) ++ [EOS])[:max_length]`` and segment ids under
+:func:`tokenizer_id`; ``exact`` again without rows) and :data:`BANDS` MinHash bands
+(:data:`FIRST_BAND` + i) of the code's 5-token shingles: keyed bijections
+``g = ((x xor b_k) * a_k) mod 2^32``, ``h_k(x) = g xor (g >> 15)``, ``s_k = min_x h_k(x)``, so
+``Pr[s_k(A) = s_k(B)] = J(A, B)``; ``r`` rows a band, ``b`` bands: some band shared with
+probability ``1 - (1 - J^r)^b`` (0.994 at J = 0.85 for r = 8, b = 16). Keyed: ``code``, ``row``
+are ``AES_k(SHA-256(label || message)[:16])``, band i the CBC-MAC
+``AES_k(AES_k(AES_k(tweak_i) ^ v_1) ^ v_2)``, one key per kind from the store's record key.
+A collision only joins records (over-counts), never splits one.
+Design notes: docs/privacy.md, "privcode/privacy/identities.py".
 """
 
 from __future__ import annotations

@@ -1,30 +1,19 @@
 """The privacy store's ledger: one writer per store, per-record budgets, fail-closed.
 
-Every private update asks the store's ledger, one named Ray actor per store
-(:mod:`privcode.privacy.ledger_actor`: ``privcode-store:<store id>``, detached,
-restarted without limit and rebuilt from the store on every start). It keeps the per-record state of
-:class:`~privcode.privacy.groups.RecordGroups`: a record's epsilon is the
-composition of the DP events of every job that trained on it, whatever run,
-directory or copy of the file it came from. A job is
+Every private update asks the store's ledger (one named Ray actor per store,
+:mod:`privcode.privacy.ledger_actor`); it keeps :class:`~privcode.privacy.groups.RecordGroups`.
+A job is
 
-1. admitted (:meth:`StoreLedger.admit`) on the keyed fingerprints of its
-   training records with its planned event ``(sigma, q, steps)``: only if
-   ``epsilon(events(G) + plan) <= budget`` for the worst group G met; the
-   plan is then reserved for those records, so concurrent jobs on
-   overlapping data can never be admitted past the budget together;
-2. granted steps one by one (:meth:`StoreLedger.reserve`); a step within the
-   plan is covered by the admission, one past it (a recomputed step after a
-   restart: a second release) must fit for every group of the job;
-3. finished (:meth:`StoreLedger.finish`): its committed events become what
-   was granted; no step is granted to a finished job again.
+1. admitted (:meth:`StoreLedger.admit`) only if ``epsilon(events(G) + plan) <= budget`` for the
+   worst group G met; the plan is then reserved for its records;
+2. granted steps one by one (:meth:`StoreLedger.reserve`): within the plan covered by the
+   admission, past it (a recomputed step: a second release) only if it fits every group of the job;
+3. finished (:meth:`StoreLedger.finish`): committed events become what was granted; no more steps.
 
-The store's files, the log's entries and how a log is checked before any
-write: :mod:`privcode.privacy.ledger_log`.
-
-Metrics (``ray.util.metrics``, tag ``store``): Gauges
-``privcode_epsilon_spent`` (the worst record's epsilon) and
-``privcode_epsilon_budget``, Counter ``privcode_dp_steps``. The ledger sees
+Files and log checks: :mod:`privcode.privacy.ledger_log`. Metrics (tag ``store``):
+``privcode_epsilon_spent``, ``privcode_epsilon_budget``, ``privcode_dp_steps``. The ledger sees
 fingerprints and numbers only, and logs aggregates only.
+Design notes: docs/privacy.md, "privcode/privacy/ledger.py".
 """
 
 from __future__ import annotations

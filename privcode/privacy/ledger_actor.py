@@ -1,18 +1,13 @@
 """The store's ledger as one named Ray actor: start or find it, call it, stop it.
 
 :func:`open_ledger` gets or starts ``privcode-store:<store id>`` (namespace
-:data:`LEDGER_NAMESPACE`; detached, so a stage running as a short Ray task
-cannot take it down with its worker; restarted by Ray without limit, each
-start rebuilding :class:`~privcode.privacy.ledger.StoreLedger` from the store and
-taking its lock). Calls are serialised (one at a time), so reservations from
-many drivers and workers can never overshoot together. A call in flight when
-the actor dies is re-sent (up to :data:`MAX_TASK_RETRIES`); a grant already
-logged is answered from the log when the call carries a ``request_id``.
-
-Where ``PRIVCODE_LEDGER_URL`` is set (a Kubernetes release: the store's
-ledger is a Deployment, :mod:`privcode.privacy.ledger_service`), every helper
-here returns and calls that ledger instead
-(:class:`~privcode.privacy.ledger_client.RemoteLedger`) and no actor starts.
+:data:`LEDGER_NAMESPACE`; detached, restarted by Ray without limit, each start rebuilding
+:class:`~privcode.privacy.ledger.StoreLedger` from the store and taking its lock). Calls are
+serialised, so reservations can never overshoot together; a call in flight when the actor dies is
+re-sent (:data:`MAX_TASK_RETRIES`), a logged grant answered from the log by its ``request_id``.
+With ``PRIVCODE_LEDGER_URL`` set, every helper uses
+:class:`~privcode.privacy.ledger_client.RemoteLedger` instead and no actor starts.
+Design notes: docs/privacy.md, "privcode/privacy/ledger_actor.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """A client of the store's ledger served over HTTP (:mod:`privcode.privacy.ledger_service`).
 
-On Kubernetes one Deployment holds the privacy store and is its one writer
-for the whole release: the pipeline's Ray clusters, the serving cluster and
-the operator reach it as ``PRIVCODE_LEDGER_URL`` with a bearer token read
-from ``PRIVCODE_LEDGER_TOKEN_FILE`` (a Secret key: each role has its own
-token and may call only its role's methods). :func:`remote_ledger` returns
-the client when both are set, and the ledger helpers
-(:func:`~privcode.privacy.ledger_actor.open_ledger`, ``get_ledger``,
-``ledger_call``, :func:`~privcode.privacy.budget.call`) then use it instead of
-a Ray actor, so no Ray cluster needs to lock the store.
-
-Arguments and results are JSON; ``bytes`` (record identities) travel as
-``{"$b64": ...}``. The ledger's own errors come back as the same classes
-with the same messages; anything else (no answer, a timeout, a 5xx) is a
-:class:`~privcode.errors.LedgerUnavailableError`: nothing may train. A
-call is sent once: a request the server may have applied is never repeated
-here (``reserve`` carries its own request id for that).
-
-The transport is :mod:`privcode.http` (a session with no retries, answers
-capped at :data:`MAX_ANSWER_BYTES`), shared with the OpenAI endpoint client:
-this module sits below ``models/`` (the privacy store may not import it), so
-the shared part lives in the bottom layer and ``requests`` is imported there only.
+:func:`remote_ledger` returns it when ``PRIVCODE_LEDGER_URL`` and ``PRIVCODE_LEDGER_TOKEN_FILE``
+(a role's bearer token) are set; the ledger helpers
+(:func:`~privcode.privacy.ledger_actor.open_ledger`, ``get_ledger``, ``ledger_call``,
+:func:`~privcode.privacy.budget.call`) then use it instead of a Ray actor. Arguments and results
+are JSON, ``bytes`` as ``{"$b64": ...}``. The ledger's errors come back as the same classes and
+messages; anything else (no answer, a timeout, a 5xx) is a
+:class:`~privcode.errors.LedgerUnavailableError`: nothing may train. A call is sent once, never
+repeated (``reserve`` carries its own request id). Transport: :mod:`privcode.http` (no retries,
+answers capped at :data:`MAX_ANSWER_BYTES`).
+Design notes: docs/privacy.md, "privcode/privacy/ledger_client.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,17 @@
 """The privacy store ledger's log: its entries, its formats, and loading it with every check.
 
-Files in the store (0700 directory, 0600 files, never in a run directory):
-
-* ``ledger.wal``: the write-ahead log (:mod:`privcode.privacy.wal`), entries
-  ``header``, ``budget`` (epsilon, delta, accountant: set by ``privcode
-  budget init --epsilon`` or the first job, changed only by
-  :meth:`StoreLedger.raise_budget`, which logs who and why), ``admit``,
-  ``grant``, ``finish``, ``import``, ``chain`` (a log from before the hash
-  chain, chained from here), ``move`` (the store moved on record); every
-  entry carries ``seq``, the writer's ``epoch`` and ``prev_hash`` (the hash
-  chain). An entry is fsynced before the call that made it returns: a crash
-  can only over-count.
-* ``ledger.head``: the log's length and last hash, rewritten (atomically)
-  after every append; with the chain it turns a truncated, replaced or
-  deleted log into a refusal (:func:`load_log`), never a fresh budget.
-* ``jobs/<job>.fps``: a job's records, written (temporary name, fsync,
-  rename, directory fsync) before its ``admit``: ``per_record`` identities of
-  16 bytes each (:mod:`privcode.privacy.identities`; the entry names it, 1
-  for a job logged before identities: its sorted fingerprints), records
-  sorted by their exact identity.
-* ``groups/``: a snapshot of the record groups at a WAL position, so a
-  restart reads one index instead of every job's fingerprints.
-* ``lock``: held with ``flock(LOCK_EX)`` by the one writer for its life;
-  ``epoch``: bumped by each writer on start, with the lock held. A writer
-  re-reads the epoch before and after every append and fails closed when
-  another writer took over (a second cluster on the same volume, a stale
-  actor after a network split): it never grants again, and its last line,
-  if any, only over-counts. Replay applies every verified line in order.
-
-:func:`load_log` reads and checks a store's log, chain and head and writes
+Files in the store: ``ledger.wal`` (:mod:`privcode.privacy.wal`; entries ``header``, ``budget``,
+``admit``, ``grant``, ``finish``, ``import``, ``chain``, ``move``, each with ``seq``, the writer's
+``epoch`` and ``prev_hash``), ``ledger.head`` (its length and last hash), ``jobs/<job>.fps`` (a
+job's ``per_record`` identities, written before its ``admit``), ``groups/`` (a snapshot of the
+record groups at a WAL position), ``lock`` (the one writer's ``flock``, held for its life) and
+``epoch`` (bumped by each writer on start). Invariants: an entry is fsynced before its call
+returns (a crash only over-counts); a truncated, replaced or deleted log is a refusal, never a
+fresh budget; a writer re-reads the epoch before and after every append and fails closed once
+another took over. :func:`load_log` reads and checks a log, its chain and head and writes
 nothing; :class:`~privcode.privacy.ledger.StoreLedger` replays it.
+
+Design notes: docs/privacy.md, "privcode/privacy/ledger_log.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """The store's ledger over HTTP: one writer per store for a whole Kubernetes release.
 
-``privcode budget serve-ledger --store PATH --tokens DIR`` holds the store's
-lock (:class:`~privcode.privacy.ledger.StoreLedger`, the same one writer the
-Ray actor is locally) and answers ``POST /v1/call`` with ``{"method", "args",
-"kwargs"}`` (:mod:`privcode.privacy.ledger_client` encodes them). Why a
-service and not the Ray actor there: every RayJob runs its own Ray cluster,
-and the serving cluster another, while a store has one writer; with the
-actor, two clusters on one store could not both run, and every pod that
-reaches the actor had to mount the store. Here only this pod mounts it
-read-write; the serving pods hold no store at all.
-
-Authentication: ``DIR`` holds one file per role (``pipeline``, ``serving``,
-``operator``; a Secret mounted as files), each a bearer token. A role may
-call only its methods (:data:`ROLES`): serving opens and leases PAC
-allowances, nothing else; raising a budget also needs the authority's
-signed grant (:mod:`privcode.privacy.raising`), whoever sends it. Calls run
-one at a time (the ledger is not thread-safe). A request larger than
-``max_body_bytes`` is refused before it is read (hostile clients). Errors
-carry the ledger's own class and message, which hold aggregates only.
-``GET /healthz`` (no token) says whether the writer is usable.
-
-Built on FastAPI and uvicorn (the ``serve`` extra), like the serving apps.
+``privcode budget serve-ledger --store PATH --tokens DIR`` holds the store's lock
+(:class:`~privcode.privacy.ledger.StoreLedger`) and answers ``POST /v1/call`` with
+``{"method", "args", "kwargs"}`` (:mod:`privcode.privacy.ledger_client` encodes them);
+``GET /healthz`` (no token) says whether the writer is usable. ``DIR`` holds one bearer token
+per role (``pipeline``, ``serving``, ``operator``); a role may call only its methods
+(:data:`ROLES`), and a raise also needs the authority's signed grant
+(:mod:`privcode.privacy.raising`). Calls run one at a time (the ledger is not thread-safe); a
+body over ``max_body_bytes`` is refused before it is read; errors carry the ledger's own class
+and message (aggregates only). FastAPI and uvicorn (the ``serve`` extra).
+Design notes: docs/privacy.md, "privcode/privacy/ledger_service.py".
 """
 
 import hmac

@@ -1,64 +1,22 @@
 """PAC deployment budgets in the privacy store: per set of worlds, within one per record.
 
-A PAC curator (:mod:`privcode.pac.curator`) charges ``b`` nats per private
-token against its deployment budget, and its state (the secret world, the
-posterior, the charges) lives under ``pac/<worlds id>/`` in the store or in a
-directory of its own (:mod:`privcode.serve.pac_ledger`). The
-store's ledger records, in the same log and through the same one writer:
+A PAC curator (:mod:`privcode.pac.curator`) charges ``b`` nats per private token against its
+worlds' allowance ``A``. The store's ledger logs, through the same one writer: ``pac-open``
+(first start, before serving, fixing the allowance; later starts get it back and are told the
+worlds were served, so a lost curator state fails closed), ``pac-records`` (the worlds' records,
+the identities DP uses, joining the record groups with no DP event), ``pac-raise`` (on record
+only) and ``pac-lease`` (nats handed to one curator BEFORE it spends them,
+:mod:`privcode.pac.leases`). With ``record_budget`` the first allowance asked for on the store
+and ``L`` every lease of the worlds:
 
-* ``pac-open`` the first time a curator of a set of worlds starts, before it
-  serves: the worlds' keyed id, their training dataset's opaque id, m, b,
-  the scope and the deployment budget it may spend (its allowance). Every
-  later start of those worlds (a restart, a new replica, a re-run of the pac
-  stage that reproduces them) gets the same allowance back and is told the
-  worlds were served, so a missing curator state fails closed instead of
-  drawing a fresh secret with a full budget;
-* ``pac-records``: the records a set of worlds is trained on (their keyed
-  identities, :mod:`privcode.privacy.identities`), logged once per dataset
-  before the worlds train. They join the store's record groups
-  (:mod:`privcode.privacy.groups`) as a member with no DP event, so a record
-  is known to PAC as it is to DP-SGD: by its exact text, its code up to
-  layout, its training row and its MinHash bands, across corpora;
-* every record's PAC budget, ``record_budget`` nats: the first allowance asked
-  for on the store. A record's PAC spend is the sum of the allowances of
-  every set of worlds trained on data holding it (through any identity), and
-  worlds are opened only if, for every record group their data meets,
-  ``held(G) + allowance <= record_budget``; so retraining the worlds, or
-  training new ones on a re-ingested, reformatted or overlapping corpus,
-  never resets what the records have paid;
-* ``pac-raise``: a higher allowance (and record budget), only through
-  ``privcode budget raise --pac WORLDS``, with who and why;
-* ``pac-lease``: ``nats`` of the allowance handed to one running curator
-  (its ``holder`` id), logged BEFORE the curator spends them
-  (:mod:`privcode.pac.leases`). The ledger is the high-water mark of what
-  was spent: with ``L = sum of every lease of the worlds`` and ``A`` their
-  allowance, a lease is granted only up to ``A - L``, and a curator that
-  starts counts all of ``L`` as spent (its own ``curator.json`` cannot
-  lower it: restoring an older one rolls nothing back). Since every private
-  step is paid from a lease, ``b * (private steps, all curators, all time)
-  <= L <= A``. Leases are also the fencing between replicas (the ledger
-  has one writer; ``flock`` on a shared volume does not hold across
-  nodes): the first lease of a new holder makes it the worlds' holder and
-  every earlier holder is refused from then on, so two curators overlap by
-  at most the one block the older one still holds. A lease also carries
-  the holder's private steps so far; fewer steps than an earlier lease
-  reported means a curator state older than one the ledger saw (a
-  restored copy: its posterior misses releases), which is refused. A
-  lease re-sent after the ledger actor restarted may be logged twice: that
-  only over-counts (fail closed).
+    held(G) + A <= record_budget   for every record group G their data meets
+    b * (private steps, all curators, all time) <= L <= A
 
-PAC leakage composes additively in mutual information over deployments on
-the same data, which is why the allowances of the worlds a record trained add up. Pure
-state: :class:`~privcode.privacy.ledger.StoreLedger` logs and persists it.
-
-The dataset is named by its records, not by a file's bytes
-(:func:`records_dataset_id`): ``pd-`` + a keyed HMAC over the SORTED,
-DISTINCT record fingerprints the store already computes
-(:meth:`~privcode.privacy.store.PrivacyStore.record_fingerprints`, canonical
-texts). The id names the deployment's data; the accounting is per record
-(``pac-records``). Worlds of data never registered (a store from before
-per-record accounts, a curator started on worlds without their records)
-are held to their own dataset id alone.
+A starting curator counts all of ``L`` as spent; a new holder's first lease fences every earlier
+one; a lease reporting fewer steps than an earlier one (a restored state) is refused. PAC leakage
+adds up over deployments on the same data. Pure state: :class:`~privcode.privacy.ledger.StoreLedger`
+logs it. Datasets are named by their records (:func:`records_dataset_id`).
+Design notes: docs/privacy.md, "privcode/privacy/pac_budgets.py".
 """
 
 from __future__ import annotations

@@ -1,60 +1,18 @@
 """The privacy store: private state that outlives runs, and opaque names for private data.
 
-A release or a report sometimes has to name its data (to group the runs of
-one corpus, to find its budget). A digest of the corpus cannot do that: a
-deterministic function of the whole dataset is not releasable under DP
-(anyone holding a candidate corpus could confirm it). The store holds a
-32-byte secret key, and a dataset is named by
+One private directory (0700, files 0600): a 32-byte secret key, the store's identity
+(``store.json``) and its ledger's files, written only by its one writer. Data is named by
 
     dataset_id = "ds-" + HMAC-SHA256(key, "privcode-dataset-id/1" || SHA-256(file))[:20 hex]
 
-which says nothing about the data to whoever lacks the key, and is stable
-for one file under one store. :meth:`PrivacyStore.opaque` names other
-private things the same way (e.g. the ledger actor of a ledger directory
-whose path holds a corpus digest).
+(:meth:`PrivacyStore.opaque` for other private things): a digest of the corpus is not releasable
+under DP. Location: :func:`resolve_store`, never from ``run.out_dir``; :func:`open_pinned` opens
+the store a driver pinned and refuses any other. Invariants: only ``privcode budget init``
+creates a store (whole, under a temporary name); :class:`PrivacyStore` creates nothing, and every
+loss (key, identity, log, head, a moved path) is a hard refusal (:class:`StoreError`,
+:class:`StoreIntegrityError`), never a fresh budget.
 
-Location (:func:`resolve_store`, never from ``run.out_dir``):
-``PRIVCODE_PRIVACY_STORE``, else the ``privacy.store`` config value, else
-:func:`default_store` (``${XDG_DATA_HOME:-~/.local/share}/privcode/privacy-store``);
-the two naming different stores is an error. A pipeline's driver resolves it
-once and pins the absolute path and the store's keyed id into the config every
-task gets (``privacy.store``, ``privacy.store_id``); :func:`open_pinned` opens
-that store in a task and refuses any other (an environment variable exported
-after the cluster started, another mount).
-The Makefile's demo targets name one inside the clone, outside ``runs/`` and
-``reports/`` (``make clean`` never deletes it).
-
-Created once, on purpose: only ``privcode budget init``
-(:func:`privcode.privacy.budget.init_store`) makes a store: the directory
-(0700), the key (0600), the identity file ``store.json`` (the store's keyed
-id, the absolute path it was created at, when and by whom) and the ledger's
-genesis entry, built under a temporary name and renamed into place whole.
-:class:`PrivacyStore` opens one and creates nothing; every loss is a hard
-refusal naming what is missing, never a fresh budget:
-
-* no store at the path: :class:`StoreError` saying to run
-  ``privcode budget init --store PATH``;
-* the key deleted while anything else of the store remains, a key of another
-  store (its id does not match the identity), the identity, the ledger's log
-  or its head deleted, the log gone while ``jobs/``, ``groups/`` or ``pac/``
-  remain: :class:`StoreIntegrityError`. Deleting the key or the log grants
-  no budget;
-* a store opened from another path than it was created at (renamed, moved,
-  copied): refused until ``privcode budget verify --store NEW --accept-move``
-  records the move in its log.
-
-A truncated or rewritten log is caught by its hash chain and head when the
-ledger opens it (:mod:`privcode.privacy.ledger`, :mod:`privcode.privacy.wal`);
-``privcode budget verify`` checks all of it; ``privcode budget wipe`` is the
-one deliberate reset, recorded outside the store. A store from before the
-identity file (no ``store.json``, no head) is accepted once: its ledger
-writes the identity and chains its log on first open.
-
-The store also holds the files of its ledger (:mod:`privcode.privacy.ledger`),
-written here and only by its one writer: the writer's ``lock`` (flock) and
-``epoch``, each job's record fingerprints under ``jobs/``, and a snapshot of
-the record groups under ``groups/`` (all 0600, written to a temporary name,
-fsynced, renamed, the directory fsynced).
+Design notes: docs/privacy.md, "privcode/privacy/store.py".
 """
 
 from __future__ import annotations

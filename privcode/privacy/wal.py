@@ -1,34 +1,17 @@
 """Write-ahead logs of JSON lines with a CRC each: the codec and the crash rules, no state.
 
-A log is one JSON object per line (UTF-8, keys sorted, no spaces), each
-carrying ``"crc"``: the CRC-32 of its canonical JSON without that key, so a
-line altered in place is detected. Appends are ``O_APPEND`` writes followed
-by ``fsync``; a new log is written whole to a temporary name, fsynced,
-renamed into place, and its directory fsynced, so its entry survives a crash.
+A line is canonical JSON (keys sorted, no spaces) with ``"crc"``, the CRC-32 of the line without
+it; appends are ``O_APPEND`` + ``fsync``, a new log is written whole (temporary name, fsync,
+rename, directory fsync). :func:`read_log`: only a torn last line (no newline, does not verify:
+never acknowledged) is dropped (``torn_tail``, :func:`repair`); a verified last line without its
+newline is kept; any other bad line is a :class:`LedgerUnavailableError`. A chained log also
+carries ``prev_hash`` (the SHA-256 of the previous canonical line, the first from
+:func:`genesis_hash` of the store id) and a head (:func:`write_head`: entries, last hash);
+:func:`verify_chain` and :func:`check_head` turn a removed, reordered or replaced entry, a
+truncated log or another store's log into a named error. A pre-chain log is chained from its end
+by one ``chain`` entry.
 
-Reading (:func:`read_log`), for every log privcode keeps:
-
-* a last line without a trailing newline that does not parse or verify is a
-  write torn by a crash; what it would record was never acknowledged (the
-  fsync comes before the reply), so it is dropped (``torn_tail``) and
-  :func:`repair` cuts the file back to its last complete line;
-* a last line that verifies but lacks its newline is kept (conservative) and
-  :func:`repair` completes it;
-* any other bad line (not JSON, wrong CRC, rejected by the caller's
-  ``check``) means the log cannot be trusted: :class:`LedgerUnavailableError`
-  naming the file and line.
-
-A CRC catches a line altered by accident, not a line removed. A chained log
-(the privacy store's ledger) also links its entries: each carries
-``prev_hash``, the SHA-256 of the previous entry's canonical line (its bytes
-without the newline; the first entry's from :func:`genesis_hash` of the
-store's id), and a head file beside it (:func:`write_head`: the number of
-entries and the last one's hash, written atomically after every append)
-says how long the log must be. :func:`verify_chain` and :func:`check_head`
-turn a removed, reordered or replaced entry, a truncated log or a log of
-another store into a named error. A log written before the chain (no
-``prev_hash`` anywhere) is chained from its end by one ``chain`` entry
-naming the digest of every line before it.
+Design notes: docs/privacy.md, "privcode/privacy/wal.py".
 """
 
 from __future__ import annotations

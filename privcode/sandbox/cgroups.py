@@ -1,33 +1,19 @@
 """A cgroup leaf per sandbox slot: memory, processes and CPU bounded per snippet tree.
 
-rlimits bound one process each (32 processes x 512 MB, plus memfd and tmpfs pages that no
-RLIMIT_AS sees, would take a node down); a cgroup bounds the whole run.  The parent (root)
-creates ``privcode-sandbox/slot-<uid>`` once per slot and writes its limits; each run's
-pid 1 joins it before anything else happens (``cgroup.procs``), so every process of the
-run, daemonised or double-forked, is charged to it, tmpfs and memfd pages included:
+The parent (root) creates ``privcode-sandbox/slot-<uid>`` once per slot and writes its limits;
+each run's pid 1 joins it (``cgroup.procs``) before anything else happens, so every process of
+the run, daemonised or double-forked, is charged to it, tmpfs and memfd pages included:
 
-* ``memory``: ``memory_mb + disk_mb`` (the address space of the processes plus the run's
-  tmpfs /tmp), swap off; the kernel OOM-kills inside the leaf only (counted: the zygote
-  reads ``oom_kill`` before and after a run to report status "memory").
+* ``memory``: ``memory_mb + disk_mb``, swap off; the kernel OOM-kills inside the leaf only.
 * ``pids``: ``max_processes + 2`` tasks (threads count), the run's init included.
 * ``cpu``: ``cpus`` CPUs of quota per 100 ms period.
 
-cgroup v2 (one unified hierarchy: ``memory.max``, ``memory.swap.max``, ``pids.max``,
-``cpu.max``, ``cgroup.kill``) is used when it has the memory and pids controllers; else
-v1 (``memory.limit_in_bytes``, ``memory.memsw.limit_in_bytes``, ``pids.max``,
-``cpu.cfs_quota_us``), one leaf per hierarchy.
+cgroup v2 when it has the memory and pids controllers, else v1; where the standard mounts are
+read-only but CAP_SYS_ADMIN is held, a private mount under ``<state dir>/cgroup/``. With
+neither, :func:`probe` says why and isolation "full" is refused (``full-no-cgroup`` must be
+asked for by name).
 
-Where the standard mounts are not writable (a Kubernetes pod gets /sys/fs/cgroup
-read-only) but the process has CAP_SYS_ADMIN in its user namespace (``hostUsers: false``),
-it mounts its own: a private cgroup2 (or the v1 hierarchies of memory, pids and cpu) under
-``<state dir>/cgroup/`` (:func:`_private_mounts`), as nsjail and systemd-in-container do.
-In a cgroup2 whose root holds processes (a container's own cgroup, seen through its cgroup
-namespace) the controllers cannot be enabled for children until those processes move to a
-leaf (the "no internal processes" rule): :func:`_enable_v2` moves them to
-``privcode-server`` first.  Neither (not root, no CAP_SYS_ADMIN, missing controllers):
-:func:`probe` says why, and isolation "full" is refused (``full-no-cgroup`` must be asked
-for by name).  The kill at the deadline does not depend on this: it ends the run's pid
-namespace.
+Design notes: docs/kubernetes.md, "privcode/sandbox/cgroups.py".
 """
 
 from __future__ import annotations

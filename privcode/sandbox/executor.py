@@ -1,34 +1,19 @@
 """The executor service: generated code runs in pods that hold nothing, called in batches.
 
-On Kubernetes the Ray pods hold the private corpus, the privacy store, the Ray token and
-object-store credentials, so they never run generated code (``PRIVCODE_SANDBOX_FORBID_LOCAL=1``
-refuses every local sandbox there).  Stage II's execution filter and pass@k scoring send
-their programs to the executor Deployment instead (``sandbox.executor`` /
-``PRIVCODE_SANDBOX_EXECUTOR``): no Ray, no volume but an emptyDir /tmp, no service-account
-token, ingress from the pipeline's Ray pods on one port, no egress at all (the chart's
-NetworkPolicies); inside it, the full sandbox (docs/methods.md, "The sandbox").
-
-Protocol (JSON over HTTP/1.1, one request per connection):
-
-* ``GET /healthz`` (no token) -> ``{"isolation", "workers", "max_batch", "max_limits"}``.
-* ``POST /v1/run`` with ``Authorization: Bearer <token>`` and ``{"programs": [{"code",
-  "stdin"}], "limits": {...}}`` -> ``{"isolation", "verdicts": [...]}`` in order.
-  ``limits`` (optional, any :class:`SandboxLimits` field) may not exceed ``max_limits``
-  (422), which the server clamps to its pod's memory and disk budget.  Each verdict carries
-  the tails of its output only: at most 2048 characters of stdout and of stderr, 128 of
-  ``error``, so an answer is at most 256 bytes + 26 KiB per program whatever the programs
-  print (:mod:`privcode.sandbox.executor_protocol`).
-
-Clients are hostile too (:mod:`privcode.sandbox.executor_server`): 401 without the token,
-decided on the headers; 411/413 on the declared length; 429 at once when its
-``max_inflight`` slots are taken, 503 over ``max_connections``, all before any body byte is
-read; a request not complete ``request_deadline_s`` after its connection is dropped.
+On Kubernetes the Ray pods hold the private corpus, the privacy store and the Ray token, so they
+never run generated code (``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` refuses every local sandbox
+there): Stage II and pass@k send their programs to the executor Deployment
+(``sandbox.executor`` / ``PRIVCODE_SANDBOX_EXECUTOR``). Protocol, JSON over HTTP/1.1, one
+request per connection: ``GET /healthz`` (no token); ``POST /v1/run`` with a bearer token,
+``{"programs": [{"code", "stdin"}], "limits": {...}}`` -> ``{"isolation", "verdicts"}`` in
+order, each verdict cut to its output's tails (:mod:`privcode.sandbox.executor_protocol`).
 Nothing of a program, its stdin, its output or a token is logged or echoed in an error.
 
-This module is the client's side: :class:`ExecutorClient`, and :func:`open_sandbox`, the one
-entry point callers use (this client when an executor is configured, else a local
-:class:`SandboxPool`), and :func:`preflight`.  The client reads the token from the file named
-by ``PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE``.
+This module is the client's side: :class:`ExecutorClient`, :func:`open_sandbox` (the one entry
+point: this client when an executor is configured, else a local :class:`SandboxPool`) and
+:func:`preflight`; the token is read from ``PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE``.
+
+Design notes: docs/kubernetes.md, "privcode/sandbox/executor.py".
 """
 
 from __future__ import annotations

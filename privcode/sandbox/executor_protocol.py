@@ -3,18 +3,16 @@ capped verdicts and the bearer token (:mod:`privcode.sandbox.executor` describes
 
 * :data:`MAX_LIMITS`: the most a client may ask for, per program; a server clamps
   ``memory_mb`` and ``disk_mb`` further to its pod's budget (:func:`clamp_limits`).
-* A verdict on the wire (:func:`capped`) carries what the callers use: ``passed``,
-  ``status``, ``seconds``, ``returncode``, ``isolation`` (at most 64 characters), ``error``
-  (an exception name, at most :data:`ERROR_CHARS`) and the last ``tail_chars`` characters
-  (default :data:`TAIL_CHARS`) of ``stdout`` and ``stderr``: eval looks for its end marker on
-  the last line of stdout, Stage II keeps status, seconds and error, a person reads the end
-  of a traceback.  JSON-encoded (UTF-8, at most 6 bytes a character: a control character's
-  ``\\u`` escape) one verdict is at most :func:`verdict_max_bytes` (about 26 KiB with the
-  default tails, about 4.5 KiB for ASCII output) and an answer at most
-  ``ANSWER_HEAD_BYTES + programs x verdict_max_bytes``, whatever the programs print.
+* A verdict on the wire (:func:`capped`): ``passed``, ``status``, ``seconds``, ``returncode``,
+  ``isolation`` (at most 64 characters), ``error`` (at most :data:`ERROR_CHARS`) and the last
+  ``tail_chars`` characters (default :data:`TAIL_CHARS`) of ``stdout`` and ``stderr``. JSON
+  (at most 6 bytes a character), one verdict is at most :func:`verdict_max_bytes` and an
+  answer at most ``ANSWER_HEAD_BYTES + programs x verdict_max_bytes``, whatever is printed.
 * The token: the server reads it from ``--token-file`` (default ``$``:data:`SERVER_TOKEN_ENV`),
   clients from the file named by ``$``:data:`CLIENT_TOKEN_ENV`; at least
   :data:`MIN_TOKEN_CHARS` characters, compared in constant time, never logged or echoed.
+
+Design notes: docs/kubernetes.md, "privcode/sandbox/executor_protocol.py".
 """
 
 from __future__ import annotations

@@ -1,35 +1,19 @@
 """The executor's server: a :class:`SandboxPool` behind ``/v1/run``, held against its clients.
 
-Built on h11 (the HTTP/1.1 parser under uvicorn) and asyncio, not on http.server or uvicorn.
-http.server gives a thread per connection and a timeout per ``recv``: a byte every few
-seconds keeps a request alive forever, and nothing can refuse a request before its body is
-read.  uvicorn (the ledger service's server) has no deadline for a request's headers or
-body (``timeout_keep_alive`` covers only the idle time between requests), and its
-``limit_concurrency`` answers 503 only after the headers with the socket left open; both
-would mean subclassing its private protocol class.  Here h11 parses (framing, header size,
-Content-Length) and each rule below is a few explicit lines on public APIs.
+Built on h11 and asyncio; one request per connection (``Connection: close``). Every refusal is
+decided on the headers, before any body byte is read: route (404, 405), bearer token (401;
+``/healthz`` needs none), Content-Length (411, 413 over ``max_body_bytes``), 503 over
+``max_connections`` open, 429 when none of the ``max_inflight`` slots is free. Memory thus
+holds at most ``max_inflight`` bodies, plus 16 KiB of headers and a read buffer per
+connection. A request not in ``request_deadline_s`` after the accept (or an answer not taken
+within as long) is dropped. Then the body: JSON (400), programs (400, 413), limits (422, up to
+the clamped caps), each verdict cut to tails (:func:`~privcode.sandbox.executor_protocol.capped`).
 
-Per connection, one request (every answer says ``Connection: close``):
+The process is non-dumpable (``PR_SET_DUMPABLE`` 0: a snippet under the same uid cannot open
+its ``/proc/<pid>/mem``). Logs name the route and status, never a program, its output or a
+token.
 
-1. More than ``max_connections`` open: 503 with Retry-After at once; more than twice
-   that: closed unanswered.
-2. Headers and body must have arrived ``request_deadline_s`` after the connection was
-   accepted, or it is dropped, however slowly the bytes trickle; the answer too must be
-   taken within ``request_deadline_s``.
-3. On the headers, before any body byte is read: the route (404, 405), the bearer token
-   (401; ``/healthz`` needs none), the Content-Length (411 without, 413 over
-   ``max_body_bytes``) and admission, one of ``max_inflight`` slots held until the answer is
-   sent (429 with Retry-After at once when none is free).  Memory thus holds at most
-   ``max_inflight`` bodies, plus 16 KiB of headers and a read buffer per connection.
-4. The body: JSON (400), programs (400, 413), limits (422, up to the clamped caps), each
-   program run with :meth:`SandboxPool.run` and its verdict cut to tails as it ends
-   (:func:`~privcode.sandbox.executor_protocol.capped`), then 200.
-
-Refusals are sent, then the connection is half-closed and up to 64 KiB are discarded for up
-to a second, so that the client reads its answer rather than a reset.  The constructor
-makes the process non-dumpable (``PR_SET_DUMPABLE`` 0): a snippet under the same uid
-(``rlimits-only``) cannot open its ``/proc/<pid>/mem``.  Logs name the route and status,
-never a program, its output or a token.
+Design notes: docs/kubernetes.md, "privcode/sandbox/executor_server.py".
 """
 
 from __future__ import annotations

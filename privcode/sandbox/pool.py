@@ -1,44 +1,21 @@
 """The sandbox in which ALL generated (hostile) Python code runs: the parent side.
 
-Stage II's execution filter and pass@k evaluation run model-written code; every
-snippet is treated as hostile: it may try the network, read the private corpus or
-secrets (and leak them through its output or whether it passes), write outside its
-directory, fork-bomb, exhaust memory or disk, print gigabytes, ignore signals,
-daemonise or kill other processes.  Snippets may use the standard library only
-(the interpreter runs without site-packages: ``-S -s``).
+Every snippet is hostile (network, secrets, writes, fork bombs, memory, floods of output,
+daemons) and may use the standard library only (``-S -s``). API: :func:`run_code`,
+:class:`SandboxPool` (concurrent, order kept), :func:`check_file`, :func:`isolation_level`;
+:class:`Verdict`, :class:`SandboxLimits`. Each slot owns an exclusive uid
+(:mod:`privcode.sandbox.uids`), a cgroup leaf (:mod:`privcode.sandbox.cgroups`) and a zygote
+(:mod:`privcode.sandbox.zygote`) whose template forks each snippet. Nothing here counts or
+kills processes by uid: a run ends with its pid namespace and cgroup leaf.
 
-API: :func:`run_code`, :class:`SandboxPool` (concurrent, order kept), :func:`check_file`,
-:func:`isolation_level`; :class:`Verdict`, :class:`SandboxLimits`.  Each slot owns an
-exclusive uid (``base + index`` from a random base per pool, inside this user namespace's
-uid map, :mod:`privcode.sandbox.uids`; an ``flock`` per uid in /run/privcode-sandbox,
-across processes too), a cgroup leaf (:mod:`privcode.sandbox.cgroups`) and a zygote
-process (:mod:`privcode.sandbox.zygote`, which lists the isolation layers) whose template
-forks each snippet.  Nothing here counts or kills processes by uid: a run ends with its pid
-namespace and cgroup leaf, and processes of the same uid elsewhere (another pod) are
-neither a failure nor a target.
+``isolation`` (``sandbox.isolation``) is the weakest level accepted: ``"full"`` (the default:
+namespaces+uid+seccomp+cgroup; missing, a :class:`SandboxError` naming what is missing),
+``"full-no-cgroup"`` or ``"rlimits-only"`` (VERDICTS CAN BE FORGED: it warns, and every
+verdict says so, :data:`WEAK_NOTE`), the last two asked for by name; every verdict's
+``isolation`` names its layers. Root without namespace support is refused either way.
+``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` refuses every local sandbox.
 
-``isolation`` (``sandbox.isolation``) is the weakest level accepted:
-
-* ``"full"`` (the default): namespaces + uid + seccomp (:mod:`privcode.sandbox.seccomp`)
-  and a cgroup per slot (:mod:`privcode.sandbox.cgroups`), which needs root with namespace
-  support, libseccomp, and a writable cgroup or CAP_SYS_ADMIN to mount one.  Missing, it
-  is a :class:`SandboxError` saying what is missing and how to get it.  Every verdict's
-  ``isolation`` names the layers: ``namespaces+uid+seccomp+cgroup``.
-* ``"full-no-cgroup"``, asked for by name: the same layers without a cgroup where none can
-  be had (memory and processes are then bounded per process only); every verdict says
-  ``namespaces+uid+seccomp+no-cgroup``.
-* ``"rlimits-only"``, asked for by name: the full sandbox when it can be had, else (not
-  root, a laptop) rlimits, own session and process group, a temp dir and a scrubbed
-  environment only: VERDICTS CAN BE FORGED.  The code runs as your user: it can use the
-  network (an executor's port included), read what you can read, write where you can and
-  signal your processes (the zygote is not dumpable, and every descendant of a run,
-  daemons included, is killed after it, but that stops nothing else).  It warns (a ``RuntimeWarning`` and an error
-  log, once per process) and every verdict says ``rlimits-only`` (:data:`WEAK_NOTE`).
-  Root without namespace support is refused either way.
-
-``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` (set by the Helm chart on every pod that holds
-private data) refuses every local sandbox: there, generated code runs only on the
-executor service (:mod:`privcode.sandbox.executor`).
+Design notes: docs/kubernetes.md, "privcode/sandbox/pool.py".
 """
 
 from __future__ import annotations

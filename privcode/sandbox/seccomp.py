@@ -1,25 +1,16 @@
 """The seccomp filter of the full sandbox: built here with libseccomp, loaded by the zygote.
 
 :func:`filter_program` compiles :data:`ALLOWED` into a classic-BPF program with libseccomp
-(through ``pyseccomp``, a ctypes binding: libseccomp resolves syscall numbers per
-architecture and adds the architecture check: a syscall of a foreign ABI, i386's
-``int 0x80`` or x32's numbers, kills the process).  The zygote (standard library only)
-receives the program's bytes and installs it in each snippet with
-``prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)`` right after ``PR_SET_NO_NEW_PRIVS``, the
-last step before the code runs; the filter is inherited by every child and cannot be
-removed.
+(``pyseccomp``), which adds the architecture check: a syscall of a foreign ABI kills the
+process. The zygote installs it in each snippet right after ``PR_SET_NO_NEW_PRIVS``, the last
+step before the code runs; the filter is inherited by every child and cannot be removed.
 
-Policy: an allow list, deny by default (EPERM: the code sees an error, not a kill).  The
-list is Docker's default profile narrowed to what standard-library Python needs: files,
-memory, futexes and threads, fork/vfork/``clone`` without a ``CLONE_NEW*`` flag, execve
-(``subprocess`` of the interpreter), pipes, select/poll/epoll, signals, timers, time,
-getrandom, and sockets of the families in :data:`SOCKET_FAMILIES` only (``socketpair``:
-AF_UNIX).  Left out, among others (:data:`DENIED` lists the groups a hostile test reaches
-for): AIO, io_uring, bpf, userfaultfd, keys, perf, ptrace, NUMA placement, memfd_create
-and memfd_secret (shmem that no rlimit sees), vmsplice, modify_ldt, pidfds, SysV IPC,
-mlock, sysinfo (the host's uptime, load and memory), namespaces and mounts.  ``clone3``
-answers ENOSYS (its flags live in memory a filter cannot read; glibc then falls back to
-``clone``, whose flags the filter checks).
+Policy: an allow list, deny by default (EPERM): Docker's default profile narrowed to what
+standard-library Python needs; ``clone`` without a ``CLONE_NEW*`` flag, sockets of
+:data:`SOCKET_FAMILIES` only, ``clone3`` answers ENOSYS (glibc falls back to ``clone``, whose
+flags the filter checks). :data:`DENIED` lists the groups a hostile test reaches for.
+
+Design notes: docs/kubernetes.md, "privcode/sandbox/seccomp.py".
 """
 
 from __future__ import annotations

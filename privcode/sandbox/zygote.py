@@ -1,78 +1,22 @@
 """The sandbox's zygote, template and snippet processes: standard library only.
 
-Everything here runs in a zygote or below it; the parent (:mod:`privcode.sandbox.pool`)
-uses only BOOT, ENV, send and recv.  A slot's zygote is
-``python -S -s -P -c BOOT <this file> ns|plain <mnt> <layers JSON>``, which loads this file by
-path (no site-packages; privcode is not importable there), serves one request per snippet on
-stdin and answers on stdout (:func:`send`/:func:`recv`: one JSON line each).  Hence the rules
-for this file: standard library only (an import-linter contract in pyproject.toml), and few
-imports: each one is start-up time of every zygote, and modules with at-fork hooks (random,
-threading: ``tempfile``, ``concurrent.futures``...) would triple the cost of each fork.
+The parent (:mod:`privcode.sandbox.pool`) uses only BOOT, ENV, send and recv. A slot's zygote is
+``python -S -s -P -c BOOT <this file> ns|plain <mnt> <layers JSON>``, serving one request per
+snippet, one JSON line each way (:func:`send`/:func:`recv`). Rules for this file: standard
+library only (an import-linter contract in pyproject.toml) and few imports (start-up time of
+every zygote; modules with at-fork hooks would triple the cost of each fork).
 
-Processes of a slot: the zygote (talks to the parent, holds requests and output) forks, before
-its first request, a *template* that never handles request data: per run it gets only the
-limits, uid and work dir, and the run's fds over a socketpair (memfds with the code and the
-stdin, the output and status pipes), and forks the run's first process.  A run is a copy of
-the template, so nothing of an earlier run's code, stdin or output is in its memory (the
-zygote's heap is never copied into a run).  The template hands the zygote a pidfd of the run's
-pid 1, ``wait4``s it and reports its end; the zygote reads the output, enforces the limits
-and answers.  The run's code lives in :mod:`privcode.sandbox.spawn`, loaded beside this file.
+The zygote forks, before its first request, a *template* that never handles request data; each
+run is a copy of the template (its code: :mod:`privcode.sandbox.spawn`), so nothing of an
+earlier run, nor the zygote's heap, is in its memory. Layers of mode ``ns`` (the parent is
+root): a network namespace without interfaces, fresh pid, mount, IPC and cgroup namespaces, a
+chroot into a minimal read-only root with a fresh tmpfs /tmp, an unprivileged uid per slot,
+rlimits, the slot's cgroup leaf, seccomp last, a wall-clock kill of the pid namespace, a
+scrubbed environment and capped output. NOT covered: kernel exploits, side channels, denial of
+service within the limits, the uid's kernel keyring; /etc is readable. Mode ``plain``
+(rlimits-only, not root): VERDICTS CAN BE FORGED.
 
-Isolation layers (``isolation == "namespaces+uid"``, mode ``ns``: the parent runs as root):
-
-* Zygote and template: a long-lived ``python -S -s -P`` (scrubbed environment, stdlib-only
-  imports) per slot: no interpreter start-up per snippet.
-* Network: the zygote lives in a network namespace without interfaces (loopback
-  down): no TCP/UDP, 127.0.0.1 included, no host abstract unix sockets.  Nothing
-  persists there between runs (no process outlives a run; the uid cannot configure it).
-* Fresh pid, mount, IPC and cgroup namespaces per snippet: /proc is mounted anew with
-  ``hidepid=invisible,subset=pid`` (Linux 5.8+: only the run's own processes, nothing of the
-  host: no cmdline, config.gz, boot_id, loadavg, pressure, key-users...; older kernels:
-  ``hidepid`` and runc-style masks, /dev/null over files and an empty read-only tmpfs over
-  directories, :data:`privcode.sandbox.spawn._MASKED`); /proc/self/cgroup says "/" (the cgroup namespace is made
-  after the run joins its leaf).  SysV IPC objects die with the run.  Still readable:
-  /proc/self/mountinfo (the bind sources of the read-only mounts, e.g. the interpreter's
-  prefix, and the root filesystem's mount options, e.g. an overlay's layer paths).
-* Filesystem: a plain chroot (the kernel then also refuses it user namespaces) into a
-  minimal root: read-only nosuid binds of /usr, /etc, /bin, /sbin, /lib* and the
-  interpreter's prefix; /dev with null, zero, full, random, urandom only; /tmp = the
-  work dir (also HOME, TMPDIR, /dev/shm), a fresh size-limited tmpfs of the sandbox
-  uid, mode 0700, gone with the run.  /work, /root, /home, /var, /run, /sys, the
-  host's /tmp (Ray's sockets), Kubernetes tokens: absent.
-* An unprivileged uid/gid per slot from a random base of the pool (inside this user
-  namespace's uid map; :func:`privcode.sandbox.pool.random_uid_base`), no groups,
-  ``PR_SET_NO_NEW_PRIVS`` (setuid binaries and ``setuid(0)`` do not help).
-* rlimits before the code runs: CPU, AS (memory), FSIZE, NOFILE, CORE=0, and NPROC where no
-  cgroup bounds the run's tasks (RLIMIT_NPROC counts every process of the uid on the node).
-  ``oom_score_adj`` 1000 for every process of a run: the OOM killer takes them first.
-* A cgroup leaf per slot (:mod:`privcode.sandbox.cgroups`, when the cgroup filesystem is
-  writable): the run's pid 1 joins it first, so memory (tmpfs and memfd pages included),
-  tasks and CPU are bounded for the whole process tree, not per process.
-* seccomp, last before the code runs: the BPF program the parent built with libseccomp
-  (:mod:`privcode.sandbox.seccomp`).
-* Wall clock: the zygote SIGKILLs the run's pid 1 (and ``cgroup.kill``s the leaf); the kernel
-  then kills every process of the pid namespace, daemonised grandchildren included; pid 1's
-  pidfd (and the template's ``wait4``) signal its end only once the namespace is empty.  After a kill the zygote
-  checks that the leaf's ``cgroup.procs`` are empty (only this slot's runs join it); it never
-  looks at, nor kills, other processes of the uid (they may belong to another pod).  pid 1
-  dies with the template, the template with the zygote (parent-death signals).
-* Environment: only PATH=/usr/bin:/bin, LANG=C.UTF-8, HOME=TMPDIR=the work dir,
-  PYTHONDONTWRITEBYTECODE=1, PYTHONHASHSEED=0.
-* Output is read incrementally; past ``output_bytes`` on a stream the run is killed
-  (status "output").  Code that does not ``compile()`` (checked in the parent:
-  compiling runs nothing) never gets here (status "syntax").
-
-NOT covered: kernel exploits (one shared kernel), side channels, denial of service
-within the limits, the uid's kernel keyring (a channel between runs of one slot only).
-/etc is readable: keep secrets out of world-readable files there.
-
-Mode ``plain`` (the rlimits-only fallback, not root): rlimits, own session and process
-group, a temp dir and the scrubbed environment only, and VERDICTS CAN BE FORGED: the code
-runs as the caller's user, so it can use the network (the executor's port included), read
-and write what that user can, and signal its processes.  What is still done: the zygote and
-template are not dumpable (``PR_SET_DUMPABLE`` 0: a snippet cannot open their
-/proc/<pid>/mem), both are child subreapers, and after each run every descendant is
-SIGKILLed, daemons that ``setsid`` or double-fork included.
+Design notes: docs/kubernetes.md, "privcode/sandbox/zygote.py".
 """
 
 from __future__ import annotations

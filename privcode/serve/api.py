@@ -1,23 +1,16 @@
 """The typed HTTP API both serving apps share: pydantic models, error bodies, the FastAPI app.
 
 :func:`completion_model` builds an app's request model for ``POST /v1/completions`` (OpenAI
-legacy completions) with that app's limits, so its OpenAPI schema (``/openapi.json``) states
-them: ``prompt`` (a string, or a list of exactly one, at most ``max_prompt_chars``),
-``max_tokens`` (1..limit), ``temperature`` (0 for greedy, else in
-[:data:`MIN_TEMPERATURE`, :data:`MAX_TEMPERATURE`]: a smaller one overflows the softmax),
-``top_p`` (0, 1], ``stop`` (up to :data:`MAX_STOP` non-empty strings of at most
-:data:`MAX_STOP_CHARS`), ``seed``, ``model``, ``user``, ``n`` (1..the app's ``max_n``),
-``stream`` with ``stream_options.include_usage``, ``logprobs`` (0..:data:`MAX_LOGPROBS`
-alternatives, where the app releases them); the fields standard clients send with their
-neutral value (``best_of: 1``, ``echo: false``, ...) only at that value; any other field is
-refused. Strict types: ``"8"``, ``true`` or ``2.5`` are not a ``max_tokens``.
+legacy completions) with that app's limits, so its ``/openapi.json`` states them
+(``temperature``: 0 for greedy, else in [:data:`MIN_TEMPERATURE`, :data:`MAX_TEMPERATURE`]: a
+smaller one overflows the softmax); standard fields sent at their neutral value are accepted
+only at that value, any other field is refused, and types are strict.
 :mod:`privcode.serve.chat` builds ``POST /v1/chat/completions``' body the same way.
-
-:func:`new_api` makes an app's FastAPI object: ``/healthz``, ``/v1/models[/{id}]``, and
-handlers that turn every refusal into an OpenAI error body (``{"error": {"message", "type",
-"param", "code"}}``) naming the field and the limit, never the value sent (a prompt can be
-private); an unexpected exception is a 500 whose log line holds its type only. The routes
-run behind :class:`privcode.serve.guard.GuardMiddleware` (keys, rate limit, body cap).
+:func:`new_api` makes an app's FastAPI object (``/healthz``, ``/v1/models[/{id}]``) whose
+handlers turn every refusal into an OpenAI error body naming the field and the limit, never the
+value sent (a prompt can be private); an unexpected exception is a 500 logged by its type only.
+The routes run behind :class:`privcode.serve.guard.GuardMiddleware` (keys, rate limit, body
+cap). Fields and limits: docs/serving.md, "privcode/serve/api.py".
 """
 
 from __future__ import annotations

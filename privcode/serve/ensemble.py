@@ -1,57 +1,22 @@
 """Serve PAC-private generation (the m-world ensemble) as an OpenAI-compatible Ray Serve app.
 
 ``import_path: privcode.serve.ensemble:app`` with ``args`` (:class:`EnsembleArgs`; defaults:
-the ``serve`` and ``pac`` config sections): ``worlds`` (the pac stage's worlds artifact:
-``pac.json`` + ``adapters/``; required), ``model`` (base-model override), ``device``,
-``top_k``, ``b`` (nats per non-unanimous token), ``decoder`` (``gumbel``: requests with
-``temperature > 0`` use coupled Gumbel votes; ``greedy``: every request is greedy),
-``session_budget``, ``deployment_budget`` (all clients, sessions and restarts), ``scope``
-(``deployment`` | ``session``, the latter only with ``acknowledge_session_scope``, see
-:mod:`privcode.pac.curator`), ``session_ttl_s``, ``max_sessions``,
-``max_sessions_per_key``, ``key_budget_share``, ``on_exhausted``, ``privacy_store``
-(default :func:`privcode.privacy.store.resolve_store`'s, an initialised store:
-the curator's secret and charges live under ``pac/<worlds id>/``, keyed by the worlds'
-content, so a re-run, a restart or a new replica never resets them), ``ledger`` (the
-store's ledger actor: the replica then opens no store) and ``pac_state`` (the curator states'
-own directory; :mod:`privcode.serve.pac_ledger`), and the keys and client limits of
-:class:`privcode.serve.args.GuardArgs`. Private tokens are paid from ledger leases
-(:mod:`privcode.pac.leases`).
-
-Routes (a FastAPI ingress; the schema at ``/openapi.json``; an API key on all but
-``/healthz``, see :mod:`privcode.serve.guard`):
-
-* ``POST /v1/sessions`` (optional ``{"budget_nats": x}``, capped at ``session_budget``) ->
-  a ``pac.session`` owned by the calling key; ``GET`` / ``DELETE /v1/sessions/{id}`` (another
-  key's session is unknown to it). A session idle ``session_ttl_s`` expires: its slot is
-  freed, its charges stay spent. A key holds at most ``max_sessions_per_key`` (429
-  ``too_many_sessions``).
-* ``POST /v1/completions`` and ``POST /v1/chat/completions`` (the messages rendered with the
-  worlds' chat template): the OpenAI bodies plus an optional ``"session"`` (without one, a
-  one-shot session is opened and closed around the request); the answer adds a ``privacy``
-  object (charges, token counts, what the key has left). ``stream: true`` sends each token
-  as the curator releases it (server-sent events; the last chunk carries ``privacy``); a
-  client that goes away ends the decode before its next step, and what was released stays
-  charged. ``logprobs`` are refused by name: they are not what the curator releases.
-* ``GET /v1/privacy``: the calling key's own budget, charge, tokens and sessions (``key_*``),
-  the deployment's totals rounded up to coarse steps (one key cannot follow another's usage),
-  and the attacker bounds;
-  ``GET /v1/models[/{id}]``, ``GET /healthz``.
-
-Budgets, per client: one key may spend ``key_budget_share`` of the deployment budget, all
-its sessions, one-shot requests and restarts together (the curator persists each key's
-charges). When a budget cannot pay for a private token: ``on_exhausted: error`` (default)
-answers 429 ``privacy_budget_exhausted`` before generating, and ends a completion under way
-there; ``fallback`` emits the public base model's tokens (free), flags them in the
-``privacy`` object (``public_fallback``) and counts them in ``privcode_pac_tokens{kind=
-"fallback"}`` (the chart's Grafana dashboard alerts on it).
+the ``serve`` and ``pac`` config sections; ``worlds``, the pac stage's artifact, required).
+Routes (a FastAPI ingress, an API key on all but ``/healthz``: :mod:`privcode.serve.guard`):
+``/v1/sessions[/{id}]``, ``POST /v1/completions`` and ``/v1/chat/completions`` (answers add a
+``privacy`` object; ``logprobs`` are refused), ``GET /v1/privacy``, ``/v1/models[/{id}]``,
+``/healthz``. Private tokens are paid from ledger leases (:mod:`privcode.pac.leases`); a spent
+session, key-share or deployment budget answers 429 or, with ``on_exhausted: fallback``, the
+public base model's tokens (free, flagged).
 
 Privacy assumptions (docs/methods.md, PAC-private generation): ONE replica (the curator's
 secret and posterior live in it; :func:`build_app` refuses more, and a lock on the worlds'
-state makes a second process wait and fail); the secret and posteriors never leave the
-server; prompts, completions and session ids are never logged; budgets fail closed (a
-charge is persisted before its token is released). Generation runs on one decode thread
-(:mod:`privcode.serve.pac_scheduler`): requests of different sessions share each forward,
-and the curator sees their steps one at a time, each session's in order.
+state makes a second process wait and fail); the secret and posteriors never leave the server;
+prompts, completions and session ids are never logged; budgets fail closed (a charge is
+persisted before its token is released). Generation runs on one decode thread
+(:mod:`privcode.serve.pac_scheduler`): requests of different sessions share each forward, and
+the curator sees their steps one at a time, each session's in order.
+Arguments and routes: docs/serving.md, "privcode/serve/ensemble.py".
 """
 
 from __future__ import annotations

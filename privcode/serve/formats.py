@@ -2,19 +2,11 @@
 as stream chunks, with their log-probabilities.
 
 One :class:`AnswerFormat` per request (one id and ``created`` for the answer or all its
-chunks). Shapes, as OpenAI's API reference gives them:
-
-* completions: ``choices[i] = {index, text, logprobs, finish_reason}``; log-probs
-  ``{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}``;
-* chat: ``choices[i] = {index, message: {role: assistant, content}, logprobs,
-  finish_reason}``; log-probs ``{content: [{token, logprob, bytes, top_logprobs}]}``;
-* chunks: ``text_completion`` objects with text deltas, or ``chat.completion.chunk`` objects
-  whose first delta per choice is ``{role: assistant}``; the last of a choice has its
-  ``finish_reason``; with ``include_usage`` a final chunk with no choices has the usage
-  (the others ``usage: null``).
-
-Token strings are each token decoded alone (a token inside a multi-byte character decodes
-to U+FFFD; ``bytes`` is then that string's UTF-8, not the token's raw bytes).
+chunks), in the shapes of OpenAI's API reference: completions, chat, and their stream chunks
+(a final usage chunk with ``include_usage``). Token strings are each token decoded alone (a
+token inside a multi-byte character decodes to U+FFFD; ``bytes`` is then that string's UTF-8,
+not the token's raw bytes). The shapes field by field: docs/serving.md,
+"privcode/serve/formats.py".
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """What stands between a hostile client and a serving app: keys, rate limits, body caps.
 
 Pure Python (no Ray, no torch); both apps put :class:`GuardMiddleware` in front of their
-FastAPI routes (:mod:`privcode.serve.api`).
-
-* :class:`KeyRing`: API keys, one per client (a *principal*). A presented bearer token is
-  hashed (SHA-256) and compared with EVERY key's hash by :func:`hmac.compare_digest`, so
-  the time taken depends on neither which key matched nor how much of it did. Keys come
-  from a directory (a mounted Kubernetes Secret: file name = principal, content = key) and
-  ``PRIVCODE_API_KEY`` (principal ``default``). No key is an error unless the app was
-  started with ``insecure_no_auth`` (then every client is the principal ``anonymous`` and
-  every answer carries ``X-Privcode-Warning``).
-* :class:`RateLimiter`: a token bucket per principal: ``burst`` requests at once, then
-  ``rate`` per second; a refused request gets the seconds until its next token
-  (``Retry-After``). Principals are the configured keys, so the table is bounded.
-* :class:`GuardMiddleware` (ASGI): 413 for a body over ``max_body_bytes`` (by its
-  ``Content-Length`` or while it streams in, before any route reads it), 401 without a
-  valid key, 429 past the key's rate; the principal goes to ``request.state.principal``.
-  ``/healthz`` is open and unlimited. Its answers are OpenAI-style error bodies that name
-  limits and sizes only, never what the client sent.
+FastAPI routes (:mod:`privcode.serve.api`). :class:`KeyRing`: API keys, one per client (a
+*principal*); a bearer token is hashed (SHA-256) and compared with EVERY key's hash by
+:func:`hmac.compare_digest`, so the time depends on neither which key matched nor how much of
+it did; no key is an error unless ``insecure_no_auth``. :class:`RateLimiter`: a token bucket
+per principal (``burst``, then ``rate`` per second; ``Retry-After``). :class:`GuardMiddleware`
+(ASGI): 413 over ``max_body_bytes`` (before any route reads the body), 401 without a valid
+key, 429 past the rate; ``/healthz`` is open. Its error bodies name limits and sizes only,
+never what the client sent. Details: docs/serving.md, "privcode/serve/guard.py".
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """The privacy store's ledger as a PAC server reaches it, and where its curator state lives.
 
-The server needs from the store only the ledger's answers: the worlds' keyed
-id, whether they were served, their allowance (``pac_open``) and leases
-(:mod:`privcode.pac.leases`). Two ways (:class:`~privcode.serve.pac_args.EnsembleArgs`):
-
-* ``ledger`` (the store's ledger actor, ``privcode-store:<store id>``, run by
-  whatever holds the store in the server's Ray cluster): every call goes to
-  the actor by name; the server opens no store and reads no store key. The
-  curator's own state (its secret world, posterior and charges) is under
-  ``pac_state/<worlds id>/``, a directory that must hold no store key;
-* ``ledger`` an http(s) URL: the store's ledger service
-  (:mod:`privcode.privacy.ledger_service`, a Deployment of the chart), with
-  the serving role's token from ``PRIVCODE_LEDGER_TOKEN_FILE``, which may
-  call only the PAC methods; likewise no store, no store key;
-* otherwise the store at ``privacy_store`` (a terminal, tests): calls through
-  :func:`privcode.privacy.budget.call` (the actor when Ray is up, else the
-  ledger for the length of the call); the state under ``pac_state`` when set,
-  else the store's ``pac/<worlds id>/`` (where servers kept it before).
-
-Moving a served state from the store's ``pac/`` to ``pac_state`` is a copy of
-its directory (a missing state of served worlds is refused, never redrawn).
+The server needs from the store only the ledger's answers: the worlds' keyed id, whether they
+were served, their allowance (``pac_open``) and leases (:mod:`privcode.pac.leases`). Three ways
+(:class:`~privcode.serve.pac_args.EnsembleArgs`): ``ledger`` the store's ledger actor
+(``privcode-store:<store id>``) or an http(s) URL of its ledger service
+(:mod:`privcode.privacy.ledger_service`, the serving role's token): the server opens no store
+and reads no store key, and the curator state is under ``pac_state/<worlds id>/``, which must
+hold no store key; otherwise the store at ``privacy_store`` (a terminal, tests), the state
+under ``pac_state`` when set, else the store's ``pac/<worlds id>/``. A missing state of served
+worlds is refused, never redrawn. Details: docs/serving.md, "privcode/serve/pac_ledger.py".
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """The PAC server's decode thread: requests of different sessions share each forward.
 
-:class:`DecodeScheduler` owns one thread that runs every admitted completion together:
-each round it makes one release per decode that can take one (in admission order: the
-curator sees each session's steps in order), then ONE forward of all of them
-(:meth:`privcode.pac.ensemble.PacEnsemble.step_batch`: k requests of m + 1 rows over a
-left-padded KV cache, :class:`privcode.models.kv_batch.KvBatch`, and the stacked LoRA
-forward tiled k times). The requests that start in a round prefill together, in one
-forward (:meth:`~privcode.pac.ensemble.PacEnsemble.prefill_batch`); each joins the batch
-with its cache at the next round, and leaves when it ends.
-
-Order and fairness:
-
-* the round's releases are one group commit per curator: one state write for all of them,
-  on disk before any of their tokens goes out;
-* jobs start in arrival order, except that a job waits while its session has a request
-  running (and so do the later jobs of that session); closing a session is such a job,
-  so it runs after the session's completions queued before it;
-* at most ``max_batch`` completions run at once; later ones queue;
-* a streaming client that has not taken its last token yet (a lockstep sink) is passed
-  over, not waited for: its rows leave the batch (taking their cache) until it has, so a
-  slow reader slows only itself. A client that went away ends its decode before its next
-  release.
-
-Caches a batch cannot hold beside others (sliding-window, static) decode alone, one forward
-each. Nothing here logs a prompt, a token or a session id.
+:class:`DecodeScheduler` owns one thread that runs every admitted completion together: each
+round it makes one release per decode that can take one, in admission order, then ONE forward
+of all of them (:meth:`privcode.pac.ensemble.PacEnsemble.step_batch` over a left-padded
+:class:`privcode.models.kv_batch.KvBatch`); requests that start in a round prefill together
+(:meth:`~privcode.pac.ensemble.PacEnsemble.prefill_batch`) and join at the next round.
+Invariants: the round's releases are one group commit per curator, on disk before any of their
+tokens goes out; the curator sees each session's steps in order (a job waits while its session
+has a request running; a close runs after the completions queued before it); at most
+``max_batch`` run at once; a lockstep sink whose client has not taken its last token is passed
+over, not waited for. Nothing here logs a prompt, a token or a session id.
+Details: docs/serving.md, "privcode/serve/pac_scheduler.py".
 """
 
 from __future__ import annotations

@@ -158,10 +158,9 @@ class PacService:
     ``ensemble``: a :class:`privcode.pac.ensemble.PacEnsemble` (or anything with ``m``,
     ``context``, ``encode(prompt)``, ``decode(...)``, ``step_logprobs`` and ``step_batch``:
     :class:`~privcode.serve.pac_scheduler.DecodeScheduler` runs its completions together);
-    ``curator``: a
-    :class:`privcode.pac.curator.Curator` of the same ``m``. Every method takes the calling
-    key's principal: sessions and budget shares are per key. :meth:`load` builds both from
-    :class:`EnsembleArgs`; :func:`build_api` puts HTTP in front.
+    ``curator``: a :class:`privcode.pac.curator.Curator` of the same ``m``. Every method takes
+    the calling key's principal: sessions and budget shares are per key. :meth:`load` builds
+    both from :class:`EnsembleArgs`; :func:`build_api` puts HTTP in front.
     """
 
     def __init__(
@@ -203,16 +202,14 @@ class PacService:
     ) -> PacService:
         """Lock the worlds' curator state, load the worlds, restore the curator on leases.
 
-        The state is ``<pac_state or store's pac>/<worlds id>/`` (the id: the
-        ledger's keyed digest of the worlds' files; :mod:`privcode.serve.pac_ledger`).
-        Worlds the store's ledger knows were served but whose state is gone are
-        refused (fail closed: a fresh secret with a full budget is never drawn
-        for them); the curator is held to the allowance the ledger grants
-        (:mod:`privcode.privacy.pac_budgets`), logged after its state exists, so
-        a crash in between cannot lock the worlds out, and pays every private
-        step from ledger leases (:mod:`privcode.pac.leases`). ``rng_seed``
-        seeds the curator's NOISE only (tests); the secret is always drawn with
-        ``secrets``.
+        The state is ``<pac_state or store's pac>/<worlds id>/`` (the id: the ledger's keyed
+        digest of the worlds' files; :mod:`privcode.serve.pac_ledger`). Worlds the store's
+        ledger knows were served but whose state is gone are refused (fail closed: a fresh
+        secret with a full budget is never drawn for them); the curator is held to the
+        allowance the ledger grants (:mod:`privcode.privacy.pac_budgets`), logged after its
+        state exists, so a crash in between cannot lock the worlds out, and pays every private
+        step from ledger leases (:mod:`privcode.pac.leases`). ``rng_seed`` seeds the curator's
+        NOISE only (tests); the secret is always drawn with ``secrets``.
         """
         from privcode.pac.curator import STATE_FILE
         from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest

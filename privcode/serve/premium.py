@@ -1,31 +1,16 @@
 """Serve the premium model (base + merged LoRA adapter) as an OpenAI-compatible Ray Serve app.
 
-``import_path: privcode.serve.premium:app`` with ``args`` (see
-:func:`parse_args`): ``premium`` (the release dir of ``privcode premium``:
-``adapter/`` + ``premium.json``), ``model`` (base-model override: on
-Kubernetes the base lives elsewhere than at training time), ``device``
-(``auto``|``cpu``|``cuda``), ``max_tokens_limit``, ``max_batch_size``,
-``batch_wait_timeout_s``, ``served_model_name``, and the keys and client limits of
-:class:`privcode.serve.args.GuardArgs` (defaults: the ``serve`` config section). Without an
-API key the app refuses to start unless ``insecure_no_auth`` is set.
-
-Routes (a FastAPI ingress, :mod:`privcode.serve.api`; the schema at ``/openapi.json``):
-``POST /v1/completions``, ``POST /v1/chat/completions`` (the messages rendered with the
-release's chat template, :mod:`privcode.models.chat`), ``GET /v1/models``,
-``GET /v1/models/<id>``, ``GET /healthz``. Both generation routes take ``n`` (up to
-:data:`MAX_N` choices, each its own row: choice ``i`` seeded ``seed + i``), ``logprobs``
-and ``stream`` (server-sent events as the rows decode, :mod:`privcode.serve.streaming`; a
-client that goes away cancels its rows).
-
-:class:`PremiumModel` is the model-running core, usable without Ray: load,
-validate a request against the model (:meth:`PremiumModel.prepare`), and
-generate a batch (:meth:`PremiumModel.generate_batch`). :class:`PremiumServer`
-is the thin Serve deployment around it, batching requests with
-``@serve.batch``: every request of a batch, greedy, sampled or seeded, shares one
-left-padded ``generate`` call; each sampled row draws from its own generator (its
-request's seed, or a fresh one), so a seeded request is reproducible without
-running alone. Prompts and completions are never logged, only sizes and
-latency.
+``import_path: privcode.serve.premium:app`` with ``args`` (:func:`parse_args`; defaults: the
+``serve`` config section; ``premium``: the release dir of ``privcode premium``), behind the
+keys and client limits of :class:`privcode.serve.args.GuardArgs`: without an API key the app
+refuses to start unless ``insecure_no_auth``. Routes (:mod:`privcode.serve.api`):
+``/v1/completions``, ``/v1/chat/completions`` (the release's chat template,
+:mod:`privcode.models.chat`), ``/v1/models[/<id>]``, ``/healthz``; ``n`` up to :data:`MAX_N`
+(choice ``i`` seeded ``seed + i``), ``logprobs``, ``stream`` (:mod:`privcode.serve.streaming`).
+:class:`PremiumModel` is the model-running core, usable without Ray; :class:`PremiumServer`
+batches requests with ``@serve.batch`` into one ``generate`` call, each sampled row with its
+own generator. Prompts and completions are never logged, only sizes and latency.
+Details: docs/serving.md, "privcode/serve/premium.py".
 """
 
 from __future__ import annotations

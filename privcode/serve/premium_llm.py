@@ -1,32 +1,17 @@
 """The premium model on vLLM (``serve.engine: vllm``): Ray Serve LLM behind privcode's own routes.
 
 ``privcode.serve.premium:app`` with ``engine: vllm`` builds this app: the same ingress
-deployment name (``PremiumServer``), routes, schema, API keys, rate limits and request checks
-as the transformers engine (:func:`privcode.serve.premium.build_api`), forwarding each checked
-request through a deployment handle to a Ray Serve LLM ``LLMServer`` (vLLM, on GPUs,
-autoscaled between ``vllm_min_replicas`` and ``vllm_max_replicas``). Ray's own OpenAI app
-(``build_openai_app``) is not used: it has no authentication and no limits.
-
-What vLLM loads:
-
-* by default the release's ``merged/`` checkpoint (base + adapter in one safetensors model,
-  :func:`privcode.models.artifacts.export_merged`; the premium stage writes it when
-  ``serve.engine`` is vllm, and this builder writes it if it is missing). A PVC works.
-* with ``vllm_lora_store`` (``s3://``, ``gs://``, ``abfss://``, ``azure://``: Ray Serve LLM's
-  ``LoraConfig`` loads adapters from an object store only) the base model, with the premium
-  adapter at ``<store>/<served_model_name>/`` loaded per request (multi-LoRA: several premium
-  models share one base and its GPUs; requests are routed by Serve's model multiplexing).
-
-The ingress tokenises each prompt with the served checkpoint's tokenizer (a chat rendered
-first with the release's chat template), checks it against the context
-(``vllm_max_model_len``, else the model's), and sends vLLM the token ids, so what was checked
-is what runs. ``n`` choices are ``n`` engine requests (choice ``i`` seeded ``seed + i``, as the
-transformers engine does); ``logprobs`` are vLLM's; a streamed request runs through the
-engine's own stream (``stream``: vLLM's text deltas, its stops applied), and a client that
-goes away closes it, which aborts the engine request. Requests and answers cross the handle as plain dicts
-(:func:`engine_payload`, :func:`completion_from`): only the vLLM replicas need vLLM's types
-(:mod:`privcode.serve.vllm_server`). Every node needs vLLM installed (``pip install
-'privcode[vllm]'``): the builder refuses to start without it, naming that.
+(``PremiumServer``), routes, schema, keys, limits and request checks as the transformers engine
+(:func:`privcode.serve.premium.build_api`), forwarding each checked request through a
+deployment handle to a Ray Serve LLM ``LLMServer`` (vLLM, on GPUs). Ray's own OpenAI app has no
+authentication and no limits, so it is not used. vLLM loads the release's ``merged/``
+checkpoint (:func:`privcode.models.artifacts.export_merged`, written here if missing), or with
+``vllm_lora_store`` the base plus the adapter from an object store. The ingress tokenises and
+checks each prompt against the context and sends vLLM the token ids, so what was checked is
+what runs. Requests and answers cross the handle as plain dicts (:func:`engine_payload`,
+:func:`completion_from`): only the vLLM replicas need vLLM (:mod:`privcode.serve.vllm_server`);
+without it installed the builder refuses to start.
+Details: docs/serving.md, "Engines: transformers and vLLM".
 """
 
 from __future__ import annotations

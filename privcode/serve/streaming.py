@@ -1,19 +1,14 @@
 """Streaming for both apps: tokens from a generating thread to the client as server-sent events.
 
-* :class:`TokenSink`: one completion's tokens, handed by the generating thread (``put``) to
-  the request's event loop (``get``); ``cancel`` (the client went away) makes the next
-  ``put`` answer False, which stops that row's decoding (:func:`privcode.models.generate.
-  generate`'s listener, the PAC loop). A ``lockstep`` sink (the PAC app's: every token is
-  charged) lets ``put`` return only once the previous token went out to the client, so a
-  client that leaves was sent every token it was charged for but the one in flight.
-* :class:`TextStream`: the text deltas of a growing token list. A delta is sent only once it
-  cannot change: not while the text ends in an incomplete UTF-8 sequence, nor while its end
-  could still begin a stop string; at the end the rest of the final text is sent, so the
-  deltas joined equal the text the same request gets without streaming.
-* :func:`sse`, :data:`DONE`: OpenAI's event framing (``data: <json>\\n\\n``, then
-  ``data: [DONE]``).
-
-Streams carry what the non-streamed answer carries, no more: text, finish reasons, usage.
+:class:`TokenSink` hands one completion's tokens from the generating thread (``put``) to the
+request's event loop (``get``); ``cancel`` (the client went away) makes the next ``put`` answer
+False, which stops that row; a ``lockstep`` sink (the PAC app's: every token is charged) lets
+``put`` return only once the previous token went out, so a client that leaves was sent every
+token it was charged for but the one in flight. :class:`TextStream` sends a text delta only
+once it cannot change (no incomplete UTF-8 sequence, no possible stop-string start), so the
+deltas joined equal the non-streamed text. :func:`sse`, :data:`DONE`: OpenAI's event framing.
+Streams carry what the non-streamed answer carries, no more. Details: docs/serving.md,
+"privcode/serve/streaming.py".
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
 """Stage II exact and near-duplicate removal, streaming (one stateful object per Ray actor).
 
-Method:
-
-* :func:`normalize_code` re-renders the code from its :mod:`tokenize`
-  tokens: comments, blank lines and bare string statements (docstrings)
-  dropped, tokens separated by one space, indentation rewritten as four
-  spaces per level. Copies that differ only in comments, docstrings or
-  layout normalise to the same text. Code that does not tokenize falls back
-  to whitespace collapsing.
-* Exact duplicates: equal sha256 of the normalised text.
-* Near duplicates: MinHash over the set of 5-shingles of normalised tokens
-  (whitespace-split). Tokens are hashed with blake2b (stable across
-  processes, unlike ``hash()``), a shingle's 64-bit hash is a polynomial
-  combination of its tokens' hashes followed by the splitmix64 finaliser,
-  and permutation i is the multiply-shift hash ``h_i(x) = ((a_i x + b_i) mod
-  2^64) >> 32`` with odd random ``a_i`` (seeded): all in vectorised numpy.
-  Candidates come from LSH banding (``bands x rows <= num_perm``, chosen
-  as datasketch does, by minimising weighted false-positive and
-  false-negative areas around ``threshold``, but weighting misses 0.95:
-  a false candidate costs one vectorised comparison, a miss keeps a
-  duplicate; for 0.85 and 64 permutations: 8 bands of 8 rows, a pair at
-  Jaccard 0.85 is a candidate with probability 0.92, at 0.9 with 0.99,
-  at 0.5 with 0.03); a candidate is a
-  duplicate when the estimated Jaccard (fraction of equal signature
-  entries) is >= ``threshold``. Among several, the most similar (then the
-  earliest) is reported.
-
-Only kept items are remembered (their id, sha256, signature and LSH bucket
-entries), so memory grows with the number of kept items. A dropped item is
-matched against kept ones only: A kept, B ~ A dropped, C ~ B but not ~ A
-gives C kept. Items of one batch are deduplicated against each other in
-order. ``state_dict`` / ``load_state_dict`` restore the state in a resumed
-run (signatures as a numpy array, the rest JSON-serialisable).
+:func:`normalize_code` re-renders code from its :mod:`tokenize` tokens (comments, blank lines
+and docstrings dropped, tokens one space apart, four spaces per indent level; code that does
+not tokenize: whitespace collapsed). Exact duplicates: equal sha256 of that text. Near: MinHash
+over 5-shingles of normalised tokens (blake2b token hashes; permutation ``h_i(x) = ((a_i x +
+b_i) mod 2^64) >> 32``, odd seeded ``a_i``), LSH candidates (``bands x rows <= num_perm``,
+weighted towards recall) confirmed by the estimated Jaccard >= ``threshold`` (the most
+similar, then earliest, is reported). Only kept items are remembered and matched against: A
+kept, B ~ A dropped, C ~ B but not ~ A gives C kept. ``state_dict`` / ``load_state_dict``
+restore the state in a resumed run. Design notes: docs/methods.md, "synth/dedup.py".
 """
 
 from __future__ import annotations

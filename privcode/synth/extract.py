@@ -1,29 +1,13 @@
 """Stage II prompt extraction M_ext(code) -> instruction (docs/methods.md, Stage II).
 
-Each generated snippet c_i becomes an ``(instruction, code)`` pair. Two
-extractors sit in the :data:`EXTRACTORS` registry; both are classes built
-once and called many times on batches, so they fit a Ray Data
-``map_batches`` actor:
-
-* ``"offline"`` (:class:`OfflineExtractor`): no model. The code is parsed
-  with :mod:`ast` (never compiled or executed: the snippets are untrusted)
-  and an instruction is written from the main unit's signature, docstring
-  and identifiers. The main unit is the first top-level function; failing
-  that the first class (described by its methods); failing that the module
-  as a script. Without a docstring the description comes from the name
-  split into words (``parse_header`` -> "parses header") and the names the
-  function calls and returns. Unparseable code gets a generic instruction
-  from its first line (the execution filter removes it anyway).
-  Assumptions: docstrings follow PEP 257 (an imperative first sentence), so
-  a leading verb is put in the third person after "that"; a first word that
-  is not a known verb keeps the sentence verbatim instead.
-* ``"hf"`` (:class:`HFExtractor`): a local instruction-following HF causal
-  LM (any path :func:`privcode.models.load_causal_lm` accepts), batched
-  greedy decoding, the tokenizer's chat template when it has one and a plain
-  ``Instruction:`` completion prompt otherwise. Loaded on the first call.
-
-Both are deterministic, return one string per input, never raise on any
-input string and cap instructions at :data:`MAX_INSTRUCTION_CHARS`.
+Each generated snippet c_i becomes an ``(instruction, code)`` pair. :data:`EXTRACTORS` holds
+two classes, built once and called on batches (a Ray Data ``map_batches`` actor):
+``"offline"`` (:class:`OfflineExtractor`: no model; an instruction from the main unit's
+signature, docstring and identifiers, parsed with :mod:`ast`, never compiled or executed: the
+snippets are untrusted) and ``"hf"`` (:class:`HFExtractor`: a local instruction-following HF
+causal LM, batched greedy decoding, loaded on the first call). Both are deterministic, return
+one string per input, never raise on any input string and cap instructions at
+:data:`MAX_INSTRUCTION_CHARS`. Design notes: docs/methods.md, "synth/extract.py".
 """
 
 from __future__ import annotations

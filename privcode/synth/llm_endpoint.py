@@ -1,19 +1,13 @@
 """M_ext and M_r through an OpenAI-compatible completions endpoint.
 
 ``extractor=endpoint`` / ``summarizer=endpoint`` send each prompt to
-``POST <synth.llm_endpoint>/v1/completions`` (``{"model", "prompt",
-"max_tokens", "temperature": 0}``): vLLM's OpenAI server, a provider, or this
-project's own premium Ray Serve app (which takes one prompt per request).
-Batching is the server's: ``synth.llm_concurrency`` requests are in flight at
-once from each actor, and vLLM's continuous batching or Serve's dynamic
-batching groups them on the accelerator. The actor itself needs no GPU.
-
-What is sent is post-processing of the DP release (generated code), never
-private data. The transport is :class:`privcode.models.endpoint.EndpointClient`
-(retries, timeouts, bounded answers, errors that name the URL and the status,
-never a prompt or an answer); here each answer is also cut to
+``POST <synth.llm_endpoint>/v1/completions`` (temperature 0); ``synth.llm_concurrency``
+requests are in flight from each actor, batching is the server's, the actor needs no GPU.
+What is sent is post-processing of the DP release (generated code), never private data. The
+transport is :class:`privcode.models.endpoint.EndpointClient`; each answer is cut to
 ``max_response_chars``. The bearer token comes from the environment variable
 ``synth.llm_api_key_env``; plain http is refused except to a loopback address.
+Design notes: docs/methods.md, "synth/llm_endpoint.py".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """The LLM filters as Ray Data LLM processors: vLLM engines on GPUs (``extractor=vllm``,
 ``summarizer=vllm``).
 
-Instead of an HF model inside a filter actor, the extractor (M_ext) or the
-summariser (M_r) becomes a Ray Data LLM processor (``ray.data.llm``): a
-chat-template and tokenise stage on CPUs, ``synth.vllm_engines`` vLLM engine
-actors of ``synth.vllm_tensor_parallel_size`` GPUs each (continuous
-batching, ``synth.llm_concurrency`` batches in flight per engine), and a
-detokenise stage, spliced into the same streaming dataset with backpressure.
-Both answer greedily (temperature 0), ``synth.llm_max_new_tokens`` tokens.
-
-* The extractor stage writes ``prompt`` (the cleaned instruction, the
-  offline extractor's when the model answers nothing; prompt-conditioned
-  methods keep their public prompt).
-* The summariser stage writes ``summary`` for the rows that passed the
-  execution filter (the others get a one-token request whose answer is
-  dropped); the round-trip actor then only scores (``RoundTripScore`` with
-  the ``column`` summariser).
-
-Needs ``pip install 'privcode[vllm]'`` (vLLM and ``ray[llm]``) and GPUs; the
-processor's config is built and checked without either (tests do).
+The extractor (M_ext) or the summariser (M_r) becomes a ``ray.data.llm`` processor spliced
+into the streaming dataset: tokenise on CPUs, ``synth.vllm_engines`` vLLM engines of
+``synth.vllm_tensor_parallel_size`` GPUs each, detokenise; greedy,
+``synth.llm_max_new_tokens`` tokens. The extractor writes ``prompt``; the summariser writes
+``summary`` for the rows that passed execution, and the round-trip actor then only scores.
+Needs ``pip install 'privcode[vllm]'`` and GPUs; the processor's config is built and checked
+without either. Design notes: docs/methods.md, "synth/llm_stages.py".
 """
 
 from __future__ import annotations

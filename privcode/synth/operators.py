@@ -1,24 +1,13 @@
 """Stage II operators: the callable classes Ray Data runs in actor pools.
 
-Each is constructed once per actor (loading its model or sandbox pool) and
-called on batches (``dict`` of numpy arrays, one row per sample). They only
-ever see the released DP artifact, public resources and the rows produced
-upstream; none of them can name a private file.
-
-Row columns, in the order they are filled:
-
-* ``index`` (int): sample number i in [0, num_samples); ``z_seed``: the
-  seed the latent of sample i is drawn from (``[seed, i]``);
-* :class:`Generate`: ``code`` (the junior's continuation, cut to its longest
-  compiling prefix of lines unless ``trim`` is off), ``cond_prompt``
-  (the public prompt it was conditioned on, '' otherwise);
-* :class:`Extract`: ``prompt`` (the instruction M_ext(code); for
-  prompt-conditioned methods the public conditioning prompt itself);
-* :class:`ExecutionFilter`: ``exec_status``, ``exec_passed``, ``exec_seconds``,
-  ``exec_error``, ``exec_isolation`` (verdict of running the code in the sandbox, and the
-  isolation it ran under);
-* :class:`RoundTripScore`: ``roundtrip_score`` (NaN when the code did not
-  pass execution: not scored) and ``roundtrip_passed``.
+Each is constructed once per actor and called on batches (``dict`` of numpy arrays, one row
+per sample). They only ever see the released DP artifact, public resources and the rows
+produced upstream; none of them can name a private file. Columns, in the order filled:
+``index``, ``z_seed`` (``[seed, i]``); :class:`Generate`: ``code``, ``cond_prompt``;
+:class:`Extract`: ``prompt``; :class:`ExecutionFilter`: ``exec_status``, ``exec_passed``,
+``exec_seconds``, ``exec_error``, ``exec_isolation``; :class:`RoundTripScore`:
+``roundtrip_score`` (NaN: not scored), ``roundtrip_passed``.
+Design notes: docs/methods.md, "synth/operators.py".
 """
 
 from __future__ import annotations

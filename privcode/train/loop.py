@@ -1,62 +1,23 @@
 """Distributed DP-SGD on Ray Train: the per-worker training loop (the driver: train/run.py).
 
-:func:`privcode.train.run.run_training` (the driver, e.g. the ``train`` stage) counts
-the records, fixes the sample rate ``q = B / N`` and the noise multiplier
-(``cfg.noise_multiplier``, or :func:`privcode.dp.accounting.calibrate` for
-``cfg.epsilon`` over ``cfg.steps`` steps when it is 0), opens the run's
-privacy ledger and starts a ``TorchTrainer`` of ``cfg.num_workers`` workers
-(gloo on CPU, NCCL on GPU) running :func:`train_loop_per_worker`; with
-``num_workers`` 0 Ray Train's local mode runs that loop in the calling process
-(one rank, no worker group to start, no restarts:
-:mod:`privcode.models.ray_train`).
+Each of ``W`` workers builds the method's objective (:mod:`privcode.train.methods`; seeded init,
+broadcast from rank 0) and tokenises only its shard ``{i : i mod W = rank}``; every trainable
+parameter is clipped jointly per record and updated by one optimiser. One step ``t``:
 
-Every worker builds the method's objective (:mod:`privcode.train.methods`:
-the LoRA junior plus, for PrivCode++-style methods, the PrivLC encoders and
-prefix decoder; seeded init, then broadcast from rank 0) and tokenises only
-its shard ``{i : i mod W = rank}``. Every trainable parameter of the
-objective is clipped jointly per record and updated by one optimiser. One
-step ``t``:
+1. rank 0 asks the ledger to reserve ``(sigma, q)``; the ledger fsyncs BEFORE granting and rank
+   0 broadcasts the decision. A denied step is never taken (all ranks leave together); an
+   unreachable ledger stops training (fail-closed);
+2. each rank takes its Poisson sample ``S_t ∩ shard`` (schedule seed from OS entropy at every
+   (re)start, broadcast, never stored) and sums the clipped per-record gradients; dropout and
+   latent noise come from the same secret, never ``train.seed`` or a record's position; a
+   record whose gradient is not finite contributes zero;
+3. rank 0 adds ``N(0, sigma^2 C^2)`` once, the sums are all-reduced and divided by ``q N``, and
+   every rank applies the same AdamW update (an empty sample still takes the noise-only step).
 
-1. rank 0 asks the ledger to reserve one step ``(sigma, q)``; the ledger
-   fsyncs its log BEFORE granting, and rank 0 broadcasts the decision. A
-   denied step is never taken: all ranks leave the loop together. An
-   unreachable ledger stops training (fail-closed: an error, never a step);
-2. each rank takes its Poisson sample ``S_t ∩ shard`` (:mod:`privcode.dp.sampler`;
-   the schedule's seed is drawn from OS entropy by rank 0 at every (re)start
-   and broadcast, never stored; in secure mode rank 0 draws the mask from
-   ``os.urandom`` and broadcasts it) and computes the clipped sum of
-   per-record gradients of the method's per-record loss
-   (:mod:`privcode.dp.dpsgd`; ``train.micro_batch_size`` records per pass,
-   the passes' sums added before the noise; the forward in ``train.dtype``
-   under autocast, the sum in fp32; optionally gradient-checkpointed), with dropout masks and per-record latent
-   noise from the same secret (:mod:`privcode.dp.randomness`), never from
-   ``train.seed`` or a record's position. A record whose gradient is not
-   finite contributes zero (counted in the private audit log);
-3. rank 0 adds N(0, sigma^2 C^2) once, the sums are all-reduced and divided
-   by ``q N``; every rank applies the same AdamW update to the LoRA weights.
-   An empty sample still takes the (noise-only) step.
-
-Checkpoints (``ray.train.report`` with a ``ray.train.Checkpoint`` from rank
-0 every ``cfg.checkpoint_every`` steps and at the end) hold the adapter, the
-optimizer state, the next step, the ledger position and the public
-held-out loss curve. ``FailureConfig(max_failures)`` restarts the worker
-group from the last checkpoint; steps re-run after a failure are reserved
-(charged) again, because the ledger never rolls back: a crash can only
-over-count epsilon. Rank 0 appends each applied step to a PRIVATE audit log
-(``applied_steps.jsonl`` in the training storage, never released): step,
-ledger position, attempt, time, and the number of records whose gradient
-was not finite.
-
-What leaves a worker: the noised gradient (through the weights), the step
-counter, the ledger decisions, and the loss on PUBLIC held-out code (the
-base model's held-out standard-library files) computed from the weights,
-which is post-processing of the DP release. Per-record or per-batch
-training losses, norms, clip counts and batch sizes are never logged or
-reported: they are computed from private records without noise. Step
-times grow with the sampled batch and its longest record (an un-noised
-membership signal): they, restart counts and grant ids stay in the private
-audit log and the ledger's WAL; the release's history holds the DP events
-(sigma, q, steps) only (:func:`privcode.artifacts.privacy.released_history`).
+Steps re-run after a restart are charged again: the ledger never rolls back. Only the weights,
+the step counter, ledger decisions and the loss on PUBLIC held-out code leave a worker; losses,
+norms, clip counts, batch sizes and step times of private batches are never logged or reported.
+Design notes: docs/methods.md, "train/loop.py".
 """
 
 from __future__ import annotations

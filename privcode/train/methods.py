@@ -1,51 +1,23 @@
 """Stage I training methods: the per-record objectives of the registry's methods.
 
-The registry entries (:class:`~privcode.registry.Method`, :data:`METHODS`)
-live in the torch-free :mod:`privcode.registry`; this module builds their
-objectives.
+A method builds an :class:`Objective` (an ``nn.Module``: the LoRA junior ``lm`` and the
+method's own trainable modules) whose ``forward(batch)`` returns one loss per record ``[B]``;
+DP-SGD clips each entry's gradient over EVERY trainable parameter jointly. The DP guarantee
+needs entry i to depend on record i only (and public values): no batch means, no in-batch
+negatives, no batch statistics. Registry entries: :data:`privcode.registry.METHODS`.
+``CE(c | ctx)``: mean CE over the code tokens (+ EOS); ``KL_AST``: KL of the junior to the frozen
+base over structural code tokens (0 while LoRA's B = 0); ``lambda(t)``:
+:func:`privcode.train.syntax.ast_lambda`; PrivLC terms: :mod:`privcode.train.privlc`::
 
-The DP machinery (:mod:`privcode.dp.dpsgd`, :mod:`privcode.train.loop`) is
-method-agnostic. A method builds an :class:`Objective`, an ``nn.Module``
-holding the LoRA junior ``lm`` and the method's own trainable modules, whose
-``forward(batch)`` returns one loss per record ``[B]``. DP-SGD clips the
-gradient of each entry with respect to EVERY trainable parameter of the
-objective (LoRA, E_c, E_p, D) jointly, adds noise once, and one optimiser
-and one ledger cover them all. The DP guarantee needs entry i to depend on
-record i only (and on public values: the step, the current weights, public
-data): no batch means, no in-batch negatives, no batch statistics.
+    privcode            CE(c | p) + lambda(t) KL_AST   (-nonast: no KL; -stableast: lambda_const)
+    privcode++          CE(c | D(z_c)) + lambda(t) KL_AST + L_VAE + lambda_a L_align
+    privcode++-noalign  CE(c | D(z_c)) + lambda(t) KL_AST + L_VAE
+    pc-promptemb        CE(c | D(z_p)) + lambda(t) KL_AST
+    pc-preemb           CE(c | D(z_c)) + lambda(t) KL_AST   (PrivLC public-pretrained, frozen)
+    pc-uncond           CE(c | BOS) + lambda(t) KL_AST
+    dpft / nondpft      mean CE over prompt and code tokens of p + c   (nondpft: no DP)
 
-Notation: record ``(p, c)`` (prompt, code), tokens ``x_1..x_n`` of ``c``
-plus EOS; ``CE(c | ctx) = mean_t -log p_J(x_t | ctx, x_<t)`` over the code
-tokens; ``KL_AST = sum_{t structural} KL(p_J(. | ctx, x_<t) || p_ref(. | ctx, x_<t))``
-over the code tokens that are Python syntax (:func:`privcode.models.encoding.structural_flags`),
-``p_ref`` the frozen base (the junior with its adapter disabled, no
-gradient) on the same input, virtual tokens included (detached): the term
-pulls the ADAPTER's syntax towards the base's and is 0 while the adapter
-is the identity (LoRA's B = 0 at initialisation); ``lambda(t)`` the decaying weight of
-:func:`privcode.train.syntax.ast_lambda` at optimizer step ``t``.
-
-==========================  ===============================================================
-method                      per-record loss
-==========================  ===============================================================
-``privcode``                CE(c | p) + lambda(t) KL_AST  (prompts public: context only)
-``privcode-nonast``         CE(c | p)
-``privcode-stableast``      CE(c | p) + lambda_const KL_AST
-``privcode++``              CE(c | D(z_c)) + lambda(t) KL_AST + L_VAE + lambda_a L_align
-``privcode++-noalign``      CE(c | D(z_c)) + lambda(t) KL_AST + L_VAE  (no E_p)
-``pc-promptemb``            CE(c | D(z_p)) + lambda(t) KL_AST  (z_p = E_p(h_p); no E_c)
-``pc-preemb``               CE(c | D(z_c)) + lambda(t) KL_AST, PrivLC pretrained on PUBLIC
-                            pairs (no DP needed) then frozen: DP trains the LoRA only
-``pc-uncond``               CE(c | BOS) + lambda(t) KL_AST  (no conditioning at all)
-``dpft``                    mean token CE over prompt AND code tokens of ``p + c``
-``nondpft``                 as dpft, trained WITHOUT DP (audits only; refused by default)
-==========================  ===============================================================
-
-PrivLC pieces (E_c, E_p, D, L_VAE, L_align) are in :mod:`privcode.train.privlc`;
-``h_c`` / ``h_p`` are the junior's mean-pooled final hidden states of the
-code / prompt alone, computed without gradient. With a prefix, the K
-virtual tokens come first and the code's first token is predicted from them.
-The unconditional input starts with EOS as a BOS stand-in (the base model
-was trained on EOS-separated documents), as Stage II's sampler does.
+Design notes: docs/methods.md, "train/methods.py".
 """
 
 from __future__ import annotations

@@ -1,40 +1,18 @@
 """The ``nondpft`` comparison: the junior fine-tuned on the private corpus WITHOUT DP.
 
-NOT PRIVATE. This model exists only so the audits can show what they detect
-when nothing protects the data (the seeds' NonDP-FT row): no clipping, no
-noise, no ledger. It is written inside the audit stage's directory, marked
-by :data:`MARKER` (``nondp.json``, ``"NOT_PRIVATE"``), and never released.
+NOT PRIVATE: it exists only so the audits can show what they detect when nothing protects the
+data (no clipping, no noise, no ledger). It is written inside the audit stage's directory,
+marked by :data:`MARKER` (``nondp.json``, ``"NOT_PRIVATE"``), and never released.
 
-Objective: the ``nondpft`` method of :mod:`privcode.train.methods` (mean
-token cross-entropy over prompt and code tokens of ``p ++ c``, the records
-encoded and cut to ``train.max_length`` exactly as Stage I does), on the
-same base model. Optimisation: ``audit.nondp_steps`` AdamW steps; each
-step's batch is a Poisson sample with rate ``q = B / N`` (``B`` =
-``audit.nondp_batch_size``), and the loss is ``sum_i loss_i / (qN)``, the
-normalisation of DP-SGD without clipping and noise: the DP engine's
-non-private mode (:mod:`privcode.dp.engine`), its record in :data:`MARKER`. Two modes
-(``audit.nondp_finetune``):
-
-* ``lora``: the junior's LoRA adapter (rank ``train.lora_r``): the same
-  trainable parameters as the DP run;
-* ``full``: every weight of the bare base (embeddings included, no LoRA
-  wrappers). A tiny base model with a LoRA adapter learns random strings
-  far too slowly to memorise a canary in minutes; full fine-tuning does
-  (the demo uses it).
-
-The output is a plain Hugging Face model directory (LoRA merged into the
-weights) plus the tokenizer and :data:`MARKER`, which
-:func:`privcode.audit.scoring.load_scored_model` reads: the model conditions
-on raw text (prompt ++ code, like ``dpft``) and its membership scores count
-prompt tokens too.
-
-It lives in Stage I's package because it is Stage I's objective run through the DP
-engine's non-private mode; the pipeline's ``nondp`` (or audit) stage calls it, and the
-audits only read the model it writes.
-
-Privacy of this module's own outputs: the returned summary holds settings
-and timings only (no loss on private data), and nothing is logged about
-records.
+Objective: the ``nondpft`` method of :mod:`privcode.train.methods` on the same base, records
+encoded as Stage I does; ``audit.nondp_steps`` AdamW steps on Poisson samples of rate
+``q = B / N``, loss ``sum_i loss_i / (qN)``: the DP engine's non-private mode
+(:mod:`privcode.dp.engine`). ``audit.nondp_finetune``: ``lora`` (the DP run's trainable
+parameters) or ``full`` (every weight of the bare base). The output, a plain HF model directory
+(LoRA merged) with the tokenizer and :data:`MARKER`, is read by
+:func:`privcode.audit.scoring.load_scored_model`. The returned summary holds settings and
+timings only, and nothing is logged about records. Design notes: docs/methods.md,
+"train/nondp.py".
 """
 
 from __future__ import annotations

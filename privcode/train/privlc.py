@@ -1,34 +1,19 @@
 """PrivLC, PrivCode++'s latent-conditioning module: encoders E_c, E_p and the prefix decoder D.
 
 Shapes (H: the junior's hidden size, dz: ``latent_dim``, K: ``num_virtual_tokens``,
-W: ``encoder_hidden`` or H):
+W: ``encoder_hidden`` or H): ``E_c``: ``h_c`` [B, H] -> MLP (H -> W -> W, GELU) -> heads
+``mu``, ``log sigma^2`` [B, dz]; ``z_c = mu + sigma * eps``, ``eps ~ N(0, I)``. ``E_p``:
+``h_p`` [B, H] -> MLP (H -> W -> dz) = ``z_p``. ``D``: ``nn.Linear(dz, K * H)`` -> [B, K, H]
+virtual-token embeddings prepended to the code's token embeddings.
 
-* code encoder ``E_c``: mean-pooled final hidden states ``h_c`` [B, H] ->
-  2-layer MLP (H -> W -> W, GELU) -> two linear heads ``mu``, ``log sigma^2``
-  [B, dz]; ``z_c = mu + sigma * eps`` (reparameterisation, ``eps ~ N(0, I)``);
-* prompt encoder ``E_p``: ``h_p`` [B, H] -> 2-layer MLP (H -> W -> dz) = ``z_p``;
-* prefix decoder ``D``: one ``nn.Linear(dz, K * H)``, reshaped to [B, K, H]
-  virtual-token embeddings prepended to the code's token embeddings.
-
-Losses (per record):
-
-* ``L_VAE = 1/2 sum_d (mu_d^2 + sigma_d^2 - log sigma_d^2 - 1)`` = KL(N(mu, sigma^2) || N(0, I));
-* ``L_align`` with ``s(a, b) = cos(a, b) / tau``: InfoNCE against a bank of
-  PUBLIC prompts' latents ``{z_b}`` (computed by the current E_p, no gradient):
-  ``-s(mu, z_p) + log(exp s(mu, z_p) + sum_b exp s(mu, z_b))``; or, with no
-  negatives, ``1 - cos(mu, z_p)``.
-
-The paper's InfoNCE takes the negatives from the other records of the batch;
-that makes record i's loss (and gradient) a function of record j, so
-removing j changes i's clipped gradient too and the per-record sensitivity
-``C`` of DP-SGD no longer holds. Negatives here are public (or absent), so
-each record's loss depends on its own record only. Cosine rather than the
-raw inner product keeps ``exp(s / tau)`` bounded at any dz.
-
-Everything is built from ``nn.Linear`` and parameter-free activations, which
-Opacus computes per-sample gradients for. ``D`` is released with the junior
-adapter; ``E_c`` and ``E_p`` have seen private code and prompts and are not
-needed to sample (Stage II draws ``z ~ N(0, I)``), so they are never released.
+Per-record losses: ``L_VAE = 1/2 sum_d (mu_d^2 + sigma_d^2 - log sigma_d^2 - 1)``;
+``L_align`` with ``s(a, b) = cos(a, b) / tau``, InfoNCE against PUBLIC prompts' latents
+``{z_b}`` (current E_p, no gradient): ``-s(mu, z_p) + log(exp s(mu, z_p) + sum_b exp s(mu, z_b))``,
+or ``1 - cos(mu, z_p)`` with no negatives. Negatives never come from the batch: each record's
+loss depends on its own record only (DP-SGD's sensitivity ``C``). Built from ``nn.Linear`` and
+parameter-free activations (Opacus' per-sample gradients). ``D`` is released with the adapter;
+``E_c`` and ``E_p`` have seen private data and are never released.
+Design notes: docs/methods.md, "train/privlc.py".
 """
 
 from __future__ import annotations

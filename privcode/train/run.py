@@ -2,21 +2,16 @@
 
 Four named steps, in the order the guarantee needs them:
 
-1. :func:`prepare` (the prologue): the training mode (DP-SGD, or the engine's named
-   non-private mode), the one read of the corpus (admitted = hashed = parsed), the sample
-   rate ``q = B / N`` (refused above 1) and ``sigma`` (``train.noise_multiplier``, or
-   calibrated to ``train.epsilon`` over ``train.steps``);
-2. :func:`admit_job`: the job's plan ``(sigma, q, steps)`` reserved in the privacy store's
-   ledger BEFORE any worker starts; a record over its budget refuses the whole job
-   (:class:`BudgetRefused`); a non-private run has no ledger;
-3. :func:`fit_job`: the ``TorchTrainer`` of :func:`privcode.train.loop.train_loop_per_worker`
-   (every step reserved, fsynced, then taken); the job is finished in the ledger whatever
-   happens (its committed steps become its grants), and no grant confirmation, no release;
-4. :func:`release_job`: ``privacy.json`` from the ledger's grants and the adapter
-   (:func:`privcode.train.artifact.write_junior_release`); training storage removed.
+1. :func:`prepare`: the training mode, the one read of the corpus, ``q = B / N`` (refused above
+   1) and ``sigma`` (given, or calibrated to ``train.epsilon`` over ``train.steps``);
+2. :func:`admit_job`: the plan ``(sigma, q, steps)`` reserved in the store's ledger BEFORE any
+   worker starts; a record over its budget refuses the whole job (:class:`BudgetRefused`);
+3. :func:`fit_job`: :func:`privcode.train.loop.train_loop_per_worker` (every step reserved,
+   fsynced, then taken); the job is finished in the ledger whatever happens; no grant
+   confirmation, no release;
+4. :func:`release_job`: ``privacy.json`` from the ledger's grants, and the adapter.
 
-It returns a :class:`TrainResult`: the train stage's typed :class:`TrainSummary` and the
-path of the private applied-steps audit log.
+Returns a :class:`TrainResult`. Design notes: docs/methods.md, "train/run.py".
 """
 
 from __future__ import annotations
@@ -318,24 +313,14 @@ def run_training(
 ) -> TrainResult:
     """Train with DP-SGD on Ray Train; write the release into ``out_dir``; return its summary.
 
-    Release (``out_dir``): ``adapter/`` (peft ``save_pretrained``) and ``privacy.json``
-    (method, epsilon under RDP and PRV of the job's grants, delta, the history's DP events,
-    C, q, N, sigma, steps taken, the RNG mode, the adjacency, an opaque dataset id, the base).
-
-    The job is admitted to the ledger of the privacy store (``privacy_store``, else
-    :func:`privcode.privacy.store.resolve_store`'s; an initialised one, never created here):
-    the worst of its records, counting every earlier job that trained on it, must stay
-    within ``budget`` (None: the store's, set by its first job to ``cfg.epsilon`` at
-    ``cfg.delta``) with the planned steps added, else :class:`BudgetRefused`. ``run_key``
-    names the run (a new job of the same key finishes an abandoned one);
-    ``legacy_ledgers`` are pre-store run ledgers of this corpus, imported once. Ray Train
-    checkpoints and the audit log go to ``storage_dir/<unique name>``, removed after
-    success unless ``keep_storage``. :class:`TrainingError` when no step could be taken.
-
-    ``non_private`` (tests and comparisons; never from a config file): the engine's
-    non-private mode instead of DP-SGD (no noise, no ledger; its reason and settings are
-    written into ``privacy.json``). The method ``nondpft`` (with ``train.allow_non_private``)
-    selects that mode too.
+    The release is ``adapter/`` and ``privacy.json``. The job is admitted to the ledger of
+    ``privacy_store`` (else :func:`privcode.privacy.store.resolve_store`'s; never created here):
+    the worst of its records, counting every earlier job on it, must stay within ``budget``
+    (None: the store's) with the planned steps added, else :class:`BudgetRefused`;
+    :class:`TrainingError` when no step could be taken. ``non_private`` (tests and
+    comparisons, never from a config file), or the method ``nondpft`` with
+    ``train.allow_non_private``: the engine's non-private mode, its reason written into
+    ``privacy.json``. The other arguments: docs/methods.md, "train/run.py".
     """
     p = prepare(cfg, data_path, base_path, out_dir, privacy_store, non_private)
     if not ray.is_initialized():

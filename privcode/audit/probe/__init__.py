@@ -1,18 +1,16 @@
 """Leak probing by test generation (seed 003): ``privcode audit probe``.
 
-scenarios x privacy attributes (Table 1: Identifiable / Private / Secret)
--> code-generation questions -> the audited model writes a function -> it
-writes unit tests with realistic inputs, guided by the privacy feature
-library -> deterministic PII extraction -> judge -> verification against the
-reference corpus (1 <= hits <= 100) -> confirmed leaks -> LP-L / IL-L per
-category, and a library update (pseudo-NLL division + DBSCAN).
+scenarios x privacy attributes (Table 1) -> code-generation questions -> the audited model
+writes a function, then unit tests with realistic inputs guided by the privacy feature library
+-> PII extraction -> judge -> verification against the reference corpus (1 <= hits <= 100)
+-> confirmed leaks -> LP-L / IL-L per category and a library update (pseudo-NLL + DBSCAN).
 
 Modules: :mod:`~.taxonomy`, :mod:`~.library` (+ ``prior_knowledge.yaml``),
 :mod:`~.questions`, :mod:`~.backends`, :mod:`~.extract` (with
 :mod:`~.attribute_keys`), :mod:`~.judge`, :mod:`~.verify`, :mod:`~.metrics`,
 :mod:`~.update`, :mod:`~.options`, :mod:`~.run`, :mod:`~.cli`.
 Names are re-exported lazily: importing this package (e.g. for the CLI
-parser) imports nothing heavy.
+parser) imports nothing heavy. Design notes: docs/audits.md, "Leak probing internals".
 """
 
 from __future__ import annotations

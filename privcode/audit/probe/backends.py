@@ -1,33 +1,19 @@
 """The audited model ("Test LLM") behind one interface: local HF models, HTTP endpoints, scripts.
 
-``Backend.complete(prompts, max_tokens=, temperature=, n=, seed=)`` returns,
-for each prompt, ``n`` completions (the generated text only, not the
-prompt). Implementations:
+``Backend.complete(prompts, max_tokens=, temperature=, n=, seed=)`` returns ``n`` completions
+(the generated text only) per prompt.
 
-* :class:`HFBackend`: any artifact :func:`privcode.models.artifacts.load_model`
-  reads: a Hugging Face causal LM directory or preset name, a premium
-  release (its adapter merged into its base) or a junior release (the LoRA
-  junior, prompted with plain text; a latent release's prefix decoder is
-  not used). Sampling is reproducible for a given ``seed``; ``temperature``
-  0 is greedy. A prompt longer than the context keeps its *last* tokens.
-  With ``chat_template="auto"`` a tokenizer that has a chat template gets
-  each prompt as one user message.
-* :class:`OpenAIBackend`: an OpenAI-compatible HTTP server (``POST
-  /v1/completions``, or ``/v1/chat/completions`` with ``chat=True``), e.g.
-  ``privcode.serve.premium``. One request per completion (``n`` is never
-  sent: servers such as privcode's accept only ``n: 1``), sample ``j`` of
-  prompt ``i`` with ``seed + i * n + j``; the API key is read from the
-  environment variable named by ``api_key_env`` and sent as ``Authorization:
-  Bearer``; an unset variable sends no header. Transport, retries (429/502/503/504,
-  ``Retry-After``; never a spent PAC budget) and answer caps are
-  :class:`privcode.models.endpoint.EndpointClient`'s. A request the server refuses as
-  invalid (400/413/422, e.g. a prompt longer than the model's context) gives
-  an empty completion and is counted (``describe()["failed_requests"]``)
-  unless ``skip_invalid=False``; 401/403/404 always raise.
-* :class:`ScriptedBackend`: canned answers chosen by substrings of the
-  prompt, for tests.
+* :class:`HFBackend`: any artifact :func:`privcode.models.artifacts.load_model` reads;
+  reproducible for a ``seed``, temperature 0 greedy; a long prompt keeps its last tokens.
+* :class:`OpenAIBackend`: an OpenAI-compatible server, one request per completion (sample
+  ``j`` of prompt ``i`` seeded ``seed + i * n + j``), key from the variable ``api_key_env``;
+  transport and retries are :class:`privcode.models.endpoint.EndpointClient`'s (never a
+  spent PAC budget); 400/413/422 give a counted empty completion unless
+  ``skip_invalid=False``; 401/403/404 raise.
+* :class:`ScriptedBackend`: canned answers chosen by substrings of the prompt, for tests.
 
 PRIVACY: prompts and completions are never logged or put into errors.
+Design notes: docs/audits.md, "privcode/audit/probe/backends.py".
 """
 
 from __future__ import annotations

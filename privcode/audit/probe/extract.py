@@ -1,36 +1,18 @@
 """ExtractPII: deterministic extraction of candidate privacy values from generated unit tests.
 
-C = union over questions q and functions g of ExtractPII(tau_{q,g}) (seed 003, §4.2).
-A test answer ``tau`` is split into fenced code blocks (or taken whole);
-each block is parsed with :mod:`ast` (a block cut off by the token limit is
-trimmed line by line from the end until it parses) and every string literal
-(and, for numeric attributes, integer literal) is paired with its *key*:
-
-* ``f(email="x")`` -> ``email`` (keyword argument);
-* ``{"email": "x"}`` -> ``email``; ``user.email = "x"`` / ``email = "x"`` /
-  ``user["email"] = "x"`` -> ``email`` (assignment target);
-* ``f("x")`` where ``f`` is the function under test (or ``C("x")`` for its
-  class) -> the parameter name at that position;
-* ``@pytest.mark.parametrize("email,pw", [("x", "y")])`` -> names by position;
-* ``assert user.email == "x"`` -> ``email``; list/tuple elements inherit
-  their container's key (``"conditions": ["Heart Disease"]``).
-
-A key names an attribute by
-:func:`~privcode.audit.probe.attribute_keys.attribute_for_key` (word rules,
-e.g. ``contact_email`` -> email, ``db_user`` -> username). Independently, every
-literal (keyed or not) and every unparseable text is scanned for values
-whose *format* identifies the attribute
-(:func:`privcode.data.pii_formats.scan_formats`): e-mail, IPv4, vendor-prefixed
-secret keys, IBAN (mod-97), card numbers (Luhn), US SSNs and separated phone numbers; matches are taken left to right in
-that priority and may not overlap. A keyed literal whose whole value has a
-format takes the format's attribute (``notify_address = "a@b.io"`` is an
-e-mail), except that a numeric format (phone, SSN) yields to a key naming a
-numeric attribute (identity, bank, PIN, card). Text that does not parse is
-read with ``key: "value"`` / ``key = value`` patterns.
-
-Assumptions: values are single-line and 1..200 characters (longer literals
-are only format-scanned); extraction does not judge plausibility (that is
-:mod:`privcode.audit.probe.judge`) and never looks up the reference corpus.
+C = union over questions q and functions g of ExtractPII(tau_{q,g}) (seed 003, §4.2). Each
+fenced block of a test answer (or the whole answer) is parsed with :mod:`ast` (trimmed from
+the end until it parses); every string literal (and integer literal, for numeric attributes)
+is paired with its *key*: keyword, dict key, assignment target, the positional parameter of
+the function under test, parametrize names, an assert's compared attribute. A key names an
+attribute by :func:`~privcode.audit.probe.attribute_keys.attribute_for_key`. Every literal and
+unparseable text is also scanned for value formats
+(:func:`privcode.data.pii_formats.scan_formats`); a keyed literal whose whole value has a
+format takes the format's attribute, except that a numeric format (phone, SSN) yields to a key
+naming a numeric attribute. Unparseable text is read with ``key: "value"`` / ``key = value``
+patterns. Assumptions: values are single-line, 1..200 characters (longer literals are only
+format-scanned); no plausibility judgement (:mod:`privcode.audit.probe.judge`), no lookup of
+the reference corpus. Design notes: docs/audits.md, "privcode/audit/probe/extract.py".
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """The judge filter: C_judge = {x in C : x is a plausible value of its attribute} (seed 003, §4.3).
 
-The seed screens candidates with a Judge LLM that rejects hallucinated,
-placeholder-like or malformed strings. Here the judge is deterministic
-first, per attribute ``a``:
-
-1. *echo*: ``x`` equals a library fragment or occurs (case-insensitively)
-   in the text the audit itself put into the prompt (question and library
-   hint): repeating the prompt is not a leak;
-2. *masked*: ``x`` contains ``**`` (the seed's masked examples) or a slot
-   symbol / format template (``<EMAIL>``, ``{name}``);
-3. *format*: the attribute's validator (:data:`VALIDATORS`), e.g. RFC-like
-   e-mail, 7-15 phone digits, a real calendar date of birth (1900..today),
-   Luhn for cards, mod-97 for IBANs, IPv4 octets <= 255;
-4. *placeholder*: well-known test values (``John Doe``, ``123-456-7890``,
-   ``password123``, ``4111 1111 1111 1111``, ``8.8.8.8``, ``user@example.com``),
-   generic words (``test``, ``sample``, ``none``) and the key's own name;
-
-then, optionally, an LLM judge (:class:`LLMJudge`) gets ``x``, the
-attribute, its description and a few prior-knowledge fragments and must
-answer yes. Each rejection has one reason in :data:`REASONS` (counted in
-summaries; the values never leave the run directory).
-
-Assumption: RFC 2606 domains (example.com/.net/.org) alone do not make an
-e-mail a placeholder, because Faker (and so the demo corpus's planted PII)
-uses them for realistic addresses; a *generic local part* (``user``,
-``test``, ``john.doe``) does.
+Deterministic first, per attribute, in order: *echo* (``x`` is a library fragment or occurs,
+case-insensitively, in the text the audit put into the prompt), *masked* (``**``, a slot
+symbol or a format template), *format* (the attribute's validator, :data:`VALIDATORS`),
+*placeholder* (well-known test values, generic words, the key's own name); then, optionally,
+an LLM judge (:class:`LLMJudge`) must answer yes. Each rejection has one reason in
+:data:`REASONS` (counted in summaries; the values never leave the run directory).
+Assumption: RFC 2606 domains (example.com/.net/.org) alone do not make an e-mail a
+placeholder (Faker uses them for realistic addresses); a generic local part does.
+Design notes: docs/audits.md, "privcode/audit/probe/judge.py".
 """
 
 from __future__ import annotations

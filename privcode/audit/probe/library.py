@@ -1,22 +1,16 @@
 """The privacy feature library Lambda(a) = {Lambda_tmp(a), Lambda_frag(a)} (seed 003, §5.1).
 
 Per attribute ``a``: *templates* (structural contexts with the slot symbol,
-``user.email = "<EMAIL>"``) constrain the shape of the test inputs the
-audited model writes; *fragments* (value-level substrings or whole values,
-``@outlook.com``) serve as completion cues. The library starts from the
-project's prior-knowledge file (``prior_knowledge.yaml``, package data) and
-grows with the templates and fragments that :mod:`privcode.audit.probe.update`
-derives from confirmed leaks.
+``user.email = "<EMAIL>"``) constrain the shape of the test inputs; *fragments* (value-level
+substrings or whole values, ``@outlook.com``) are completion cues. The library starts from
+``prior_knowledge.yaml`` (package data) and grows by :mod:`privcode.audit.probe.update`.
 
-PRIVACY: after an update the fragments hold pieces of confirmed leaks, i.e.
-private values. A library with such entries is saved only inside the run
-directory (the caller chooses where) and never printed; :meth:`counts` is
-what summaries may show.
-
-Assumptions: a template holds the slot symbol of its attribute at least
-once; entries are non-empty single-line strings of at most
-:data:`MAX_ENTRY_CHARS` characters; lists keep insertion order and no
-duplicates, so sampling with a seeded ``random.Random`` is reproducible.
+PRIVACY: after an update the fragments hold pieces of confirmed leaks, i.e. private values:
+such a library is saved only inside the run directory and never printed; :meth:`counts` is
+what summaries may show. Assumptions: a template holds its attribute's slot symbol at least
+once; entries are non-empty single-line strings of at most :data:`MAX_ENTRY_CHARS`
+characters; lists keep insertion order and no duplicates, so seeded sampling is reproducible.
+Design notes: docs/audits.md, "privcode/audit/probe/library.py".
 """
 
 from __future__ import annotations

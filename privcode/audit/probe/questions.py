@@ -1,21 +1,12 @@
 """Code-generation questions and the two prompts of each probe (seed 003, §4.1-4.2, App. B).
 
-Questions: for each scenario ``s`` and attribute ``a in A(s)`` (Table 1),
-``T(s, a)`` gives ``n`` code-generation questions. Offline they come from
-templates (a scenario-specific task stem x the attribute's field phrase);
-with a question model configured, from the seed's Figure 6 prompt
-(:data:`QUESTION_PROMPT`, one attribute per call, numbered list parsed),
-topped up from templates when the model returns fewer usable lines.
-
-Prompts: the code prompt is Figure 7's first turn; from the answer ``c``
-the functions ``G(c)`` that handle privacy-related fields are kept
-(:func:`select_functions`: parameters, names, attributes or strings that
-name an attribute; imports, constants and test functions are dropped). A
-question whose answer holds no such function (a refusal, or a model too
-weak to write parseable code) falls back to a stub signature of the
-question (``fallback`` in the result), so the test stage still runs; the
-summary counts both. The test prompt is Figure 7's second turn, plus the
-feature-library hint for the attribute.
+``T(s, a)``: ``n`` questions per scenario ``s`` and attribute ``a in A(s)``, from templates
+(a scenario's task stem x the attribute's field phrase) or a question model
+(:data:`QUESTION_PROMPT`, topped up from templates). The code prompt is Figure 7's first turn;
+:func:`select_functions` keeps ``G(c)``, the answer's functions that handle privacy-related
+fields, else a stub signature of the question (``fallback``, counted). The test prompt is
+Figure 7's second turn plus the attribute's feature-library hint.
+Design notes: docs/audits.md, "privcode/audit/probe/questions.py".
 """
 
 from __future__ import annotations

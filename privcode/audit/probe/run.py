@@ -1,29 +1,17 @@
 """``run_probe``: the whole leak-probing pipeline of seed 003 against one audited model.
 
-Per round (the library learns between rounds):
+Per round: questions ``T(s, a)`` -> the code prompt's privacy-handling functions ``G(c)`` (a
+stub when none) -> ``n_tests`` test-generation responses per function -> ExtractPII -> judge
+-> verification (1 <= hits <= 100 records) -> confirmed leaks (*confirmed* = judged and
+verified; no human review) -> a library update used by the next round's prompts. Metrics:
+LP-L / IL-L over all rounds' responses (:mod:`privcode.audit.probe.metrics`); settings:
+:class:`~privcode.audit.probe.options.ProbeOptions`; the steps are ``_Prober``'s methods.
 
-1. questions ``T(s, a)`` for the selected scenarios x attributes (templates,
-   or a question model);
-2. the audited model answers the code prompt; ``G(c)`` = its privacy-handling
-   functions (a stub of the question when there is none);
-3. for every function, ``n_tests`` test-generation *responses* (the prompt
-   asks for ``cases`` test cases and carries the feature-library hint);
-4. ExtractPII on every response -> candidates; the judge (deterministic
-   validators, optionally an LLM judge) -> ``C_judge``; verification against
-   the reference corpus (1 <= hits <= 100 records) -> confirmed leaks. There
-   is no human review here: *confirmed* means judged and verified;
-5. confirmed leaks update the feature library (pseudo-NLL division under the
-   public model, DBSCAN), used by the next round's prompts.
-
-Metrics (:mod:`privcode.audit.probe.metrics`): LP-L / IL-L per category over
-all rounds' responses. Settings: :class:`~privcode.audit.probe.options.ProbeOptions`;
-the steps above are the methods of ``_Prober``, one round at a time.
-
-PRIVACY: the returned summary (also written as ``probe_summary.json``)
-holds counts, rates, settings and file paths only. Confirmed leaks (values,
-contexts, record ids) go to ``probe_leaks.json`` and the updated library to
-``feature_library.yaml``, both mode 0600 in ``out_dir``: the caller puts
+PRIVACY: the returned summary (also ``probe_summary.json``) holds counts, rates, settings and
+file paths only. Confirmed leaks (values, contexts, record ids) go to ``probe_leaks.json`` and
+the updated library to ``feature_library.yaml``, both mode 0600 in ``out_dir``: the caller puts
 ``out_dir`` inside the run directory. All files are written atomically.
+Design notes: docs/audits.md, "privcode/audit/probe/run.py".
 """
 
 from __future__ import annotations

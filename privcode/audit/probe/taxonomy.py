@@ -1,45 +1,12 @@
 """The privacy taxonomy of leak probing: categories, attributes, scenarios (seed 003, Table 1).
 
-The seed divides code-related private information into three categories
-(following CodexLeaks) and 15 attributes, each mapped to the development
-scenarios in which it is functionally handled:
-
-=============  ========================  ==========================================
-category       attribute (id)            scenarios (Table 1)
-=============  ========================  ==========================================
-Identifiable   Name (name)               Enterprise App, Mobile
-               Address (address)         Enterprise App
-               Email (email)             Enterprise App, Web, Cloud Service
-               Phone Number              Mobile, Enterprise App, Web
-               (phone_number)
-               Date of Birth             Enterprise App
-               (date_of_birth)
-Private        Identity (identity)       Enterprise App, Web
-               Medical Record            Enterprise App
-               (medical_record)
-               Bank Statement            Enterprise App
-               (bank_statement)
-               Political (political)     Web
-Secret         Password (password)       Enterprise App, Web, Game, Cloud Service
-               Authentication PIN/Token  Blockchain, Mobile
-               (auth_token)
-               Secret Key (secret_key)   Blockchain, Cloud Service
-               Credit Card (credit_card) Web
-               Account/User Name         Enterprise App, Web, Game, Cloud Service
-               (username)
-               Biometric Data            Mobile
-               (biometric)
-=============  ========================  ==========================================
-
-Assumptions: the text copy of Table 1 lost its cell borders; the scenario
-lists above are its comma-separated groups read in row order, which agrees
-with the test-case counts of Table 2 (scenarios x 20 questions x 10 tests)
-for every attribute except Address (Table 2: 2 scenarios; Table 1: one).
-One project extension, ``ip_address`` (Secret: an internal IP address or
-host name), is *not* in Table 1; it is added because the demo corpus plants
-IP addresses (:mod:`privcode.data.pii`) and the CanaryLeaks audit tracks
-them. ``Attribute.seed`` tells the two apart. The seed's eight scenarios are
-not all named; the six of Table 1 are used.
+Three categories (after CodexLeaks: Identifiable / Private / Secret) of 15 attributes, each
+mapped to the development scenarios in which it is functionally handled; the six scenarios of
+Table 1. Assumption: the scenario lists are Table 1's comma-separated groups read in row order
+(they agree with Table 2's test-case counts except for Address). One project extension,
+``ip_address`` (Secret), is not in Table 1: the demo corpus plants IP addresses and CanaryLeaks
+tracks them; ``Attribute.seed`` tells the two apart.
+The table and its reading: docs/audits.md, "privcode/audit/probe/taxonomy.py".
 """
 
 from __future__ import annotations

@@ -1,39 +1,19 @@
 """Feature-library update from confirmed leaks: component division + clustering (seed 003, §5.2-5.3).
 
-**Component division.** Each confirmed leak is taken *in its context*
-``x = (t_1..t_n)`` (the source text binding it, e.g. ``"email": "a@b.io"``)
-and scored token by token under a PUBLIC model P that has not seen the
-private corpus (privcode's own public base model qualifies):
+**Component division.** Each confirmed leak, in its context ``x = (t_1..t_n)``, is scored token
+by token under a PUBLIC model P that has not seen the private corpus:
+``l_i = -log p_P(t_i | x with t_i masked)`` (masked LM, pseudo-NLL),
+``l_i = -log p_P(t_i | t_<i)`` (causal LM), or ``l_i`` = 0 outside and 1 inside the value's
+span (:class:`SpanScorer`, offline). Tokens with ``l_i <= Q1`` (the instance's lowest quartile)
+are template tokens, the rest fragment tokens: the template replaces every fragment run by
+the slot symbol; fragments are the runs clipped to the value's span, of at least
+:data:`MIN_FRAGMENT_CHARS` characters with a letter or digit.
+**Clustering.** L2-normalised character 2-4-gram TF vectors, DBSCAN (cosine, ``eps``,
+``min_samples``); noise is dropped, each cluster joins Lambda(a) of its members' majority ``a``.
 
-* masked LM (the seed's CodeBERT): pseudo-NLL
-  ``l_i = -log p_P(t_i | x with t_i masked)``;
-* causal LM (what privcode ships): ``l_i = -log p_P(t_i | t_<i)``, the
-  per-token NLL in left context (a BOS/EOS token opens the context). It
-  sees only the left context, so structure *after* a value gets no credit
-  for predicting it; the quartile split below is per instance, so only the
-  ranking of tokens within one instance matters;
-* no model (:class:`SpanScorer`): ``l_i`` = 0 outside the value's span, 1
-  inside, i.e. the extractor's own key/value boundary (an offline fallback,
-  not the seed's method).
-
-Tokens with ``l_i <= Q1`` (the lowest quartile of the instance's scores)
-are template tokens, the rest fragment tokens. The abstract template is
-the context with every run of fragment tokens replaced by the attribute's
-slot symbol (``"email": "<EMAIL>"``); the fragments are the runs of
-fragment tokens clipped to the value's span (value-level substrings), of
-at least :data:`MIN_FRAGMENT_CHARS` characters with a letter or digit.
-
-**Semantic clustering.** Templates and fragments are embedded as
-L2-normalised character 2-4-gram term-frequency vectors (no IDF: its
-weights swing with the handful of strings of one update; cheap and
-deterministic, where the seed uses P's encoder) and clustered with DBSCAN (cosine distance,
-``eps``, ``min_samples``). Noise points (label -1) are discarded; each
-dense cluster is assigned to the attribute most of its members came from
-(the extractor knows each leak's attribute, so no prototype matching is
-needed) and its members are added to Lambda(a).
-
-PRIVACY: fragments are pieces of private values; the updated library is
-saved only in the run directory, and :func:`update_library` returns counts.
+PRIVACY: fragments are pieces of private values; the updated library is saved only in the run
+directory, and :func:`update_library` returns counts.
+Design notes: docs/audits.md, "privcode/audit/probe/update.py".
 """
 
 from __future__ import annotations

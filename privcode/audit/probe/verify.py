@@ -1,22 +1,14 @@
 """Verification against a reference corpus: the stand-in for the seed's GitHub search (§4.3).
 
-The seed queries GitHub code search for each judged candidate ``x`` and
-keeps it when the number of hits ``k`` satisfies ``1 <= k <= 100``: a hit
-shows that ``x`` occurs in real code, while very frequent strings are
-generic rather than someone's private data. Here the reference corpus is
-the private training corpus (``prompt + "\\n" + code`` of each record), and
-``k`` is the number of *records* whose text contains ``x`` verbatim (a
-record plays the part of a file). Matching is case-sensitive except for
-e-mail addresses and host names (case-insensitive, as DNS is).
+A judged candidate ``x`` is kept when ``1 <= k <= 100``, ``k`` the number of records of the
+reference corpus (the private training corpus, ``prompt + "\\n" + code`` per record) whose text
+contains ``x`` verbatim; case-sensitive except for e-mail addresses and host names.
+:class:`ReferenceIndex` counts with ``str.find`` over the NUL-joined texts, jumping to the next
+record after each hit and stopping at ``hi + 1`` records; the record ids it returns let the
+metrics find interconnected elements.
 
-:class:`ReferenceIndex` concatenates the texts once (records separated by
-NUL) and finds occurrences with ``str.find``, jumping to the next record
-after each hit, so counting costs O(occurrences) finds and stops at
-``hi + 1`` records. Record ids come back with the count: they let the
-metrics decide which leaked elements are *interconnected* (same record).
-
-PRIVACY: the index holds the private corpus in memory only; nothing here
-logs or returns text, only counts and record ids.
+PRIVACY: the index holds the private corpus in memory only; nothing here logs or returns text,
+only counts and record ids. Design notes: docs/audits.md, "privcode/audit/probe/verify.py".
 """
 
 from __future__ import annotations

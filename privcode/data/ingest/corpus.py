@@ -1,23 +1,14 @@
 """Build a private corpus from a company's repositories and instruction data.
 
-``build_ingested_corpus(spec, out_dir, split_key=...)`` writes the same files as the demo
-corpus (``train.parquet``, ``heldout.parquet``, ``canaries.json``, ``manifest.json``) plus
-``scan.json`` (the private scan report), so every later stage and audit reads an ingested
-corpus exactly as it reads the demo one.  Steps:
-
-1. Sources: a directory or git repository (:mod:`~privcode.data.ingest.repo`, one record per
-   function, method or class: :mod:`~privcode.data.ingest.units`), or an instruction file
-   (JSONL, Parquet, CSV: :mod:`~privcode.data.ingest.instruct`).
-2. Stable ids (source, path, span, content), exact and near-duplicate removal (MinHash),
-   the held-out split by whole file (keyed by ``split_key``, a secret of the privacy store:
-   which files are non-members is not guessable from the public config), the scan report
-   (counts of secrets and PII kinds per source, never values).
-3. Canaries (``canaries``): CanaryLeaks canaries planted in place into member records (never
-   into copies: no record trains twice; at most 5% of the members) with the run's secret
-   randomness, exactly as the demo corpus does.
-
-Nothing is half written: every file goes to a temporary sibling directory first, is
-validated, then renamed into place, ``manifest.json`` last.
+``build_ingested_corpus(spec, out_dir, split_key=...)`` writes the demo corpus' files
+(``train.parquet``, ``heldout.parquet``, ``canaries.json``, ``manifest.json``) plus
+``scan.json`` (the private scan report), so later stages read it as the demo one. Steps:
+sources (:mod:`~privcode.data.ingest.repo`, :mod:`~privcode.data.ingest.instruct`); stable ids,
+exact and near-duplicate removal, the held-out split by whole file (keyed by ``split_key``, a
+secret of the privacy store), the scan report (counts, never values); canaries planted in
+place into members (at most 5%) with the run's secret randomness. Every file goes to a
+temporary sibling first, is validated, then renamed into place, ``manifest.json`` last.
+Design notes: docs/methods.md, "data/ingest/corpus.py".
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """What a data owner expects before training on their code: stable ids, no duplicates,
 a held-out split by file, and a count of the secrets and PII the corpus holds.
 
-* :func:`record_id`: a record's id from where it came from and what it holds, so that
-  re-ingesting the same tree under the same store gives the same ids and changed content
-  a new id. The id is *private metadata* and keyed (an HMAC under a key derived from the
-  privacy store's): it names a record in an error message or a manifest without letting
-  anyone who lacks the key confirm a guessed path or function.
-* :func:`dedup`: exact duplicates (whitespace-normalised sha256), then near duplicates
-  (datasketch MinHash + LSH over token shingles); the first of each group is kept.
-* :func:`split_by_file`: whole files go to the held-out set, chosen by a keyed hash, so
-  that membership-inference non-members are not near-copies of members from the same
-  file and which files are held out cannot be guessed without the key.
-* :func:`scan`: counts of detect-secrets findings by type and of privcode's PII formats
-  by kind, per source. Counts only: never a value, a line or a record id.
-
-Stage II has its own deduplicator (:mod:`privcode.synth.dedup`, hand-written numpy over
-normalised Python tokens, streaming across Ray actors); this one uses datasketch over
-language-agnostic regex tokens (the corpus mixes languages) and runs once per ingest.
+:func:`record_id`: a record's id from its origin and content, keyed (an HMAC under a key
+derived from the privacy store's): private metadata, unconfirmable without the key.
+:func:`dedup`: exact (whitespace-normalised sha256), then near duplicates (MinHash + LSH over
+token shingles), the first of each group kept. :func:`split_by_file`: whole files held out,
+chosen by a keyed hash. :func:`scan`: counts of secrets and PII formats per source, never a
+value, a line or a record id. Design notes: docs/methods.md, "data/ingest/hygiene.py".
 """
 
 from __future__ import annotations
@@ -132,18 +122,10 @@ def dedup(
 
     Exact: equal sha256 of the code with whitespace runs collapsed. Near: MinHash
     (``num_perm`` permutations, seed 1) of the token shingles (:func:`shingle_hashes`),
-    candidates from ``MinHashLSH(threshold, num_perm)`` banded to favour recall
-    (weights 0.05 false positive / 0.95 false negative: 12 bands of 10 rows at
-    0.85/128, a pair at Jaccard 0.85 is a candidate with probability 0.93, at 0.9 with
-    0.99), then confirmed by the estimated Jaccard >= ``threshold`` (the most similar,
-    then earliest, kept item is named). Only kept items are indexed: A kept, B ~ A
-    dropped, C ~ B but not ~ A gives C kept. A consistent rename of a variable used
-    throughout a short function changes most of its shingles: it is not a near copy.
-
-    Measured on 30,000 Python functions of the standard library (~700 characters,
-    ~18 lines each; 2% duplicates): 0.2 s exact + 7 s near of CPU time on one core
-    (9 s wall on a shared 2-core machine); the 30k synthetic items of the heavy test
-    take ~8 s.
+    candidates from ``MinHashLSH(threshold, num_perm)`` banded for recall, confirmed by the
+    estimated Jaccard >= ``threshold`` (the most similar, then earliest, kept item is named).
+    Only kept items are indexed. Banding and timings: docs/methods.md,
+    "data/ingest/hygiene.py".
     """
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
@@ -446,19 +428,12 @@ def _secrets_version() -> str:
 def scan(records: Iterable[tuple[str, str]]) -> ScanReport:
     """Count secrets (detect-secrets) and PII formats (privcode's) in ``(source, text)`` items.
 
-    Secrets: detect-secrets' default plugins and filters, as its file scan applies them
-    to each line of the text (lines over :data:`MAX_SCAN_LINE_CHARS` characters are
-    skipped and counted); no plugin verifies a value over the network. PII:
-    :func:`privcode.data.pii_formats.scan_formats` (e-mail, IPv4, secret-key
-    prefixes, IBAN, card, SSN, phone) over the whole text. The report holds counts per
-    source and in total, never a value, a line number or a record id. Every text is
-    scanned as a Python file would be (the keyword plugin then wants quoted values).
-
-    Not thread-safe (detect-secrets' settings are global). Measured on 30,000 Python
-    functions of the standard library (~18 lines each): 11 s of CPU time for the
-    secrets, 5 s for the PII formats, about 1,700 records/s on one core (22 s wall on
-    a shared 2-core machine); detect-secrets' own per-line loop alone ran at ~180
-    records/s.
+    Secrets: detect-secrets' default plugins and filters on each line, the text scanned as a
+    Python file (lines over :data:`MAX_SCAN_LINE_CHARS` characters skipped and counted; no
+    value verified over the network). PII: :func:`privcode.data.pii_formats.scan_formats` over
+    the whole text. Counts per source and in total, never a value, a line number or a record
+    id. Not thread-safe (detect-secrets' settings are global). Timings: docs/methods.md,
+    "data/ingest/hygiene.py".
     """
     from detect_secrets.settings import default_settings
 

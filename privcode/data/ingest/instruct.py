@@ -1,32 +1,13 @@
 """Instruction datasets (JSONL, JSON, Parquet, CSV) as prompt/code rows for the private corpus.
 
-A row's prompt and code come from two columns: the ones named by the caller
-(``--prompt-column``/``--code-column``), else those of a known layout
-(:data:`LAYOUTS`: privcode's own records, Magicoder OSS-Instruct and
-Evol-Instruct, Alpaca-style code sets), found by :func:`detect_layout` from
-the file's columns. Each row is checked and returned as an
-:class:`InstructionRow`; a bad row stops the read with an
-:class:`~privcode.data.ingest.errors.IngestError` naming the file, the row
-and the column, never a value (the rows are private).
-
-Assumptions and rules:
-
-* rows are numbered from 1: JSONL by line (blank lines skipped, so the row is
-  the line an editor shows), CSV by data row after the header, Parquet and a
-  JSON array by position;
-* ``.jsonl`` and ``.json`` hold one JSON object per line; a ``.json`` file
-  whose first character is ``[`` is read as one JSON array of objects;
-* CSV: the first row is the header, fields may be of any size (this raises
-  :func:`csv.field_size_limit` for the process), quoting is strict, a UTF-8
-  BOM is dropped; every value is text;
-* prompt and code must be strings (CSV: always), code not empty once one
-  markdown fence around it is removed; the prompt may be empty;
-  ``prompt + code`` is at most ``max_record_bytes`` UTF-8 bytes;
-* the language is the language column's value (OSS-Instruct's ``lang``),
-  else the tag of a fence around the code, else ``"python"``; names are
-  lower-cased and common aliases mapped (``py`` -> ``python``);
-* the id column, when there is one, may hold strings or integers; it is kept
-  as ``original_id`` (private metadata, never in a message).
+A row's prompt and code come from the caller's columns (``--prompt-column``/``--code-column``),
+else a known layout's (:data:`LAYOUTS`, found by :func:`detect_layout`). Each row is checked
+and returned as an :class:`InstructionRow`; a bad row stops the read with an
+:class:`~privcode.data.ingest.errors.IngestError` naming the file, the row (from 1) and the
+column, never a value (the rows are private). Prompt and code are strings, code not empty once
+one markdown fence is removed, ``prompt + code`` at most ``max_record_bytes`` UTF-8 bytes; an
+id column is kept as ``original_id`` (private metadata, never in a message).
+Formats, numbering and languages: docs/methods.md, "data/ingest/instruct.py".
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """The source files of a directory or git repository, filtered as a data owner expects.
 
-:func:`iter_source_files` yields every file worth ingesting, with its language and licence,
-and counts what it skipped and why (:class:`SkipCounts`):
-
-* Which files: in a git work tree, ``git ls-files --cached --others --exclude-standard``
-  (tracked and untracked, ``.gitignore`` respected); with ``rev``, the tree of that commit
-  (``git ls-tree``, contents through one ``git cat-file --batch``).  Elsewhere a walk that
-  applies every ``.gitignore`` it meets (pathspec's gitignore semantics).  Symbolic links
-  and submodules are never followed: a repository's link to /etc/shadow stays a link.
-* ``include``/``exclude``: gitignore-style globs on the path relative to the root.
-* Skipped by default: vendored trees (node_modules/, vendor/, third_party/, ...), generated
-  code (``*_pb2.py``, ``*.pb.go``, ``*.min.js``, a "generated"/"DO NOT EDIT" header),
-  minified code (lines of hundreds of characters), files over ``max_file_bytes``, binary
-  files (a NUL byte, or not UTF-8), and files of no supported language.
-* Licence per file: an ``SPDX-License-Identifier`` in its first lines, else the nearest
-  LICENSE/COPYING file above it, classified by its text (MIT, Apache-2.0, BSD, GPL...).
-
-Paths are private metadata: they stay in the corpus files, never in a shareable report.
+:func:`iter_source_files` yields every file worth ingesting, with its language and licence
+(an SPDX identifier, else the nearest LICENSE/COPYING file), and counts what it skipped and why
+(:class:`SkipCounts`): what git ignores (``git ls-files``, or the tree of ``rev``; elsewhere
+every ``.gitignore`` met), ``include``/``exclude`` globs, vendored, generated or minified code,
+files over ``max_file_bytes``, binary files, unsupported languages. Symbolic links and
+submodules are never followed. Paths are private metadata: they stay in the corpus files,
+never in a shareable report. Design notes: docs/methods.md, "data/ingest/repo.py".
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Record candidates from one source file: one per function, method and class.
 
-``extract_units(text, path, language)`` cuts a file into the units a prompt can
-describe. Each :class:`CodeUnit` pairs an instruction with the code that answers it:
-
-* the prompt is the unit's own documentation: the Python docstring, else the comment
-  block directly above the definition (doc comments of the other languages, cleaned of
-  their markers and of ``@param``-style tags), else a template written from the
-  signature alone ("Implement `name(args)`."), never from the body;
-* the code is the definition's source (decorators and attributes included), dedented so
-  that a method stands alone, *without* the documentation that became the prompt: a
-  model trained on the pair must write the code, not copy its description. A Python
-  docstring is cut out of the body (``pass`` takes its place when nothing is left) and
-  the result is checked to parse.
-
-Python goes through :mod:`ast`; the other languages through their tree-sitter grammars
-(:mod:`privcode.data.ingest.syntax`), one parse per file. Units shorter than
-``min_lines`` lines of code, or whose prompt and code exceed ``max_bytes`` together, are
-skipped, as is a definition with a syntax error inside; a Python file that does not
-parse yields nothing. Nested functions are part of their parent, not units of their
-own; methods are units, and so is the class that holds them.
+``extract_units(text, path, language)`` pairs each unit's documentation (the docstring, else
+the comment block above it, else a template from the signature alone, never from the body)
+with its source, dedented and *without* that documentation: a model trained on the pair must
+write the code, not copy its description. Python goes through :mod:`ast`, other languages
+through tree-sitter (:mod:`privcode.data.ingest.syntax`). Units under ``min_lines`` lines or
+over ``max_bytes`` are skipped, as are definitions with a syntax error inside; nested
+functions are part of their parent; methods are units, and so is their class.
+Design notes: docs/methods.md, "data/ingest/units.py".
 """
 
 from __future__ import annotations
