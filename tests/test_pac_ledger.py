@@ -216,16 +216,16 @@ class _FakeEnsemble:
 
 def test_a_server_with_the_ledger_actor_opens_no_store(tmp_path, monkeypatch):
     """Only the ledger (the actor) touches the store; the curator's state is in pac_state."""
-    import privcode.pac.ensemble as ensemble_mod
     import privcode.privacy.budget as budget_mod
     import privcode.privacy.ledger_actor as actor_mod
+    import privcode.serve.pac_service as service_mod
     from privcode.serve.pac_args import parse_args
     from privcode.serve.pac_service import PacService
 
     store = init_store(tmp_path / "store")
     led = StoreLedger(store)
     monkeypatch.delenv("PRIVCODE_PRIVACY_STORE", raising=False)
-    monkeypatch.setattr(ensemble_mod, "PacEnsemble", _FakeEnsemble)
+    monkeypatch.setattr(service_mod, "PacEnsemble", _FakeEnsemble)
     monkeypatch.setattr(actor_mod, "get_ledger", lambda name: led)
     calls = []
 

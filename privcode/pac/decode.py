@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from privcode.pac.ensemble import PacCompletion, PacEnsembleError
 from privcode.pac.mechanism import world_votes
 
 log = logging.getLogger("privcode.pac")
@@ -31,8 +32,6 @@ DECODERS = ("greedy", "gumbel")
 
 
 def _check(max_tokens: Any, decoder: str, temperature: Any, on_exhausted: str, stop: Any):
-    from privcode.pac.ensemble import PacEnsembleError
-
     if on_exhausted not in ("fallback", "stop"):
         raise PacEnsembleError(f"on_exhausted must be fallback or stop, got {on_exhausted!r}")
     if decoder not in DECODERS:
@@ -71,8 +70,6 @@ class PacDecode:
         on_exhausted: str = "fallback",
         sink: Any = None,
     ):
-        from privcode.pac.ensemble import PacEnsembleError
-
         if getattr(curator, "m", None) != ensemble.m:
             raise PacEnsembleError(
                 f"the curator has m={getattr(curator, 'm', None)!r} worlds, this ensemble "
@@ -155,8 +152,6 @@ class PacDecode:
 
     def result(self) -> Any:
         """The :class:`~privcode.pac.ensemble.PacCompletion` of what was released."""
-        from privcode.pac.ensemble import PacCompletion
-
         tokens, eos = self.tokens, self.ensemble.eos_ids
         shown = tokens[:-1] if self.finish == "stop" and tokens and tokens[-1] in eos else tokens
         text = self.ensemble.tokenizer.decode(shown, skip_special_tokens=True)

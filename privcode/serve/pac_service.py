@@ -23,6 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from privcode.models.chat import render_chat
+from privcode.pac.bounds import mia_success_bound, world_identification_bound
+from privcode.pac.curator import STATE_FILE, SessionLimitError, UnknownSessionError
+from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
 from privcode.pac.leases import Leases, block_steps
 from privcode.serve.api import (
     CompletionRequest,
@@ -211,8 +215,6 @@ class PacService:
         step from ledger leases (:mod:`privcode.pac.leases`). ``rng_seed`` seeds the curator's
         NOISE only (tests); the secret is always drawn with ``secrets``.
         """
-        from privcode.pac.curator import STATE_FILE
-        from privcode.pac.ensemble import MANIFEST, PacEnsemble, read_manifest, worlds_digest
 
         worlds = Path(cfg.worlds).expanduser()
         info = read_manifest(worlds, model=cfg.model)
@@ -278,7 +280,6 @@ class PacService:
         }
 
     def _info(self, sid: str, principal: str) -> dict[str, Any]:
-        from privcode.pac.curator import UnknownSessionError
 
         try:
             return self.curator.session_info(sid, principal)
@@ -286,7 +287,6 @@ class PacService:
             raise _not_found_session() from None
 
     async def open_session(self, principal: str, budget: float | None) -> dict[str, Any]:
-        from privcode.pac.curator import SessionLimitError
 
         try:
             sid = await asyncio.to_thread(self.curator.open_session, budget, principal)
@@ -318,7 +318,6 @@ class PacService:
 
     def chat_prompt(self, messages: Any) -> str:
         """``messages`` rendered with the worlds' chat template (their training format)."""
-        from privcode.models.chat import render_chat
 
         return render_chat(self.ensemble.tokenizer, messages, self.chat_template)
 
@@ -328,7 +327,6 @@ class PacService:
         """Public accounting and attacker bounds for ``principal`` (an API key): its own figures
         exactly (``key_*``), the deployment's live totals only coarsely (:func:`coarse_totals`),
         so one key cannot follow another's usage. Never the secret or posterior."""
-        from privcode.pac.bounds import mia_success_bound, world_identification_bound
 
         info = self.curator.deployment_info()
         m = info["m"]
@@ -493,7 +491,6 @@ class PacService:
         one_shot = {"sid": None}
 
         def start() -> Any:
-            from privcode.pac.curator import SessionLimitError
 
             context = getattr(self.ensemble, "context", None) or self.cfg.fallback_context
             fit_context(request, self.cfg.max_prompt_chars, self.ensemble.encode, context)
