@@ -1,4 +1,5 @@
 """The audit stage: every privacy audit of a trained run, inside the private boundary.
+Design notes: docs/audits.md, "privcode/audit/run.py".
 
 Audited models: the DP junior release, the premium model when its stage ran, and with
 ``audit.compare_nondp`` a ``nondpft`` comparison fine-tuned WITHOUT DP
@@ -10,7 +11,6 @@ probing. ``audit.json`` holds aggregates only; ``private/<model>/canaries_privat
 marked PRIVATE). Models load on the auditing process's device in ``audit.dtype``
 (:func:`privcode.models.placement.placement`); ``audit.use_gpu`` where no CUDA device is
 visible is an error naming the key, never a CPU run.
-Design notes: docs/audits.md, "privcode/audit/run.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Model log-likelihoods for the privacy audits: sequence scores and per-record losses.
+Design notes: docs/audits.md, "privcode/audit/scoring.py".
 
 :func:`load_scored_model` loads a plain causal LM, a LoRA adapter, a premium or a DP junior
 release (detected by the files present) as a :class:`ScoredModel`, which scores text in the
@@ -15,7 +16,6 @@ format the model was trained on. Rows for a record ``(p, c)`` / a raw text ``t``
 :func:`sequence_logprobs` sums it over a continuation, :func:`record_losses` averages its
 negative over the tokens the training objective put its loss on.
 Privacy: records and texts scored here are private; nothing logs or raises with their content.
-Design notes: docs/audits.md, "privcode/audit/scoring.py".
 """
 
 from __future__ import annotations

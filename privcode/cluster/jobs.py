@@ -1,4 +1,5 @@
 """Submit privcode work to a Ray cluster through the Ray Jobs API.
+Design notes: docs/kubernetes.md, "privcode/cluster/jobs.py".
 
 Addresses (``address``, else ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS``, else the local
 head): ``http(s)://...`` a dashboard, as is; ``host:port`` a dashboard if it answers HTTP, else
@@ -12,7 +13,6 @@ job uploads the repository root minus virtualenvs, VCS data, run outputs, caches
 checkout, every untracked file (:mod:`privcode.cluster.git_files`), and runs
 ``python jobs/pipeline.py --config <config> [--set k=v ...]``.
 
-Design notes: docs/kubernetes.md, "privcode/cluster/jobs.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Submit the pipeline to Kubernetes as a KubeRay RayJob (``make submit-job TARGET=k8s``).
+Design notes: docs/kubernetes.md, "privcode/cluster/k8s.py".
 
 One source of truth for the manifests: the Helm chart. :func:`job_manifests` renders
 ``charts/privcode`` with ``helm template`` as a pipeline job (the local config inlined as
@@ -10,7 +11,6 @@ object is sent once with ``dryRun=All``, so a rejected object leaves nothing hal
 Then the objects are created in order (a PVC, ServiceAccount or Secret is kept; a running
 RayJob of the same name is an error) and :func:`wait_for_rayjob` polls until the job ends.
 
-Design notes: docs/kubernetes.md, "privcode/cluster/k8s.py".
 """
 
 from __future__ import annotations

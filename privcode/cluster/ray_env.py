@@ -1,4 +1,5 @@
 """Ray token authentication and the environment of privcode's Ray processes.
+Design notes: docs/kubernetes.md, "privcode/cluster/ray_env.py".
 
 Ray 2.60 (read from its source, checked live): ``RAY_AUTH_MODE`` (``token`` or ``disabled``)
 is cached when ``ray`` is imported; the token comes from ``RAY_AUTH_TOKEN``, the file named by
@@ -11,7 +12,6 @@ privcode sends only to the cluster the token belongs to (:func:`auth_headers`,
 drivers on 127.0.0.1. Privcode's default is token mode; ``RAY_AUTH_MODE=disabled`` in the
 environment is respected.
 
-Design notes: docs/kubernetes.md, "privcode/cluster/ray_env.py".
 """
 
 from __future__ import annotations

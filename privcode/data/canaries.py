@@ -1,4 +1,5 @@
 """CanaryLeaks canaries: unique, realistic secrets planted into training records.
+Design notes: docs/methods.md, "data/canaries.py".
 
 One canary exists per (kind, placement, repetition count): a fresh random value of the kind
 (e-mail, name, IP address, password, username) planted into exactly ``repetitions`` training
@@ -7,7 +8,6 @@ emits its value verbatim. Each kind has a fixed format (:data:`CANARY_FORMATS`: 
 regex, ``space_bits`` = log2 of the number of values) drawn by :func:`sample_canary_value`,
 which the exposure audit shares. Assumptions: values contain no quote, backslash or newline
 and never contain one another; uniqueness is checked by the caller's ``is_taken``.
-Design notes: docs/methods.md, "data/canaries.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The private demo corpus, built offline: stdlib functions (+ HumanEval), with PII and canaries.
+Design notes: docs/methods.md, "data/demo.py".
 
 ``build_demo_corpus(out_dir, cfg)`` writes ``train.parquet`` (the members, a few carrying a
 canary), ``heldout.parquet`` (non-members), ``canaries.json`` and ``manifest.json`` (moved
@@ -8,7 +9,6 @@ optionally, HumanEval; a ``pii_fraction`` of them get Faker PII (:mod:`privcode.
 Canaries are planted in place (:func:`~privcode.data.canaries.plant_in_place`): no function
 trains twice, at most 5% of the training records. The same seed on the same interpreter and
 package versions gives byte-identical files. Nothing private is printed or logged.
-Design notes: docs/methods.md, "data/demo.py".
 """
 
 from __future__ import annotations

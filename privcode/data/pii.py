@@ -1,4 +1,5 @@
 """Realistic PII in instruction-code records, and the source edits that plant it.
+Design notes: docs/methods.md, "data/pii.py".
 
 Imitates offline, with Faker values, the OSS-Instruct PII data the method papers fine-tune on;
 shared by the canary planter. Assumptions: ``code`` parses and its function of interest is a
@@ -7,7 +8,6 @@ falls back to an example-usage block, so injected code stays valid Python; value
 double-quoted literals, verbatim (no quote or backslash), so an exact-match leak check finds
 them; all randomness comes from the caller's ``random.Random`` and a Faker instance seeded
 with :meth:`Faker.seed_instance`: same seed, same output.
-Design notes: docs/methods.md, "data/pii.py".
 """
 
 from __future__ import annotations

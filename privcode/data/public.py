@@ -1,11 +1,11 @@
 """PUBLIC (instruction, code) pairs from the standard library outside the private modules.
+Design notes: docs/methods.md, "data/public.py".
 
 For methods that need public data next to the private corpus: PrivCode++'s alignment
 negatives (never other private records of the batch) and ``pc-preemb``'s PrivLC pretraining.
 Built like the demo corpus' ordinary records (:mod:`privcode.data.demo`), but only from
 :func:`~privcode.data.stdlib.public_source_files` (the base model's pretraining modules, where
 no private record comes from); deterministic given ``seed`` and the standard library.
-Design notes: docs/methods.md, "data/public.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The private record schema and its JSONL / Parquet readers and writers.
+Design notes: docs/methods.md, "data/records.py".
 
 A record is ``{"id", "prompt", "code", "metadata"}``. Prompt and code are both private: no error
 message, log line or ``repr`` holds them; errors name the file, the 0-based row index, the id
@@ -8,7 +9,6 @@ string (may be empty); ``code`` not empty or whitespace-only; ``metadata`` absen
 JSON object; valid UTF-8; ``prompt + code`` at most ``max_record_bytes`` UTF-8 bytes; no other
 fields. Parquet columns: :data:`RECORD_SCHEMA`. Writes validate every record first and go
 through :func:`privcode.utils.atomic_path`: no partial file, an existing file untouched.
-Design notes: docs/methods.md, "data/records.py".
 """
 
 from __future__ import annotations

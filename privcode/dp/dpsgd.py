@@ -1,4 +1,5 @@
 """The DP-SGD step, split so that the noise is added exactly once across data-parallel ranks.
+Design notes: docs/privacy.md, "privcode/dp/dpsgd.py".
 
 One step over the Poisson batch ``S`` (:mod:`privcode.dp.sampler`) releases
 
@@ -14,7 +15,6 @@ batch-statistics layers); only trainable parameters change, only through ``g_hat
 computed from the batch leaves a step; the noise generator's state is secret
 (:mod:`privcode.dp.randomness`). A non-finite per-record gradient counts as zero (count:
 :attr:`PerSampleClipper.last_nonfinite`, for the private audit log only).
-Design notes: docs/privacy.md, "privcode/dp/dpsgd.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The one DP engine: every update of weights from private records goes through it.
+Design notes: docs/privacy.md, "privcode/dp/engine.py".
 
 As Opacus' ``make_private``: :func:`make_private` wraps a module and its optimizer in a
 :class:`PrivateEngine`, whose :meth:`~PrivateEngine.step` at step ``t`` on rank ``r``: (1)
@@ -12,7 +13,6 @@ micro-batches of ``micro_batch_size`` if set (the same sum whatever the cut); (4
 The only off switch is :meth:`Privacy.non_private`, with a required reason;
 :meth:`Privacy.record` names the mode on every artifact. Only whether the step was taken, the
 budget's position and denial reason and the PRIVATE non-finite count leave a step.
-Design notes: docs/privacy.md, "privcode/dp/engine.py".
 """
 
 from __future__ import annotations

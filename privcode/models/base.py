@@ -1,4 +1,5 @@
 """The public base model: a small Qwen2 trained from scratch on public stdlib code.
+Design notes: docs/architecture.md, "models/base.py".
 
 :func:`build_base` trains a byte-level BPE tokenizer and a Qwen2 causal LM on the public half
 of the standard library only (:mod:`privcode.models.corpus`; the recipe:
@@ -11,7 +12,6 @@ Builds are cached under ``<cache_dir>/<preset>-<hash>/``, the hash covering ever
 changes the weights. A build is written to a temporary sibling and renamed into place,
 ``build_info.json`` last: a directory counts as a build only with that file and the expected
 hash. A lock file next to the target lets only one concurrent builder train.
-Design notes: docs/architecture.md, "models/base.py".
 """
 
 from __future__ import annotations

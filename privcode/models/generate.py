@@ -1,4 +1,5 @@
 """ONE batched generate: every privcode path that decodes with a Hugging Face causal LM calls it.
+Design notes: docs/architecture.md, "models/generate.py".
 
 One call is one HF ``generate`` over a batch of rows given as token ids (left-padded here), as
 text or as prefix embeddings (``inputs_embeds``: the latent junior's ``D(z)``). Per row:
@@ -10,7 +11,6 @@ that sees the row's tokens as drawn and may cancel it. Sampling is
 keep a row reproducible whatever shares its batch; the global RNG is never used. A row ends at
 its first EOS, its ``max_new_tokens`` or its first stop string (:class:`StopCriteria`), decoded
 without special tokens and cut before the stop string.
-Design notes: docs/architecture.md, "models/generate.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Where a stage's model runs, and in which dtype: :func:`placement`.
+Design notes: docs/architecture.md, "models/placement.py".
 
 A stage task that reserved a GPU runs its models on the first visible CUDA device (Ray sets
 ``CUDA_VISIBLE_DEVICES`` to the GPUs it granted); one that reserved none, on the CPU. A config
@@ -7,7 +8,6 @@ fallback. The dtype is the config's ``dtype`` resolved on that device by
 :func:`privcode.models.loading.resolve_dtype` (``auto``: bfloat16 on a bf16-capable CUDA
 device, float32 elsewhere). Only forward passes run in it; consumers cast logits to float32
 before any softmax; trainable weights stay float32.
-Design notes: docs/architecture.md, "models/placement.py".
 """
 
 from __future__ import annotations

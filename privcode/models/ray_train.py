@@ -1,4 +1,5 @@
 """The one Ray Train wiring of privcode: trainer, fit and checkpoints (junior, premium).
+Design notes: docs/architecture.md, "models/ray_train.py".
 
 :func:`torch_trainer` builds the ``TorchTrainer`` (gloo on CPU / NCCL on GPU) for the DP junior
 (:mod:`privcode.train.loop`) and the premium model (:mod:`privcode.premium.train`); :func:`fit`
@@ -6,7 +7,6 @@ runs it; :func:`report_checkpoint` reports a checkpoint from either. In a worker
 ``ray.train.report`` copies the checkpoint directory (it may be temporary); in local mode
 (``num_workers=0``, no restarts) :func:`report_checkpoint` writes it under ``local_dir``
 (a temporary sibling renamed into place; the newest ``keep`` stay).
-Design notes: docs/architecture.md, "models/ray_train.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Sampling settings for ``generate``: temperature + nucleus (top-p), with a fast CPU nucleus.
+Design notes: docs/architecture.md, "models/sampling.py".
 
 Nucleus filtering keeps the smallest set of tokens whose probability mass reaches ``p``. As
 HF's ``TopPLogitsWarper``: with ``s`` the probabilities ``pi`` sorted ascending, ``c`` their
@@ -6,7 +7,6 @@ cumulative sums and ``k`` the number of positions where ``c <= 1 - p``, every to
 ``pi < s[k]`` is removed (never the most likely one). Only the sorted values are needed
 (NumPy's sort on the CPU, torch's for CUDA tensors); the result equals HF's except for ties at
 the boundary (tokens scored exactly ``s[k]`` are all kept here).
-Design notes: docs/architecture.md, "models/sampling.py".
 """
 
 from __future__ import annotations

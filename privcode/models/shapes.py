@@ -1,4 +1,5 @@
 """Real architecture shapes with random weights: production-sized models, nothing downloaded.
+Design notes: docs/architecture.md, "models/shapes.py".
 
 :data:`SHAPES` holds the public architecture hyper-parameters (``config.json`` values of the
 paper's Qwen2.5-Coder-1.5B / -7B) as ``transformers.Qwen2Config`` keyword arguments;
@@ -11,7 +12,6 @@ distribution, seeded) and :func:`param_count` counts its parameters from the con
         + L (H n d + n d + 2 (H k d + k d) + n d H + 3 H I + 2 H)
 
 For benchmarks and plans only: not trained, and nothing computed with them is private.
-Design notes: docs/architecture.md, "models/shapes.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Byte-level BPE tokenizer for Python source, trained with the ``tokenizers`` library.
+Design notes: docs/architecture.md, "models/tokenizer.py".
 
 Invariants later stages depend on: lossless (``decode(encode(x)) == x`` for every valid Unicode
 string: no normalizer, GPT-2's byte-level stand-ins); ``return_offsets_mapping`` gives
@@ -7,7 +8,6 @@ character offsets into the original string (``trim_offsets=False``); no implicit
 tokens carry Qwen2's names and occupy the first ids, so ``len(tokenizer)`` equals
 ``vocab_size``. Load it with :func:`privcode.models.loading.load_tokenizer` (plain
 ``AutoTokenizer`` adds an NFC normalizer for a qwen2 directory).
-Design notes: docs/architecture.md, "models/tokenizer.py".
 """
 
 from __future__ import annotations

@@ -512,7 +512,6 @@ class Curator:
             if self.scope == "session":
                 entry["posterior"] = [float(x) for x in s.posterior]
             out_sessions[sid] = entry
-        steps = self._steps
         return {
             "format": STATE_FORMAT,
             "m": self.m,
@@ -520,8 +519,8 @@ class Curator:
             "scope": self.scope,
             "secret": int(self._secret),
             "deployment_budget": self.deployment_budget,
-            "deployment_steps": steps,
-            "deployment_charged": self.b * steps,
+            "deployment_steps": self._steps,
+            "deployment_charged": self.b * self._steps,
             "posterior": None if post is None else [float(x) for x in post],
             "owners": dict(self._owners),
             "sessions": out_sessions,

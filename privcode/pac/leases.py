@@ -1,4 +1,5 @@
 """Leases: a PAC curator spends only nats the store's ledger handed it first.
+Design notes: docs/serving.md, "privcode/pac/leases.py".
 
 The ledger (:meth:`privcode.privacy.ledger.StoreLedger.pac_lease`,
 :mod:`privcode.privacy.pac_budgets`) keeps, per set of worlds, the allowance ``A`` and ``L``,
@@ -11,7 +12,6 @@ holder and fences every earlier one; a state older than one the ledger saw is re
 ``B = ceil(session_budget / b)`` steps, capped at ``A / (16 b)`` (:func:`block_steps`). A
 refused lease stops private steps for good, an unreachable ledger for :attr:`Leases.retry_s`:
 nothing private is released unpaid. Pure Python; the ledger is a callable.
-Design notes: docs/serving.md, "privcode/pac/leases.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Admission before any stage starts: will the run's DP training fit its records' budget?
+Design notes: docs/development.md, "privcode/pipeline/admission.py".
 
 :func:`preflight` runs in ``run_pipeline`` before the first stage when the train stage is
 selected and has no result on disk (or ``run.force``). It asks the privacy store's ledger,
@@ -10,7 +11,6 @@ another budget than the store's. Both go through :func:`privcode.privacy.admissi
 :class:`~privcode.errors.BudgetRefused`. The train stage's own admission, which reserves,
 stays the binding check.
 
-Design notes: docs/development.md, "privcode/pipeline/admission.py".
 """
 
 from __future__ import annotations

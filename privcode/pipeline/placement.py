@@ -1,4 +1,5 @@
 """Where a stage's Ray task and workers can run: what ONE node gives, never the cluster's sum.
+Design notes: docs/kubernetes.md, "privcode/pipeline/placement.py".
 
 A Ray task runs on one node, so a request larger than every node waits forever.
 :func:`stage_resources` turns a stage's request (:meth:`Stage.cpus`, :meth:`Stage.gpus`) into
@@ -10,7 +11,6 @@ request no node can meet is a :class:`PlacementError` naming the key, before any
 :func:`place` packs a stage's bundles first-fit decreasing by (GPUs, CPUs): a heuristic
 (exact for equal-sized bundles) that assumes an otherwise idle cluster.
 
-Design notes: docs/kubernetes.md, "privcode/pipeline/placement.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """``privcode plan``: what a config will ask of a cluster, without running any model.
+Design notes: docs/kubernetes.md, "privcode/pipeline/plan.py".
 
 For every stage of ``run.stages`` (and the stages they need), a :class:`Plan` lists its Ray
 task's resources, the workers it starts
@@ -11,7 +12,6 @@ the base model's ``config.json`` alone.
 
 Nothing here reads a private record: N is a count the release publishes anyway.
 
-Design notes: docs/kubernetes.md, "privcode/pipeline/plan.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The run report: Markdown plus PNG plots, built from stage manifests only.
+Design notes: docs/development.md, "privcode/pipeline/report.py".
 
 The report never opens a dataset: each input stage renders its section from the aggregates in
 its manifest summary (:mod:`privcode.pipeline.sections`), and this module composes them,
@@ -14,7 +15,6 @@ boundary:
   Nothing shareable links to it or names its path; :func:`write_report` returns it for the
   command line only.
 
-Design notes: docs/development.md, "privcode/pipeline/report.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The report sections of the data, base, train, synth and premium stages.
+Design notes: docs/development.md, "privcode/pipeline/report_stages.py".
 
 Each ``*_section(manifest, ctx)`` renders one stage's part from its manifest summary
 (:mod:`privcode.pipeline.sections`); the stage classes (:mod:`privcode.pipeline.stages`) call
@@ -7,7 +8,6 @@ them. Shareable: the privacy accounting, a loss curve on PUBLIC held-out code on
 composition over every job and the DP training's wall clock, which move with records outside
 this release's DP path. The base and premium models' clocks stay shareable.
 
-Design notes: docs/development.md, "privcode/pipeline/report_stages.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The report's privacy-utility section: utility against epsilon, from manifests only.
+Design notes: docs/development.md, "privcode/pipeline/report_sweep.py".
 
 ``privacy_utility.png``: left, benchmark pass@1 of the junior and the premium model of every
 run against its epsilon (95% intervals); right, the junior's loss on PUBLIC held-out code
@@ -12,7 +13,6 @@ digest of the corpus) and ``method``; pass@1 and MIA numbers count only when the
 lists the run's current train fingerprint; the line assumes q and sigma fixed and counts this
 run's steps only. Only manifests are read, never a dataset.
 
-Design notes: docs/development.md, "privcode/pipeline/report_sweep.py".
 """
 
 from __future__ import annotations

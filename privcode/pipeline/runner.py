@@ -1,4 +1,5 @@
 """Run the configured stages in order on a Ray cluster, skipping unchanged ones.
+Design notes: docs/development.md, "privcode/pipeline/runner.py".
 
 A stage's files and ``manifest.json`` (:class:`~privcode.artifacts.StageManifest`) live in
 ``<run.out_dir>/<run.name>/<stage>/``. Its fingerprint hashes the config it declares it reads
@@ -10,7 +11,6 @@ written. It receives the manifests of its ``needs`` and of the ``after`` stages 
 (run now, skipped, or read from disk when current: :func:`current_optional_inputs`). Each stage
 runs as a Ray task.
 
-Design notes: docs/development.md, "privcode/pipeline/runner.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Admission: may a DP job with a planned ``(sigma, q, steps)`` train on these records?
+Design notes: docs/privacy.md, "privcode/privacy/admission.py".
 
 The records get the store's keyed identities
 (:meth:`~privcode.privacy.store.PrivacyStore.record_identities`) and the store's one writer
@@ -11,7 +12,6 @@ stage before any worker starts, the binding check; pre-store run ledgers are imp
 (:mod:`privcode.privacy.pac_budgets`). A refusal is a :class:`~privcode.errors.BudgetRefused`
 naming the worst record's epsilon spent, what the job would add and what is left.
 
-Design notes: docs/privacy.md, "privcode/privacy/admission.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Who may raise a budget: the store's authority, an Ed25519 key that no pipeline job holds.
+Design notes: docs/privacy.md, "privcode/privacy/authority.py".
 
 ``privcode budget init`` makes the key pair: the public key goes into ``store.json``
 (``authority``), the private key OUTSIDE the store (:func:`default_key_path`, 0600), where no
@@ -11,7 +12,6 @@ Ray pod mounts it. A raise is a grant::
 The ledger checks the signature against the identity's public key, the store id, and that
 ``from`` is its current value, so a grant raises once. Ed25519 is ``cryptography``'s (OpenSSL).
 
-Design notes: docs/privacy.md, "privcode/privacy/authority.py".
 """
 
 from __future__ import annotations

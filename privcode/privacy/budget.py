@@ -1,4 +1,5 @@
 """The privacy store seen from a terminal: `privcode budget init | show | raise | verify | wipe`.
+Design notes: docs/privacy.md, "privcode/privacy/budget.py".
 
 Every call that reads or changes the budget goes through the store's one writer: the ledger actor
 when this process is connected to Ray or a cluster holds the store, else the ledger as a plain
@@ -8,7 +9,6 @@ printed is aggregates only. :func:`init_store` is the only creator (whole or not
 appending a record to the store log OUTSIDE it (:func:`store_log_path`), the log that also
 records every init and accepted move.
 
-Design notes: docs/privacy.md, "privcode/privacy/budget.py".
 """
 
 from __future__ import annotations

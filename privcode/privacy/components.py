@@ -1,4 +1,5 @@
 """Records connected by shared identities, and the index that keeps them.
+Design notes: docs/privacy.md, "privcode/privacy/components.py".
 
 Two records sharing an identity (:mod:`privcode.privacy.identities`) are one record to the store,
 closed transitively: A ~ B and B ~ C make one *component* {A, B, C}, every record of which has spent
@@ -15,7 +16,6 @@ over every job that trained on any of its records. Admission must check the whol
 
 :meth:`IdentityIndex.link` labels records by their component-to-be, :meth:`IdentityIndex.merge`
 makes one component per label: O((n m + k) log(n m + k)), no Python loop per record.
-Design notes: docs/privacy.md, "privcode/privacy/components.py".
 """
 
 from __future__ import annotations

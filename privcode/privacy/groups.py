@@ -1,4 +1,5 @@
 """Per-record privacy accounting: records grouped by the jobs that trained on them.
+Design notes: docs/privacy.md, "privcode/privacy/groups.py".
 
 A record's loss composes the DP events of every job that trained on any record of its component
 (:mod:`privcode.privacy.components`: records sharing a keyed identity, transitively). Records of
@@ -15,7 +16,6 @@ components-to-be C(r) of R; admitting merges each C(r) into group ``jobs(C(r)) |
 is allowed only if every group holding the job stays within the budget
 (:meth:`RecordGroups.check_step`). Committed events: planned while the job runs, granted once it
 finished. Pure state, no I/O: the ledger persists it (snapshot :data:`SNAPSHOT_FORMAT`).
-Design notes: docs/privacy.md, "privcode/privacy/groups.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """A record's identities: what makes two training rows "the same record" to the privacy store.
+Design notes: docs/privacy.md, "privcode/privacy/identities.py".
 
 Each record has :data:`PER_RECORD` keyed identities of 16 bytes, one row of an
 ``(n, PER_RECORD, 16)`` uint8 array: ``exact`` (:data:`EXACT`: the canonical-text fingerprint,
@@ -13,7 +14,6 @@ probability ``1 - (1 - J^r)^b`` (0.994 at J = 0.85 for r = 8, b = 16). Keyed: ``
 are ``AES_k(SHA-256(label || message)[:16])``, band i the CBC-MAC
 ``AES_k(AES_k(AES_k(tweak_i) ^ v_1) ^ v_2)``, one key per kind from the store's record key.
 A collision only joins records (over-counts), never splits one.
-Design notes: docs/privacy.md, "privcode/privacy/identities.py".
 """
 
 from __future__ import annotations

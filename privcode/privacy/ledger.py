@@ -1,4 +1,5 @@
 """The privacy store's ledger: one writer per store, per-record budgets, fail-closed.
+Design notes: docs/privacy.md, "privcode/privacy/ledger.py".
 
 Every private update asks the store's ledger (one named Ray actor per store,
 :mod:`privcode.privacy.ledger_actor`); it keeps :class:`~privcode.privacy.groups.RecordGroups`.
@@ -13,7 +14,6 @@ A job is
 Files and log checks: :mod:`privcode.privacy.ledger_log`. Metrics (tag ``store``):
 ``privcode_epsilon_spent``, ``privcode_epsilon_budget``, ``privcode_dp_steps``. The ledger sees
 fingerprints and numbers only, and logs aggregates only.
-Design notes: docs/privacy.md, "privcode/privacy/ledger.py".
 """
 
 from __future__ import annotations

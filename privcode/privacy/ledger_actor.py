@@ -1,4 +1,5 @@
 """The store's ledger as one named Ray actor: start or find it, call it, stop it.
+Design notes: docs/privacy.md, "privcode/privacy/ledger_actor.py".
 
 :func:`open_ledger` gets or starts ``privcode-store:<store id>`` (namespace
 :data:`LEDGER_NAMESPACE`; detached, restarted by Ray without limit, each start rebuilding
@@ -7,7 +8,6 @@ serialised, so reservations can never overshoot together; a call in flight when 
 re-sent (:data:`MAX_TASK_RETRIES`), a logged grant answered from the log by its ``request_id``.
 With ``PRIVCODE_LEDGER_URL`` set, every helper uses
 :class:`~privcode.privacy.ledger_client.RemoteLedger` instead and no actor starts.
-Design notes: docs/privacy.md, "privcode/privacy/ledger_actor.py".
 """
 
 from __future__ import annotations

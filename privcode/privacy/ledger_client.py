@@ -1,4 +1,5 @@
 """A client of the store's ledger served over HTTP (:mod:`privcode.privacy.ledger_service`).
+Design notes: docs/privacy.md, "privcode/privacy/ledger_client.py".
 
 :func:`remote_ledger` returns it when ``PRIVCODE_LEDGER_URL`` and ``PRIVCODE_LEDGER_TOKEN_FILE``
 (a role's bearer token) are set; the ledger helpers
@@ -9,7 +10,6 @@ messages; anything else (no answer, a timeout, a 5xx) is a
 :class:`~privcode.errors.LedgerUnavailableError`: nothing may train. A call is sent once, never
 repeated (``reserve`` carries its own request id). Transport: :mod:`privcode.http` (no retries,
 answers capped at :data:`MAX_ANSWER_BYTES`).
-Design notes: docs/privacy.md, "privcode/privacy/ledger_client.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The privacy store ledger's log: its entries, its formats, and loading it with every check.
+Design notes: docs/privacy.md, "privcode/privacy/ledger_log.py".
 
 Files in the store: ``ledger.wal`` (:mod:`privcode.privacy.wal`; entries ``header``, ``budget``,
 ``admit``, ``grant``, ``finish``, ``import``, ``chain``, ``move``, each with ``seq``, the writer's
@@ -11,7 +12,6 @@ fresh budget; a writer re-reads the epoch before and after every append and fail
 another took over. :func:`load_log` reads and checks a log, its chain and head and writes
 nothing; :class:`~privcode.privacy.ledger.StoreLedger` replays it.
 
-Design notes: docs/privacy.md, "privcode/privacy/ledger_log.py".
 """
 
 from __future__ import annotations

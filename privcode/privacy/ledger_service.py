@@ -1,4 +1,5 @@
 """The store's ledger over HTTP: one writer per store for a whole Kubernetes release.
+Design notes: docs/privacy.md, "privcode/privacy/ledger_service.py".
 
 ``privcode budget serve-ledger --store PATH --tokens DIR`` holds the store's lock
 (:class:`~privcode.privacy.ledger.StoreLedger`) and answers ``POST /v1/call`` with
@@ -9,7 +10,6 @@ per role (``pipeline``, ``serving``, ``operator``); a role may call only its met
 (:mod:`privcode.privacy.raising`). Calls run one at a time (the ledger is not thread-safe); a
 body over ``max_body_bytes`` is refused before it is read; errors carry the ledger's own class
 and message (aggregates only). FastAPI and uvicorn (the ``serve`` extra).
-Design notes: docs/privacy.md, "privcode/privacy/ledger_service.py".
 """
 
 import hmac

@@ -1,4 +1,5 @@
 """PAC deployment budgets in the privacy store: per set of worlds, within one per record.
+Design notes: docs/privacy.md, "privcode/privacy/pac_budgets.py".
 
 A PAC curator (:mod:`privcode.pac.curator`) charges ``b`` nats per private token against its
 worlds' allowance ``A``. The store's ledger logs, through the same one writer: ``pac-open``
@@ -16,7 +17,6 @@ A starting curator counts all of ``L`` as spent; a new holder's first lease fenc
 one; a lease reporting fewer steps than an earlier one (a restored state) is refused. PAC leakage
 adds up over deployments on the same data. Pure state: :class:`~privcode.privacy.ledger.StoreLedger`
 logs it. Datasets are named by their records (:func:`records_dataset_id`).
-Design notes: docs/privacy.md, "privcode/privacy/pac_budgets.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The privacy store: private state that outlives runs, and opaque names for private data.
+Design notes: docs/privacy.md, "privcode/privacy/store.py".
 
 One private directory (0700, files 0600): a 32-byte secret key, the store's identity
 (``store.json``) and its ledger's files, written only by its one writer. Data is named by
@@ -12,7 +13,6 @@ creates a store (whole, under a temporary name); :class:`PrivacyStore` creates n
 loss (key, identity, log, head, a moved path) is a hard refusal (:class:`StoreError`,
 :class:`StoreIntegrityError`), never a fresh budget.
 
-Design notes: docs/privacy.md, "privcode/privacy/store.py".
 """
 
 from __future__ import annotations

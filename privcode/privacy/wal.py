@@ -1,4 +1,5 @@
 """Write-ahead logs of JSON lines with a CRC each: the codec and the crash rules, no state.
+Design notes: docs/privacy.md, "privcode/privacy/wal.py".
 
 A line is canonical JSON (keys sorted, no spaces) with ``"crc"``, the CRC-32 of the line without
 it; appends are ``O_APPEND`` + ``fsync``, a new log is written whole (temporary name, fsync,
@@ -11,7 +12,6 @@ carries ``prev_hash`` (the SHA-256 of the previous canonical line, the first fro
 truncated log or another store's log into a named error. A pre-chain log is chained from its end
 by one ``chain`` entry.
 
-Design notes: docs/privacy.md, "privcode/privacy/wal.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """A cgroup leaf per sandbox slot: memory, processes and CPU bounded per snippet tree.
+Design notes: docs/kubernetes.md, "privcode/sandbox/cgroups.py".
 
 The parent (root) creates ``privcode-sandbox/slot-<uid>`` once per slot and writes its limits;
 each run's pid 1 joins it (``cgroup.procs``) before anything else happens, so every process of
@@ -13,7 +14,6 @@ read-only but CAP_SYS_ADMIN is held, a private mount under ``<state dir>/cgroup/
 neither, :func:`probe` says why and isolation "full" is refused (``full-no-cgroup`` must be
 asked for by name).
 
-Design notes: docs/kubernetes.md, "privcode/sandbox/cgroups.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The executor service: generated code runs in pods that hold nothing, called in batches.
+Design notes: docs/kubernetes.md, "privcode/sandbox/executor.py".
 
 On Kubernetes the Ray pods hold the private corpus, the privacy store and the Ray token, so they
 never run generated code (``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` refuses every local sandbox
@@ -13,7 +14,6 @@ This module is the client's side: :class:`ExecutorClient`, :func:`open_sandbox` 
 point: this client when an executor is configured, else a local :class:`SandboxPool`) and
 :func:`preflight`; the token is read from ``PRIVCODE_SANDBOX_EXECUTOR_TOKEN_FILE``.
 
-Design notes: docs/kubernetes.md, "privcode/sandbox/executor.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The executor's server: a :class:`SandboxPool` behind ``/v1/run``, held against its clients.
+Design notes: docs/kubernetes.md, "privcode/sandbox/executor_server.py".
 
 Built on h11 and asyncio; one request per connection (``Connection: close``). Every refusal is
 decided on the headers, before any body byte is read: route (404, 405), bearer token (401;
@@ -13,7 +14,6 @@ The process is non-dumpable (``PR_SET_DUMPABLE`` 0: a snippet under the same uid
 its ``/proc/<pid>/mem``). Logs name the route and status, never a program, its output or a
 token.
 
-Design notes: docs/kubernetes.md, "privcode/sandbox/executor_server.py".
 """
 
 from __future__ import annotations

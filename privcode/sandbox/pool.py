@@ -1,4 +1,5 @@
 """The sandbox in which ALL generated (hostile) Python code runs: the parent side.
+Design notes: docs/kubernetes.md, "privcode/sandbox/pool.py".
 
 Every snippet is hostile (network, secrets, writes, fork bombs, memory, floods of output,
 daemons) and may use the standard library only (``-S -s``). API: :func:`run_code`,
@@ -15,7 +16,6 @@ verdict says so, :data:`WEAK_NOTE`), the last two asked for by name; every verdi
 ``isolation`` names its layers. Root without namespace support is refused either way.
 ``PRIVCODE_SANDBOX_FORBID_LOCAL=1`` refuses every local sandbox.
 
-Design notes: docs/kubernetes.md, "privcode/sandbox/pool.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The seccomp filter of the full sandbox: built here with libseccomp, loaded by the zygote.
+Design notes: docs/kubernetes.md, "privcode/sandbox/seccomp.py".
 
 :func:`filter_program` compiles :data:`ALLOWED` into a classic-BPF program with libseccomp
 (``pyseccomp``), which adds the architecture check: a syscall of a foreign ABI kills the
@@ -10,7 +11,6 @@ standard-library Python needs; ``clone`` without a ``CLONE_NEW*`` flag, sockets 
 :data:`SOCKET_FAMILIES` only, ``clone3`` answers ENOSYS (glibc falls back to ``clone``, whose
 flags the filter checks). :data:`DENIED` lists the groups a hostile test reaches for.
 
-Design notes: docs/kubernetes.md, "privcode/sandbox/seccomp.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The sandbox's zygote, template and snippet processes: standard library only.
+Design notes: docs/kubernetes.md, "privcode/sandbox/zygote.py".
 
 The parent (:mod:`privcode.sandbox.pool`) uses only BOOT, ENV, send and recv. A slot's zygote is
 ``python -S -s -P -c BOOT <this file> ns|plain <mnt> <layers JSON>``, serving one request per
@@ -16,7 +17,6 @@ scrubbed environment and capped output. NOT covered: kernel exploits, side chann
 service within the limits, the uid's kernel keyring; /etc is readable. Mode ``plain``
 (rlimits-only, not root): VERDICTS CAN BE FORGED.
 
-Design notes: docs/kubernetes.md, "privcode/sandbox/zygote.py".
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from privcode.errors import PrivcodeError
 from privcode.serve.guard import GuardMiddleware, KeyRing, RateLimiter, error_body
 
 __all__ = [
+    "post_generation_routes",
     "DEFAULT_MAX_TOKENS",
     "ERRORS",
     "MAX_LOGPROBS",
@@ -427,6 +428,27 @@ def _validation_error(errors: Sequence[Mapping[str, Any]]) -> RequestError:
     if kind.startswith("literal_") and param != "messages":
         msg = "is not supported (only its neutral default is accepted)"
     return RequestError(f"'{param}': {msg}", param)
+
+
+def post_generation_routes(
+    api: Any,
+    completions: Callable[..., Any],
+    chat: Callable[..., Any],
+    *,
+    bodies: tuple[type, type],
+    responses: tuple[type, type],
+) -> None:
+    """``POST /v1/completions`` and ``/v1/chat/completions`` on ``api``: ``completions`` and
+    ``chat`` take ``bodies`` (their request models) and answer ``responses`` as JSON, or
+    server-sent events when streamed."""
+    # The bodies' models are built at run time, so the annotations cannot be strings (PEP 563).
+    completions.__annotations__["body"], chat.__annotations__["body"] = bodies
+    streamed = {200: {"content": {"text/event-stream": {}}}}
+    routes = (("/v1/completions", "completions"), ("/v1/chat/completions", "chat"))
+    for (path, tag), handler, response in zip(routes, (completions, chat), responses, strict=True):
+        api.post(path, response_model=response, responses={**ERRORS, **streamed}, tags=[tag])(
+            handler
+        )
 
 
 def new_api(

@@ -38,6 +38,7 @@ from privcode.serve.api import (
     RequestError,
     completion_model,
     new_api,
+    post_generation_routes,
     to_request,
 )
 from privcode.serve.args import REPLICA_OPTIONS, as_args, guard_limits
@@ -226,22 +227,13 @@ def build_api(service: PacService, limits: Limits, logger: logging.Logger | None
         kind = "chat.completion"
         return _respond(await service.complete(principal(request), req, body.session, kind))
 
-    # The bodies' models are built here, so their annotations cannot be strings (PEP 563).
-    completions.__annotations__["body"] = body_model
-    chat.__annotations__["body"] = chat_body
-    streamed = {200: {"content": {"text/event-stream": {}}}}
-    api.post(
-        "/v1/completions",
-        response_model=PacCompletionResponse,
-        responses={**ERRORS, **streamed},
-        tags=["completions"],
-    )(completions)
-    api.post(
-        "/v1/chat/completions",
-        response_model=PacChatResponse,
-        responses={**ERRORS, **streamed},
-        tags=["chat"],
-    )(chat)
+    post_generation_routes(
+        api,
+        completions,
+        chat,
+        bodies=(body_model, chat_body),
+        responses=(PacCompletionResponse, PacChatResponse),
+    )
 
     return api
 

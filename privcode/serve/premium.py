@@ -30,7 +30,6 @@ from ray import serve
 from privcode.artifacts.premium import PremiumRecord
 from privcode.errors import PrivcodeError
 from privcode.serve.api import (
-    ERRORS,
     CompletionRequest,
     CompletionResponse,
     Limits,
@@ -39,6 +38,7 @@ from privcode.serve.api import (
     completion_model,
     fit_context,
     new_api,
+    post_generation_routes,
     to_request,
 )
 from privcode.serve.args import (
@@ -226,6 +226,18 @@ def _check_release(release: Path) -> None:
 
 class PremiumModel:
     """The premium model (base + merged adapter) and its tokenizer; generation without Ray."""
+
+    @classmethod
+    def from_args(cls, cfg: ServeArgs) -> PremiumModel:
+        """The model a replica's :class:`ServeArgs` name (release, base override, limits)."""
+        limits = ("max_tokens_limit", "max_prompt_chars", "fallback_context")
+        return cls(
+            cfg.premium,
+            model=cfg.model,
+            device=cfg.device,
+            name=cfg.served_model_name,
+            **{k: getattr(cfg, k) for k in limits},
+        )
 
     def __init__(
         self,
@@ -423,22 +435,13 @@ def build_api(
     async def chat(body: chat_body) -> Any:  # type: ignore[valid-type]
         return await respond(to_chat_request(body, limit, model.chat_prompt), "chat.completion")
 
-    # The bodies' models are built here, so their annotations cannot be strings (PEP 563).
-    completions.__annotations__["body"] = completion_body
-    chat.__annotations__["body"] = chat_body
-    streamed = {200: {"content": {"text/event-stream": {}}}}
-    api.post(
-        "/v1/completions",
-        response_model=CompletionResponse,
-        responses={**ERRORS, **streamed},
-        tags=["completions"],
-    )(completions)
-    api.post(
-        "/v1/chat/completions",
-        response_model=ChatResponse,
-        responses={**ERRORS, **streamed},
-        tags=["chat"],
-    )(chat)
+    post_generation_routes(
+        api,
+        completions,
+        chat,
+        bodies=(completion_body, chat_body),
+        responses=(CompletionResponse, ChatResponse),
+    )
     return api
 
 
@@ -460,15 +463,7 @@ class PremiumServer:
         cfg = parse_args(args)
         self.limits = guard_limits(cfg, ServeError)  # no key, no app (before loading weights)
         check_release_privacy(cfg)
-        self.model = PremiumModel(
-            cfg.premium,
-            model=cfg.model,
-            device=cfg.device,
-            max_tokens_limit=cfg.max_tokens_limit,
-            name=cfg.served_model_name,
-            max_prompt_chars=cfg.max_prompt_chars,
-            fallback_context=cfg.fallback_context,
-        )
+        self.model = PremiumModel.from_args(cfg)
         self._generate.set_max_batch_size(cfg.max_batch_size)
         self._generate.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)
 

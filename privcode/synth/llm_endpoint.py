@@ -1,4 +1,5 @@
 """M_ext and M_r through an OpenAI-compatible completions endpoint.
+Design notes: docs/methods.md, "synth/llm_endpoint.py".
 
 ``extractor=endpoint`` / ``summarizer=endpoint`` send each prompt to
 ``POST <synth.llm_endpoint>/v1/completions`` (temperature 0); ``synth.llm_concurrency``
@@ -7,7 +8,6 @@ What is sent is post-processing of the DP release (generated code), never privat
 transport is :class:`privcode.models.endpoint.EndpointClient`; each answer is cut to
 ``max_response_chars``. The bearer token comes from the environment variable
 ``synth.llm_api_key_env``; plain http is refused except to a loopback address.
-Design notes: docs/methods.md, "synth/llm_endpoint.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Stage II operators: the callable classes Ray Data runs in actor pools.
+Design notes: docs/methods.md, "synth/operators.py".
 
 Each is constructed once per actor and called on batches (``dict`` of numpy arrays, one row
 per sample). They only ever see the released DP artifact, public resources and the rows
@@ -7,7 +8,6 @@ produced upstream; none of them can name a private file. Columns, in the order f
 :class:`Extract`: ``prompt``; :class:`ExecutionFilter`: ``exec_status``, ``exec_passed``,
 ``exec_seconds``, ``exec_error``, ``exec_isolation``; :class:`RoundTripScore`:
 ``roundtrip_score`` (NaN: not scored), ``roundtrip_passed``.
-Design notes: docs/methods.md, "synth/operators.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Stage II round-trip filter (docs/methods.md, Stage II).
+Design notes: docs/methods.md, "synth/roundtrip.py".
 
 A public summariser M_r describes each generated snippet c_i; the pair ``(p_i, c_i)`` is kept
 when ``sim(summary_i, p_i) >= tau_sim``, which removes pairs whose instruction does not
@@ -9,7 +10,6 @@ describe the code. Registries (name -> class, options passed through): :data:`SU
 :class:`BERTScoreScorer`). The authors' setting, BERTScore F1 >= 0.88, is
 :data:`DEFAULT_THRESHOLDS` ``["bertscore"]``. Everything is offline (``HF_HUB_OFFLINE=1`` is
 set unless already set) and models load lazily on the first batch.
-Design notes: docs/methods.md, "synth/roundtrip.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Distributed DP-SGD on Ray Train: the per-worker training loop (the driver: train/run.py).
+Design notes: docs/methods.md, "train/loop.py".
 
 Each of ``W`` workers builds the method's objective (:mod:`privcode.train.methods`; seeded init,
 broadcast from rank 0) and tokenises only its shard ``{i : i mod W = rank}``; every trainable
@@ -17,7 +18,6 @@ parameter is clipped jointly per record and updated by one optimiser. One step `
 Steps re-run after a restart are charged again: the ledger never rolls back. Only the weights,
 the step counter, ledger decisions and the loss on PUBLIC held-out code leave a worker; losses,
 norms, clip counts, batch sizes and step times of private batches are never logged or reported.
-Design notes: docs/methods.md, "train/loop.py".
 """
 
 from __future__ import annotations

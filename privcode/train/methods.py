@@ -1,4 +1,5 @@
 """Stage I training methods: the per-record objectives of the registry's methods.
+Design notes: docs/methods.md, "train/methods.py".
 
 A method builds an :class:`Objective` (an ``nn.Module``: the LoRA junior ``lm`` and the
 method's own trainable modules) whose ``forward(batch)`` returns one loss per record ``[B]``;
@@ -17,7 +18,6 @@ base over structural code tokens (0 while LoRA's B = 0); ``lambda(t)``:
     pc-uncond           CE(c | BOS) + lambda(t) KL_AST
     dpft / nondpft      mean CE over prompt and code tokens of p + c   (nondpft: no DP)
 
-Design notes: docs/methods.md, "train/methods.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """PrivLC, PrivCode++'s latent-conditioning module: encoders E_c, E_p and the prefix decoder D.
+Design notes: docs/methods.md, "train/privlc.py".
 
 Shapes (H: the junior's hidden size, dz: ``latent_dim``, K: ``num_virtual_tokens``,
 W: ``encoder_hidden`` or H): ``E_c``: ``h_c`` [B, H] -> MLP (H -> W -> W, GELU) -> heads
@@ -13,7 +14,6 @@ or ``1 - cos(mu, z_p)`` with no negatives. Negatives never come from the batch: 
 loss depends on its own record only (DP-SGD's sensitivity ``C``). Built from ``nn.Linear`` and
 parameter-free activations (Opacus' per-sample gradients). ``D`` is released with the adapter;
 ``E_c`` and ``E_p`` have seen private data and are never released.
-Design notes: docs/methods.md, "train/privlc.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The audited model ("Test LLM") behind one interface: local HF models, HTTP endpoints, scripts.
+Design notes: docs/audits.md, "privcode/audit/probe/backends.py".
 
 ``Backend.complete(prompts, max_tokens=, temperature=, n=, seed=)`` returns ``n`` completions
 (the generated text only) per prompt.
@@ -13,7 +14,6 @@
 * :class:`ScriptedBackend`: canned answers chosen by substrings of the prompt, for tests.
 
 PRIVACY: prompts and completions are never logged or put into errors.
-Design notes: docs/audits.md, "privcode/audit/probe/backends.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """The judge filter: C_judge = {x in C : x is a plausible value of its attribute} (seed 003, §4.3).
+Design notes: docs/audits.md, "privcode/audit/probe/judge.py".
 
 Deterministic first, per attribute, in order: *echo* (``x`` is a library fragment or occurs,
 case-insensitively, in the text the audit put into the prompt), *masked* (``**``, a slot
@@ -8,7 +9,6 @@ an LLM judge (:class:`LLMJudge`) must answer yes. Each rejection has one reason 
 :data:`REASONS` (counted in summaries; the values never leave the run directory).
 Assumption: RFC 2606 domains (example.com/.net/.org) alone do not make an e-mail a
 placeholder (Faker uses them for realistic addresses); a generic local part does.
-Design notes: docs/audits.md, "privcode/audit/probe/judge.py".
 """
 
 from __future__ import annotations

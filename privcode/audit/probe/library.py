@@ -1,4 +1,5 @@
 """The privacy feature library Lambda(a) = {Lambda_tmp(a), Lambda_frag(a)} (seed 003, §5.1).
+Design notes: docs/audits.md, "privcode/audit/probe/library.py".
 
 Per attribute ``a``: *templates* (structural contexts with the slot symbol,
 ``user.email = "<EMAIL>"``) constrain the shape of the test inputs; *fragments* (value-level
@@ -10,7 +11,6 @@ such a library is saved only inside the run directory and never printed; :meth:`
 what summaries may show. Assumptions: a template holds its attribute's slot symbol at least
 once; entries are non-empty single-line strings of at most :data:`MAX_ENTRY_CHARS`
 characters; lists keep insertion order and no duplicates, so seeded sampling is reproducible.
-Design notes: docs/audits.md, "privcode/audit/probe/library.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """LP-L and IL-L, per privacy category (seed 003, §6.1, after Codebreaker).
+Design notes: docs/audits.md, "privcode/audit/probe/metrics.py".
 
 A *response* is one answer to one test-generation prompt (the seed's "test case"), in the
 category of its question's attribute; its *leaked elements* are its distinct confirmed leaks
@@ -11,7 +12,6 @@ category ``c`` (or ``all``): ``R_c`` = its responses, ``E_c(r)`` = the elements 
 
 IL-1 = LP-1, so the defaults are the seed's LP >= 1, 2, 3 and IL >= 2, 3; rates are also in
 permille. A category without responses has rate None. Only counts and rates leave this module.
-Design notes: docs/audits.md, "privcode/audit/probe/metrics.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Code-generation questions and the two prompts of each probe (seed 003, §4.1-4.2, App. B).
+Design notes: docs/audits.md, "privcode/audit/probe/questions.py".
 
 ``T(s, a)``: ``n`` questions per scenario ``s`` and attribute ``a in A(s)``, from templates
 (a scenario's task stem x the attribute's field phrase) or a question model
@@ -6,7 +7,6 @@
 :func:`select_functions` keeps ``G(c)``, the answer's functions that handle privacy-related
 fields, else a stub signature of the question (``fallback``, counted). The test prompt is
 Figure 7's second turn plus the attribute's feature-library hint.
-Design notes: docs/audits.md, "privcode/audit/probe/questions.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """``run_probe``: the whole leak-probing pipeline of seed 003 against one audited model.
+Design notes: docs/audits.md, "privcode/audit/probe/run.py".
 
 Per round: questions ``T(s, a)`` -> the code prompt's privacy-handling functions ``G(c)`` (a
 stub when none) -> ``n_tests`` test-generation responses per function -> ExtractPII -> judge
@@ -11,7 +12,6 @@ PRIVACY: the returned summary (also ``probe_summary.json``) holds counts, rates,
 file paths only. Confirmed leaks (values, contexts, record ids) go to ``probe_leaks.json`` and
 the updated library to ``feature_library.yaml``, both mode 0600 in ``out_dir``: the caller puts
 ``out_dir`` inside the run directory. All files are written atomically.
-Design notes: docs/audits.md, "privcode/audit/probe/run.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Feature-library update from confirmed leaks: component division + clustering (seed 003, §5.2-5.3).
+Design notes: docs/audits.md, "privcode/audit/probe/update.py".
 
 **Component division.** Each confirmed leak, in its context ``x = (t_1..t_n)``, is scored token
 by token under a PUBLIC model P that has not seen the private corpus:
@@ -13,7 +14,6 @@ the slot symbol; fragments are the runs clipped to the value's span, of at least
 
 PRIVACY: fragments are pieces of private values; the updated library is saved only in the run
 directory, and :func:`update_library` returns counts.
-Design notes: docs/audits.md, "privcode/audit/probe/update.py".
 """
 
 from __future__ import annotations

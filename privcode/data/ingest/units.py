@@ -1,4 +1,5 @@
 """Record candidates from one source file: one per function, method and class.
+Design notes: docs/methods.md, "data/ingest/units.py".
 
 ``extract_units(text, path, language)`` pairs each unit's documentation (the docstring, else
 the comment block above it, else a template from the signature alone, never from the body)
@@ -7,7 +8,6 @@ write the code, not copy its description. Python goes through :mod:`ast`, other 
 through tree-sitter (:mod:`privcode.data.ingest.syntax`). Units under ``min_lines`` lines or
 over ``max_bytes`` are skipped, as are definitions with a syntax error inside; nested
 functions are part of their parent; methods are units, and so is their class.
-Design notes: docs/methods.md, "data/ingest/units.py".
 """
 
 from __future__ import annotations
